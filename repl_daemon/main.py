@@ -1,0 +1,153 @@
+"""Starting and stopping the daemon: its home, its token, its store, its signals.
+
+``run`` is what ``repl daemon`` calls; ``serve_daemon`` is the same daemon
+as an async function that tests start inside their own task group (port 0,
+``task_status`` reports the bound port).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import stat
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+from anyio.abc import TaskStatus
+
+from repl_daemon.hub import Hub
+from repl_daemon.server import Limits, serve
+from repl_daemon.store import MemoryStore, Store
+
+log = logging.getLogger("repl.daemon")
+
+DEFAULT_ADDR = "127.0.0.1:7427"
+
+
+class ConfigError(Exception):
+    """The daemon cannot start as configured; the message says what to do."""
+
+
+@dataclass
+class Config:
+    home: Path
+    host: str = "127.0.0.1"
+    port: int = 7427
+    memory: bool = False
+    store_url: str | None = None
+    settle: float = 0.1
+    limits: Limits = field(default_factory=Limits)
+    max_sessions: int = 10_000
+
+
+def default_home() -> Path:
+    env = os.environ.get("REPL_HOME")
+    if env:
+        return Path(env)
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "repl"
+
+
+def parse_addr(addr: str) -> tuple[str, int]:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"address {addr!r} is not HOST:PORT (for example {DEFAULT_ADDR})")
+    return host.strip("[]"), int(port)
+
+
+def ensure_token(home: Path) -> str:
+    """The daemon's token: created 0600 at first start, refused if others can read it."""
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = home / "token"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & 0o077:
+            raise ConfigError(
+                f"token file {path} has mode {mode:o}, readable by others: "
+                f"run `chmod 600 {path}` and start again"
+            ) from None
+        token = path.read_text().strip()
+    else:
+        token = secrets.token_hex(32)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+    if not token:
+        raise ConfigError(f"token file {path} is empty: delete it to make a new one")
+    return token
+
+
+def open_store(config: Config) -> Store:
+    if config.memory:
+        return MemoryStore()
+    if config.store_url:
+        raise ConfigError(
+            f"store {config.store_url!r} is not supported yet: use the default store or --memory"
+        )
+    from repl_daemon.sqlite_store import SqliteStore
+
+    return SqliteStore(config.home / "repl.db")
+
+
+async def serve_daemon(
+    config: Config,
+    *,
+    store: Store | None = None,
+    task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the daemon until cancelled or signalled; reports the bound port."""
+    token = ensure_token(config.home)
+    store = store or open_store(config)
+    hub = Hub(store, settle=config.settle, max_sessions=config.max_sessions)
+    try:
+        count = hub.load()
+        log.info("loaded %d session(s) from %s", count, store.name)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(hub.run_committer)
+            port = await tg.start(serve, hub, config.host, config.port, token, config.limits)
+            log.info("listening on %s:%d (home %s)", config.host, port, config.home)
+            task_status.started(port)
+            try:
+                await anyio.sleep_forever()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await _drain(hub)
+                tg.cancel_scope.cancel()
+    finally:
+        store.close()
+
+
+async def _drain(hub: Hub) -> None:
+    """Tell every waiter the daemon is going, then write what is dirty."""
+    await hub.shutdown()
+    # give the writers a moment to put the waiters' answers on the wire
+    await anyio.sleep(0.05)
+
+
+async def _run(config: Config) -> None:
+    async with anyio.create_task_group() as tg:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+
+            async def stop_on_signal() -> None:
+                async for signum in signals:
+                    log.info("received %s: shutting down", signal.Signals(signum).name)
+                    tg.cancel_scope.cancel()
+                    return
+
+            tg.start_soon(stop_on_signal)
+            await serve_daemon(config)
+
+
+def run(config: Config) -> None:
+    """Run in the foreground until SIGTERM or SIGINT; raises ConfigError on bad setup."""
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s repl[%(process)d] %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    anyio.run(_run, config)

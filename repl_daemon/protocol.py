@@ -1,0 +1,270 @@
+"""The wire: one JSON object a line, requests tagged by ``op``.
+
+Shared by the daemon and the CLI, so it imports nothing heavier than
+msgspec. Every request may carry an ``id`` that its response echoes. New
+fields always get a default, so an older client keeps working against a
+newer daemon; unknown fields are ignored for the same reason.
+See docs/protocol.md for every op and error code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from session.errors import BadRequest, ReplError, UnknownOp
+from session.firing import Firing
+from session.session import CursorInfo
+
+VERSION = "0.1.0"
+MAX_LINE = 1 << 20
+
+RequestId = str | int | None | msgspec.UnsetType
+
+
+class Request(msgspec.Struct, tag_field="op", kw_only=True):
+    id: RequestId = msgspec.UNSET
+
+
+class Auth(Request, tag="auth"):
+    token: str
+
+
+class Ping(Request, tag="ping"):
+    pass
+
+
+class Start(Request, tag="start"):
+    session: str | None = None
+    buffer: int | None = None
+    exist_ok: bool = False
+
+
+class Stop(Request, tag="stop"):
+    session: str
+
+
+class Sessions(Request, tag="sessions"):
+    pass
+
+
+class Send(Request, tag="send"):
+    session: str
+    text: str
+    handler: str = "on-message"
+    key: str | None = None
+
+
+class Read(Request, tag="read"):
+    """Read by ``cursor`` (default ``read``) or, with ``after``, without one."""
+
+    session: str
+    cursor: str | None = None
+    after: int | None = None
+    max: int | None = None
+    peek: bool = False
+
+
+class Wait(Request, tag="wait"):
+    """Block until one of ``sessions`` has firings after ``cursor``.
+
+    ``ack`` (session -> seq) acknowledges the previous batch first, so a
+    follow loop costs one request a batch. ``timeout_ms`` None waits forever.
+    """
+
+    sessions: list[str]
+    cursor: str = "wait"
+    timeout_ms: int | None = None
+    max: int | None = None
+    ack: dict[str, int] = {}
+
+
+class Ack(Request, tag="ack"):
+    session: str
+    seq: int
+    cursor: str = "read"
+
+
+class Cursors(Request, tag="cursors"):
+    session: str
+
+
+class Buffer(Request, tag="buffer"):
+    session: str
+    limit: int
+
+
+class Poll(Request, tag="poll"):
+    session: str
+    max: int | None = None
+
+
+class Stats(Request, tag="stats"):
+    session: str | None = None
+
+
+AnyRequest = (
+    Auth | Ping | Start | Stop | Sessions | Send | Read | Wait | Ack | Cursors | Buffer | Poll
+) | Stats
+
+OPS: tuple[str, ...] = ("auth", "ping", "start", "stop", "sessions", "send", "read", "wait")
+OPS += ("ack", "cursors", "buffer", "poll", "stats")
+
+
+# -- responses -------------------------------------------------------------
+
+
+class Response(msgspec.Struct, kw_only=True):
+    # UNSET is left out of the JSON: an answer echoes ``id`` only when given
+    id: RequestId = msgspec.UNSET
+    ok: bool = True
+
+
+class Error(Response, kw_only=True):
+    ok: bool = False
+    code: str
+    message: str
+
+
+class Pong(Response, kw_only=True):
+    version: str
+    uptime_s: float
+
+
+class Started(Response, kw_only=True):
+    session: str
+    created: bool
+
+
+class Done(Response, kw_only=True):
+    pass
+
+
+class SessionInfo(msgspec.Struct):
+    id: str
+    head: int
+    retained: int
+    limit: int
+    cursors: int
+    waiters: int
+
+
+class SessionList(Response, kw_only=True):
+    sessions: list[SessionInfo]
+
+
+class Sent(Response, kw_only=True):
+    seq: int
+    duplicate: bool = False
+
+
+class Firings(Response, kw_only=True):
+    """A read's or a poll's answer: SPEC rule 3's next, lost and firings."""
+
+    next: int
+    lost: int
+    firings: list[Firing]
+
+
+class SessionBatch(msgspec.Struct):
+    session: str
+    next: int
+    lost: int
+    firings: list[Firing]
+
+
+class Woken(Response, kw_only=True):
+    """A wait's answer: the sessions that had firings, or ``timed_out``."""
+
+    batches: list[SessionBatch]
+    timed_out: bool = False
+
+
+class Acked(Response, kw_only=True):
+    cursor: str
+    seq: int
+
+
+class CursorList(Response, kw_only=True):
+    cursors: list[CursorInfo]
+
+
+class Buffered(Response, kw_only=True):
+    limit: int
+    trimmed: int
+
+
+class SessionStats(msgspec.Struct):
+    id: str
+    head: int
+    retained: int
+    limit: int
+    firings: int
+    lost: int
+    evaluations: int
+    waiters: int
+    cursors: int
+
+
+class DaemonStats(msgspec.Struct):
+    version: str
+    uptime_s: float
+    store: str
+    sessions: int
+    firings: int
+    lost: int
+    evaluations: int
+    waiters: int
+    connections: int
+    requests: int
+
+
+class StatsReply(Response, kw_only=True):
+    daemon: DaemonStats
+    sessions: list[SessionStats]
+
+
+# -- codecs -----------------------------------------------------------------
+
+
+class _IdOnly(msgspec.Struct):
+    id: RequestId = msgspec.UNSET
+
+
+_request_decoder = msgspec.json.Decoder(AnyRequest)
+_id_decoder = msgspec.json.Decoder(_IdOnly)
+_encoder = msgspec.json.Encoder()
+
+
+def decode_request(line: bytes) -> AnyRequest:
+    """Decode one request line; a bad one raises ``BadRequest`` or ``UnknownOp``."""
+    try:
+        return _request_decoder.decode(line)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        if text.startswith("Invalid value") and text.endswith("at `$.op`"):
+            raise UnknownOp(f"unknown op: {text}; known ops: {', '.join(OPS)}") from None
+        raise BadRequest(f"bad request: {text}") from None
+    except msgspec.DecodeError as exc:
+        raise BadRequest(f"malformed JSON: {exc}") from None
+
+
+def request_id(line: bytes) -> RequestId:
+    """The ``id`` of a line that failed to decode as a request, if it has one."""
+    try:
+        return _id_decoder.decode(line).id
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return msgspec.UNSET
+
+
+def encode(message: msgspec.Struct) -> bytes:
+    return _encoder.encode(message) + b"\n"
+
+
+def error(exc: ReplError, rid: RequestId = msgspec.UNSET) -> Error:
+    return Error(id=rid, code=exc.code.value, message=exc.message)
+
+
+def to_builtins(message: msgspec.Struct) -> Any:
+    return msgspec.to_builtins(message)

@@ -1,0 +1,208 @@
+"""Every error repl can report, one class per meaning, each with a wire code.
+
+The core raises the first group; the daemon raises the second. Both travel
+over the wire as ``{"ok": false, "code": ..., "message": ...}`` and the CLI
+maps each code to one exit status (``repl_cli.errors``). An operation that
+raises one of these has changed nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Code(enum.StrEnum):
+    """The stable wire codes. Never rename one: clients match on them."""
+
+    # the core
+    BAD_SESSION_ID = "bad_session_id"
+    BAD_CURSOR_NAME = "bad_cursor_name"
+    BAD_LIMIT = "bad_limit"
+    BAD_SEQ = "bad_seq"
+    BAD_MAX = "bad_max"
+    BAD_HANDLER = "bad_handler"
+    BAD_KEY = "bad_key"
+    CURSOR_AFTER_HEAD = "cursor_after_head"
+    ACK_AFTER_HEAD = "ack_after_head"
+    # the daemon
+    BAD_REQUEST = "bad_request"
+    UNKNOWN_OP = "unknown_op"
+    LINE_TOO_LONG = "line_too_long"
+    UNAUTHORIZED = "unauthorized"
+    IDLE_TIMEOUT = "idle_timeout"
+    NO_SUCH_SESSION = "no_such_session"
+    SESSION_EXISTS = "session_exists"
+    SESSION_STOPPED = "session_stopped"
+    TOO_MANY = "too_many"
+    STORE_FAILED = "store_failed"
+    SHUTTING_DOWN = "shutting_down"
+    INTERNAL = "internal"
+
+
+class ReplError(Exception):
+    """Base of every error repl reports; ``code`` is its wire code."""
+
+    code: Code = Code.INTERNAL
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class BadSessionId(ReplError):
+    """A session id is not 1-64 of ``[A-Za-z0-9._-]`` starting with a letter or digit."""
+
+    code = Code.BAD_SESSION_ID
+
+
+class BadCursorName(ReplError):
+    """A cursor name is not 1-64 printable characters without whitespace."""
+
+    code = Code.BAD_CURSOR_NAME
+
+
+class BadLimit(ReplError):
+    """A ring limit is outside 0-65,536."""
+
+    code = Code.BAD_LIMIT
+
+
+class BadSeq(ReplError):
+    """A seq is negative."""
+
+    code = Code.BAD_SEQ
+
+
+class BadMax(ReplError):
+    """A ``max`` is below 1."""
+
+    code = Code.BAD_MAX
+
+
+class BadHandler(ReplError):
+    """A handler name is empty, too long or contains whitespace."""
+
+    code = Code.BAD_HANDLER
+
+
+class BadKey(ReplError):
+    """A dedup key is empty or longer than 256 characters."""
+
+    code = Code.BAD_KEY
+
+
+class CursorAfterHead(ReplError):
+    """A read starts after the newest seq the session has recorded."""
+
+    code = Code.CURSOR_AFTER_HEAD
+
+
+class AckAfterHead(ReplError):
+    """An ack names a seq the session has not recorded yet."""
+
+    code = Code.ACK_AFTER_HEAD
+
+
+class BadRequest(ReplError):
+    """A line is not a well-formed request (bad JSON, wrong type, missing field)."""
+
+    code = Code.BAD_REQUEST
+
+
+class UnknownOp(ReplError):
+    """A request names an op the daemon does not have."""
+
+    code = Code.UNKNOWN_OP
+
+
+class LineTooLong(ReplError):
+    """A request line is longer than the daemon's limit; the connection closes."""
+
+    code = Code.LINE_TOO_LONG
+
+
+class Unauthorized(ReplError):
+    """The first request was not an ``auth`` with the daemon's token."""
+
+    code = Code.UNAUTHORIZED
+
+
+class IdleTimeout(ReplError):
+    """A connection sent nothing, or half a line, for too long; it is closed."""
+
+    code = Code.IDLE_TIMEOUT
+
+
+class NoSuchSession(ReplError):
+    """No session has that id."""
+
+    code = Code.NO_SUCH_SESSION
+
+
+class SessionExists(ReplError):
+    """``start`` named a session that already exists."""
+
+    code = Code.SESSION_EXISTS
+
+
+class SessionStopped(ReplError):
+    """The session was stopped while the request waited on it."""
+
+    code = Code.SESSION_STOPPED
+
+
+class TooMany(ReplError):
+    """A configured limit (connections, sessions, waiters) is reached."""
+
+    code = Code.TOO_MANY
+
+
+class StoreFailed(ReplError):
+    """The store could not make a change durable; the change did not happen."""
+
+    code = Code.STORE_FAILED
+
+
+class ShuttingDown(ReplError):
+    """The daemon is stopping; ask again once it is back."""
+
+    code = Code.SHUTTING_DOWN
+
+
+class Internal(ReplError):
+    """A bug in repl; the request changed nothing that was acknowledged."""
+
+    code = Code.INTERNAL
+
+
+BY_CODE: dict[str, type[ReplError]] = {
+    cls.code.value: cls
+    for cls in (
+        BadSessionId,
+        BadCursorName,
+        BadLimit,
+        BadSeq,
+        BadMax,
+        BadHandler,
+        BadKey,
+        CursorAfterHead,
+        AckAfterHead,
+        BadRequest,
+        UnknownOp,
+        LineTooLong,
+        Unauthorized,
+        IdleTimeout,
+        NoSuchSession,
+        SessionExists,
+        SessionStopped,
+        TooMany,
+        StoreFailed,
+        ShuttingDown,
+        Internal,
+    )
+}
+
+
+def from_wire(code: str, message: str) -> ReplError:
+    """Rebuild the error a response names; an unknown code becomes ``Internal``."""
+    return BY_CODE.get(code, Internal)(message)

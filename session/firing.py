@@ -1,0 +1,36 @@
+"""A firing (one recorded happening) and a batch of them as a read returns it.
+
+These are msgspec Structs so that the daemon can encode them straight onto
+the wire and the store can persist them without a translation layer.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class Firing(msgspec.Struct, frozen=True, gc=False):
+    """One recorded happening.
+
+    A handled firing has a ``result`` and no ``event``; an unhandled one
+    (the session has no handler of that name) keeps the raw ``event`` and
+    has no ``result``. ``ts`` is an ISO 8601 UTC time given by the caller.
+    """
+
+    seq: int
+    handler: str
+    result: str | None
+    event: str | None
+    ts: str
+
+
+class Batch(msgspec.Struct, frozen=True):
+    """What a read after N returns (SPEC rule 3).
+
+    ``next`` is the seq to acknowledge once the firings are handled;
+    ``lost`` counts the firings after N that the ring no longer holds.
+    """
+
+    next: int
+    lost: int
+    firings: list[Firing]

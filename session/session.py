@@ -1,0 +1,261 @@
+"""A session: its ring, its cursors, its dedup keys, and the operations on them.
+
+Every public method validates everything before it changes anything, so a
+method that raises leaves the session exactly as it was. ``evaluations``
+counts the operations that touched the session's state; the daemon reports
+it so that a test can see that an idle waiter costs nothing.
+
+``visible`` on the read operations caps what readers may see at a seq below
+the head; the daemon passes the seq its store has made durable, so a reader
+never sees a firing that a crash could still take back.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+
+import msgspec
+
+from session.errors import AckAfterHead, BadCursorName, BadHandler, BadKey, BadSeq, BadSessionId
+from session.firing import Batch, Firing
+from session.ring import DEFAULT_LIMIT, Ring
+
+MAX_CURSORS = 16
+MAX_KEYS = 1024
+MAX_KEY_LENGTH = 256
+MAX_NAME_LENGTH = 64
+HANDLERS = frozenset({"on-message"})
+POLL_CURSOR = "poll"
+
+_SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def check_session_id(session_id: str) -> str:
+    if not _SESSION_ID.fullmatch(session_id):
+        raise BadSessionId(
+            f"session id {session_id!r} is not 1-64 of A-Z a-z 0-9 . _ - "
+            "starting with a letter or digit"
+        )
+    return session_id
+
+
+def _is_name(name: str) -> bool:
+    return (
+        0 < len(name) <= MAX_NAME_LENGTH
+        and name.isprintable()
+        and not any(c.isspace() for c in name)
+    )
+
+
+def check_cursor_name(name: str) -> str:
+    if not _is_name(name):
+        raise BadCursorName(
+            f"cursor name {name!r} is not 1-64 printable characters without whitespace"
+        )
+    return name
+
+
+def check_handler(handler: str) -> str:
+    if not _is_name(handler):
+        raise BadHandler(
+            f"handler name {handler!r} is not 1-64 printable characters without whitespace"
+        )
+    return handler
+
+
+def check_key(key: str) -> str:
+    if not 0 < len(key) <= MAX_KEY_LENGTH:
+        raise BadKey(f"dedup key must be 1-{MAX_KEY_LENGTH} characters, got {len(key)}")
+    return key
+
+
+class Recorded(msgspec.Struct, frozen=True):
+    """What a send returns: its seq, and whether an earlier send with its key had it."""
+
+    seq: int
+    duplicate: bool = False
+
+
+class CursorInfo(msgspec.Struct, frozen=True):
+    """A cursor as ``repl cursors`` shows it."""
+
+    name: str
+    seq: int
+    lag: int
+
+
+class CursorState(msgspec.Struct, frozen=True):
+    """A cursor as a store keeps it: ``last_use`` orders the LRU eviction."""
+
+    name: str
+    seq: int
+    last_use: int
+
+
+class Snapshot(msgspec.Struct, frozen=True):
+    """Everything a store must keep to bring a session back exactly."""
+
+    id: str
+    limit: int
+    head: int
+    firings: list[Firing]
+    cursors: list[CursorState]
+    uses: int
+    keys: list[tuple[str, int]]
+
+
+class Session:
+    """A named inbox. See SPEC.md §3 for the rules each method keeps."""
+
+    __slots__ = ("_cursors", "_keys", "_uses", "evaluations", "id", "ring")
+
+    def __init__(self, session_id: str, limit: int = DEFAULT_LIMIT) -> None:
+        self.id = check_session_id(session_id)
+        self.ring = Ring(limit)
+        self.evaluations = 0
+        # name -> [seq, last_use]; last_use is a logical clock, not time
+        self._cursors: dict[str, list[int]] = {}
+        self._uses = 0
+        self._keys: OrderedDict[str, int] = OrderedDict()
+
+    # -- recording --------------------------------------------------------
+
+    @property
+    def head(self) -> int:
+        return self.ring.head
+
+    def record(self, handler: str, text: str, ts: str, key: str | None = None) -> Recorded:
+        """Record a firing for ``handler`` (SPEC rules 1, 2, 13)."""
+        check_handler(handler)
+        if key is not None:
+            check_key(key)
+            seq = self._keys.get(key)
+            if seq is not None:
+                self.evaluations += 1
+                return Recorded(seq, duplicate=True)
+        if handler in HANDLERS:
+            firing = self.ring.append(handler, text, None, ts)
+        else:
+            firing = self.ring.append(handler, None, text, ts)
+        if key is not None:
+            self._keys[key] = firing.seq
+            if len(self._keys) > MAX_KEYS:
+                self._keys.popitem(last=False)
+        self.evaluations += 1
+        return Recorded(firing.seq)
+
+    def set_limit(self, limit: int) -> int:
+        """Change the ring bound; returns how many firings it trimmed."""
+        trimmed = self.ring.set_limit(limit)
+        self.evaluations += 1
+        return trimmed
+
+    # -- reading ----------------------------------------------------------
+
+    def read_after(self, after: int, max: int | None = None, visible: int | None = None) -> Batch:
+        """Read without a cursor: nothing about the session changes but the count."""
+        batch = self.ring.events_after(after, max, visible)
+        self.evaluations += 1
+        return batch
+
+    def read(
+        self, cursor: str, max: int | None = None, visible: int | None = None, touch: bool = True
+    ) -> Batch:
+        """Read after ``cursor``'s position; an unknown cursor reads from 0.
+
+        The read is a use of the cursor (it is created if new) unless
+        ``touch`` is false, as for a peek.
+        """
+        check_cursor_name(cursor)
+        entry = self._cursors.get(cursor)
+        batch = self.ring.events_after(entry[0] if entry else 0, max, visible)
+        if touch:
+            self._use(cursor)
+        self.evaluations += 1
+        return batch
+
+    def ack(self, cursor: str, seq: int, visible: int | None = None) -> int:
+        """Move ``cursor`` to ``max(current, seq)``; returns where it is (rule 5)."""
+        check_cursor_name(cursor)
+        head = self.ring.head if visible is None else visible
+        if seq < 0:
+            raise BadSeq(f"seq {seq} is negative")
+        if seq > head:
+            raise AckAfterHead(f"cannot ack {seq}: head is {head}")
+        entry = self._use(cursor)
+        entry[0] = max(entry[0], seq)
+        self.evaluations += 1
+        return entry[0]
+
+    def poll(self, max: int | None = None, visible: int | None = None) -> Batch:
+        """Read after cursor ``poll`` and ack it in one step (rule 7)."""
+        entry = self._cursors.get(POLL_CURSOR)
+        batch = self.ring.events_after(entry[0] if entry else 0, max, visible)
+        entry = self._use(POLL_CURSOR)
+        entry[0] = max_(entry[0], batch.next)
+        self.evaluations += 1
+        return batch
+
+    def _use(self, cursor: str) -> list[int]:
+        """Mark a use of ``cursor``, creating it at 0 and evicting the LRU one if needed."""
+        self._uses += 1
+        entry = self._cursors.get(cursor)
+        if entry is None:
+            if len(self._cursors) >= MAX_CURSORS:
+                oldest = min(self._cursors, key=lambda name: self._cursors[name][1])
+                del self._cursors[oldest]
+            entry = self._cursors[cursor] = [0, self._uses]
+        else:
+            entry[1] = self._uses
+        return entry
+
+    # -- inspection -------------------------------------------------------
+
+    def cursor_table(self, visible: int | None = None) -> list[CursorInfo]:
+        """The cursors, most recently used first, with their lag behind the head."""
+        head = self.ring.head if visible is None else visible
+        rows = sorted(self._cursors.items(), key=lambda item: -item[1][1])
+        return [CursorInfo(name, seq, max_(0, head - seq)) for name, (seq, _) in rows]
+
+    def cursor_position(self, cursor: str) -> int | None:
+        entry = self._cursors.get(cursor)
+        return None if entry is None else entry[0]
+
+    def cursor_states(self) -> list[CursorState]:
+        """The cursor table as a store keeps it, with each cursor's last use."""
+        return [CursorState(name, seq, use) for name, (seq, use) in self._cursors.items()]
+
+    @property
+    def uses(self) -> int:
+        """The logical clock that orders cursor uses."""
+        return self._uses
+
+    # -- persistence ------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(
+            id=self.id,
+            limit=self.ring.limit,
+            head=self.ring.head,
+            firings=self.ring.firings(),
+            cursors=self.cursor_states(),
+            uses=self._uses,
+            keys=list(self._keys.items()),
+        )
+
+    @classmethod
+    def restore(cls, snapshot: Snapshot) -> Session:
+        """Rebuild a session from a snapshot taken by :meth:`snapshot`."""
+        if snapshot.head < 0:
+            raise BadSeq(f"head {snapshot.head} is negative")
+        session = cls(snapshot.id, snapshot.limit)
+        session.ring = Ring(snapshot.limit, snapshot.head, snapshot.firings)
+        ordered = sorted(snapshot.cursors, key=lambda c: c.last_use)[-MAX_CURSORS:]
+        session._cursors = {c.name: [c.seq, c.last_use] for c in ordered}
+        session._uses = max_([snapshot.uses, *(c.last_use for c in ordered)])
+        session._keys = OrderedDict(snapshot.keys[-MAX_KEYS:])
+        return session
+
+
+max_ = max
