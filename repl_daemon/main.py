@@ -42,6 +42,7 @@ class Config:
     settle: float = 0.1
     limits: Limits = field(default_factory=Limits)
     max_sessions: int = 10_000
+    announce: bool = False
 
 
 def default_home() -> Path:
@@ -111,6 +112,9 @@ async def serve_daemon(
             tg.start_soon(hub.run_committer)
             port = await tg.start(serve, hub, config.host, config.port, token, config.limits)
             log.info("listening on %s:%d (home %s)", config.host, port, config.home)
+            if config.announce:
+                # the parent of a detached or test daemon reads this line for the port
+                print(f"listening on {config.host}:{port}", flush=True)
             task_status.started(port)
             try:
                 await anyio.sleep_forever()

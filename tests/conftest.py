@@ -1,0 +1,159 @@
+"""Shared fixtures: a real daemon on a loopback port the OS chose, and a raw client.
+
+``daemon`` / ``durable_daemon`` start ``python -m repl_daemon`` as a child
+process (port 0, a fresh home), read the port from its first stdout line,
+and stop it when the test ends. ``Client`` speaks the wire protocol over a
+plain blocking socket, so tests see exactly the bytes a user's program would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+class DaemonProc:
+    """A daemon child process; ``restart`` keeps its home (and so its state)."""
+
+    def __init__(self, home: Path, *extra: str) -> None:
+        self.home = home
+        self.extra = list(extra)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self.log = home / "daemon-test.log"
+        self.start()
+
+    @property
+    def addr(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def token(self) -> str:
+        return (self.home / "token").read_text().strip()
+
+    def start(self, port: int = 0) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        log = open(self.log, "ab")  # noqa: SIM115 - the child keeps it
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "repl_daemon",
+                "--addr",
+                f"127.0.0.1:{port}",
+                "--home",
+                str(self.home),
+                *self.extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        log.close()
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().decode()
+        if not line.startswith("listening on "):
+            self.proc.kill()
+            raise RuntimeError(f"daemon did not start: {line!r}\n{self.log.read_text()}")
+        self.port = int(line.rsplit(":", 1)[1])
+
+    def stop(self) -> int:
+        """SIGTERM, and the exit status."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(10)
+        finally:
+            if self.proc.stdout:
+                self.proc.stdout.close()
+
+    def kill(self) -> None:
+        """SIGKILL: a crash."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+        if self.proc.stdout:
+            self.proc.stdout.close()
+
+    def restart(self, *, crash: bool = False) -> None:
+        if crash:
+            self.kill()
+        else:
+            self.stop()
+        self.start()
+
+    def client(self, *, auth: bool = True) -> Client:
+        return Client(self.port, self.token if auth else None)
+
+    def env(self) -> dict[str, str]:
+        """The environment for a ``repl`` subprocess pointed at this daemon."""
+        env = {**os.environ, "REPL_ADDR": self.addr, "REPL_HOME": str(self.home)}
+        env.pop("NO_COLOR", None)
+        return env
+
+
+class Client:
+    """A blocking JSON-lines client, one request at a time unless told otherwise."""
+
+    def __init__(self, port: int, token: str | None = None, timeout: float = 10) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.file = self.sock.makefile("rb")
+        if token is not None:
+            answer = self.call({"op": "auth", "token": token})
+            assert answer["ok"], answer
+
+    def send_raw(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def send(self, request: dict[str, Any]) -> None:
+        self.sock.sendall(json.dumps(request).encode() + b"\n")
+
+    def recv(self) -> dict[str, Any]:
+        line = self.file.readline()
+        if not line:
+            raise ConnectionError("daemon closed the connection")
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def call(self, request: dict[str, Any]) -> dict[str, Any]:
+        self.send(request)
+        return self.recv()
+
+    def ok(self, request: dict[str, Any]) -> dict[str, Any]:
+        answer = self.call(request)
+        assert answer["ok"], answer
+        return answer
+
+    def closed(self) -> bool:
+        """True once the daemon has closed this connection."""
+        return self.file.readline() == b""
+
+    def close(self) -> None:
+        self.file.close()
+        self.sock.close()
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[DaemonProc]:
+    """A memory daemon with settle 0 and a short idle timeout."""
+    d = DaemonProc(tmp_path / "home", "--memory", "--settle-ms", "0", "--idle-timeout", "5")
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def durable_daemon(tmp_path: Path) -> Iterator[DaemonProc]:
+    """A daemon on the default (SQLite) store, settle 0."""
+    d = DaemonProc(tmp_path / "home", "--settle-ms", "0", "--idle-timeout", "5")
+    yield d
+    d.stop()
