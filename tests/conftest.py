@@ -30,6 +30,7 @@ class DaemonProc:
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
         self.log = home / "daemon-test.log"
+        self.clients: list[Client] = []
         self.start()
 
     @property
@@ -93,7 +94,15 @@ class DaemonProc:
         self.start()
 
     def client(self, *, auth: bool = True) -> Client:
-        return Client(self.port, self.token if auth else None)
+        """A connected client; closed when the test's daemon stops."""
+        client = Client(self.port, self.token if auth else None)
+        self.clients.append(client)
+        return client
+
+    def close_clients(self) -> None:
+        for client in self.clients:
+            client.close()
+        self.clients.clear()
 
     def env(self) -> dict[str, str]:
         """The environment for a ``repl`` subprocess pointed at this daemon."""
@@ -148,6 +157,7 @@ def daemon(tmp_path: Path) -> Iterator[DaemonProc]:
     """A memory daemon with settle 0 and a short idle timeout."""
     d = DaemonProc(tmp_path / "home", "--memory", "--settle-ms", "0", "--idle-timeout", "5")
     yield d
+    d.close_clients()
     d.stop()
 
 
@@ -156,4 +166,5 @@ def durable_daemon(tmp_path: Path) -> Iterator[DaemonProc]:
     """A daemon on the default (SQLite) store, settle 0."""
     d = DaemonProc(tmp_path / "home", "--settle-ms", "0", "--idle-timeout", "5")
     yield d
+    d.close_clients()
     d.stop()
