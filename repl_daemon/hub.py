@@ -121,6 +121,8 @@ class Hub:
         self.waiting = 0
         self.firings = 0
         self.closing = False
+        #: set once the daemon is closing and the last waiter has been answered
+        self.no_waiters = anyio.Event()
         self._gone: dict[str, Hosted] = {}
         self._pending = Ticket()
         self._wake = anyio.Event()
@@ -264,6 +266,8 @@ class Hub:
     async def shutdown(self) -> None:
         """Wake every waiter with an error and write what is still dirty."""
         self.closing = True
+        if not self.waiting:
+            self.no_waiters.set()
         for hosted in self.sessions.values():
             hosted.notify()
         with anyio.CancelScope(shield=True):
@@ -357,7 +361,7 @@ class Hub:
                 raise BadRequest("give either cursor or after, not both")
             batch = session.read_after(req.after, req.max, visible)
         else:
-            cursor = req.cursor or "read"
+            cursor = "read" if req.cursor is None else req.cursor
             batch = session.read(cursor, req.max, visible, touch=not req.peek)
             if not req.peek:
                 hosted.dirty = True  # the cursor's last use; written with the next batch
@@ -446,6 +450,8 @@ class Hub:
             self.waiting -= 1
             for hosted in chosen:
                 hosted.waiters.discard(waiter)
+            if self.closing and not self.waiting:
+                self.no_waiters.set()
 
     def _check_open(self, chosen: list[Hosted]) -> None:
         if self.closing:

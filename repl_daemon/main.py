@@ -99,9 +99,10 @@ async def serve_daemon(
     config: Config,
     *,
     store: Store | None = None,
+    stop: anyio.Event | None = None,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run the daemon until cancelled or signalled; reports the bound port."""
+    """Run the daemon until ``stop`` is set (a clean shutdown) or it is cancelled."""
     token = ensure_token(config.home)
     store = store or open_store(config)
     hub = Hub(store, settle=config.settle, max_sessions=config.max_sessions)
@@ -117,7 +118,7 @@ async def serve_daemon(
                 print(f"listening on {config.host}:{port}", flush=True)
             task_status.started(port)
             try:
-                await anyio.sleep_forever()
+                await (stop or anyio.Event()).wait()
             finally:
                 with anyio.CancelScope(shield=True):
                     await _drain(hub)
@@ -129,22 +130,26 @@ async def serve_daemon(
 async def _drain(hub: Hub) -> None:
     """Tell every waiter the daemon is going, then write what is dirty."""
     await hub.shutdown()
-    # give the writers a moment to put the waiters' answers on the wire
+    with anyio.move_on_after(1):
+        await hub.no_waiters.wait()
+    # give the connections' writers a moment to put those answers on the wire
     await anyio.sleep(0.05)
 
 
-async def _run(config: Config) -> None:
+async def _run(config: Config, store: Store) -> None:
+    stop = anyio.Event()
     async with anyio.create_task_group() as tg:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
 
             async def stop_on_signal() -> None:
                 async for signum in signals:
                     log.info("received %s: shutting down", signal.Signals(signum).name)
-                    tg.cancel_scope.cancel()
+                    stop.set()
                     return
 
             tg.start_soon(stop_on_signal)
-            await serve_daemon(config)
+            await serve_daemon(config, store=store, stop=stop)
+            tg.cancel_scope.cancel()
 
 
 def run(config: Config) -> None:
@@ -154,4 +159,7 @@ def run(config: Config) -> None:
         format="%(asctime)s repl[%(process)d] %(levelname)s %(message)s",
         stream=sys.stderr,
     )
-    anyio.run(_run, config)
+    # set-up errors surface here, before the event loop, as one clear ConfigError
+    ensure_token(config.home)
+    store = open_store(config)
+    anyio.run(_run, config, store)

@@ -248,13 +248,15 @@ def decode_request(line: bytes) -> AnyRequest:
         raise BadRequest(f"bad request: {text}") from None
     except msgspec.DecodeError as exc:
         raise BadRequest(f"malformed JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest("bad request: JSON nested too deeply") from None
 
 
 def request_id(line: bytes) -> RequestId:
     """The ``id`` of a line that failed to decode as a request, if it has one."""
     try:
         return _id_decoder.decode(line).id
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
         return msgspec.UNSET
 
 

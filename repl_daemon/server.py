@@ -127,6 +127,8 @@ class Connection:
             try:
                 with anyio.fail_after(idle):
                     line = await receive.receive_until(b"\n", self.limits.max_line)
+                if len(line) > self.limits.max_line:  # the newline came in the last chunk
+                    raise anyio.DelimiterNotFound(self.limits.max_line)
             except TimeoutError:
                 if self.in_flight:  # a blocked wait exempts its connection
                     continue

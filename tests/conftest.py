@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -116,7 +117,7 @@ class Client:
 
     def __init__(self, port: int, token: str | None = None, timeout: float = 10) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-        self.file = self.sock.makefile("rb")
+        self.buffer = b""
         if token is not None:
             answer = self.call({"op": "auth", "token": token})
             assert answer["ok"], answer
@@ -127,12 +128,30 @@ class Client:
     def send(self, request: dict[str, Any]) -> None:
         self.sock.sendall(json.dumps(request).encode() + b"\n")
 
+    def readline(self) -> bytes:
+        """One line from the daemon, or b"" once it closed the connection."""
+        while b"\n" not in self.buffer:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                line, self.buffer = self.buffer, b""
+                return line
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line + b"\n"
+
     def recv(self) -> dict[str, Any]:
-        line = self.file.readline()
+        line = self.readline()
         if not line:
             raise ConnectionError("daemon closed the connection")
         answer: dict[str, Any] = json.loads(line)
         return answer
+
+    def pending(self, seconds: float) -> bool:
+        """True when an answer arrives within ``seconds`` (without reading it)."""
+        if self.buffer:
+            return True
+        ready, _, _ = select.select([self.sock], [], [], seconds)
+        return bool(ready)
 
     def call(self, request: dict[str, Any]) -> dict[str, Any]:
         self.send(request)
@@ -144,11 +163,15 @@ class Client:
         return answer
 
     def closed(self) -> bool:
-        """True once the daemon has closed this connection."""
-        return self.file.readline() == b""
+        """True once the daemon has closed this connection (reads what is left)."""
+        try:
+            while self.readline():
+                pass
+        except (ConnectionResetError, TimeoutError):
+            return False
+        return True
 
     def close(self) -> None:
-        self.file.close()
         self.sock.close()
 
 

@@ -1,0 +1,250 @@
+"""Bad input and authentication (SPEC §4): a clear error, no state change, no crash."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Client, DaemonProc
+
+
+def state(c: Client) -> dict[str, Any]:
+    """Everything a bad request must leave alone."""
+    sessions = c.ok({"op": "sessions"})["sessions"]
+    reads = {
+        s["id"]: c.ok({"op": "read", "session": s["id"], "after": 0})["firings"] for s in sessions
+    }
+    cursors = {s["id"]: c.ok({"op": "cursors", "session": s["id"]})["cursors"] for s in sessions}
+    return {"sessions": sessions, "reads": reads, "cursors": cursors}
+
+
+DEEP = b"[" * 1000 + b"]" * 1000
+
+BAD_LINES: list[tuple[bytes, str, str]] = [
+    (b"{not json", "bad_request", "malformed JSON"),
+    (b"[1, 2]", "bad_request", "Expected `object`"),
+    (b'"just a string"', "bad_request", "Expected `object`"),
+    (b'{"id": 1}', "bad_request", "missing required field `op`"),
+    (b'{"op": "launch", "id": 2}', "unknown_op", "launch"),
+    (b'{"op": "send", "session": "a", "text": 5}', "bad_request", "at `$.text`"),
+    (b'{"op": "send", "session": "a"}', "bad_request", "`text`"),
+    (b'{"op": "read", "session": "a", "max": "ten"}', "bad_request", "at `$.max`"),
+    (b'{"op": "wait", "sessions": "a"}', "bad_request", "at `$.sessions`"),
+    (b'{"op": "send", "session": "no/such id", "text": "x"}', "bad_session_id", "no/such id"),
+    (b'{"op": "start", "session": "-leading-dash"}', "bad_session_id", "-leading-dash"),
+    (b'{"op": "read", "session": "a", "cursor": "has space"}', "bad_cursor_name", "has space"),
+    (b'{"op": "read", "session": "a", "cursor": ""}', "bad_cursor_name", "cursor name"),
+    (b'{"op": "ack", "session": "a", "seq": 99}', "ack_after_head", "head is 2"),
+    (b'{"op": "ack", "session": "a", "seq": -1}', "bad_seq", "negative"),
+    (
+        b'{"op": "read", "session": "a", "after": 3}',
+        "cursor_after_head",
+        "cursor 3 is after head 2",
+    ),
+    (b'{"op": "read", "session": "a", "after": 1, "cursor": "x"}', "bad_request", "not both"),
+    (b'{"op": "read", "session": "a", "max": 0}', "bad_max", "below 1"),
+    (b'{"op": "buffer", "session": "a", "limit": 70000}', "bad_limit", "70000"),
+    (b'{"op": "send", "session": "nobody", "text": "x"}', "no_such_session", "repl start nobody"),
+    (b'{"op": "start", "session": "a"}', "session_exists", "--exist-ok"),
+    (b'{"op": "send", "session": "a", "text": "x", "handler": "on tick"}', "bad_handler", ""),
+    (b'{"op": "send", "session": "a", "text": "x", "key": ""}', "bad_key", ""),
+    (b'{"op": "wait", "sessions": []}', "bad_request", "at least one session"),
+    (b'{"op": "send", "session": "a", "text": "\\ud800"}', "bad_request", ""),
+    (b'\xff\xfe{"op": "ping"}', "bad_request", "malformed JSON"),
+    (
+        b'{"op": "send", "session": "a", "text": "x", "key": ' + b"[" * 1000 + b"]" * 1000 + b"}",
+        "bad_request",
+        "",
+    ),
+    (b'{"op": "ack", "session": "a", "seq": 1e400}', "bad_request", ""),
+    (b'{"op": "ack", "session": "a", "seq": 99999999999999999999999}', "ack_after_head", ""),
+]
+
+
+@pytest.mark.parametrize(("line", "code", "text"), BAD_LINES)
+def test_a_bad_request_gets_its_error_changes_nothing_and_keeps_the_connection(
+    daemon: DaemonProc, line: bytes, code: str, text: str
+) -> None:
+    c = daemon.client()
+    c.ok({"op": "start", "session": "a"})
+    c.ok({"op": "send", "session": "a", "text": "one"})
+    c.ok({"op": "send", "session": "a", "text": "two"})
+    c.ok({"op": "ack", "session": "a", "cursor": "read", "seq": 1})
+    before = state(c)
+    c.send_raw(line + b"\n")
+    answer = c.recv()
+    assert answer["ok"] is False
+    assert answer["code"] == code, answer
+    assert text in answer["message"]
+    assert state(c) == before
+    assert c.ok({"op": "ping"})["version"], "the connection stays usable"
+
+
+def test_the_error_echoes_the_request_id_when_it_can(daemon: DaemonProc) -> None:
+    c = daemon.client()
+    answer = c.call({"op": "send", "id": "abc", "session": "nobody", "text": "x"})
+    assert answer["id"] == "abc" and answer["code"] == "no_such_session"
+    answer = c.call({"op": "nope", "id": 42})
+    assert answer["id"] == 42 and answer["code"] == "unknown_op"
+
+
+def test_an_oversized_line_gets_an_error_and_the_connection_closes(daemon: DaemonProc) -> None:
+    c, bystander = daemon.client(), daemon.client()
+    c.ok({"op": "start", "session": "a"})
+    text = "x" * (1 << 20)
+    c.send_raw(json.dumps({"op": "send", "session": "a", "text": text}).encode() + b"\n")
+    answer = c.recv()
+    assert answer["code"] == "line_too_long"
+    assert c.closed()
+    assert bystander.ok({"op": "read", "session": "a", "after": 0})["firings"] == []
+
+
+def test_a_stalled_half_line_is_closed_after_the_idle_timeout(tmp_path: Path) -> None:
+    d = DaemonProc(tmp_path / "home", "--memory", "--idle-timeout", "0.5")
+    try:
+        staller, bystander = d.client(), d.client()
+        staller.send_raw(b'{"op": "pi')
+        for _ in range(5):  # the bystander is served while the staller stalls
+            assert bystander.ok({"op": "ping"})
+        answer = staller.recv()
+        assert answer["code"] == "idle_timeout"
+        assert staller.closed()
+    finally:
+        d.close_clients()
+        d.stop()
+
+
+def test_a_blocked_wait_is_exempt_from_the_idle_timeout(tmp_path: Path) -> None:
+    d = DaemonProc(tmp_path / "home", "--memory", "--idle-timeout", "0.3", "--settle-ms", "0")
+    try:
+        waiter = d.client()
+        waiter.ok({"op": "start", "session": "a"})
+        answer = waiter.call({"op": "wait", "sessions": ["a"], "timeout_ms": 1000})
+        assert answer["ok"] and answer["timed_out"]
+    finally:
+        d.close_clients()
+        d.stop()
+
+
+def test_many_bad_lines_on_one_connection_while_another_is_served(daemon: DaemonProc) -> None:
+    bad, good = daemon.client(), daemon.client()
+    good.ok({"op": "start", "session": "a"})
+    good.ok({"op": "send", "session": "a", "text": "one"})
+    good.ok({"op": "send", "session": "a", "text": "two"})
+    good.ok({"op": "start", "session": "other"})
+    for i, (line, code, _) in enumerate(BAD_LINES * 3):
+        bad.send_raw(line + b"\n")
+        assert bad.recv()["code"] == code
+        assert good.ok({"op": "send", "session": "other", "text": str(i)})["seq"] == i + 1
+
+
+# -- authentication -------------------------------------------------------
+
+
+def test_a_connection_without_the_token_is_refused(daemon: DaemonProc) -> None:
+    c = daemon.client(auth=False)
+    answer = c.call({"op": "read", "session": "a", "after": 0})
+    assert answer["ok"] is False and answer["code"] == "unauthorized"
+    assert c.closed()
+
+
+def test_a_wrong_token_is_refused(daemon: DaemonProc) -> None:
+    c = daemon.client(auth=False)
+    answer = c.call({"op": "auth", "token": "guess"})
+    assert answer["code"] == "unauthorized" and "wrong token" in answer["message"]
+    assert c.closed()
+
+
+def test_a_token_after_another_op_is_refused(daemon: DaemonProc) -> None:
+    c = daemon.client(auth=False)
+    assert c.call({"op": "ping"})["code"] == "unauthorized"
+    assert c.closed()
+
+
+def test_garbage_before_auth_is_refused_and_closed(daemon: DaemonProc) -> None:
+    c = daemon.client(auth=False)
+    c.send_raw(b"GET / HTTP/1.1\r\n")
+    assert c.recv()["code"] == "bad_request"
+    assert c.closed()
+
+
+def test_the_token_file_is_created_private(daemon: DaemonProc) -> None:
+    mode = stat.S_IMODE((daemon.home / "token").stat().st_mode)
+    assert mode == 0o600
+
+
+def test_a_world_readable_token_file_is_refused_at_start(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "token").write_text("secret\n")
+    os.chmod(home / "token", 0o644)
+    proc = subprocess.run(
+        [sys.executable, "-m", "repl_daemon", "--addr", "127.0.0.1:0", "--home", str(home)],
+        capture_output=True,
+        timeout=30,
+    )
+    assert proc.returncode == 1
+    assert b"chmod 600" in proc.stderr
+    assert b"Traceback" not in proc.stderr
+
+
+def test_start_generates_an_id_when_none_is_given(daemon: DaemonProc) -> None:
+    c = daemon.client()
+    one = c.ok({"op": "start"})["session"]
+    two = c.ok({"op": "start"})["session"]
+    assert one != two
+    ids = [s["id"] for s in c.ok({"op": "sessions"})["sessions"]]
+    assert sorted(ids) == sorted([one, two])
+
+
+def test_start_exist_ok_keeps_the_session(daemon: DaemonProc) -> None:
+    c = daemon.client()
+    c.ok({"op": "start", "session": "a"})
+    c.ok({"op": "send", "session": "a", "text": "kept"})
+    assert c.ok({"op": "start", "session": "a", "exist_ok": True})["created"] is False
+    assert c.ok({"op": "read", "session": "a", "after": 0})["firings"][0]["result"] == "kept"
+
+
+def test_stats_counts_firings_lost_connections_and_waiters(daemon: DaemonProc) -> None:
+    c = daemon.client()
+    c.ok({"op": "start", "session": "a", "buffer": 2})
+    for i in range(5):
+        c.ok({"op": "send", "session": "a", "text": str(i)})
+    stats = c.ok({"op": "stats"})
+    assert stats["daemon"]["firings"] == 5
+    assert stats["daemon"]["lost"] == 3
+    assert stats["daemon"]["connections"] == 1
+    assert stats["daemon"]["store"] == "memory"
+    row = stats["sessions"][0]
+    assert (row["head"], row["retained"], row["limit"], row["lost"]) == (5, 2, 2, 3)
+    assert row["evaluations"] == 5
+
+
+def test_pipelined_requests_are_answered_in_order(daemon: DaemonProc) -> None:
+    c = daemon.client()
+    c.ok({"op": "start", "session": "a"})
+    payload = b"".join(
+        json.dumps({"op": "send", "session": "a", "text": str(i), "id": i}).encode() + b"\n"
+        for i in range(500)
+    )
+    c.send_raw(payload)
+    answers = [c.recv() for _ in range(500)]
+    assert [a["id"] for a in answers] == list(range(500))
+    assert [a["seq"] for a in answers] == list(range(1, 501))
+
+
+def test_the_daemon_survives_a_client_that_vanishes_mid_request(daemon: DaemonProc) -> None:
+    for _ in range(20):
+        c = Client(daemon.port, daemon.token)
+        c.send_raw(b'{"op": "start", "session": "x", "exist_ok": tr')
+        c.close()
+    time.sleep(0.1)
+    assert daemon.client().ok({"op": "ping"})
