@@ -239,6 +239,8 @@ _encoder = msgspec.json.Encoder()
 
 def decode_request(line: bytes) -> AnyRequest:
     """Decode one request line; a bad one raises ``BadRequest`` or ``UnknownOp``."""
+    if not line.strip():
+        raise BadRequest("empty line: send one JSON object a line")
     try:
         return _request_decoder.decode(line)
     except msgspec.ValidationError as exc:

@@ -143,8 +143,6 @@ class Connection:
                 return
             except (anyio.IncompleteRead, anyio.EndOfStream, anyio.BrokenResourceError, OSError):
                 return
-            if not line.strip():
-                continue
             if not await self._handle(line, ops):
                 return
 
