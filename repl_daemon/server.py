@@ -38,6 +38,9 @@ class Limits:
     idle_timeout: float = 60.0
     max_connections: int = 4096
     max_in_flight: int = 1024
+    # answers written but not yet taken by a slow client: past this the
+    # connection's reader pauses, so a client that never reads costs at most this
+    max_queued_bytes: int = 1 << 20
 
 
 class _Answer:
@@ -110,6 +113,8 @@ class Connection:
         self.send_answer, self.answers = anyio.create_memory_object_stream[_Answer](
             limits.max_in_flight
         )
+        self.queued_bytes = 0
+        self.drained = anyio.Event()
 
     async def run(self) -> None:
         async with anyio.create_task_group() as tg:
@@ -147,7 +152,15 @@ class Connection:
                 return
 
     async def _queue(self, data: bytes) -> None:
+        self.queued_bytes += len(data)
         await self.send_answer.send(_Answer(data))
+        await self._backpressure()
+
+    async def _backpressure(self) -> None:
+        """Stop reading requests while a slow client leaves too many answers unread."""
+        while self.queued_bytes > self.limits.max_queued_bytes:
+            self.drained = anyio.Event()
+            await self.drained.wait()
 
     async def _handle(self, line: bytes, ops: anyio.abc.TaskGroup) -> bool:
         """Answer one line; False closes the connection."""
@@ -200,6 +213,8 @@ class Connection:
             data = p.encode(p.error(self._report(exc), rid))
         finally:
             self.in_flight -= 1
+            if data is not None:
+                self.queued_bytes += len(data)
             pending.set(data)
 
     def _dispatch(self, req: p.AnyRequest) -> bytes | Callable[[], Awaitable[p.Response]]:
@@ -263,3 +278,5 @@ class Connection:
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
                     scope.cancel()
                     return
+                self.queued_bytes -= len(answer.data)
+                self.drained.set()
