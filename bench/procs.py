@@ -1,0 +1,264 @@
+"""The processes a benchmark run starts and measures: the daemon, redis-server, the floor.
+
+Each is a child of the benchmark, on a loopback port, with its state in a
+temporary directory, and is stopped when its figure is done. What the
+benchmark reads about a child (CPU time, resident memory) comes from
+``/proc/PID``, so it measures the server alone, not the client driving it.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+HOST = "127.0.0.1"
+FLOOR_SCRIPT = Path(__file__).with_name("floor.py")
+
+
+class BenchError(Exception):
+    """A figure could not be measured; the message says why."""
+
+
+def raise_nofile(wanted: int) -> int:
+    """Raise this process's soft RLIMIT_NOFILE towards ``wanted``; returns the new soft limit.
+
+    Children inherit the soft limit, so raising it here once before any
+    server starts covers the daemon and redis-server too.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    ceiling = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < ceiling:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (ceiling, hard))
+        soft = ceiling
+    return soft
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of ``pid`` so far (fields 14 and 15 of /proc/PID/stat)."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of ``pid`` (VmRSS of /proc/PID/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise BenchError(f"no VmRSS for pid {pid}")
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago (for servers that cannot take port 0)."""
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+class Child:
+    """A server child process with a log file; a context manager that stops it."""
+
+    name = "child"
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.log = workdir / f"{self.name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def _spawn(self, argv: list[str], *, announce: bool) -> None:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                argv,
+                stdout=subprocess.PIPE if announce else log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+
+    def _read_announced_port(self, deadline_s: float) -> int:
+        """Read the child's first stdout line, ``listening on HOST:PORT``."""
+        assert self.proc is not None and self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], deadline_s)
+        line = self.proc.stdout.readline().decode() if ready else ""
+        if not line.startswith("listening on "):
+            self.kill()
+            raise BenchError(
+                f"{self.name} did not start within {deadline_s:g} s (said {line!r}):\n"
+                + _tail(self.log)
+            )
+        return int(line.rsplit(":", 1)[1])
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """SIGTERM, then SIGKILL after ``grace_s``."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._close_pipes()
+
+    def kill(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+        self._close_pipes()
+
+    def _close_pipes(self) -> None:
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+    def check_alive(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            raise BenchError(f"{self.name} exited:\n" + _tail(self.log))
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class Daemon(Child):
+    """``python -m repl_daemon`` on port 0 with a fresh (or kept) home."""
+
+    name = "daemon"
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        memory: bool,
+        settle_ms: int = 0,
+        max_connections: int | None = None,
+    ) -> None:
+        super().__init__(workdir)
+        self.home = workdir / "home"
+        self.memory = memory
+        self.settle_ms = settle_ms
+        self.max_connections = max_connections
+
+    def argv(self) -> list[str]:
+        argv = [sys.executable, "-m", "repl_daemon", "--addr", f"{HOST}:0"]
+        argv += ["--home", str(self.home), "--settle-ms", str(self.settle_ms)]
+        if self.memory:
+            argv.append("--memory")
+        if self.max_connections is not None:
+            argv += ["--max-connections", str(self.max_connections)]
+        return argv
+
+    def start(self, deadline_s: float = 300.0) -> Self:
+        self._spawn(self.argv(), announce=True)
+        self.port = self._read_announced_port(deadline_s)
+        return self
+
+    @property
+    def token(self) -> str:
+        return (self.home / "token").read_text().strip()
+
+    def env(self) -> dict[str, str]:
+        """The environment for a ``repl`` command aimed at this daemon."""
+        return {**os.environ, "REPL_ADDR": f"{HOST}:{self.port}", "REPL_HOME": str(self.home)}
+
+
+class Floor(Child):
+    """bench/floor.py: the bare asyncio JSON-lines server."""
+
+    name = "floor"
+
+    def start(self) -> Self:
+        self._spawn([sys.executable, str(FLOOR_SCRIPT), "--port", "0"], announce=True)
+        self.port = self._read_announced_port(30.0)
+        return self
+
+
+class RedisServer(Child):
+    """redis-server on a free loopback port, persistence off or AOF with fsync always."""
+
+    name = "redis"
+    MAX_CLIENTS = 10_200
+
+    def __init__(self, exe: str, workdir: Path, *, durable: bool) -> None:
+        super().__init__(workdir)
+        self.exe = exe
+        self.durable = durable
+        self.data = workdir / "data"
+        self.data.mkdir(exist_ok=True)
+
+    def argv(self) -> list[str]:
+        argv = [self.exe, "--port", str(self.port), "--bind", HOST, "--save", ""]
+        argv += ["--dir", str(self.data), "--maxclients", str(self.MAX_CLIENTS)]
+        if self.durable:
+            argv += ["--appendonly", "yes", "--appendfsync", "always"]
+        else:
+            argv += ["--appendonly", "no"]
+        return argv
+
+    def start(self) -> Self:
+        """Start on a free port and wait for PONG (a few tries: the port may be taken)."""
+        for _attempt in range(5):
+            self.spawn(free_port())
+            if self._wait_ready(10.0):
+                return self
+            self.kill()
+        raise BenchError("redis-server did not start:\n" + _tail(self.log))
+
+    def spawn(self, port: int) -> None:
+        """Start the process and return at once (a restart times its own readiness)."""
+        self.port = port
+        self._spawn(self.argv(), announce=False)
+
+    def _wait_ready(self, deadline_s: float) -> bool:
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                return False
+            try:
+                with socket.create_connection((HOST, self.port), timeout=1) as sock:
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(64).startswith(b"+PONG"):
+                        return True
+            except OSError:
+                pass
+            time.sleep(0.01)
+        return False
+
+    def version(self) -> str:
+        out = subprocess.run([self.exe, "--version"], capture_output=True, text=True, timeout=10)
+        return out.stdout.strip()
