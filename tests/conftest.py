@@ -119,8 +119,14 @@ class Client:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
         self.buffer = b""
         if token is not None:
-            answer = self.call({"op": "auth", "token": token})
-            assert answer["ok"], answer
+            try:
+                answer = self.call({"op": "auth", "token": token})
+            except BaseException:
+                self.sock.close()
+                raise
+            if not answer["ok"]:
+                self.sock.close()
+                raise AssertionError(answer)
 
     def send_raw(self, data: bytes) -> None:
         self.sock.sendall(data)
