@@ -5,7 +5,9 @@ Seqs are consecutive: the ring always holds the seqs ``head - len + 1`` to
 needed. Only the bound removes firings; reading never does.
 
 ``visible`` lets a caller hide the newest firings from readers (the daemon
-shows only what its store has made durable); it defaults to the head.
+shows only what its store has made durable); it defaults to the head, and a
+value outside 0 to the head is clamped into it, so no cap can show a reader
+a seq that was never recorded.
 """
 
 from __future__ import annotations
@@ -35,8 +37,17 @@ class Ring:
     def __init__(
         self, limit: int = DEFAULT_LIMIT, head: int = 0, firings: Iterable[Firing] = ()
     ) -> None:
+        if head < 0:
+            raise BadSeq(f"head {head} is negative")
         self._firings: deque[Firing] = deque(firings, maxlen=check_limit(limit))
         self._head = head
+        # Every read finds a firing by its seq's offset from ``first``, so a ring
+        # rebuilt from a store must hold exactly the seqs up to its head.
+        if self._firings and (self._firings[0].seq != self.first or self._firings[-1].seq != head):
+            raise BadSeq(
+                f"firings {self._firings[0].seq} to {self._firings[-1].seq} "
+                f"are not the newest {len(self._firings)} up to head {head}"
+            )
 
     @property
     def head(self) -> int:
@@ -63,6 +74,10 @@ class Ring:
         """How many firings the bound has removed so far."""
         return self._head - len(self._firings)
 
+    def visible_head(self, visible: int | None = None) -> int:
+        """The newest seq a reader capped at ``visible`` may see: within 0 to the head."""
+        return self._head if visible is None else min(max(visible, 0), self._head)
+
     def firings(self) -> list[Firing]:
         return list(self._firings)
 
@@ -82,7 +97,7 @@ class Ring:
 
     def events_after(self, after: int, max: int | None = None, visible: int | None = None) -> Batch:
         """The firings with seq > ``after``, oldest first, at most ``max`` (SPEC rule 3)."""
-        head = self._head if visible is None else visible
+        head = self.visible_head(visible)
         if after < 0:
             raise BadSeq(f"seq {after} is negative")
         if after > head:

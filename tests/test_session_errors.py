@@ -1,0 +1,51 @@
+"""The error module: one class per wire code, and rebuilding an error from the wire."""
+
+from __future__ import annotations
+
+import pytest
+
+from session import errors
+from session.errors import BY_CODE, Code, Internal, ReplError, from_wire
+
+
+def error_classes() -> list[type[ReplError]]:
+    return [
+        value
+        for value in vars(errors).values()
+        if isinstance(value, type) and issubclass(value, ReplError) and value is not ReplError
+    ]
+
+
+def test_every_code_belongs_to_exactly_one_error_class() -> None:
+    classes = error_classes()
+    assert sorted(cls.code for cls in classes) == sorted(Code)
+    assert {code: cls.code for code, cls in BY_CODE.items()} == {c.value: c for c in Code}
+    assert set(BY_CODE.values()) == set(classes)
+
+
+def test_every_error_class_says_what_it_means_in_a_docstring() -> None:
+    for cls in error_classes():
+        assert cls.__doc__, cls.__name__
+
+
+def test_a_code_is_its_wire_string() -> None:
+    assert str(Code.ACK_AFTER_HEAD) == "ack_after_head"
+    assert str(Code.CURSOR_AFTER_HEAD) == "cursor_after_head"
+
+
+@pytest.mark.parametrize("code", list(Code))
+def test_from_wire_rebuilds_the_class_and_message_a_response_names(code: Code) -> None:
+    error = from_wire(code.value, "what went wrong")
+    assert type(error) is BY_CODE[code.value]
+    assert error.code == code
+    assert (error.message, str(error)) == ("what went wrong", "what went wrong")
+
+
+def test_from_wire_makes_an_unknown_code_internal() -> None:
+    error = from_wire("from_the_future", "a newer daemon")
+    assert type(error) is Internal
+    assert error.message == "a newer daemon"
+
+
+def test_the_base_error_is_internal() -> None:
+    assert ReplError("x").code == Code.INTERNAL

@@ -1,0 +1,292 @@
+"""The ring alone: seqs, the bound, reads after N and the ``visible`` cap (SPEC §3 rules 1-3, 15).
+
+Plain synchronous tests, no event loop and no fixtures: each builds a ring,
+does one thing to it and checks the exact answer.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from session.errors import BadLimit, BadMax, BadSeq, Code, CursorAfterHead
+from session.firing import Batch, Firing
+from session.ring import DEFAULT_LIMIT, MAX_LIMIT, Ring
+
+
+def filled(count: int, limit: int = DEFAULT_LIMIT) -> Ring:
+    ring = Ring(limit)
+    for n in range(1, count + 1):
+        ring.append("on-message", f"m{n}", None, f"t{n}")
+    return ring
+
+
+def seqs(batch: Batch) -> list[int]:
+    return [f.seq for f in batch.firings]
+
+
+def state(ring: Ring) -> tuple[int, int, list[Firing]]:
+    return ring.head, ring.limit, ring.firings()
+
+
+# -- seqs and the bound (rules 1, 2) ---------------------------------------------------
+
+
+def test_a_new_ring_is_empty_with_head_0_and_the_default_limit_256() -> None:
+    ring = Ring()
+    assert (ring.head, ring.limit, ring.retained, ring.first, ring.dropped) == (0, 256, 0, 1, 0)
+    assert ring.firings() == []
+
+
+def test_five_firings_get_seqs_1_to_5_and_head_5() -> None:
+    ring = filled(5)
+    assert [f.seq for f in ring.firings()] == [1, 2, 3, 4, 5]
+    assert ring.head == 5
+
+
+def test_append_returns_the_firing_it_recorded_with_every_field() -> None:
+    ring = Ring()
+    firing = ring.append("on-tick", None, "raw", "2024-01-01T00:00:00.000Z")
+    assert firing == Firing(1, "on-tick", None, "raw", "2024-01-01T00:00:00.000Z")
+    assert ring.firings() == [firing]
+
+
+def test_with_limit_0_every_firing_still_takes_the_next_seq() -> None:
+    ring = filled(3, limit=0)
+    assert ring.append("on-message", "x", None, "t").seq == 4
+    assert (ring.head, ring.retained, ring.first, ring.dropped) == (4, 0, 5, 4)
+
+
+def test_the_ring_keeps_only_the_newest_limit_firings() -> None:
+    ring = filled(10, limit=4)
+    assert [f.seq for f in ring.firings()] == [7, 8, 9, 10]
+    assert (ring.retained, ring.first, ring.dropped) == (4, 7, 6)
+
+
+def test_lowering_the_limit_on_a_full_ring_trims_the_oldest_and_reports_the_loss() -> None:
+    ring = filled(8, limit=8)
+    assert ring.set_limit(3) == 5
+    assert [f.seq for f in ring.firings()] == [6, 7, 8]
+    batch = ring.events_after(0)
+    assert (batch.next, batch.lost, seqs(batch)) == (8, 5, [6, 7, 8])
+
+
+def test_raising_the_limit_trims_nothing_and_brings_nothing_back() -> None:
+    ring = filled(6, limit=2)
+    assert ring.set_limit(10) == 0
+    assert (ring.limit, [f.seq for f in ring.firings()]) == (10, [5, 6])
+    ring.append("on-message", "7", None, "t")
+    assert [f.seq for f in ring.firings()] == [5, 6, 7]
+
+
+@pytest.mark.parametrize("limit", [0, 1, MAX_LIMIT])
+def test_limits_0_to_65536_are_accepted(limit: int) -> None:
+    assert Ring(limit).limit == limit
+    ring = Ring()
+    ring.set_limit(limit)
+    assert ring.limit == limit
+
+
+@pytest.mark.parametrize("limit", [-1, MAX_LIMIT + 1])
+def test_a_limit_outside_0_to_65536_is_bad_limit_and_changes_nothing(limit: int) -> None:
+    with pytest.raises(BadLimit, match=f"limit {limit} is outside 0 to 65,536") as info:
+        Ring(limit)
+    assert info.value.code == Code.BAD_LIMIT
+    ring = filled(5, limit=5)
+    before = state(ring)
+    with pytest.raises(BadLimit):
+        ring.set_limit(limit)
+    assert state(ring) == before
+
+
+# -- read after N (rule 3) -------------------------------------------------------------
+
+
+def test_reading_after_n_twice_gives_the_same_answer() -> None:
+    ring = filled(5)
+    assert ring.events_after(2) == ring.events_after(2)
+    assert seqs(ring.events_after(2)) == [3, 4, 5]
+    assert ring.retained == 5
+
+
+def test_reading_after_0_returns_the_whole_ring_oldest_first() -> None:
+    ring = filled(3)
+    batch = ring.events_after(0)
+    assert batch == Batch(3, 0, ring.firings())
+
+
+def test_limit_4_with_10_firings_after_0_gives_next_10_lost_6_and_seqs_7_to_10() -> None:
+    batch = filled(10, limit=4).events_after(0)
+    assert (batch.next, batch.lost, seqs(batch)) == (10, 6, [7, 8, 9, 10])
+
+
+def test_limit_4_with_10_firings_a_reader_at_8_has_lost_nothing() -> None:
+    batch = filled(10, limit=4).events_after(8)
+    assert (batch.next, batch.lost, seqs(batch)) == (10, 0, [9, 10])
+
+
+def test_lost_counts_only_the_dropped_firings_after_the_reader() -> None:
+    # first retained is 7: a reader at 3 missed 4, 5 and 6
+    batch = filled(10, limit=4).events_after(3)
+    assert (batch.next, batch.lost, seqs(batch)) == (10, 3, [7, 8, 9, 10])
+
+
+def test_a_reader_just_before_the_first_retained_firing_has_lost_nothing() -> None:
+    batch = filled(10, limit=4).events_after(6)
+    assert (batch.lost, seqs(batch)) == (0, [7, 8, 9, 10])
+
+
+def test_on_an_empty_ring_lost_is_head_minus_n_and_next_is_n_plus_lost() -> None:
+    ring = filled(5, limit=0)
+    assert ring.events_after(0) == Batch(5, 5, [])
+    assert ring.events_after(2) == Batch(5, 3, [])
+    assert ring.events_after(5) == Batch(5, 0, [])
+
+
+def test_at_the_head_a_read_returns_nothing_and_next_is_the_head() -> None:
+    assert filled(4).events_after(4) == Batch(4, 0, [])
+    assert Ring().events_after(0) == Batch(0, 0, [])
+
+
+def test_reading_after_a_seq_beyond_the_head_is_cursor_after_head() -> None:
+    ring = filled(3)
+    with pytest.raises(CursorAfterHead) as info:
+        ring.events_after(4)
+    assert info.value.message == "cursor 4 is after head 3"
+    assert str(info.value) == "cursor 4 is after head 3"
+    assert info.value.code == Code.CURSOR_AFTER_HEAD
+
+
+def test_reading_after_a_negative_seq_is_bad_seq() -> None:
+    with pytest.raises(BadSeq, match="seq -1 is negative"):
+        filled(3).events_after(-1)
+
+
+@pytest.mark.parametrize("most", [0, -5])
+def test_a_max_below_1_is_bad_max(most: int) -> None:
+    with pytest.raises(BadMax, match=f"max {most} is below 1"):
+        filled(3).events_after(0, most)
+
+
+def test_max_caps_the_batch_and_next_is_the_last_seq_returned() -> None:
+    batch = filled(10).events_after(2, 3)
+    assert (batch.next, batch.lost, seqs(batch)) == (5, 0, [3, 4, 5])
+
+
+def test_max_with_a_loss_still_reports_the_loss_and_starts_at_the_first_retained() -> None:
+    batch = filled(10, limit=4).events_after(0, 1)
+    assert (batch.next, batch.lost, seqs(batch)) == (7, 6, [7])
+
+
+def test_paging_a_full_ring_with_max_100_returns_every_firing_exactly_once() -> None:
+    ring = filled(1000, limit=DEFAULT_LIMIT)
+    seen: list[int] = []
+    lost = 0
+    after = 0
+    while after < ring.head:
+        batch = ring.events_after(after, 100)
+        assert len(batch.firings) <= 100
+        seen += seqs(batch)
+        lost += batch.lost
+        after = batch.next
+    assert seen == list(range(745, 1001))
+    assert lost == 744
+    assert after == ring.head
+
+
+def test_a_tail_read_of_one_firing_returns_the_newest() -> None:
+    ring = filled(300)
+    assert seqs(ring.events_after(299)) == [300]
+    assert seqs(ring.events_after(298, 1)) == [299]
+
+
+def test_every_read_after_n_with_every_max_matches_a_plain_list() -> None:
+    # walks the slice from the front and from the back: both must agree
+    ring = filled(20, limit=9)
+    retained = ring.firings()
+    for after in range(ring.head + 1):
+        for most in [None, *range(1, 12)]:
+            want = [f for f in retained if f.seq > after][:most]
+            batch = ring.events_after(after, most)
+            assert batch.firings == want, (after, most)
+            assert batch.lost == max(0, ring.first - after - 1)
+
+
+# -- the visible cap -------------------------------------------------------------------
+
+
+def test_visible_hides_firings_above_it() -> None:
+    batch = filled(10).events_after(2, visible=6)
+    assert (batch.next, batch.lost, seqs(batch)) == (6, 0, [3, 4, 5, 6])
+
+
+def test_visible_is_the_head_in_the_after_head_message() -> None:
+    with pytest.raises(CursorAfterHead, match="cursor 7 is after head 6"):
+        filled(10).events_after(7, visible=6)
+
+
+def test_visible_loss_counts_only_firings_up_to_visible() -> None:
+    # the ring holds 7-10, readers may see up to 5: 1-5 are lost, nothing is returned
+    ring = filled(10, limit=4)
+    assert ring.events_after(0, visible=5) == Batch(5, 5, [])
+    assert ring.events_after(3, visible=8) == Batch(8, 3, ring.firings()[:2])
+
+
+def test_visible_with_limit_0_tells_of_the_loss_up_to_visible() -> None:
+    assert filled(9, limit=0).events_after(1, visible=4) == Batch(4, 3, [])
+
+
+def test_visible_above_the_head_is_capped_at_the_head() -> None:
+    ring = filled(3)
+    assert ring.visible_head(10) == 3
+    assert ring.events_after(0, visible=10) == ring.events_after(0)
+    assert ring.events_after(1, 1, visible=10) == ring.events_after(1, 1)
+    with pytest.raises(CursorAfterHead, match="cursor 4 is after head 3"):
+        ring.events_after(4, visible=10)
+
+
+def test_a_negative_visible_shows_nothing() -> None:
+    ring = filled(3)
+    assert ring.visible_head(-2) == 0
+    assert ring.events_after(0, visible=-2) == Batch(0, 0, [])
+
+
+def test_visible_none_is_the_head() -> None:
+    ring = filled(3)
+    assert ring.visible_head() == ring.visible_head(None) == 3
+
+
+# -- rebuilding a ring (what a store hands back) ---------------------------------------
+
+
+def test_a_ring_rebuilt_from_its_firings_reads_the_same() -> None:
+    ring = filled(10, limit=4)
+    again = Ring(ring.limit, ring.head, ring.firings())
+    assert state(again) == state(ring)
+    assert again.events_after(0) == ring.events_after(0)
+
+
+def test_a_ring_rebuilt_with_more_firings_than_its_limit_keeps_the_newest() -> None:
+    again = Ring(2, 10, filled(10).firings())
+    assert [f.seq for f in again.firings()] == [9, 10]
+
+
+def test_a_ring_rebuilt_with_a_negative_head_is_bad_seq() -> None:
+    with pytest.raises(BadSeq, match="head -1 is negative"):
+        Ring(4, -1)
+
+
+@pytest.mark.parametrize(
+    ("head", "kept"),
+    [
+        (11, slice(None)),  # firings end below the head
+        (9, slice(None)),  # firings end above the head
+        (10, slice(0, 2)),  # a gap: 7, 8 claimed as the newest of 10
+        (2, slice(None)),  # more firings than seqs up to the head
+    ],
+)
+def test_a_ring_rebuilt_from_firings_that_are_not_the_seqs_up_to_its_head_is_bad_seq(
+    head: int, kept: slice
+) -> None:
+    firings = filled(10, limit=4).firings()[kept]
+    with pytest.raises(BadSeq, match="are not the newest"):
+        Ring(4, head, firings)
