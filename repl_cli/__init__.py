@@ -1,0 +1,7 @@
+"""The ``repl`` command line: click commands over a blocking client of the daemon.
+
+``main`` (the commands), ``client`` (the wire), ``deliver`` and ``sink``
+(printing, then acknowledging only what the reader took), ``output`` (every
+format), ``errors`` (exit statuses), ``launch`` (``repl daemon``). Nothing
+here imports anyio or rich at start-up.
+"""

@@ -1,0 +1,7 @@
+"""``python -m repl_cli``: the same as the ``repl`` command."""
+
+import sys
+
+from repl_cli.main import main
+
+sys.exit(main())

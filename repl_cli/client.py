@@ -1,0 +1,209 @@
+"""A blocking client of the daemon's wire protocol: one socket, JSON lines.
+
+The CLI runs once per command (a monitor runs ``repl wait`` again after
+every wake), so this module stays cheap to import: a plain socket,
+msgspec and the shared ``repl_daemon.protocol``, never anyio. It connects
+on first use, sends ``auth`` with the token from the daemon's home, and
+turns error answers and socket failures into ``CliError``.
+
+``DEFAULT_ADDR`` and ``default_home`` repeat ``repl_daemon.main``'s
+(importing that would load anyio); tests/test_cli_errors.py keeps them equal.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import time
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+
+from repl_cli.errors import USAGE, CliError, ReaderGone, from_wire
+from repl_daemon import protocol as p
+
+DEFAULT_ADDR = "127.0.0.1:7427"
+# how long an ordinary request may take; a wait has no client-side limit
+CALL_TIMEOUT = 30.0
+
+R = TypeVar("R", bound=p.Response)
+
+_decode_any = msgspec.json.Decoder().decode
+
+
+def default_home() -> Path:
+    env = os.environ.get("REPL_HOME")
+    if env:
+        return Path(env)
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "repl"
+
+
+def parse_addr(addr: str) -> tuple[str, int]:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise CliError(f"address {addr!r} is not HOST:PORT (for example {DEFAULT_ADDR})", USAGE)
+    return host.strip("[]"), int(port)
+
+
+def _connect(host: str, port: int) -> socket.socket:
+    """Connect; an IP address skips getaddrinfo, whose idna codec costs every run ms."""
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, host)
+        except OSError:
+            continue
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(CALL_TIMEOUT)
+            sock.connect((host, port))
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    return socket.create_connection((host, port), timeout=CALL_TIMEOUT)
+
+
+class Client:
+    """One connection to the daemon, opened on the first request."""
+
+    def __init__(self, addr: str | None = None, home: str | Path | None = None) -> None:
+        self.addr = addr or os.environ.get("REPL_ADDR") or DEFAULT_ADDR
+        self.home = Path(home) if home else default_home()
+        self._sock: socket.socket | None = None
+        self._buf = bytearray()
+        self._scanned = 0
+
+    # -- the connection ----------------------------------------------------
+
+    @property
+    def token_path(self) -> Path:
+        return self.home / "token"
+
+    def connect(self) -> None:
+        host, port = parse_addr(self.addr)
+        try:
+            sock = _connect(host, port)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise CliError(
+                f"no daemon at {self.addr} ({reason}): start one with `repl daemon`"
+            ) from None
+        sock.settimeout(None)  # deadlines are kept by _fill, which can also watch stdout
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock = sock
+        self.call(p.Auth(token=self._token()), p.Done)
+
+    def _token(self) -> str:
+        try:
+            token = self.token_path.read_text().strip()
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise CliError(
+                f"cannot read the daemon's token {self.token_path} ({reason}): "
+                "point --home (or REPL_HOME) at the daemon's state directory"
+            ) from None
+        return token
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        self._buf.clear()
+        self._scanned = 0
+
+    # -- requests ----------------------------------------------------------
+
+    def call(self, request: p.Request, expect: type[R]) -> R:
+        """Send one request and decode its answer as ``expect``."""
+        self.send(request)
+        return self.receive(expect)
+
+    def send(self, request: p.Request) -> None:
+        self.send_raw(p.encode(request))
+
+    def send_raw(self, data: bytes) -> None:
+        """Put encoded requests on the wire (several at once when pipelining)."""
+        if self._sock is None:
+            self.connect()
+        assert self._sock is not None
+        try:
+            self._sock.sendall(data)
+        except OSError as exc:
+            raise self._lost(exc) from None
+
+    def receive(
+        self, expect: type[R], *, timeout: float | None = CALL_TIMEOUT, watch: int | None = None
+    ) -> R:
+        """The next answer as ``expect``, or its error as a CliError.
+
+        ``timeout`` None waits for ever (a wait op); ``watch`` is a pipe we
+        write to: when its reader goes away while we wait, ``ReaderGone``.
+        """
+        line = self._line(timeout, watch)
+        try:
+            raw: Any = _decode_any(line)
+            if not isinstance(raw, dict):
+                raise msgspec.ValidationError("an answer must be a JSON object")
+            if raw.get("ok") is not True:
+                raise from_wire(str(raw.get("code")), str(raw.get("message")))
+            return msgspec.convert(raw, expect)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise CliError(
+                f"the daemon at {self.addr} answered something this client cannot read ({exc}): "
+                "are the daemon and the CLI the same version?"
+            ) from None
+
+    def _line(self, timeout: float | None, watch: int | None) -> bytes:
+        buf = self._buf
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            end = buf.find(b"\n", self._scanned)
+            if end >= 0:
+                line = bytes(buf[:end])
+                del buf[: end + 1]
+                self._scanned = 0
+                return line
+            self._scanned = len(buf)
+            self._fill(deadline, watch)
+
+    def _fill(self, deadline: float | None, watch: int | None) -> None:
+        sock = self._sock
+        if sock is None:
+            raise CliError(f"not connected to the daemon at {self.addr}")  # a bug: send first
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        if watch is not None:
+            poller.register(watch, 0)  # POLLERR only: the pipe's reader closed it
+        while True:
+            wait_ms = None
+            if deadline is not None:
+                wait_ms = max(0, int((deadline - time.monotonic()) * 1000) + 1)
+            ready = poller.poll(wait_ms)
+            if not ready:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise CliError(
+                        f"the daemon at {self.addr} did not answer within {CALL_TIMEOUT:g} s: "
+                        "see its log (daemon.log in its state directory)"
+                    )
+                continue
+            if any(fd == watch for fd, _ in ready):
+                raise ReaderGone()
+            break
+        try:
+            data = sock.recv(1 << 16)
+        except OSError as exc:
+            raise self._lost(exc) from None
+        if not data:
+            raise self._lost(None)
+        self._buf += data
+
+    def _lost(self, exc: OSError | None) -> CliError:
+        self.close()
+        reason = f" ({exc.strerror or exc})" if exc is not None else ""
+        return CliError(
+            f"the daemon at {self.addr} closed the connection{reason}: "
+            "check it with `repl ping` and run the command again"
+        )

@@ -1,0 +1,118 @@
+"""Printing batches of firings and acknowledging only what was delivered (SPEC rule 9).
+
+``show`` writes a batch line by line through the ``Sink`` and remembers,
+per session, the last seq whose line the reader took. ``deliver`` (read,
+wait) then acknowledges exactly that; ``follow`` carries it in its next
+wait request. When the reader goes away or the user presses Ctrl-C
+part-way, what was delivered is still acknowledged and nothing after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from repl_cli.client import Client
+from repl_cli.errors import CliError, ReaderGone
+from repl_cli.output import FiringFormat
+from repl_cli.sink import Sink
+from repl_daemon import protocol as p
+from session.firing import Firing
+
+
+class Batch:
+    """What a read, poll or wait returned for one session."""
+
+    __slots__ = ("firings", "lost", "next", "session")
+
+    def __init__(self, session: str, next: int, lost: int, firings: Sequence[Firing]) -> None:
+        self.session = session
+        self.next = next
+        self.lost = lost
+        self.firings = firings
+
+    @property
+    def start(self) -> int:
+        """The position the batch was read after (SPEC rule 3, solved for N)."""
+        if self.firings:
+            return self.firings[0].seq - 1 - self.lost
+        return self.next - self.lost
+
+
+class Printer:
+    """Writes batches to stdout; ``cursor`` None acknowledges nothing (peek, --after, poll)."""
+
+    def __init__(self, client: Client, fmt: FiringFormat, cursor: str | None) -> None:
+        self.client = client
+        self.fmt = fmt
+        self.cursor = cursor
+        self.sink = Sink()
+
+    @property
+    def watch(self) -> int | None:
+        """The pipe to watch while blocked in a wait, so a reader that left ends us."""
+        return self.sink.fd if self.sink.pipe else None
+
+    def show(self, batches: Sequence[Batch]) -> dict[str, int]:
+        """Print; returns session -> the last seq delivered, for the sessions that moved.
+
+        If the reader goes away or Ctrl-C comes part-way, what was delivered
+        is acknowledged before the exception goes on.
+        """
+        taken: dict[str, int] = {}
+        try:
+            for batch in batches:
+                start = batch.start
+                for text, seq in self.fmt.lines(
+                    batch.session, batch.next, batch.lost, batch.firings
+                ):
+                    self.sink.put(text)
+                    if seq > start:
+                        taken[batch.session] = seq
+        except (ReaderGone, KeyboardInterrupt):
+            self.ack_on_the_way_out(taken, self.client)
+            raise
+        return taken
+
+    def ack(self, taken: dict[str, int]) -> None:
+        if self.cursor is None:
+            return
+        for session, seq in taken.items():
+            self.client.call(p.Ack(session=session, cursor=self.cursor, seq=seq), p.Acked)
+
+    def ack_on_the_way_out(self, taken: dict[str, int], client: Client) -> None:
+        """Best effort while exiting: a second Ctrl-C must not cut the ack short."""
+        if self.cursor is None or not taken:
+            return
+        import signal  # here, not at the top: `repl read` need not load it
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            for session, seq in taken.items():
+                client.call(p.Ack(session=session, cursor=self.cursor, seq=seq), p.Acked)
+        except CliError:
+            pass  # the firings come again to the next reader: at least once
+
+
+def deliver(printer: Printer, batches: Sequence[Batch]) -> None:
+    """Print the batches, then acknowledge what was delivered (read, wait)."""
+    printer.ack(printer.show(batches))
+
+
+def follow(printer: Printer, session: str, cursor: str) -> None:
+    """Stream until interrupted: one wait request a batch, carrying the last batch's ack."""
+    client = printer.client
+    carried: dict[str, int] = {}
+    while True:
+        try:
+            client.send(p.Wait(sessions=[session], cursor=cursor, ack=carried))
+            woken = client.receive(p.Woken, timeout=None, watch=printer.watch)
+        except (ReaderGone, KeyboardInterrupt):
+            # the wait carrying the ack may not have reached the session: ack it
+            # again on a fresh connection (acks are idempotent)
+            fresh = Client(client.addr, client.home)
+            try:
+                printer.ack_on_the_way_out(carried, fresh)
+            finally:
+                fresh.close()
+            raise
+        carried = printer.show([Batch(b.session, b.next, b.lost, b.firings) for b in woken.batches])

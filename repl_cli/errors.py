@@ -1,0 +1,72 @@
+"""What can go wrong in the CLI, and the one table from error to exit status.
+
+Every failure the CLI reports is a ``CliError``: a one-line message that
+says what happened and what to do, and the exit status it ends with. Errors
+from the daemon arrive as wire codes (``session.errors.Code``);
+``from_wire`` turns each into a ``CliError`` through ``WIRE``, the only
+place a code meets an exit status. Nothing here may import anyio or rich:
+``repl read`` loads this module on every run.
+"""
+
+from __future__ import annotations
+
+from session.errors import Code
+
+OK = 0
+ERROR = 1
+TIMED_OUT = 2  # `repl wait --timeout` passed with nothing printed
+USAGE = 64  # EX_USAGE from sysexits.h
+INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
+
+
+class CliError(Exception):
+    """A failure to report as one line on stderr, ending with ``status``."""
+
+    def __init__(self, message: str, status: int = ERROR) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+class ReaderGone(Exception):
+    """Whoever reads our stdout went away: stop quietly, acknowledging nothing more."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C: stop quietly with status 130 (click would otherwise print a blank line)."""
+
+
+# A wire code's exit status, and a hint appended when the daemon's message
+# does not already say what to do. The bad_* codes are arguments the daemon
+# found invalid (an id, a cursor name, a limit): usage errors, like click's.
+WIRE: dict[str, tuple[int, str]] = {
+    Code.BAD_SESSION_ID: (USAGE, ""),
+    Code.BAD_CURSOR_NAME: (USAGE, ""),
+    Code.BAD_LIMIT: (USAGE, ""),
+    Code.BAD_SEQ: (USAGE, ""),
+    Code.BAD_MAX: (USAGE, ""),
+    Code.BAD_HANDLER: (USAGE, ""),
+    Code.BAD_KEY: (USAGE, ""),
+    Code.CURSOR_AFTER_HEAD: (ERROR, "read from the head or before it (`repl sessions` shows it)"),
+    Code.ACK_AFTER_HEAD: (ERROR, "acknowledge a seq the session has recorded"),
+    Code.BAD_REQUEST: (ERROR, "the daemon does not understand this client: upgrade both"),
+    Code.UNKNOWN_OP: (ERROR, "the daemon is older than this client: upgrade it"),
+    Code.LINE_TOO_LONG: (ERROR, "send less at once"),
+    Code.UNAUTHORIZED: (ERROR, "point --home (or REPL_HOME) at the daemon's state directory"),
+    Code.IDLE_TIMEOUT: (ERROR, "run the command again"),
+    Code.NO_SUCH_SESSION: (ERROR, ""),
+    Code.SESSION_EXISTS: (ERROR, ""),
+    Code.SESSION_STOPPED: (ERROR, "it no longer exists: `repl start` it again to reuse the id"),
+    Code.TOO_MANY: (ERROR, "stop what you no longer need, or raise the daemon's limit"),
+    Code.STORE_FAILED: (ERROR, "nothing changed; see the daemon's log and run the command again"),
+    Code.SHUTTING_DOWN: (ERROR, ""),
+    Code.INTERNAL: (ERROR, "a bug in repl; the daemon's log has the details"),
+}
+
+
+def from_wire(code: str, message: str) -> CliError:
+    """The CliError for a daemon's error answer; an unknown code is a plain error."""
+    status, hint = WIRE.get(code, (ERROR, ""))
+    if hint and "`" not in message:
+        message = f"{message}: {hint}"
+    return CliError(message, status)

@@ -1,0 +1,116 @@
+"""``repl daemon``: run the daemon in the foreground, or start it in the background.
+
+The foreground daemon is ``repl_daemon.main.run`` in this process. A
+detached one is ``python -m repl_daemon`` in a new session with stdout and
+stderr appended to ``<home>/daemon.log``; we return once it printed its
+``listening on HOST:PORT`` line there (it accepts connections by then).
+repl_daemon is imported only here, so other commands never load anyio.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from repl_cli.client import parse_addr
+from repl_cli.errors import CliError
+from repl_cli.output import line
+
+START_TIMEOUT = 30.0
+
+
+def already_running(addr: str) -> bool:
+    """True when something accepts connections at ``addr`` (port 0 never is)."""
+    host, port = parse_addr(addr)
+    if port == 0:
+        return False
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def refuse_if_running(addr: str) -> None:
+    if already_running(addr):
+        raise CliError(
+            f"a daemon is already running at {addr} (`repl ping` says which): "
+            "use it, stop it first, or pass another --addr"
+        )
+
+
+def foreground(addr: str, home: Path, *, memory: bool, store: str | None, settle_ms: int) -> None:
+    refuse_if_running(addr)
+    from repl_daemon.__main__ import build_config
+    from repl_daemon.main import ConfigError, run
+
+    try:
+        config = build_config(addr=addr, home=home, memory=memory, store=store, settle_ms=settle_ms)
+        run(config)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+    except OSError as exc:
+        raise CliError(f"cannot listen on {addr}: {exc.strerror or exc}") from None
+    except BaseExceptionGroup as group:
+        # anyio's task groups wrap a failure to bind
+        match, _ = group.split(OSError)
+        if match is None:
+            raise
+        first = match.exceptions[0]
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        reason = first.strerror if isinstance(first, OSError) else None
+        raise CliError(f"cannot listen on {addr}: {reason or first}") from None
+
+
+def detach(addr: str, home: Path, *, memory: bool, store: str | None, settle_ms: int) -> None:
+    refuse_if_running(addr)
+    home = home.absolute()
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    log_path = home / "daemon.log"
+    command = [sys.executable, "-m", "repl_daemon", "--addr", addr, "--home", str(home)]
+    if memory:
+        command.append("--memory")
+    if store:
+        command += ["--store", store]
+    command += ["--settle-ms", str(settle_ms)]
+    with open(log_path, "ab") as log:
+        offset = log.tell()
+        proc = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,  # outlives this shell and its Ctrl-C
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    bound = _await_listening(proc, log_path, offset)
+    line(f"repl daemon listening on {bound} (pid {proc.pid}); log: {log_path}")
+
+
+def _await_listening(proc: subprocess.Popen[bytes], log_path: Path, offset: int) -> str:
+    deadline = time.monotonic() + START_TIMEOUT
+    pause = 0.005
+    while True:
+        with open(log_path, "rb") as log:
+            log.seek(offset)
+            written = log.read().decode("utf-8", "replace").splitlines()
+        for text in written:
+            if text.startswith("listening on "):
+                return text.removeprefix("listening on ").strip()
+        if proc.poll() is not None:
+            last = next((t for t in reversed(written) if t.strip()), "no output")
+            raise CliError(
+                f"the daemon exited at start ({last.removeprefix('repl daemon: ')}): see {log_path}"
+            )
+        if time.monotonic() > deadline:
+            raise CliError(
+                f"the daemon (pid {proc.pid}) did not start listening within "
+                f"{START_TIMEOUT:g} s: see {log_path}"
+            )
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)

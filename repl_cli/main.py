@@ -1,0 +1,510 @@
+"""``repl``: the command line (SPEC §5). Each command calls the client and prints.
+
+The group puts one ``Client`` in ``ctx.obj`` (click's repo example); it
+connects on first use. Formats live in ``output``, delivery and
+acknowledgement in ``deliver``, exit statuses in ``errors``. ``main`` is the
+only place an exception becomes an exit status and a line on stderr.
+
+Keep this module's imports cheap: ``repl read`` and ``repl wait`` are run
+again and again by monitors. anyio, rich and the daemon's modules load only
+in the commands that need them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import click
+
+from repl_cli import output
+from repl_cli.client import Client
+from repl_cli.deliver import Batch, Printer, deliver, follow
+from repl_cli.errors import (
+    ERROR,
+    INTERRUPTED,
+    OK,
+    TIMED_OUT,
+    USAGE,
+    CliError,
+    Interrupted,
+    ReaderGone,
+)
+from repl_cli.sink import silence_stdout
+from repl_daemon import protocol as p
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# how many sends `send --lines` keeps on the wire before reading answers
+SEND_WINDOW = 256
+
+
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    # not click.version_option: its gettext lookups cost every run a few ms
+    if value and not ctx.resilient_parsing:
+        click.echo(f"repl {p.VERSION}")
+        ctx.exit()
+
+
+def _show_help(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(ctx.get_help(), color=ctx.color)
+        ctx.exit()
+
+
+class _PlainHelp(click.Command):
+    """A --help option made without click's gettext lookup, which every run paid for."""
+
+    _plain_help: click.Option | None = None
+
+    def get_help_option(self, ctx: click.Context) -> click.Option | None:
+        names = self.get_help_option_names(ctx)
+        if not names or not self.add_help_option:
+            return None
+        if self._plain_help is None:
+            self._plain_help = click.Option(
+                names,
+                is_flag=True,
+                is_eager=True,
+                expose_value=False,
+                callback=_show_help,
+                help="Show this message and exit.",
+            )
+        return self._plain_help
+
+
+class ReplCommand(_PlainHelp):
+    pass
+
+
+class ReplGroup(_PlainHelp, click.Group):
+    command_class = ReplCommand
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            # click would print a blank line and raise Abort; we exit quietly
+            raise Interrupted() from None
+
+
+@click.group(cls=ReplGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--addr",
+    envvar="REPL_ADDR",
+    metavar="HOST:PORT",
+    help="The daemon's address [env REPL_ADDR; default 127.0.0.1:7427].",
+)
+@click.option(
+    "--home",
+    envvar="REPL_HOME",
+    metavar="DIR",
+    help="The daemon's state directory, where its token is "
+    "[env REPL_HOME; default $XDG_STATE_HOME/repl].",
+)
+@click.option(
+    "-V",
+    "--version",
+    is_flag=True,
+    is_eager=True,
+    expose_value=False,
+    callback=_print_version,
+    help="Print the version and exit.",
+)
+@click.pass_context
+def cli(ctx: click.Context, addr: str | None, home: str | None) -> None:
+    """A session inbox: send firings to sessions, and read, wait for or follow them."""
+    client = Client(addr, home)
+    ctx.obj = client
+    ctx.call_on_close(client.close)
+
+
+def firing_formats(command: F) -> F:
+    """--seq, --full, --json: the output options of read, wait, follow and poll."""
+    command = click.option(
+        "--json", "as_json", is_flag=True, help="JSON Lines: a header, then one object a firing."
+    )(command)
+    command = click.option(
+        "--full", is_flag=True, help='`NEXT LOST`, then one `(SEQ "HANDLER" "RESULT")` a line.'
+    )(command)
+    return click.option("--seq", is_flag=True, help="Put `#SEQ ` before each firing.")(command)
+
+
+def firing_format(
+    seq: bool, full: bool, as_json: bool, several: bool = False
+) -> output.FiringFormat:
+    if full and as_json:
+        raise click.UsageError("give --full or --json, not both")
+    style = output.JSON if as_json else output.FULL if full else output.TEXT
+    colour = style == output.TEXT and output.colour_wanted()
+    return output.FiringFormat(style=style, seq=seq, several=several, colour=colour)
+
+
+# -- the daemon ---------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--memory", is_flag=True, help="Keep everything in this process only.")
+@click.option("--store", metavar="URL", help="Where state lives (default: repl.db in the home).")
+@click.option(
+    "--settle-ms",
+    type=click.IntRange(min=0),
+    default=100,
+    show_default=True,
+    metavar="MS",
+    help="After a wake, wait this long so a burst comes back as one batch.",
+)
+@click.option("--detach", is_flag=True, help="Run in the background; log to <home>/daemon.log.")
+@click.pass_obj
+def daemon(client: Client, memory: bool, store: str | None, settle_ms: int, detach: bool) -> None:
+    """Run the daemon (in the foreground unless --detach)."""
+    from repl_cli import launch
+
+    if memory and store:
+        raise click.UsageError("give --memory or --store, not both")
+    run = launch.detach if detach else launch.foreground
+    run(client.addr, client.home, memory=memory, store=store, settle_ms=settle_ms)
+
+
+@cli.command()
+@click.pass_obj
+def ping(client: Client) -> None:
+    """Is the daemon there? Prints its version and uptime."""
+    pong = client.call(p.Ping(), p.Pong)
+    output.line(f"repl daemon {pong.version} at {client.addr}, up {_duration(pong.uptime_s)}")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    if days:
+        return f"{days}d {hours}h {minutes}m"
+    if hours:
+        return f"{hours}h {minutes}m {secs}s"
+    return f"{minutes}m {secs}s"
+
+
+# -- sessions -------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("session", required=False)
+@click.option("--buffer", type=int, metavar="N", help="The ring limit (default 256).")
+@click.option("--exist-ok", is_flag=True, help="An existing session is not an error.")
+@click.pass_obj
+def start(client: Client, session: str | None, buffer: int | None, exist_ok: bool) -> None:
+    """Create a session and print its id (one is made up when none is given)."""
+    started = client.call(p.Start(session=session, buffer=buffer, exist_ok=exist_ok), p.Started)
+    output.line(started.session)
+
+
+@cli.command()
+@click.argument("session")
+@click.pass_obj
+def stop(client: Client, session: str) -> None:
+    """Stop and remove a session; its waiters are told it stopped."""
+    client.call(p.Stop(session=session), p.Done)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="A JSON list of objects.")
+@click.pass_obj
+def sessions(client: Client, as_json: bool) -> None:
+    """List sessions: id, head, retained, limit, cursors, waiters."""
+    listed = client.call(p.Sessions(), p.SessionList)
+    if as_json:
+        output.print_json(listed.sessions)
+        return
+    columns = ("id", "head", "retained", "limit", "cursors", "waiters")
+    rows = [[getattr(s, c) for c in columns] for s in listed.sessions]
+    output.table(columns, rows)
+
+
+@cli.command()
+@click.argument("session")
+@click.argument("limit", metavar="N", type=int)
+@click.pass_obj
+def buffer(client: Client, session: str, limit: int) -> None:
+    """Set the ring limit to N (0 to 65,536); the oldest firings beyond it go."""
+    client.call(p.Buffer(session=session, limit=limit), p.Buffered)
+
+
+# -- sending --------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("session")
+@click.argument("text", required=False)
+@click.option("--handler", default="on-message", show_default=True, metavar="NAME")
+@click.option("--key", metavar="KEY", help="A dedup key: a retry with it records nothing.")
+@click.option("--lines", is_flag=True, help="Each line of stdin is its own firing.")
+@click.pass_obj
+def send(
+    client: Client, session: str, text: str | None, handler: str, key: str | None, lines: bool
+) -> None:
+    """Record a firing; prints its seq (`SEQ duplicate` for a deduplicated send).
+
+    TEXT `-` or none reads stdin, less one trailing newline.
+    """
+    if lines:
+        if text not in (None, "-"):
+            raise click.UsageError("--lines reads stdin: give no TEXT (or -)")
+        if key is not None:
+            raise click.UsageError("--key names one firing: it cannot go with --lines")
+        _send_lines(client, session, handler)
+        return
+    if text is None or text == "-":
+        text = _utf8(sys.stdin.buffer.read(), "stdin").removesuffix("\n")
+    sent = client.call(p.Send(session=session, text=text, handler=handler, key=key), p.Sent)
+    output.line(f"{sent.seq} duplicate" if sent.duplicate else str(sent.seq))
+
+
+def _send_lines(client: Client, session: str, handler: str) -> None:
+    """Pipelined over one connection: up to SEND_WINDOW sends on the wire at once.
+
+    Each chunk of stdin is answered in full before the next is read, so a
+    slow writer (``tail -f``) sees its seqs as its lines go.
+    """
+    out = sys.stdout
+    step = SEND_WINDOW // 4
+    for chunk in _stdin_lines():
+        outstanding = 0
+        for first in range(0, len(chunk), step):
+            piece = chunk[first : first + step]
+            while outstanding + len(piece) > SEND_WINDOW:
+                _print_sent(out, client.receive(p.Sent))
+                outstanding -= 1
+            requests = (p.Send(session=session, text=text, handler=handler) for text in piece)
+            client.send_raw(b"".join(p.encode(r) for r in requests))
+            outstanding += len(piece)
+        while outstanding:
+            _print_sent(out, client.receive(p.Sent))
+            outstanding -= 1
+        out.flush()
+
+
+def _print_sent(out: Any, sent: p.Sent) -> None:
+    out.write(f"{sent.seq}\n")
+
+
+def _stdin_lines() -> Iterator[list[str]]:
+    """Stdin's lines, a chunk at a time as they arrive (so a slow writer is not stalled)."""
+    fd = sys.stdin.fileno()
+    rest = b""
+    number = 0
+    while True:
+        data = os.read(fd, 1 << 16)
+        if not data:
+            break
+        *complete, rest = (rest + data).split(b"\n")
+        if complete:
+            yield [_utf8(raw, f"line {number + n + 1} of stdin") for n, raw in enumerate(complete)]
+            number += len(complete)
+    if rest:
+        yield [_utf8(rest, f"line {number + 1} of stdin")]
+
+
+def _utf8(data: bytes, what: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CliError(f"{what} is not UTF-8 ({exc.reason} at byte {exc.start})") from None
+
+
+# -- reading --------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("session")
+@click.option("--cursor", metavar="NAME", help="Read after this cursor [default: read].")
+@click.option(
+    "--after", type=click.IntRange(min=0), metavar="N", help="Read after seq N, no cursor."
+)
+@click.option("--max", "max_", type=click.IntRange(min=1), metavar="N", help="At most N firings.")
+@click.option("--peek", is_flag=True, help="Do not acknowledge.")
+@firing_formats
+@click.pass_obj
+def read(
+    client: Client,
+    session: str,
+    cursor: str | None,
+    after: int | None,
+    max_: int | None,
+    peek: bool,
+    seq: bool,
+    full: bool,
+    as_json: bool,
+) -> None:
+    """Print the firings after the cursor, then acknowledge them."""
+    if cursor is not None and after is not None:
+        raise click.UsageError("give --cursor or --after, not both")
+    fmt = firing_format(seq, full, as_json)
+    got = client.call(
+        p.Read(session=session, cursor=cursor, after=after, max=max_, peek=peek), p.Firings
+    )
+    ack_cursor = None if peek or after is not None else cursor or "read"
+    deliver(Printer(client, fmt, ack_cursor), [Batch(session, got.next, got.lost, got.firings)])
+
+
+@cli.command()
+@click.argument("sessions", nargs=-1, required=True, metavar="ID...")
+@click.option("--cursor", default="wait", show_default=True, metavar="NAME")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    metavar="SECS",
+    help="Give up after SECS (exit status 2).",
+)
+@click.option("--peek", is_flag=True, help="Do not acknowledge.")
+@firing_formats
+@click.pass_obj
+def wait(
+    client: Client,
+    sessions: tuple[str, ...],
+    cursor: str,
+    timeout: float | None,
+    peek: bool,
+    seq: bool,
+    full: bool,
+    as_json: bool,
+) -> int:
+    """Block until firings exist after the cursor, print them, acknowledge, exit."""
+    ids = list(dict.fromkeys(sessions))
+    fmt = firing_format(seq, full, as_json, several=len(ids) > 1)
+    printer = Printer(client, fmt, None if peek else cursor)
+    timeout_ms = None if timeout is None else round(timeout * 1000)
+    client.send(p.Wait(sessions=ids, cursor=cursor, timeout_ms=timeout_ms))
+    woken = client.receive(p.Woken, timeout=None, watch=printer.watch)
+    if woken.timed_out:
+        return TIMED_OUT
+    deliver(printer, [Batch(b.session, b.next, b.lost, b.firings) for b in woken.batches])
+    return OK
+
+
+@cli.command("follow")
+@click.argument("session")
+@click.option("--cursor", default="follow", show_default=True, metavar="NAME")
+@click.option("--from-now", is_flag=True, help="First acknowledge everything recorded so far.")
+@firing_formats
+@click.pass_obj
+def follow_command(
+    client: Client,
+    session: str,
+    cursor: str,
+    from_now: bool,
+    seq: bool,
+    full: bool,
+    as_json: bool,
+) -> None:
+    """Stream firings until interrupted, acknowledging each batch once printed."""
+    fmt = firing_format(seq, full, as_json)
+    if from_now:
+        head = client.call(p.Stats(session=session), p.StatsReply).sessions[0].head
+        client.call(p.Ack(session=session, cursor=cursor, seq=head), p.Acked)
+    follow(Printer(client, fmt, cursor), session, cursor)
+
+
+@cli.command()
+@click.argument("session")
+@firing_formats
+@click.pass_obj
+def poll(client: Client, session: str, seq: bool, full: bool, as_json: bool) -> None:
+    """Print the firings after cursor `poll`, which the daemon acknowledges at once."""
+    fmt = firing_format(seq, full, as_json)
+    got = client.call(p.Poll(session=session), p.Firings)
+    deliver(Printer(client, fmt, None), [Batch(session, got.next, got.lost, got.firings)])
+
+
+@cli.command()
+@click.argument("session")
+@click.argument("seq", type=click.IntRange(min=0))
+@click.option("--cursor", default="read", show_default=True, metavar="NAME")
+@click.pass_obj
+def ack(client: Client, session: str, seq: int, cursor: str) -> None:
+    """Acknowledge up to SEQ by hand (after --peek); a cursor never moves back."""
+    client.call(p.Ack(session=session, cursor=cursor, seq=seq), p.Acked)
+
+
+@cli.command()
+@click.argument("session")
+@click.option("--json", "as_json", is_flag=True, help="A JSON list of {name, seq, lag}.")
+@click.pass_obj
+def cursors(client: Client, session: str, as_json: bool) -> None:
+    """List a session's cursors: name, seq, lag behind the head."""
+    listed = client.call(p.Cursors(session=session), p.CursorList)
+    if as_json:
+        output.print_json(listed.cursors)
+        return
+    output.table(("name", "seq", "lag"), [[c.name, c.seq, c.lag] for c in listed.cursors])
+
+
+@cli.command()
+@click.argument("session", required=False)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: daemon and sessions.")
+@click.pass_obj
+def stats(client: Client, session: str | None, as_json: bool) -> None:
+    """Counters: firings, lost, evaluations, waiters, connections."""
+    got = client.call(p.Stats(session=session), p.StatsReply)
+    if as_json:
+        output.print_json({"daemon": got.daemon, "sessions": got.sessions})
+        return
+    columns: tuple[str, ...] = ("id", "head", "retained", "limit", "firings", "lost")
+    columns += ("evaluations", "waiters", "cursors")
+    rows = [[getattr(s, c) for c in columns] for s in got.sessions]
+    if session is None:
+        d = got.daemon
+        counters: list[list[object]] = [
+            ["version", d.version],
+            ["uptime_s", d.uptime_s],
+            ["store", d.store],
+            ["sessions", d.sessions],
+            ["firings", d.firings],
+            ["lost", d.lost],
+            ["evaluations", d.evaluations],
+            ["waiters", d.waiters],
+            ["connections", d.connections],
+            ["requests", d.requests],
+        ]
+        output.table(("counter", "value"), counters, title="daemon")
+        output.line("")
+    output.table(columns, rows, title="sessions")
+
+
+# -- the entry point --------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``repl``; every outcome becomes an exit status here, and at most one stderr line."""
+    try:
+        status = cli.main(args=argv, prog_name="repl", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        click.echo(exc.ctx.get_help() if exc.ctx else "repl --help", err=True)
+        return USAGE
+    except click.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx else "repl"
+        message = " ".join(exc.format_message().split()).rstrip(".")
+        return _fail(f"{message} (see `{where} --help`)", USAGE)
+    except click.ClickException as exc:
+        return _fail(exc.format_message(), ERROR)
+    except CliError as exc:
+        return _fail(exc.message, exc.status)
+    except (ReaderGone, BrokenPipeError):
+        silence_stdout()  # the reader left: stop quietly
+        return OK
+    except (Interrupted, KeyboardInterrupt, click.Abort):
+        return INTERRUPTED
+    return status if isinstance(status, int) else OK
+
+
+def _fail(message: str, status: int) -> int:
+    try:
+        sys.stderr.write(f"repl: {message}\n")
+        sys.stderr.flush()
+    except OSError:
+        pass
+    return status

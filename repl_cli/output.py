@@ -1,0 +1,180 @@
+"""Every format the CLI prints, so that every verb prints the same way.
+
+Firings (``read``, ``wait``, ``follow``, ``poll``) come in three formats,
+SPEC §5: text (``HANDLER: RESULT``, for people), ``--full`` (one
+S-expression-like line a firing, strings as JSON literals) and ``--json``
+(JSON Lines). ``FiringFormat.lines`` turns a batch into lines, each paired
+with the seq that may be acknowledged once that line is delivered.
+
+Listings (``sessions``, ``cursors``, ``stats``) are a rich table on a
+terminal, tab-separated with a header line when piped, or JSON.
+
+Colour only on a terminal and never under ``NO_COLOR``; rich is imported
+only then, because ``repl read`` piped into a program must start fast.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from session.firing import Firing
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+TEXT = "text"
+FULL = "full"
+JSON = "json"
+
+_encode = msgspec.json.Encoder().encode
+
+# (text, rich style) pieces of one line; the style is used only in colour
+Pieces = list[tuple[str, str]]
+
+
+def json_string(text: str) -> str:
+    """A JSON string literal, as ``json.dumps(text, ensure_ascii=False)`` writes it."""
+    return _encode(text).decode()
+
+
+def json_line(value: Any) -> str:
+    """One line of JSON, spaced as ``json.dumps`` spaces it."""
+    return msgspec.json.format(_encode(value), indent=0).decode()
+
+
+def on_terminal() -> bool:
+    try:
+        return sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def colour_wanted() -> bool:
+    return on_terminal() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+
+
+class FiringFormat:
+    """How ``read``, ``wait``, ``follow`` and ``poll`` print a batch."""
+
+    # a plain class, not a dataclass: importing dataclasses costs `repl read` time
+    def __init__(
+        self, style: str = TEXT, *, seq: bool = False, several: bool = False, colour: bool = False
+    ) -> None:
+        self.style = style
+        self.seq = seq  # text only: `#SEQ ` before each firing
+        self.several = several  # waiting on several sessions: prefix lines with the id
+        self.colour = colour
+
+    def lines(
+        self, session: str, next_seq: int, lost: int, firings: Sequence[Firing]
+    ) -> list[tuple[str, int]]:
+        """The batch's lines, each with the seq to acknowledge once it is delivered.
+
+        The header (the loss line, ``NEXT LOST``, or the JSON header)
+        acknowledges up to just before the first firing: the reader has
+        been told of the loss.
+        """
+        before_first = firings[0].seq - 1 if firings else next_seq
+        out: list[tuple[str, int]] = []
+        header = self._header(session, next_seq, lost)
+        if header is not None:
+            out.append((header, before_first))
+        out.extend((self._firing(session, f), f.seq) for f in firings)
+        return out
+
+    def _header(self, session: str, next_seq: int, lost: int) -> str | None:
+        if self.style == JSON:
+            head: dict[str, Any] = {"session": session} if self.several else {}
+            head.update(next=next_seq, lost=lost)
+            return json_line(head)
+        if self.style == FULL:
+            return self._paint([*self._prefix(session), (f"{next_seq} {lost}", "dim")])
+        if lost:
+            dropped = f"({lost} earlier firings dropped)"
+            return self._paint([*self._prefix(session), (dropped, "bold red")])
+        return None
+
+    def _firing(self, session: str, f: Firing) -> str:
+        if self.style == JSON:
+            obj: dict[str, Any] = {"session": session} if self.several else {}
+            obj.update(seq=f.seq, handler=f.handler, result=f.result, event=f.event, ts=f.ts)
+            return json_line(obj)
+        pieces = self._prefix(session)
+        if self.style == FULL:
+            if f.result is not None or f.event is None:
+                body = f"{json_string(f.handler)} {json_string(f.result or '')}"
+            else:
+                body = f"{json_string(f.handler)} nil {json_string(f.event)}"
+            pieces += [(f"({f.seq} ", "dim"), (body, ""), (")", "dim")]
+            return self._paint(pieces)
+        if self.seq:
+            pieces.append((f"#{f.seq} ", "dim"))
+        if f.result is not None or f.event is None:
+            pieces += [(f.handler, "bold cyan"), (": ", ""), (f.result or "", "")]
+        else:
+            pieces += [(f.handler, "bold yellow"), (" (unhandled)", "yellow"), (": ", "")]
+            pieces.append((f.event, ""))
+        return self._paint(pieces)
+
+    def _prefix(self, session: str) -> Pieces:
+        return [(session, "magenta"), (" ", "")] if self.several else []
+
+    def _paint(self, pieces: Pieces) -> str:
+        if not self.colour:
+            return "".join(text for text, _ in pieces)
+        from rich.text import Text
+
+        console = _console()
+        with console.capture() as captured:
+            console.print(Text.assemble(*pieces), end="")
+        return captured.get()
+
+
+_consoles: list[Console] = []
+
+
+def _console() -> Console:
+    if not _consoles:
+        from rich.console import Console
+
+        _consoles.append(Console(highlight=False, soft_wrap=True))
+    return _consoles[0]
+
+
+# -- listings ---------------------------------------------------------------
+
+
+def table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, title: str = "") -> None:
+    """A listing: a rich table on a terminal, else a header line and tab-separated rows."""
+    if on_terminal():
+        from rich.table import Table
+
+        grid = Table(title=title or None, title_justify="left", header_style="bold")
+        for name in columns:
+            numeric = bool(rows) and all(isinstance(row[columns.index(name)], int) for row in rows)
+            grid.add_column(name, justify="right" if numeric else "left")
+        for row in rows:
+            grid.add_row(*(str(cell) for cell in row))
+        _console().print(grid)
+        return
+    lines = ["\t".join(columns)]
+    lines.extend("\t".join(str(cell) for cell in row) for row in rows)
+    sys.stdout.write("\n".join(lines) + "\n")
+    sys.stdout.flush()
+
+
+def print_json(value: Any) -> None:
+    """A whole answer as one JSON document (``sessions``, ``cursors``, ``stats`` ``--json``)."""
+    sys.stdout.write(json_line(msgspec.to_builtins(value)) + "\n")
+    sys.stdout.flush()
+
+
+def line(text: str) -> None:
+    """One plain line of output (an id, a seq, a ping)."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()

@@ -1,0 +1,87 @@
+"""Writing to stdout so that a line counts as delivered only once the reader has it.
+
+SPEC rule 9: the CLI acknowledges a firing only after it was written and
+flushed, and when stdout is a pipe, only after the reading process took it
+out of the pipe. So a line is written on its own, and then, on a pipe, we
+watch the pipe's unread byte count (``FIONREAD``, which Linux answers on the
+write end too) until it is zero. Under ``repl wait ID | head -n 1`` the
+first firing is taken and acknowledged, head exits, the second stays in the
+pipe unread, and the pipe reports an error on our end (no reader left):
+``ReaderGone``, and the second is not acknowledged.
+
+A write that fails because the reader closed the pipe (``EPIPE``) is
+``ReaderGone`` too. Python ignores SIGPIPE already, so we are not killed.
+"""
+
+from __future__ import annotations
+
+import array
+import errno
+import fcntl
+import os
+import select
+import stat
+import sys
+import termios
+import time
+
+from repl_cli.errors import ReaderGone
+
+# back off from 0.1 ms to 5 ms while the reader has not taken a line yet
+_FIRST_PAUSE = 0.0001
+_LONGEST_PAUSE = 0.005
+
+
+class Sink:
+    """Stdout for firings: ``put`` returns once the line is delivered."""
+
+    def __init__(self, fd: int | None = None) -> None:
+        self.fd = sys.stdout.fileno() if fd is None else fd
+        try:
+            mode = os.fstat(self.fd).st_mode
+        except OSError:
+            mode = 0
+        self.pipe = stat.S_ISFIFO(mode)
+        self._unread = array.array("i", [0])
+
+    def put(self, line: str) -> None:
+        """Write one line (without its newline) and wait until it is delivered."""
+        sys.stdout.flush()  # anything echoed before goes first
+        data = (line + "\n").encode("utf-8", "surrogateescape")
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self.fd, view) :]
+        except OSError as exc:
+            if exc.errno in (errno.EPIPE, errno.EBADF, errno.ECONNRESET):
+                raise ReaderGone() from None
+            raise
+        if self.pipe:
+            self._until_taken()
+
+    def _until_taken(self) -> None:
+        poller = select.poll()
+        poller.register(self.fd, 0)  # POLLERR is always reported: the reader is gone
+        pause = _FIRST_PAUSE
+        while True:
+            try:
+                fcntl.ioctl(self.fd, termios.FIONREAD, self._unread, True)
+            except OSError:
+                self.pipe = False  # no FIONREAD here: written and flushed must do
+                return
+            if self._unread[0] == 0:
+                return
+            if poller.poll(0):
+                raise ReaderGone()
+            time.sleep(pause)
+            pause = min(pause * 2, _LONGEST_PAUSE)
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null, so the exit-time flush cannot fail on a closed pipe."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass

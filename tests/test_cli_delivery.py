@@ -1,0 +1,213 @@
+"""The CLI acknowledges only what its reader took (SPEC rules 9, 10, 14), and Ctrl-C.
+
+These run ``repl`` with its stdout on a pipe that the test (or ``head``)
+reads, and look at the cursors in the daemon afterwards.
+"""
+
+from __future__ import annotations
+
+import array
+import fcntl
+import signal
+import subprocess
+import termios
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import DaemonProc
+from tests.test_cli_helpers import Repl, eventually, module_daemon, read_line
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProc]:
+    yield from module_daemon(tmp_path_factory)
+
+
+@pytest.fixture
+def repl(shared: DaemonProc) -> Repl:
+    return Repl(shared)
+
+
+@pytest.fixture
+def s(repl: Repl) -> str:
+    """A fresh session for the test."""
+    return repl.session("s")
+
+
+def unread(proc: subprocess.Popen[bytes]) -> int:
+    """Bytes the child wrote to its stdout pipe that we have not read yet."""
+    assert proc.stdout is not None
+    count = array.array("i", [0])
+    fcntl.ioctl(proc.stdout.fileno(), termios.FIONREAD, count, True)
+    return count[0]
+
+
+def interrupt(proc: subprocess.Popen[bytes]) -> tuple[int, bytes]:
+    """Ctrl-C: SIGINT, then the exit status and what it wrote on stderr."""
+    proc.send_signal(signal.SIGINT)
+    status = proc.wait(15)
+    assert proc.stderr is not None
+    return status, proc.stderr.read()
+
+
+def test_wait_into_head_acknowledges_only_the_line_head_took(repl: Repl, s: str) -> None:
+    repl.send(s, "one", "two")
+    done = repl.shell(f'$REPL wait {s} | head -n 1; echo "status ${{PIPESTATUS[0]}}"')
+    assert done.stdout == "on-message: one\nstatus 0\n"
+    assert done.stderr == ""
+    assert repl.cursor(s, "wait") == 1
+    assert repl.ok("wait", s, "--timeout", "5") == "on-message: two\n"
+    assert repl.cursor(s, "wait") == 2
+
+
+def test_read_into_head_acknowledges_only_what_head_took(repl: Repl, s: str) -> None:
+    repl.send(s, "one", "two", "three")
+    done = repl.shell(f"$REPL read {s} --seq | head -n 2")
+    assert (done.returncode, done.stdout, done.stderr) == (
+        0,
+        "#1 on-message: one\n#2 on-message: two\n",
+        "",
+    )
+    assert repl.cursor(s, "read") == 2
+    assert repl.ok("read", s) == "on-message: three\n"
+
+
+def test_follow_into_head_acknowledges_only_what_head_took(repl: Repl, s: str) -> None:
+    repl.send(s, "one", "two", "three")
+    done = repl.shell(f"$REPL follow {s} | head -n 2")
+    assert (done.returncode, done.stdout, done.stderr) == (
+        0,
+        "on-message: one\non-message: two\n",
+        "",
+    )
+    assert repl.cursor(s, "follow") == 2
+
+
+def test_full_header_alone_taken_acknowledges_no_firing(repl: Repl, s: str) -> None:
+    repl.send(s, "one")
+    done = repl.shell(f"$REPL wait {s} --full | head -n 1")
+    assert done.stdout == "1 0\n"
+    assert repl.cursor(s, "wait") is None
+
+
+def test_wait_whose_reader_left_stops_without_waiting_for_a_firing(repl: Repl, s: str) -> None:
+    done = repl.shell(f"$REPL wait {s} | true")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert repl.cursor(s, "wait") is None
+
+
+def test_ctrl_c_in_a_blocked_wait_exits_130_and_moves_nothing(repl: Repl, s: str) -> None:
+    with repl.popen("wait", s) as proc:
+        eventually(lambda: repl.waiters(s) == 1, what="the wait to block")
+        status, stderr = interrupt(proc)
+    assert (status, stderr) == (130, b"")
+    assert repl.cursor(s, "wait") is None
+    eventually(lambda: repl.waiters(s) == 0, what="the waiter to be released")
+
+
+def test_ctrl_c_in_wait_acknowledges_only_what_was_taken(repl: Repl, s: str) -> None:
+    repl.send(s, "one", "two", "three")
+    with repl.popen("wait", s) as proc:
+        assert read_line(proc) == b"on-message: one\n"
+        # the second line is in the pipe, so the first counts as taken
+        eventually(lambda: unread(proc) > 0, what="the second line")
+        status, stderr = interrupt(proc)
+    assert (status, stderr) == (130, b"")
+    assert repl.cursor(s, "wait") == 1
+    assert repl.ok("wait", s, "--timeout", "5") == "on-message: two\non-message: three\n"
+
+
+def test_ctrl_c_in_follow_acknowledges_only_what_was_taken(repl: Repl, s: str) -> None:
+    repl.send(s, "one", "two", "three")
+    with repl.popen("follow", s) as proc:
+        assert read_line(proc) == b"on-message: one\n"
+        eventually(lambda: unread(proc) > 0, what="the second line")
+        status, stderr = interrupt(proc)
+    assert (status, stderr) == (130, b"")
+    assert repl.cursor(s, "follow") == 1
+
+
+def test_ctrl_c_in_a_blocked_follow_keeps_what_it_printed(repl: Repl, s: str) -> None:
+    with repl.popen("follow", s) as proc:
+        eventually(lambda: repl.waiters(s) == 1, what="follow to block")
+        repl.send(s, "one", "two")
+        assert read_line(proc) == b"on-message: one\n"
+        assert read_line(proc) == b"on-message: two\n"
+        eventually(lambda: repl.cursor(s, "follow") == 2, what="the ack of the batch")
+        eventually(lambda: repl.waiters(s) == 1, what="follow to block again")
+        status, stderr = interrupt(proc)
+    assert (status, stderr) == (130, b"")
+    assert repl.cursor(s, "follow") == 2
+    repl.send(s, "three")
+    with repl.popen("follow", s) as again:
+        assert read_line(again) == b"on-message: three\n"
+        again.terminate()
+
+
+def test_follow_streams_batch_after_batch(repl: Repl, s: str) -> None:
+    with repl.popen("follow", s, "--seq") as proc:
+        for n in range(1, 4):
+            repl.send(s, f"m{n}")
+            assert read_line(proc) == f"#{n} on-message: m{n}\n".encode()
+        proc.terminate()
+
+
+def test_follow_from_now_skips_what_was_recorded_before(repl: Repl, s: str) -> None:
+    repl.send(s, "old", "older")
+    with repl.popen("follow", s, "--from-now") as proc:
+        eventually(lambda: repl.cursor(s, "follow") == 2, what="the cursor at the head")
+        repl.send(s, "new")
+        assert read_line(proc) == b"on-message: new\n"
+        proc.terminate()
+    assert repl.ok("read", s) == "on-message: old\non-message: older\non-message: new\n"
+
+
+def test_follow_wait_and_read_do_not_interfere(repl: Repl, s: str) -> None:
+    with repl.popen("follow", s) as follower:
+        eventually(lambda: repl.waiters(s) == 1, what="follow to block")
+        with repl.popen("wait", s) as waiter:
+            eventually(lambda: repl.waiters(s) == 2, what="wait to block")
+            repl.send(s, "for everyone")
+            assert read_line(follower) == b"on-message: for everyone\n"
+            assert waiter.communicate(timeout=15) == (b"on-message: for everyone\n", b"")
+            assert waiter.returncode == 0
+        assert repl.ok("read", s) == "on-message: for everyone\n"
+        eventually(lambda: repl.cursor(s, "follow") == 1, what="follow's ack")
+        assert repl.cursor(s, "wait") == 1
+        assert repl.cursor(s, "read") == 1
+        follower.terminate()
+
+
+def test_wait_on_several_acknowledges_only_the_session_it_printed(repl: Repl, s: str) -> None:
+    t = repl.session("t", "for t")
+    assert repl.ok("wait", s, t, "--timeout", "5") == f"{t} on-message: for t\n"
+    assert repl.cursor(t, "wait") == 1
+    assert repl.cursor(s, "wait") is None
+
+
+def test_wait_on_several_into_head_leaves_the_untaken_session_alone(repl: Repl, s: str) -> None:
+    t = repl.session("t", "for t")
+    repl.send(s, "for s")
+    done = repl.shell(f"$REPL wait {s} {t} | head -n 1")
+    assert done.stdout == f"{s} on-message: for s\n"
+    assert repl.cursor(s, "wait") == 1
+    assert repl.cursor(t, "wait") is None
+    assert repl.ok("wait", s, t, "--timeout", "5") == f"{t} on-message: for t\n"
+
+
+def test_peek_acknowledges_nothing_and_wait_stays_ready(repl: Repl, s: str) -> None:
+    repl.send(s, "one")
+    assert repl.ok("wait", s, "--peek", "--timeout", "5") == "on-message: one\n"
+    assert repl.cursor(s, "wait") is None
+    assert repl.ok("wait", s, "--timeout", "5") == "on-message: one\n"
+    assert repl.cursor(s, "wait") == 1
+
+
+def test_wait_blocks_until_a_send_from_elsewhere(repl: Repl, s: str) -> None:
+    with repl.popen("wait", s, "--cursor", "monitor") as proc:
+        eventually(lambda: repl.waiters(s) == 1, what="the wait to block")
+        assert repl.ok("send", s, "wake up") == "1\n"
+        assert proc.communicate(timeout=15) == (b"on-message: wake up\n", b"")
+        assert proc.returncode == 0
+    assert repl.cursor(s, "monitor") == 1

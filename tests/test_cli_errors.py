@@ -1,0 +1,174 @@
+"""Exit statuses and error lines: one line on stderr that says what to do, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from repl_cli import client as cli_client
+from tests.conftest import DaemonProc
+from tests.test_cli_helpers import Repl, assert_one_error_line, eventually, module_daemon, repl_argv
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProc]:
+    yield from module_daemon(tmp_path_factory)
+
+
+@pytest.fixture
+def repl(shared: DaemonProc) -> Repl:
+    return Repl(shared)
+
+
+@pytest.fixture
+def s(repl: Repl) -> str:
+    """A fresh session for the test."""
+    return repl.session("s")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def test_no_daemon_is_one_line_saying_how_to_start_one(tmp_path: Path) -> None:
+    addr = f"127.0.0.1:{free_port()}"
+    env = {**os.environ, "REPL_ADDR": addr, "REPL_HOME": str(tmp_path)}
+    for args in (["ping"], ["read", "s"], ["wait", "s"], ["send", "s", "x"], ["sessions"]):
+        done = subprocess.run(repl_argv(*args), capture_output=True, text=True, env=env, timeout=30)
+        assert done.returncode == 1
+        assert_one_error_line(done.stderr)
+        assert done.stderr.startswith(f"repl: no daemon at {addr}")
+        assert "`repl daemon`" in done.stderr
+
+
+def test_no_such_session_is_status_1_for_every_verb(repl: Repl) -> None:
+    verbs = [
+        ["read", "nope"],
+        ["wait", "nope"],
+        ["follow", "nope"],
+        ["poll", "nope"],
+        ["send", "nope", "x"],
+        ["ack", "nope", "0"],
+        ["cursors", "nope"],
+        ["buffer", "nope", "3"],
+        ["stop", "nope"],
+        ["stats", "nope"],
+    ]
+    for args in verbs:
+        stderr = repl.fails(1, *args)
+        assert "no session 'nope'" in stderr, args
+        assert "`repl start nope`" in stderr
+
+
+def test_wrong_token_says_where_the_token_was_read(repl: Repl, s: str, tmp_path: Path) -> None:
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / "token").write_text("not-the-token\n")
+    env = {**repl.env, "REPL_HOME": str(other)}
+    done = repl.run("read", s, env=env)
+    assert done.returncode == 1
+    assert_one_error_line(done.stderr)
+    assert "REPL_HOME" in done.stderr
+    missing = repl.run("read", s, env={**repl.env, "REPL_HOME": str(tmp_path / "none")})
+    assert missing.returncode == 1
+    assert_one_error_line(missing.stderr)
+    assert f"{tmp_path / 'none' / 'token'}" in missing.stderr
+
+
+def test_usage_errors_are_status_64(repl: Repl, s: str) -> None:
+    no_args = repl.run()
+    assert no_args.returncode == 64
+    assert "Usage: repl" in no_args.stderr
+    for args in (
+        ["frobnicate"],
+        ["read"],
+        ["read", s, "--cursor", "c", "--after", "0"],
+        ["read", s, "--max", "0"],
+        ["read", s, "--full", "--json"],
+        ["wait", s, "--timeout", "-1"],
+        ["wait"],
+        ["ack", s, "x"],
+        ["--addr", "nonsense", "ping"],
+        ["start", "not an id!"],
+        ["read", s, "--cursor", "has space"],
+        ["send", s, "x", "--handler", ""],
+    ):
+        stderr = repl.fails(64, *args)
+        assert "Usage:" not in stderr, args
+
+
+def test_cursor_after_head_is_status_1(repl: Repl, s: str) -> None:
+    stderr = repl.fails(1, "read", s, "--after", "5")
+    assert "cursor 5 is after head 0" in stderr
+
+
+def test_wait_timeout_with_nothing_is_status_2_and_prints_nothing(repl: Repl, s: str) -> None:
+    for flags in ([], ["--full"], ["--json"]):
+        done = repl.run("wait", s, "--timeout", "0.05", *flags)
+        assert (done.returncode, done.stdout, done.stderr) == (2, "", "")
+    assert repl.cursor(s, "wait") is None
+
+
+def test_stopping_the_session_ends_its_waiters_with_status_1(repl: Repl, s: str) -> None:
+    with repl.popen("wait", s) as proc:
+        eventually(lambda: repl.waiters(s) == 1, what="the wait to block")
+        repl.ok("stop", s)
+        stdout, stderr = proc.communicate(timeout=15)
+    assert proc.returncode == 1
+    assert stdout == b""
+    assert_one_error_line(stderr.decode())
+    assert "stopped" in stderr.decode()
+
+
+def test_a_daemon_that_goes_away_mid_wait_is_status_1(daemon: DaemonProc) -> None:
+    repl = Repl(daemon)
+    s = repl.session("s")
+    with repl.popen("wait", s) as proc:
+        eventually(lambda: repl.waiters(s) == 1, what="the wait to block")
+        repl.daemon.close_clients()
+        repl.daemon.stop()
+        stdout, stderr = proc.communicate(timeout=15)
+    assert proc.returncode == 1
+    assert stdout == b""
+    assert_one_error_line(stderr.decode())
+
+
+def test_defaults_agree_with_the_daemon(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from repl_daemon import main as daemon_main
+
+    assert cli_client.DEFAULT_ADDR == daemon_main.DEFAULT_ADDR
+    for env in (
+        {"REPL_HOME": str(tmp_path / "h")},
+        {"XDG_STATE_HOME": str(tmp_path / "state")},
+        {},
+    ):
+        for name in ("REPL_HOME", "XDG_STATE_HOME"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        assert cli_client.default_home() == daemon_main.default_home()
+
+
+def test_read_loads_neither_anyio_nor_rich_nor_the_daemon(repl: Repl, s: str) -> None:
+    repl.send(s, "one")
+    probe = (
+        "import sys\n"
+        "from repl_cli.main import main\n"
+        f"status = main(['read', '{s}', '--full'])\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('anyio', 'rich')\n"
+        "               or m in ('repl_daemon.hub', 'repl_daemon.server', 'repl_daemon.main'))\n"
+        "print(status, heavy)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=repl.env, timeout=30
+    )
+    assert done.stdout.splitlines() == ["1 0", '(1 "on-message" "one")', "0 []"]
