@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Iterable
 from datetime import UTC, datetime
 
 import anyio
@@ -126,6 +125,7 @@ class Hub:
         self._gone: dict[str, Hosted] = {}
         self._pending = Ticket()
         self._wake = anyio.Event()
+        self._commit_lock = anyio.Lock()
         self._durable = store.durable
         self._retired_evaluations = 0
 
@@ -145,6 +145,13 @@ class Hub:
             await self.commit_now()
 
     async def commit_now(self) -> None:
+        # one commit at a time: the shutdown's final commit must not take a
+        # batch while the committer's write is still on its way, or a failure
+        # of that write would roll back beneath a batch built on top of it
+        async with self._commit_lock:
+            await self._commit_batch()
+
+    async def _commit_batch(self) -> None:
         ticket, self._pending = self._pending, Ticket()
         batch, written = self._take_batch()
         if not batch:
@@ -155,7 +162,8 @@ class Hub:
         except Exception as exc:
             failure = exc if isinstance(exc, StoreFailed) else StoreFailed(f"store failed: {exc}")
             log.error("write of %d session(s) failed: %s", len(batch), failure.message)
-            self._roll_back(written, failure)
+            # the stopped sessions of the batch too: their stop did not happen
+            self._roll_back({delta.id for delta in batch}, failure)
             ticket.resolve(failure)
             return
         for hosted in written:
@@ -192,6 +200,7 @@ class Hub:
             limit=ring.limit,
             head=ring.head,
             uses=session.uses,
+            retained=ring.retained,
             firings=firings,
             cursors=session.cursor_states(),
             keys=keys,
@@ -201,9 +210,8 @@ class Hub:
         hosted.persisted = ring.head
         return delta
 
-    def _roll_back(self, written: Iterable[Hosted], failure: StoreFailed) -> None:
+    def _roll_back(self, touched: set[str], failure: StoreFailed) -> None:
         """Undo everything not durable: the failed batch and the changes made since."""
-        touched = {h.session.id for h in written}
         touched.update(i for i, h in self.sessions.items() if h.dirty)
         touched.update(self._gone)
         self._gone.clear()

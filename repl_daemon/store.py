@@ -12,13 +12,25 @@ What any store must guarantee (a networked one such as Redis included):
   none of it, and a batch is never reordered with the one before it.
 - once ``write`` returns, the batch survives a crash of the daemon (and,
   for a networked store, of the store's own process as far as its settings
-  promise; see GUIDE.md);
+  promise: Redis keeps a batch through a crash of its machine only with
+  ``appendonly yes`` and ``appendfsync always``, or after a WAIT for
+  replicas; see GUIDE.md);
 - ``write`` raises ``StoreFailed`` with a reason when it cannot, and then
-  has written nothing;
-- ``load`` returns exactly what was written: seqs, the newest ``limit``
-  firings, cursors with their last use, dedup keys in order, limits;
-- one writer at a time: a second daemon on the same store refuses to start
-  (until a store can arbitrate several writers itself).
+  has written nothing; the daemon reloads the sessions of the batch with
+  ``load_session`` and answers their callers ``store_failed``;
+- a write after a failed one works again once the cause is gone (a
+  reconnect, a reopened file): the daemon does not restart for it;
+- ``load`` returns exactly what was written: seqs, the newest firings
+  (seq above ``head - retained``, with no hole), cursors with their last
+  use, dedup keys in the order they came (the newest 1,024), limits and
+  the cursor-use clock; ``load_session`` the same for one session;
+- one writer at a time: a second daemon on the same SQLite file refuses to
+  start (``repl_daemon.sqlite_store`` holds a file lock on it). A store that
+  several daemons share must arbitrate inside the write itself: the write
+  checks, in the same atomic step, that nobody changed the session since
+  this daemon read it (a version, or a fencing token), and otherwise writes
+  nothing; a lock or lease taken beside the write is not enough, because
+  its holder can be paused past its expiry and then write.
 """
 
 from __future__ import annotations
@@ -38,7 +50,11 @@ class SessionDelta(msgspec.Struct, frozen=True):
     whatever is stored under this id first (a new session, or a rewrite
     after a failure), then write the rest. ``firings`` are the new ones
     (seq above what was written before); the store also drops every stored
-    firing with seq <= ``head - limit``. ``cursors`` replaces the whole
+    firing with seq <= ``head - retained``, where ``retained`` is how many
+    firings the ring holds now (None: as many as ``limit`` allows; it is
+    fewer when the limit was lowered and raised again since). The new
+    firings must continue the stored ones with no hole; a store may refuse a
+    delta that does not. ``cursors`` replaces the whole
     cursor table when not None. ``keys`` are new dedup keys, oldest first;
     the store keeps the newest 1,024.
     """
@@ -49,6 +65,7 @@ class SessionDelta(msgspec.Struct, frozen=True):
     limit: int = 0
     head: int = 0
     uses: int = 0
+    retained: int | None = None
     firings: list[Firing] = []
     cursors: list[CursorState] | None = None
     keys: list[tuple[str, int]] = []

@@ -1,0 +1,483 @@
+"""The default store: every session in one SQLite file in the daemon's home.
+
+One connection does all the writing, from the committer's worker thread and
+never from two threads at once; each batch is one ``BEGIN IMMEDIATE`` ...
+``COMMIT`` transaction in WAL mode with ``synchronous = FULL``, so once
+``write`` returns the batch is on the disk, and a crash keeps either all of
+it or none. When a write fails the transaction is rolled back and
+``StoreFailed`` says why in words a user can act on; the same connection
+is used again (a read-only one is reopened, so that a database made
+writable again is written again without a restart).
+
+The file holds four tables: ``sessions`` (limit, head and the cursor-use
+clock of each session), ``firings`` (the newest firings of each ring: a
+write deletes what the ring no longer holds), ``cursors`` (with their last
+use, which orders the LRU eviction) and ``keys`` (the newest 1,024 dedup
+keys of each session, in the order they came). ``PRAGMA user_version``
+holds the schema's version.
+
+Only one daemon may use a home at a time: the store holds an exclusive
+``flock`` on ``repl.db.lock`` next to the database for as long as it is
+open, and the kernel lets go of it when the process dies, however it dies.
+A networked store (Redis) cannot lean on a file lock or on one file's
+transactions; what it must keep instead is listed in ``repl_daemon.store``.
+
+Seqs are SQLite integers here, so they stop at 2**63 - 1 (a billion
+firings a second would take three hundred years to get there).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import sqlite3
+import threading
+from collections import defaultdict
+from pathlib import Path
+
+from repl_daemon.main import ConfigError
+from repl_daemon.store import SessionDelta
+from session.errors import ReplError, StoreFailed
+from session.firing import Firing
+from session.ring import check_limit
+from session.session import MAX_KEYS, CursorState, Snapshot, check_session_id
+
+log = logging.getLogger("repl.daemon")
+
+SCHEMA_VERSION = 1
+#: how long a write waits for another program's lock on the file before it fails
+BUSY_TIMEOUT = 2.0
+#: the WAL file is cut back to this size once checkpointed
+WAL_SIZE_LIMIT = 64 << 20
+
+_SCHEMA = """
+CREATE TABLE sessions (
+    id TEXT PRIMARY KEY,
+    "limit" INTEGER NOT NULL,
+    head INTEGER NOT NULL,
+    uses INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE firings (
+    session TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    handler TEXT NOT NULL,
+    result TEXT,
+    event TEXT,
+    ts TEXT NOT NULL,
+    PRIMARY KEY (session, seq)
+) WITHOUT ROWID;
+CREATE TABLE cursors (
+    session TEXT NOT NULL,
+    name TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    last_use INTEGER NOT NULL,
+    PRIMARY KEY (session, name)
+) WITHOUT ROWID;
+CREATE TABLE keys (
+    session TEXT NOT NULL,
+    key TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    ord INTEGER NOT NULL,
+    PRIMARY KEY (session, ord),
+    UNIQUE (session, key)
+) WITHOUT ROWID;
+"""
+
+# what a user can do about each kind of failure, by SQLite's error name
+_HINTS = {
+    "SQLITE_FULL": "free some space on its disk",
+    "SQLITE_READONLY": "make it (and its directory) writable by the daemon's user",
+    "SQLITE_BUSY": "another program holds a write lock on it",
+    "SQLITE_IOERR": "check the disk and the system log",
+    "SQLITE_CORRUPT": "the file is damaged: restore it from a backup",
+    "SQLITE_CANTOPEN": "check that the daemon's user can read and write it and its directory",
+}
+
+
+class _Inconsistent(Exception):
+    """A change that does not follow from what the file holds (a bug, or a foreign edit)."""
+
+
+class _NotOurs(Exception):
+    """The file is a database, but not one this repl can use."""
+
+
+class SqliteStore:
+    """Sessions in an SQLite file; see the module's docstring for the guarantees."""
+
+    durable = True
+
+    def __init__(self, path: Path | str, *, busy_timeout: float = BUSY_TIMEOUT) -> None:
+        """Lock the home, open (or create) the database; ``ConfigError`` when it cannot."""
+        self.path = Path(path)
+        self.name = f"sqlite:{self.path}"
+        self._busy_ms = int(busy_timeout * 1000)
+        # never two users of the connection at once: the committer's thread
+        # writes, the event loop reads back after a failed write
+        self._mutex = threading.Lock()
+        self._reopen = False
+        self._conn: sqlite3.Connection | None = None
+        self._loaded: list[Snapshot] | None = None
+        self._lock_fd = _lock_home(self.path)
+        try:
+            self._conn = self._connect()
+            # read everything now, so that a damaged file stops the daemon
+            # before it serves, with the same clear message as a bad header
+            self._loaded = self._load_all(self._conn)
+        except (sqlite3.Error, _NotOurs, _Inconsistent) as exc:
+            self.close()
+            if isinstance(exc, _NotOurs):
+                raise ConfigError(str(exc)) from None
+            if isinstance(exc, _Inconsistent):
+                raise ConfigError(_load_failure(self.path, exc)) from None
+            raise ConfigError(_open_failure(self.path, exc)) from None
+        self._probe_writable()
+
+    # -- opening -----------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        """A configured connection to a database with our schema (created when empty)."""
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+            # reads the header first: a file that is not a database fails here, unwritten
+            (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+            if mode != "wal":  # a file system without shared memory (NFS): still atomic
+                log.warning("%s cannot use WAL mode (it is in %s mode)", self.path, mode)
+            conn.execute("PRAGMA synchronous = FULL")
+            # a burst of big firings grows the WAL; give the space back after it
+            conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
+            self._check_schema(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _check_schema(self, conn: sqlite3.Connection) -> None:
+        (version,) = conn.execute("PRAGMA user_version").fetchone()
+        if version == SCHEMA_VERSION:
+            return
+        if version > SCHEMA_VERSION:
+            raise _NotOurs(
+                f"{self.path} was written by a newer repl (schema {version}; this one "
+                f"reads {SCHEMA_VERSION}): run the newer repl, or give this one another --home"
+            )
+        tables = [row[0] for row in conn.execute("SELECT name FROM sqlite_master")]
+        if tables:
+            raise _NotOurs(
+                f"{self.path} is an SQLite database but not repl's (it holds "
+                f"{', '.join(sorted(tables)[:5])}): move it away, or give the daemon another --home"
+            )
+        conn.executescript(
+            f"BEGIN IMMEDIATE; {_SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+        )
+
+    def _probe_writable(self) -> None:
+        """Say at start when the file cannot be written; reads are served all the same."""
+        conn = self._conn
+        assert conn is not None
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            self._abort(exc)
+            log.warning(
+                "%s; reads are served, and every change fails until that is fixed",
+                _write_failure(self.path, exc),
+            )
+
+    def _connection(self) -> sqlite3.Connection:
+        """The open connection, or a new one (to drop a read-only one, or a broken one)."""
+        if self._conn is not None and not self._reopen:
+            return self._conn
+        if self._lock_fd < 0:  # closed: without the lock it must not write again
+            raise StoreFailed(f"the store {self.path} is closed")
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        try:
+            self._conn = self._connect()
+        except (sqlite3.Error, _NotOurs) as exc:
+            reason = _open_failure(self.path, exc) if isinstance(exc, sqlite3.Error) else exc
+            raise StoreFailed(str(reason)) from None
+        self._reopen = False
+        return self._conn
+
+    # -- the Store protocol -------------------------------------------------
+
+    def load(self) -> list[Snapshot]:
+        """Every session, read with one ordered scan a table, not a query a session."""
+        with self._mutex:
+            loaded, self._loaded = self._loaded, None
+            if loaded is not None:
+                return loaded
+            try:
+                return self._load_all(self._connection())
+            except (sqlite3.Error, _Inconsistent) as exc:
+                raise ConfigError(_load_failure(self.path, exc)) from None
+            except StoreFailed as exc:
+                raise ConfigError(exc.message) from None
+
+    def _load_all(self, conn: sqlite3.Connection) -> list[Snapshot]:
+        firings: defaultdict[str, list[Firing]] = defaultdict(list)
+        rows = conn.execute(
+            "SELECT session, seq, handler, result, event, ts FROM firings ORDER BY session, seq"
+        )
+        for session_id, seq, handler, result, event, ts in rows:
+            firings[session_id].append(Firing(seq, handler, result, event, ts))
+        cursors: defaultdict[str, list[CursorState]] = defaultdict(list)
+        rows = conn.execute(
+            "SELECT session, name, seq, last_use FROM cursors ORDER BY session, last_use"
+        )
+        for session_id, name, seq, last_use in rows:
+            cursors[session_id].append(CursorState(name, seq, last_use))
+        keys: defaultdict[str, list[tuple[str, int]]] = defaultdict(list)
+        for session_id, key, seq in conn.execute(
+            "SELECT session, key, seq FROM keys ORDER BY session, ord"
+        ):
+            keys[session_id].append((key, seq))
+        snapshots = []
+        for session_id, limit, head, uses in conn.execute(
+            'SELECT id, "limit", head, uses FROM sessions ORDER BY id'
+        ):
+            snapshot = Snapshot(
+                id=session_id,
+                limit=limit,
+                head=head,
+                firings=firings.get(session_id, []),
+                cursors=cursors.get(session_id, []),
+                uses=uses,
+                keys=keys.get(session_id, []),
+            )
+            _check_snapshot(snapshot)
+            snapshots.append(snapshot)
+        return snapshots
+
+    def load_session(self, session_id: str) -> Snapshot | None:
+        """One session as the file holds it, or None; ``StoreFailed`` when it cannot be read."""
+        with self._mutex:
+            try:
+                conn = self._conn if self._conn is not None else self._connection()
+                return self._load_one(conn, session_id)
+            except (sqlite3.Error, _Inconsistent) as exc:
+                raise StoreFailed(_load_failure(self.path, exc)) from None
+
+    def _load_one(self, conn: sqlite3.Connection, session_id: str) -> Snapshot | None:
+        row = conn.execute(
+            'SELECT "limit", head, uses FROM sessions WHERE id = ?', (session_id,)
+        ).fetchone()
+        if row is None:
+            return None
+        limit, head, uses = row
+        firings = [
+            Firing(*f)
+            for f in conn.execute(
+                "SELECT seq, handler, result, event, ts FROM firings"
+                " WHERE session = ? ORDER BY seq",
+                (session_id,),
+            )
+        ]
+        cursors = [
+            CursorState(*c)
+            for c in conn.execute(
+                "SELECT name, seq, last_use FROM cursors WHERE session = ? ORDER BY last_use",
+                (session_id,),
+            )
+        ]
+        keys = [
+            (key, seq)
+            for key, seq in conn.execute(
+                "SELECT key, seq FROM keys WHERE session = ? ORDER BY ord", (session_id,)
+            )
+        ]
+        snapshot = Snapshot(session_id, limit, head, firings, cursors, uses, keys)
+        _check_snapshot(snapshot)
+        return snapshot
+
+    def write(self, batch: list[SessionDelta]) -> None:
+        """Apply the batch in one transaction; on any failure nothing of it is written."""
+        with self._mutex:
+            self._loaded = None  # what was read at open is out of date from here on
+            try:
+                conn = self._connection()
+                conn.execute("BEGIN IMMEDIATE")
+                for delta in batch:
+                    _apply(conn, delta)
+                conn.execute("COMMIT")
+            except StoreFailed:
+                raise
+            except Exception as exc:
+                self._abort(exc)
+                raise StoreFailed(_write_failure(self.path, exc)) from None
+
+    def _abort(self, exc: BaseException) -> None:
+        conn = self._conn
+        if conn is not None and conn.in_transaction:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                self._reopen = True  # closing the connection rolls back for sure
+        if _error_name(exc).startswith("SQLITE_READONLY"):
+            # SQLite opened the file read-only; only a new connection sees it writable
+            self._reopen = True
+
+    def close(self) -> None:
+        with self._mutex:
+            self._loaded = None
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)
+                self._lock_fd = -1
+
+
+def _apply(conn: sqlite3.Connection, delta: SessionDelta) -> None:
+    """One session's change, inside the batch's transaction."""
+    sid = delta.id
+    if delta.gone or delta.reset:
+        conn.execute("DELETE FROM sessions WHERE id = ?", (sid,))
+        conn.execute("DELETE FROM firings WHERE session = ?", (sid,))
+        conn.execute("DELETE FROM cursors WHERE session = ?", (sid,))
+        conn.execute("DELETE FROM keys WHERE session = ?", (sid,))
+        if delta.gone:
+            return
+        stored = 0
+    else:
+        row = conn.execute("SELECT head FROM sessions WHERE id = ?", (sid,)).fetchone()
+        if row is None:
+            raise _Inconsistent(f"session {sid!r} is not in the file, and the change is no reset")
+        (stored,) = row
+    retained = min(delta.limit if delta.retained is None else delta.retained, delta.head)
+    oldest = delta.head - retained + 1
+    # the new firings must continue the stored ring exactly, or the file would
+    # hold a ring with a hole in it; refuse, and the hub reloads what is stored
+    expected = range(max(stored + 1, oldest), delta.head + 1)
+    if delta.head < stored or [f.seq for f in delta.firings] != list(expected):
+        got = [delta.firings[0].seq, delta.firings[-1].seq] if delta.firings else []
+        raise _Inconsistent(
+            f"session {sid!r}: firings {got} do not continue the stored head {stored} "
+            f"up to head {delta.head}"
+        )
+    conn.execute(
+        'INSERT INTO sessions (id, "limit", head, uses) VALUES (?, ?, ?, ?)'
+        ' ON CONFLICT (id) DO UPDATE SET "limit" = excluded."limit",'
+        " head = excluded.head, uses = excluded.uses",
+        (sid, delta.limit, delta.head, delta.uses),
+    )
+    if delta.firings:
+        conn.executemany(
+            "INSERT INTO firings (session, seq, handler, result, event, ts)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            [(sid, f.seq, f.handler, f.result, f.event, f.ts) for f in delta.firings],
+        )
+    if not delta.reset:
+        conn.execute("DELETE FROM firings WHERE session = ? AND seq < ?", (sid, oldest))
+    if delta.cursors is not None:
+        conn.execute("DELETE FROM cursors WHERE session = ?", (sid,))
+        conn.executemany(
+            "INSERT INTO cursors (session, name, seq, last_use) VALUES (?, ?, ?, ?)",
+            [(sid, c.name, c.seq, c.last_use) for c in delta.cursors],
+        )
+    if delta.keys:
+        (top,) = conn.execute(
+            "SELECT coalesce(max(ord), 0) FROM keys WHERE session = ?", (sid,)
+        ).fetchone()
+        # a key the core dropped and took again moves to the newest place
+        conn.executemany(
+            "INSERT OR REPLACE INTO keys (session, key, seq, ord) VALUES (?, ?, ?, ?)",
+            [(sid, key, seq, top + i) for i, (key, seq) in enumerate(delta.keys, 1)],
+        )
+        if top + len(delta.keys) > MAX_KEYS:
+            conn.execute(
+                "DELETE FROM keys WHERE session = ? AND ord <= (SELECT ord FROM keys"
+                " WHERE session = ? ORDER BY ord DESC LIMIT 1 OFFSET ?)",
+                (sid, sid, MAX_KEYS),
+            )
+
+
+def _check_snapshot(snapshot: Snapshot) -> None:
+    """A stored session must be one the core can host: the newest firings up to the head."""
+    try:
+        check_session_id(snapshot.id)
+        check_limit(snapshot.limit)
+    except ReplError as exc:
+        raise _Inconsistent(exc.message) from None
+    firings = snapshot.firings
+    if snapshot.limit < 0 or snapshot.head < 0 or len(firings) > snapshot.limit:
+        raise _Inconsistent(
+            f"session {snapshot.id!r} holds {len(firings)} firing(s) under limit "
+            f"{snapshot.limit} and head {snapshot.head}"
+        )
+    if firings and (
+        firings[-1].seq != snapshot.head or firings[0].seq != snapshot.head - len(firings) + 1
+    ):
+        raise _Inconsistent(
+            f"session {snapshot.id!r} holds firings {firings[0].seq} to {firings[-1].seq}, "
+            f"which are not the newest {len(firings)} up to its head {snapshot.head}"
+        )
+
+
+def _lock_home(db: Path) -> int:
+    """Hold ``<db>.lock`` exclusively, or say which daemon holds it."""
+    path = db.with_name(db.name + ".lock")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise ConfigError(f"cannot create the lock file {path}: {exc.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise ConfigError(f"cannot lock {path}: {exc.strerror}") from None
+        raise ConfigError(
+            f"another repl daemon is using {db.parent} (pid {holder}): stop it first, "
+            "or give this one another --home"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _error_name(exc: BaseException) -> str:
+    return getattr(exc, "sqlite_errorname", "") or ""
+
+
+def _hint(exc: BaseException) -> str:
+    name = _error_name(exc)
+    for prefix, hint in _HINTS.items():
+        if name.startswith(prefix):
+            return f": {hint}"
+    return ""
+
+
+def _write_failure(path: Path, exc: BaseException) -> str:
+    if isinstance(exc, sqlite3.Error):
+        return f"cannot write {path}: {exc}{_hint(exc)}"
+    if isinstance(exc, _Inconsistent):
+        return f"cannot write {path}: {exc} (a bug in repl: the change is undone)"
+    return f"cannot write {path}: {type(exc).__name__}: {exc}"
+
+
+def _load_failure(path: Path, exc: BaseException) -> str:
+    if isinstance(exc, _Inconsistent):
+        return (
+            f"{path} is not consistent: {exc}: restore it from a backup, "
+            "or move it away to start with no sessions"
+        )
+    return f"cannot read {path}: {exc}{_hint(exc)}"
+
+
+def _open_failure(path: Path, exc: sqlite3.Error) -> str:
+    name = _error_name(exc)
+    if name.startswith(("SQLITE_NOTADB", "SQLITE_CORRUPT")):
+        return (
+            f"{path} is not a readable repl database ({exc}): move it away to start "
+            "with no sessions, or restore it from a backup"
+        )
+    return f"cannot open {path}: {exc}{_hint(exc)}"

@@ -1,0 +1,213 @@
+"""The SQLite store's own duties: its file, its lock, its failures, its load time.
+
+Real files in the test's directory; a second ``sqlite3`` connection plays
+the other program where one is needed (a lock holder, a hand edit).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from repl_daemon.main import ConfigError
+from repl_daemon.sqlite_store import SCHEMA_VERSION, SqliteStore
+from repl_daemon.store import SessionDelta
+from session.errors import StoreFailed
+from session.firing import Firing
+from session.session import CursorState
+from tests.test_store_conformance import Mirror
+
+
+def filled(path: Path, sessions: int = 3, firings: int = 50) -> SqliteStore:
+    store = SqliteStore(path)
+    for n in range(sessions):
+        m = Mirror(f"s{n}")
+        for i in range(firings):
+            m.record(f"text {i} " * 8, key=f"k{i}")
+        m.session.ack("read", firings // 2)
+        store.write([m.delta()])
+    return store
+
+
+def test_the_file_has_the_documented_schema(tmp_path: Path) -> None:
+    db = tmp_path / "repl.db"
+    filled(db).close()
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        columns = {
+            table: [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]
+            for table in ("sessions", "firings", "cursors", "keys")
+        }
+        count = conn.execute("SELECT count(*) FROM firings WHERE session = 's0'").fetchone()
+    conn.close()
+    assert columns == {
+        "sessions": ["id", "limit", "head", "uses"],
+        "firings": ["session", "seq", "handler", "result", "event", "ts"],
+        "cursors": ["session", "name", "seq", "last_use"],
+        "keys": ["session", "key", "seq", "ord"],
+    }
+    assert count == (50,)
+
+
+def test_a_second_store_on_the_same_file_is_refused_until_the_first_closes(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "repl.db"
+    first = SqliteStore(db)
+    with pytest.raises(ConfigError) as refused:
+        SqliteStore(db)
+    assert str(refused.value) == (
+        f"another repl daemon is using {tmp_path} (pid {os.getpid()}): "
+        "stop it first, or give this one another --home"
+    )
+    first.close()
+    SqliteStore(db).close()
+
+
+def test_a_file_that_is_not_a_database_is_refused_and_left_alone(tmp_path: Path) -> None:
+    db = tmp_path / "repl.db"
+    garbage = b"this is not an SQLite file\n" * 500
+    db.write_bytes(garbage)
+    with pytest.raises(ConfigError, match=r"is not a readable repl database.*move it away"):
+        SqliteStore(db)
+    assert db.read_bytes() == garbage
+    assert not (tmp_path / "repl.db-wal").exists()
+    # the refusal let go of the lock: once the file is moved away, it starts
+    db.rename(tmp_path / "repl.db.bad")
+    SqliteStore(db).close()
+
+
+def test_a_damaged_page_is_found_at_open_and_the_file_left_alone(tmp_path: Path) -> None:
+    db = tmp_path / "repl.db"
+    filled(db, sessions=10, firings=200).close()
+    size = db.stat().st_size
+    with open(db, "r+b") as f:
+        f.seek(size // 2)
+        f.write(b"\xff" * 8192)
+    damaged = db.read_bytes()
+    with pytest.raises(ConfigError, match="malformed"):
+        SqliteStore(db)
+    assert db.read_bytes() == damaged
+
+
+def test_another_programs_database_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "repl.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE invoices (id INTEGER)")
+    conn.close()
+    with pytest.raises(ConfigError, match=r"not repl's .*invoices"):
+        SqliteStore(db)
+
+
+def test_a_database_from_a_newer_repl_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "repl.db"
+    SqliteStore(db).close()
+    with sqlite3.connect(db) as conn:
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.close()
+    with pytest.raises(ConfigError, match="newer repl"):
+        SqliteStore(db)
+
+
+def test_a_ring_with_a_hole_is_refused_at_open(tmp_path: Path) -> None:
+    db = tmp_path / "repl.db"
+    filled(db).close()
+    with sqlite3.connect(db) as conn:
+        conn.execute("DELETE FROM firings WHERE session = 's1' AND seq = 30")
+    conn.close()
+    with pytest.raises(ConfigError, match="not consistent: session 's1'"):
+        SqliteStore(db)
+
+
+def test_a_directory_it_cannot_create_the_file_in(tmp_path: Path) -> None:
+    (tmp_path / "repl.db").mkdir()  # the database's name is taken by a directory
+    with pytest.raises(ConfigError, match="cannot open"):
+        SqliteStore(tmp_path / "repl.db")
+
+
+def test_a_lock_held_by_another_program_fails_the_write_then_clears(tmp_path: Path) -> None:
+    db = tmp_path / "repl.db"
+    store = SqliteStore(db, busy_timeout=0.1)
+    a = Mirror("a")
+    a.record("one")
+    store.write([a.delta()])
+    other = sqlite3.connect(db, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        a.record("two")
+        delta = a.delta()
+        with pytest.raises(StoreFailed, match="database is locked: another program holds"):
+            store.write([delta])
+        assert store.load_session("a") is not None  # reading goes on meanwhile
+        other.execute("ROLLBACK")
+    finally:
+        other.close()
+    store.write([delta])
+    assert store.load_session("a") == a.snapshot()
+    store.close()
+
+
+def test_load_reads_what_another_connection_sees(tmp_path: Path) -> None:
+    db = tmp_path / "repl.db"
+    store = filled(db)
+    with sqlite3.connect(db) as conn:
+        heads = dict(conn.execute("SELECT id, head FROM sessions ORDER BY id").fetchall())
+    conn.close()
+    assert {s.id: s.head for s in store.load()} == heads == {"s0": 50, "s1": 50, "s2": 50}
+    store.close()
+
+
+@pytest.mark.slow
+def test_a_thousand_full_rings_load_back(tmp_path: Path) -> None:
+    """1,000 sessions of 256 firings: written in ten batches, read in one load."""
+    db = tmp_path / "repl.db"
+    store = SqliteStore(db)
+    for b in range(10):
+        batch = []
+        for i in range(b * 100, b * 100 + 100):
+            sid = f"s{i:04d}"
+            firings = [
+                Firing(n, "on-message", f"firing {n} of {sid}", None, "2026-01-01T00:00:00.000Z")
+                for n in range(1, 301)
+            ][-256:]
+            batch.append(
+                SessionDelta(
+                    sid,
+                    reset=True,
+                    limit=256,
+                    head=300,
+                    uses=2,
+                    retained=256,
+                    firings=firings,
+                    cursors=[CursorState("read", 100, 1), CursorState("wait", 290, 2)],
+                    keys=[(f"k{n}", n) for n in range(250, 301)],
+                )
+            )
+        store.write(batch)
+    store.close()
+    started = time.perf_counter()
+    store = SqliteStore(db)
+    snapshots = store.load()
+    elapsed = time.perf_counter() - started
+    store.close()
+    print(f"opened and loaded 1,000 sessions x 256 firings in {elapsed:.2f} s")
+    assert len(snapshots) == 1000
+    assert all(len(s.firings) == 256 and s.firings[0].seq == 45 for s in snapshots)
+    assert snapshots[7].firings[-1].result == "firing 300 of s0007"
+    assert snapshots[999].cursors[-1] == CursorState("wait", 290, 2)
+
+
+def test_a_closed_store_writes_nothing_more(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "repl.db")
+    store.close()
+    with pytest.raises(StoreFailed, match="is closed"):
+        store.write([Mirror("a").delta()])
+    store.close()  # twice is harmless
+    reopened = SqliteStore(tmp_path / "repl.db")
+    assert reopened.load() == []
+    reopened.close()
