@@ -30,6 +30,7 @@ import anyio
 from repl_daemon import protocol as p
 from repl_daemon.store import SessionDelta, Store
 from session.errors import (
+    AckAfterHead,
     BadRequest,
     Internal,
     NoSuchSession,
@@ -430,22 +431,19 @@ class Hub:
         check_cursor_name(req.cursor)
         if not req.sessions:
             raise BadRequest("wait needs at least one session")
-        chosen = [self.get(s) for s in dict.fromkeys(req.sessions)]
-        acked = [(h, seq) for h in chosen if (seq := req.ack.get(h.session.id)) is not None]
-        for hosted, seq in acked:
-            hosted.session.ack(req.cursor, seq, self._visible(hosted))
-        for hosted, _ in acked:
-            hosted.dirty = True
-        if acked:
-            await self._commit()
+        ids = list(dict.fromkeys(req.sessions))
+        chosen = await self._sessions_for_wait(ids, first=True)
+        await self._ack_for_wait(req, ids)
         waiter = Waiter()
-        for hosted in chosen:
-            hosted.waiters.add(waiter)
         self.waiting += 1
         try:
             with anyio.move_on_after(None if req.timeout_ms is None else req.timeout_ms / 1000):
                 while True:
+                    # subscribe before reading: a firing in between still sets this event
                     waiter.event = anyio.Event()
+                    chosen = await self._sessions_for_wait(ids, first=False)
+                    for hosted in chosen:
+                        hosted.waiters.add(waiter)
                     batches = self._ready(chosen, req)
                     if batches:
                         return p.Woken(id=req.id, batches=batches)
@@ -458,8 +456,37 @@ class Hub:
             self.waiting -= 1
             for hosted in chosen:
                 hosted.waiters.discard(waiter)
+            for session_id in ids:
+                current = self.sessions.get(session_id)
+                if current is not None:
+                    current.waiters.discard(waiter)
             if self.closing and not self.waiting:
                 self.no_waiters.set()
+
+    async def _sessions_for_wait(self, ids: list[str], *, first: bool) -> list[Hosted]:
+        """The sessions a wait is on: unknown ones fail at first, and count as stopped later."""
+        if first:
+            return [self.get(session_id) for session_id in ids]
+        chosen = []
+        for session_id in ids:
+            hosted = self.sessions.get(session_id)
+            if hosted is None:
+                raise SessionStopped(f"session {session_id!r} stopped")
+            chosen.append(hosted)
+        return chosen
+
+    async def _ack_for_wait(self, req: p.Wait, ids: list[str]) -> None:
+        """Acknowledge the previous batch (a follow loop's) before waiting; all or nothing."""
+        acked = [(self.get(i), seq) for i in ids if (seq := req.ack.get(i)) is not None]
+        for hosted, seq in acked:  # validate every ack before applying any
+            head = hosted.visible
+            if seq > head:
+                raise AckAfterHead(f"cannot ack {seq}: head is {head}")
+        for hosted, seq in acked:
+            hosted.session.ack(req.cursor, seq, self._visible(hosted))
+            hosted.dirty = True
+        if acked:
+            await self._commit()
 
     def _check_open(self, chosen: list[Hosted]) -> None:
         if self.closing:

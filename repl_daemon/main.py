@@ -22,6 +22,7 @@ from anyio.abc import TaskStatus
 from repl_daemon.hub import Hub
 from repl_daemon.server import Limits, serve
 from repl_daemon.store import MemoryStore, Store
+from session.errors import StoreFailed
 
 log = logging.getLogger("repl.daemon")
 
@@ -87,9 +88,21 @@ def open_store(config: Config) -> Store:
     if config.memory:
         return MemoryStore()
     if config.store_url:
-        raise ConfigError(
-            f"store {config.store_url!r} is not supported yet: use the default store or --memory"
-        )
+        if not config.store_url.startswith("redis://"):
+            raise ConfigError(
+                f"store {config.store_url!r} is not supported: give redis://HOST:PORT/DB, "
+                "or leave --store out for the default store"
+            )
+        try:
+            from repl_daemon.redis_store import RedisStore
+        except ImportError:
+            raise ConfigError(
+                "--store redis:// needs the redis client: pip install 'repl[redis]'"
+            ) from None
+        try:
+            return RedisStore(config.store_url)
+        except StoreFailed as exc:
+            raise ConfigError(exc.message) from None
     from repl_daemon.sqlite_store import SqliteStore
 
     return SqliteStore(config.home / "repl.db")
@@ -105,7 +118,7 @@ async def serve_daemon(
     """Run the daemon until ``stop`` is set (a clean shutdown) or it is cancelled."""
     token = ensure_token(config.home)
     store = store or open_store(config)
-    hub = Hub(store, settle=config.settle, max_sessions=config.max_sessions)
+    hub = make_hub(store, config)
     try:
         count = hub.load()
         log.info("loaded %d session(s) from %s", count, store.name)
@@ -125,6 +138,17 @@ async def serve_daemon(
                 tg.cancel_scope.cancel()
     finally:
         store.close()
+
+
+def make_hub(store: Store, config: Config) -> Hub:
+    """The hub for a store: a shared store (Redis) needs the one that refreshes."""
+    if getattr(store, "shared", False):
+        from repl_daemon.redis_store import RedisStore
+        from repl_daemon.shared import SharedHub
+
+        assert isinstance(store, RedisStore)
+        return SharedHub(store, settle=config.settle, max_sessions=config.max_sessions)
+    return Hub(store, settle=config.settle, max_sessions=config.max_sessions)
 
 
 async def _drain(hub: Hub) -> None:

@@ -21,6 +21,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from repl_daemon import protocol as p
 from repl_daemon.hub import Hosted, Hub, error_for
+from repl_daemon.shared import SharedHub
 from session.errors import (
     IdleTimeout,
     LineTooLong,
@@ -114,6 +115,7 @@ class Connection:
             limits.max_in_flight
         )
         self.queued_bytes = 0
+        self.shared = hub if isinstance(hub, SharedHub) else None
         self.drained = anyio.Event()
 
     async def run(self) -> None:
@@ -220,6 +222,9 @@ class Connection:
     def _dispatch(self, req: p.AnyRequest) -> bytes | Callable[[], Awaitable[p.Response]]:
         """Run a request against the hub: bytes now, or work to await."""
         hub = self.hub
+        if self.shared is not None:
+            shared = self.shared
+            return lambda: shared.handle(req)
         match req:
             case p.Send():
                 hosted, sent = hub.send(req)

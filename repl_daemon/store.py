@@ -9,7 +9,10 @@ start it loads every session back from the store's snapshots.
 What any store must guarantee (a networked one such as Redis included):
 
 - ``write`` is atomic: after a crash either the whole batch is there or
-  none of it, and a batch is never reordered with the one before it.
+  none of it, and a batch is never reordered with the one before it. A
+  store shared by several daemons (Redis) is atomic per session instead:
+  each session's delta is one server-side step, checked against the version
+  the daemon's copy came from (``repl_daemon.shared``).
 - once ``write`` returns, the batch survives a crash of the daemon (and,
   for a networked store, of the store's own process as far as its settings
   promise: Redis keeps a batch through a crash of its machine only with

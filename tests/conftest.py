@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -197,3 +199,85 @@ def durable_daemon(tmp_path: Path) -> Iterator[DaemonProc]:
     yield d
     d.close_clients()
     d.stop()
+
+
+class RedisProc:
+    """A redis-server child on a free loopback port, in its own directory."""
+
+    def __init__(self, workdir: Path, *, appendonly: bool = False) -> None:
+        self.dir = workdir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.appendonly = appendonly
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        assert binary, "redis-server is missing: apt-get install redis-server"
+        for _ in range(20):
+            port = self.port or _free_port()
+            args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(self.dir)]
+            args += ["--save", "", "--daemonize", "no", "--logfile", str(self.dir / "redis.log")]
+            if self.appendonly:
+                args += ["--appendonly", "yes", "--appendfsync", "always"]
+            else:
+                args += ["--appendonly", "no"]
+            self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            if _wait_for_port(port, self.proc):
+                self.port = port
+                return
+            self.proc.wait(5)
+        raise RuntimeError(f"redis-server did not start: {(self.dir / 'redis.log').read_text()}")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen[bytes]) -> bool:
+    for _ in range(200):
+        if proc.poll() is not None:
+            return False
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(16).startswith(b"+PONG"):
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.02)
+    return False
+
+
+def require_redis() -> None:
+    """Skip where redis-server is missing, but fail in CI, which must install it."""
+    if shutil.which("redis-server") is None:
+        if os.environ.get("CI"):
+            pytest.fail("redis-server is missing in CI: .ci/run must install it")
+        pytest.skip("redis-server is missing: apt-get install redis-server")
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisProc]:
+    require_redis()
+    server = RedisProc(tmp_path / "redis")
+    yield server
+    server.stop()

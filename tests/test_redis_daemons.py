@@ -1,0 +1,221 @@
+"""Several daemons sharing sessions through one real redis-server (issue 8).
+
+Every SPEC §3 rule holds across daemons; a send on one wakes a wait on
+another; a killed daemon or a restarted Redis (appendonly, fsync always)
+loses nothing acknowledged; Redis going away gives clear errors and the
+daemons recover on their own.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Client, DaemonProc, RedisProc, require_redis
+
+
+class Cluster:
+    def __init__(self, tmp: Path, redis: RedisProc, count: int) -> None:
+        self.redis = redis
+        options = ("--store", redis.url, "--settle-ms", "0", "--idle-timeout", "30")
+        self.daemons = [DaemonProc(tmp / f"d{i}", *options) for i in range(count)]
+
+    def client(self, i: int) -> Client:
+        return self.daemons[i].client()
+
+    def close(self) -> None:
+        for d in self.daemons:
+            d.close_clients()
+            if d.proc is not None and d.proc.poll() is None:
+                d.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, redis_server: RedisProc) -> Iterator[Cluster]:
+    c = Cluster(tmp_path, redis_server, 3)
+    yield c
+    c.close()
+
+
+def test_a_send_on_one_daemon_wakes_a_wait_on_another(cluster: Cluster) -> None:
+    a, b = cluster.client(0), cluster.client(1)
+    a.ok({"op": "start", "session": "x"})
+    b.send({"op": "wait", "sessions": ["x"], "id": "w"})
+    assert not b.pending(0.3)
+    assert a.ok({"op": "send", "session": "x", "text": "across"})["seq"] == 1
+    answer = b.recv()
+    assert answer["id"] == "w"
+    assert answer["batches"][0]["firings"][0]["result"] == "across"
+
+
+def test_a_read_on_any_daemon_sees_a_send_on_any_other(cluster: Cluster) -> None:
+    clients = [cluster.client(i) for i in range(3)]
+    clients[0].ok({"op": "start", "session": "x"})
+    for i, c in enumerate(clients):
+        assert c.ok({"op": "send", "session": "x", "text": f"from {i}"})["seq"] == i + 1
+        for other in clients:
+            got = other.ok({"op": "read", "session": "x", "after": 0})
+            assert [f["result"] for f in got["firings"]] == [f"from {j}" for j in range(i + 1)]
+
+
+def test_concurrent_sends_through_three_daemons_give_gapless_unique_seqs(
+    cluster: Cluster,
+) -> None:
+    cluster.client(0).ok({"op": "start", "session": "x", "buffer": 1000})
+    seqs: list[list[int]] = [[] for _ in range(6)]
+
+    def sender(n: int) -> None:
+        c = Client(cluster.daemons[n % 3].port, cluster.daemons[n % 3].token)
+        try:
+            for i in range(60):
+                seqs[n].append(c.ok({"op": "send", "session": "x", "text": f"{n}:{i}"})["seq"])
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=sender, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    every = sorted(s for part in seqs for s in part)
+    assert every == list(range(1, 361))
+    ring = cluster.client(2).ok({"op": "read", "session": "x", "after": 0})
+    by_seq = {f["seq"]: f["result"] for f in ring["firings"]}
+    for n, part in enumerate(seqs):
+        for i, seq in enumerate(part):
+            assert by_seq[seq] == f"{n}:{i}"
+
+
+def test_acks_and_cursors_agree_everywhere_and_never_move_back(cluster: Cluster) -> None:
+    a, b, c = (cluster.client(i) for i in range(3))
+    a.ok({"op": "start", "session": "x"})
+    for i in range(5):
+        a.ok({"op": "send", "session": "x", "text": str(i)})
+    assert a.ok({"op": "ack", "session": "x", "cursor": "r", "seq": 4})["seq"] == 4
+    assert b.ok({"op": "ack", "session": "x", "cursor": "r", "seq": 2})["seq"] == 4
+    for client in (a, b, c):
+        rows = client.ok({"op": "cursors", "session": "x"})["cursors"]
+        assert {r["name"]: r["seq"] for r in rows} == {"r": 4}
+    got = c.ok({"op": "read", "session": "x", "cursor": "r"})
+    assert [f["seq"] for f in got["firings"]] == [5]
+
+
+def test_the_cursor_lru_is_shared(cluster: Cluster) -> None:
+    a, b = cluster.client(0), cluster.client(1)
+    a.ok({"op": "start", "session": "x"})
+    for i in range(16):
+        (a if i % 2 else b).ok({"op": "ack", "session": "x", "cursor": f"c{i}", "seq": 0})
+    b.ok({"op": "read", "session": "x", "cursor": "c0"})  # c0 used last, c1 is now oldest
+    a.ok({"op": "ack", "session": "x", "cursor": "c16", "seq": 0})
+    names = {r["name"] for r in b.ok({"op": "cursors", "session": "x"})["cursors"]}
+    assert "c1" not in names and "c0" in names and "c16" in names and len(names) == 16
+
+
+def test_dedup_keys_and_the_ring_bound_are_shared(cluster: Cluster) -> None:
+    a, b = cluster.client(0), cluster.client(1)
+    a.ok({"op": "start", "session": "x", "buffer": 3})
+    first = a.ok({"op": "send", "session": "x", "text": "once", "key": "k1"})
+    again = b.ok({"op": "send", "session": "x", "text": "once", "key": "k1"})
+    assert again == {"ok": True, "seq": first["seq"], "duplicate": True}
+    for i in range(5):
+        b.ok({"op": "send", "session": "x", "text": str(i)})
+    got = a.ok({"op": "read", "session": "x", "after": 0})
+    assert got["lost"] == 3 and [f["seq"] for f in got["firings"]] == [4, 5, 6]
+    a.ok({"op": "buffer", "session": "x", "limit": 1})
+    assert [f["seq"] for f in b.ok({"op": "read", "session": "x", "after": 0})["firings"]] == [6]
+
+
+def test_poll_hands_each_firing_to_one_daemon_only(cluster: Cluster) -> None:
+    clients = [cluster.client(i) for i in range(3)]
+    clients[0].ok({"op": "start", "session": "x"})
+    for i in range(30):
+        clients[i % 3].ok({"op": "send", "session": "x", "text": str(i)})
+    polled: list[int] = []
+    for round_ in range(12):
+        got = clients[round_ % 3].ok({"op": "poll", "session": "x", "max": 3})
+        polled += [f["seq"] for f in got["firings"]]
+    assert polled == list(range(1, 31))
+
+
+def test_stopping_on_one_daemon_wakes_waiters_on_every_daemon(cluster: Cluster) -> None:
+    waiters = [cluster.client(1), cluster.client(2)]
+    stopper = cluster.client(0)
+    stopper.ok({"op": "start", "session": "x"})
+    for w in waiters:
+        w.send({"op": "wait", "sessions": ["x"]})
+    assert not waiters[0].pending(0.3)
+    stopper.ok({"op": "stop", "session": "x"})
+    for w in waiters:
+        assert w.recv()["code"] == "session_stopped"
+    assert waiters[0].call({"op": "read", "session": "x"})["code"] == "no_such_session"
+
+
+def test_a_killed_daemon_loses_nothing(cluster: Cluster) -> None:
+    a, b = cluster.client(0), cluster.client(1)
+    a.ok({"op": "start", "session": "x"})
+    told = [a.ok({"op": "send", "session": "x", "text": str(i)})["seq"] for i in range(50)]
+    a.ok({"op": "ack", "session": "x", "cursor": "r", "seq": 20})
+    cluster.daemons[0].kill()
+    got = b.ok({"op": "read", "session": "x", "after": 0})
+    assert [f["seq"] for f in got["firings"]] == told
+    assert b.ok({"op": "cursors", "session": "x"})["cursors"][0]["seq"] == 20
+
+
+def test_redis_restarted_with_appendonly_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    require_redis()
+    redis = RedisProc(tmp_path / "redis", appendonly=True)
+    cluster = Cluster(tmp_path, redis, 2)
+    try:
+        a = cluster.client(0)
+        a.ok({"op": "start", "session": "x"})
+        told = [a.ok({"op": "send", "session": "x", "text": str(i)})["seq"] for i in range(100)]
+        a.ok({"op": "ack", "session": "x", "cursor": "r", "seq": 77})
+        redis.kill()  # SIGKILL: only what was fsynced survives
+        redis.start()
+        b = cluster.client(1)
+        deadline = time.monotonic() + 10
+        while True:
+            got = b.call({"op": "read", "session": "x", "after": 0})
+            if got["ok"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert [f["seq"] for f in got["firings"]] == told
+        assert b.ok({"op": "cursors", "session": "x"})["cursors"][0]["seq"] == 77
+    finally:
+        cluster.close()
+        redis.stop()
+
+
+def test_redis_down_gives_store_failed_and_the_daemons_recover(cluster: Cluster) -> None:
+    a, waiter = cluster.client(0), cluster.client(1)
+    a.ok({"op": "start", "session": "x"})
+    a.ok({"op": "send", "session": "x", "text": "before"})
+    waiter.ok({"op": "ack", "session": "x", "cursor": "wait", "seq": 1})
+    waiter.send({"op": "wait", "sessions": ["x"]})
+    assert not waiter.pending(0.3)
+    cluster.redis.kill()
+    answer = waiter.recv()  # a waiter gets an error instead of hanging
+    assert answer["code"] == "store_failed", answer
+    failed = a.call({"op": "send", "session": "x", "text": "lost?"})
+    assert failed["code"] == "store_failed" and "redis" in failed["message"]
+    cluster.redis.start()  # same port, empty (no persistence): the daemons reconnect
+    deadline = time.monotonic() + 15
+    while True:
+        answer = a.call({"op": "start", "session": "y"})
+        if answer["ok"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert answer["ok"], answer
+    while True:  # the other daemon's subscription comes back on its own too
+        probe = waiter.call({"op": "wait", "sessions": ["y"], "timeout_ms": 10})
+        if probe["ok"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert probe["ok"], probe
+    waiter.send({"op": "wait", "sessions": ["y"]})
+    assert a.ok({"op": "send", "session": "y", "text": "after"})["seq"] == 1
+    assert waiter.recv()["batches"][0]["firings"][0]["result"] == "after"
