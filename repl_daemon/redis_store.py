@@ -49,14 +49,22 @@ local version = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
 if ARGV[1] ~= '' and tonumber(ARGV[1]) ~= version then
   return {0, version}
 end
-local i = 2
-if ARGV[i] == '1' then
+local reset = ARGV[2] == '1'
+if not reset and version == 0 then
+  return {-1, 'the session is not stored (it was stopped, or never started)'}
+end
+local limit, head, uses, retained = ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
+local first, count = tonumber(ARGV[7]), tonumber(ARGV[8])
+local stored = tonumber(redis.call('HGET', KEYS[1], 'head') or '0')
+-- new firings continue the stored ones, or start where the ring now starts
+if count > 0 and not reset and first ~= stored + 1 and first > tonumber(head) - retained + 1 then
+  return {-1, 'the new firings do not continue the stored ring (stored head '
+    .. stored .. ', first new ' .. first .. ')'}
+end
+if reset then
   redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
 end
-local limit, head, uses, retained = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], tonumber(ARGV[i + 4])
-i = i + 5
-local count = tonumber(ARGV[i])
-i = i + 1
+local i = 9
 for _ = 1, count do
   redis.call('RPUSH', KEYS[2], ARGV[i])
   i = i + 1
@@ -78,6 +86,10 @@ end
 count = tonumber(ARGV[i])
 i = i + 1
 for _ = 1, count do
+  -- a key can come back once the core forgot it: keep one place in the order
+  if redis.call('HEXISTS', KEYS[4], ARGV[i]) == 1 then
+    redis.call('LREM', KEYS[5], 1, ARGV[i])
+  end
   redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1])
   redis.call('RPUSH', KEYS[5], ARGV[i])
   i = i + 2
@@ -162,6 +174,7 @@ class RedisStore:
         return None if loaded is None else loaded[0]
 
     def write(self, batch: list[SessionDelta]) -> None:
+        """Write each session's delta atomically (not the batch as a whole: see store.py)."""
         for delta in batch:
             if delta.gone:
                 self.stop(delta.id)
@@ -230,7 +243,8 @@ class RedisStore:
         """
         retained = delta.limit if delta.retained is None else delta.retained
         args: list[Any] = ["" if expected is None else expected, "1" if delta.reset else "0"]
-        args += [delta.limit, delta.head, delta.uses, retained, len(delta.firings)]
+        first = delta.firings[0].seq if delta.firings else 0
+        args += [delta.limit, delta.head, delta.uses, retained, first, len(delta.firings)]
         args += [_encode_firing(f) for f in delta.firings]
         if delta.cursors is None:
             args.append(-1)
@@ -248,6 +262,9 @@ class RedisStore:
                 self.client.sadd(SESSIONS, delta.id)
         except self._redis_module.RedisError as exc:
             raise self._failed(exc) from None
+        if done == -1:
+            reason = version.decode() if isinstance(version, bytes) else str(version)
+            raise StoreFailed(f"redis refused the change to {delta.id!r}: {reason}")
         if not done:
             raise Conflict(int(version))
         return int(version)

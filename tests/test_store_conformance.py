@@ -11,6 +11,7 @@ To hold another store to the same contract, add it to ``STORES``.
 
 from __future__ import annotations
 
+import atexit
 import random
 import tempfile
 from collections.abc import Callable, Iterator
@@ -23,17 +24,37 @@ from hypothesis import strategies as st
 
 from repl_daemon import protocol as p
 from repl_daemon.hub import Hub, Ticket
+from repl_daemon.redis_store import RedisStore
 from repl_daemon.sqlite_store import SqliteStore
 from repl_daemon.store import MemoryStore, SessionDelta, Store
 from session.errors import StoreFailed
 from session.session import MAX_KEYS, Session, Snapshot
+from tests.conftest import RedisProc, require_redis
 
 TS = "2026-01-02T03:04:05.678Z"
 
 OpenStore = Callable[[], Store]
 
+_redis: list[RedisProc] = []
+
+
+def _redis_store(home: Path) -> Store:
+    """A RedisStore on one redis-server for the whole run, emptied for each test."""
+    require_redis()
+    if not _redis:
+        _redis.append(RedisProc(Path(tempfile.mkdtemp()) / "redis"))
+        atexit.register(_redis[0].stop)
+    store = RedisStore(_redis[0].url)
+    fresh = home / ".redis-emptied"
+    if not fresh.exists():
+        store.client.flushall()
+        fresh.touch()
+    return store
+
+
 STORES: dict[str, Callable[[Path], Store]] = {
     "sqlite": lambda home: SqliteStore(home / "repl.db"),
+    "redis": _redis_store,
 }
 
 
@@ -331,6 +352,8 @@ def test_an_unknown_session_loads_as_none(open_store: OpenStore) -> None:
 
 def test_a_failed_batch_writes_nothing_and_the_store_goes_on(open_store: OpenStore) -> None:
     store = open_store()
+    if isinstance(store, RedisStore):
+        pytest.skip("a shared store is atomic per session, not per batch (see store.py)")
     a = Mirror("a")
     a.record("kept")
     store.write([a.delta()])
