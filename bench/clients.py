@@ -93,14 +93,18 @@ async def connect_many(
 
 
 async def until(
-    probe: Callable[[], Awaitable[bool]], *, what: str, deadline_s: float = 60.0
+    probe: Callable[[], Awaitable[bool]],
+    *,
+    what: str,
+    deadline_s: float = 60.0,
+    interval_s: float = 0.02,
 ) -> None:
-    """Poll ``probe`` every 20 ms until it is true; BenchError after the deadline."""
+    """Poll ``probe`` every ``interval_s`` until it is true; BenchError after the deadline."""
     end = time.monotonic() + deadline_s
     while not await probe():
         if time.monotonic() > end:
             raise BenchError(f"timed out after {deadline_s:g} s waiting for {what}")
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(interval_s)
 
 
 async def close_all(clients: Iterable[LineClient]) -> None:

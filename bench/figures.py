@@ -17,7 +17,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,12 +34,12 @@ from bench.clients import (
 )
 from bench.procs import HOST, BenchError, Daemon, Floor, RedisServer, cpu_seconds, rss_bytes
 from bench.table import Goal, Row
+from bench.waiters import Plan, WaiterProcess
 
 T = TypeVar("T")
 
 PAYLOAD = "x" * 100  # the text of every firing: 100 bytes
 RING = 256  # the daemon's default ring; Redis streams are trimmed to the same (MAXLEN 256)
-BLOCK_PAUSE_S = 0.001  # after sending a wait, before the producer sends: let the wait block
 
 
 @dataclass(frozen=True)
@@ -196,11 +196,6 @@ def run_async(coro: Awaitable[T], deadline_s: float) -> T:
     return asyncio.run(bounded())
 
 
-async def _timed(awaitable: Awaitable[T]) -> tuple[int, T]:
-    result = await awaitable
-    return time.perf_counter_ns(), result
-
-
 async def _start_sessions(client: LineClient, names: list[str], batch: int) -> None:
     """Start sessions over one connection, ``batch`` requests in flight at a time."""
     for first in range(0, len(names), batch):
@@ -287,75 +282,106 @@ def roundtrip(setup: Setup, rows: dict[str, Row]) -> None:
         row.reference = percentile(ref, fraction) / 1000 if ref else None
 
 
-# -- wake latency ------------------------------------------------------------
+# -- wake latency and fan-out -------------------------------------------------
 
 
-async def repl_wakes(port: int, token: str, s: Sizes) -> list[int]:
-    """Nanoseconds from the producer's send to the blocked waiter holding the firing."""
-    waiter = await LineClient.connect(port, token)
-    producer = await LineClient.connect(port, token)
+async def _rounds(
+    plan: Plan,
+    blocked: Callable[[], Awaitable[bool]],
+    fire: Callable[[], Awaitable[Any]],
+) -> list[int]:
+    """Per round, nanoseconds from just before ``fire`` to the child's last waiter holding it."""
+    child = WaiterProcess(plan)
+    failed = True
     try:
-        await producer.ok({"op": "start", "session": "wake"})
-        send = send_request("wake")
-        acked = 0
+        await child.report(120)  # connected
         times: list[int] = []
-        for i in range(s.warmup // 10 + s.wakes):
-            wait: dict[str, Any] = {"op": "wait", "sessions": ["wake"], "cursor": "wake"}
-            if acked:
-                wait["ack"] = {"wake": acked}
-            waiter.write(wait)
-            await waiter.writer.drain()
-            woken = asyncio.create_task(waiter.timed_answer())
-            await asyncio.sleep(BLOCK_PAUSE_S)
+        for _round in range(plan.rounds):
+            await until(blocked, what=f"{plan.waiters:,} blocked waits", interval_s=0.0005)
             t0 = time.perf_counter_ns()
-            sent = await producer.ok(send)
-            t1, answer = await woken
-            batches = answer.get("batches") or []
-            if not answer.get("ok") or not batches or batches[0]["next"] != sent["seq"]:
-                raise BenchError(f"the waiter did not get seq {sent['seq']}: {answer}")
-            acked = sent["seq"]
-            if i >= s.warmup // 10:
-                times.append(t1 - t0)
+            position = await fire()
+            _kind, t_last, reported = await child.report(60)
+            if str(reported) != str(position):
+                raise BenchError(f"the waiters hold {reported}, the producer sent {position}")
+            times.append(t_last - t0)
+        failed = False
         return times
     finally:
-        await close_all([waiter, producer])
+        child.close(kill=failed)
 
 
-async def redis_wakes(port: int, s: Sizes) -> list[int]:
-    waiter = await redis_connection(port)
-    producer = redis_client(port)
+async def repl_rounds(daemon: Daemon, session: str, waiters: int, rounds: int) -> list[int]:
+    control = await LineClient.connect(daemon.port, daemon.token)
     try:
-        last: Any = "0-0"
-        times: list[int] = []
-        for i in range(s.warmup // 10 + s.wakes):
-            await waiter.send_command("XREAD", "BLOCK", 0, "STREAMS", "wake", last)
-            woken = asyncio.create_task(_timed(waiter.read_response()))
-            await asyncio.sleep(BLOCK_PAUSE_S)
-            t0 = time.perf_counter_ns()
-            last = await producer.xadd("wake", {"text": PAYLOAD}, maxlen=RING, approximate=False)
-            t1, answer = await woken
-            if not answer:
-                raise BenchError(f"XREAD BLOCK returned nothing: {answer!r}")
-            if i >= s.warmup // 10:
-                times.append(t1 - t0)
-        return times
+        await control.ok({"op": "start", "session": session})
+        send = send_request(session)
+
+        async def blocked() -> bool:
+            row = (await _stats(control, session))["sessions"][0]
+            return bool(row["waiters"] == waiters)
+
+        async def fire() -> int:
+            seq: int = (await control.ok(send))["seq"]
+            return seq
+
+        plan = Plan("repl", daemon.port, daemon.token, session, waiters, rounds, 600)
+        return await _rounds(plan, blocked, fire)
     finally:
-        await waiter.disconnect()
-        await producer.aclose()
+        await control.close()
+
+
+async def redis_rounds(port: int, key: str, waiters: int, rounds: int) -> list[int]:
+    control = redis_client(port)
+    try:
+
+        async def blocked() -> bool:
+            clients = await redis_info(control, "clients")
+            return bool(clients["blocked_clients"] == waiters)
+
+        async def fire() -> str:
+            entry = await control.xadd(key, {"text": PAYLOAD}, maxlen=RING, approximate=False)
+            return str(entry)
+
+        plan = Plan("redis", port, None, key, waiters, rounds, 600)
+        return await _rounds(plan, blocked, fire)
+    finally:
+        await control.aclose()
 
 
 def wake(setup: Setup, rows: dict[str, Row]) -> None:
     s = setup.sizes
+    warm = s.warmup // 10
     with Daemon(setup.dir("wake-daemon"), memory=True, settle_ms=0).start() as daemon:
-        repl = run_async(repl_wakes(daemon.port, daemon.token, s), s.deadline_s)
+        repl = run_async(repl_rounds(daemon, "wake", 1, warm + s.wakes), s.deadline_s)[warm:]
     ref: list[int] | None = None
     if setup.redis_exe:
         with RedisServer(setup.redis_exe, setup.dir("wake-redis"), durable=False) as redis:
             redis.start()
-            ref = run_async(redis_wakes(redis.port, s), s.deadline_s)
+            ref = run_async(redis_rounds(redis.port, "wake", 1, warm + s.wakes), s.deadline_s)
+            ref = ref[warm:]
     for key, fraction in (("wake_p50", 0.50), ("wake_p99", 0.99)):
         rows[key].repl = percentile(repl, fraction) / 1000
         rows[key].reference = percentile(ref, fraction) / 1000 if ref else None
+
+
+def fanout(setup: Setup, rows: dict[str, Row]) -> None:
+    s = setup.sizes
+    rounds = s.fanout_rounds + 1  # the first round warms up
+    with Daemon(setup.dir("fanout-daemon"), memory=True, settle_ms=0).start() as daemon:
+        repl = run_async(repl_rounds(daemon, "fan", s.fanout, rounds), s.deadline_s)[1:]
+    row = rows["fanout"]
+    row.repl = statistics.median(repl) / 1e6
+    ref: list[int] = []
+    if setup.redis_exe:
+        with RedisServer(setup.redis_exe, setup.dir("fanout-redis"), durable=False) as redis:
+            redis.start()
+            ref = run_async(redis_rounds(redis.port, "fan", s.fanout, rounds), s.deadline_s)[1:]
+        row.reference = statistics.median(ref) / 1e6
+    setup.notes.append(
+        f"fan-out: median of {s.fanout_rounds} rounds (ms): repl "
+        + " ".join(f"{t / 1e6:.1f}" for t in repl)
+        + ("; Redis " + " ".join(f"{t / 1e6:.1f}" for t in ref) if ref else "")
+    )
 
 
 # -- pipelined sends ---------------------------------------------------------
@@ -575,98 +601,6 @@ def idle(setup: Setup, rows: dict[str, Row]) -> None:
     if ref is not None:
         rows["idle_cpu"].reference = ref.cpu_percent
         rows["idle_mem"].reference = ref.bytes_per_waiter / 1024
-
-
-# -- fan-out -----------------------------------------------------------------
-
-
-async def repl_fanout(daemon: Daemon, s: Sizes) -> list[int]:
-    """Nanoseconds from one send to the last of ``s.fanout`` waiters holding it, per round."""
-    control = await LineClient.connect(daemon.port, daemon.token)
-    waiters: list[LineClient] = []
-    try:
-        await control.ok({"op": "start", "session": "fan"})
-
-        async def open_waiter(_i: int) -> LineClient:
-            return await LineClient.connect(daemon.port, daemon.token)
-
-        waiters = await connect_many(s.fanout, open_waiter)
-        send = send_request("fan")
-        acked = 0
-        times: list[int] = []
-        for _round in range(s.fanout_rounds):
-            # one shared cursor: every waiter acks the same seq, and none takes from another
-            wait: dict[str, Any] = {"op": "wait", "sessions": ["fan"], "cursor": "fan"}
-            if acked:
-                wait["ack"] = {"fan": acked}
-            line = encode(wait)
-            for waiter in waiters:
-                waiter.write_raw(line)
-            woken = [asyncio.create_task(w.timed_answer()) for w in waiters]
-
-            async def all_blocked() -> bool:
-                session = (await _stats(control, "fan"))["sessions"][0]
-                return bool(session["waiters"] == s.fanout)
-
-            await until(all_blocked, what=f"{s.fanout:,} blocked waits")
-            t0 = time.perf_counter_ns()
-            sent = await control.ok(send)
-            results = await asyncio.gather(*woken)
-            for _t, answer in results:
-                batches = answer.get("batches") or []
-                if not batches or batches[0]["next"] != sent["seq"]:
-                    raise BenchError(f"a waiter did not get seq {sent['seq']}: {answer}")
-            times.append(max(t for t, _a in results) - t0)
-            acked = sent["seq"]
-        return times
-    finally:
-        await close_all([control, *waiters])
-
-
-async def redis_fanout(port: int, s: Sizes) -> list[int]:
-    control = redis_client(port)
-    conns: list[Any] = []
-    try:
-        conns = await connect_many(s.fanout, lambda _i: redis_connection(port))
-        last: Any = "0-0"
-        times: list[int] = []
-        for _round in range(s.fanout_rounds):
-            for conn in conns:
-                await conn.send_command("XREAD", "BLOCK", 0, "STREAMS", "fan", last)
-            woken = [asyncio.create_task(_timed(c.read_response())) for c in conns]
-
-            async def all_blocked() -> bool:
-                clients = await redis_info(control, "clients")
-                return bool(clients["blocked_clients"] == s.fanout)
-
-            await until(all_blocked, what=f"{s.fanout:,} blocked XREADs")
-            t0 = time.perf_counter_ns()
-            last = await control.xadd("fan", {"text": PAYLOAD}, maxlen=RING, approximate=False)
-            results = await asyncio.gather(*woken)
-            if not all(answer for _t, answer in results):
-                raise BenchError("a blocked XREAD returned nothing")
-            times.append(max(t for t, _a in results) - t0)
-        return times
-    finally:
-        await asyncio.gather(*(c.disconnect() for c in conns), return_exceptions=True)
-        await control.aclose()
-
-
-def fanout(setup: Setup, rows: dict[str, Row]) -> None:
-    s = setup.sizes
-    with Daemon(setup.dir("fanout-daemon"), memory=True, settle_ms=0).start() as daemon:
-        repl = run_async(repl_fanout(daemon, s), s.deadline_s)
-    row = rows["fanout"]
-    row.repl = statistics.median(repl) / 1e6
-    if setup.redis_exe:
-        with RedisServer(setup.redis_exe, setup.dir("fanout-redis"), durable=False) as redis:
-            redis.start()
-            ref = run_async(redis_fanout(redis.port, s), s.deadline_s)
-        row.reference = statistics.median(ref) / 1e6
-    setup.notes.append(
-        f"fan-out: median of {s.fanout_rounds} rounds; repl rounds (ms): "
-        + ", ".join(f"{t / 1e6:.1f}" for t in repl)
-    )
 
 
 # -- memory per retained firing ----------------------------------------------

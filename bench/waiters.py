@@ -1,0 +1,152 @@
+"""Blocked waiters in a process of their own, for the wake and fan-out figures.
+
+A wake is timed from the producer's send to the moment the waiter holds the
+firing. If the producer and its waiters shared one event loop, that loop
+would also be reading the producer's own answer, and whichever of the two
+answers the server wrote first would be taken first: the figure would
+measure the client's ordering as much as the server. So the waiters run in
+a child process (``multiprocessing``, spawn) with their own loop; both
+processes read ``time.perf_counter_ns`` (CLOCK_MONOTONIC, one clock for the
+whole machine), and the child reports when its last waiter had the firing.
+
+A round: the child puts one wait on each of its connections (acknowledging
+what the previous round delivered), the parent polls the server until all
+of them are blocked, sends one firing, and reads the child's report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from bench.clients import LineClient, connect_many, encode, redis_connection
+from bench.procs import BenchError, raise_nofile
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the child does: ``kind`` is "repl" or "redis"."""
+
+    kind: str
+    port: int
+    token: str | None
+    session: str
+    waiters: int
+    rounds: int
+    deadline_s: float
+
+
+def child_main(plan: Plan, pipe: Connection) -> None:
+    """The child process: report ("ready",), then ("round", t_last_ns, position) per round."""
+    raise_nofile(plan.waiters + 1_000)
+    try:
+        asyncio.run(_child(plan, pipe))
+    except BaseException as exc:
+        pipe.send(("error", f"{type(exc).__name__}: {exc}"))
+        raise
+
+
+async def _child(plan: Plan, pipe: Connection) -> None:
+    async with asyncio.timeout(plan.deadline_s):
+        if plan.kind == "repl":
+            await _repl_rounds(plan, pipe)
+        else:
+            await _redis_rounds(plan, pipe)
+
+
+async def _repl_rounds(plan: Plan, pipe: Connection) -> None:
+    async def open_one(_i: int) -> LineClient:
+        return await LineClient.connect(plan.port, plan.token)
+
+    clients: list[LineClient] = await connect_many(plan.waiters, open_one)
+    pipe.send(("ready",))
+    acked = 0
+    for _round in range(plan.rounds):
+        wait: dict[str, Any] = {"op": "wait", "sessions": [plan.session], "cursor": "bench"}
+        if acked:
+            wait["ack"] = {plan.session: acked}
+        line = encode(wait)
+        for client in clients:
+            client.write_raw(line)
+        answers = await asyncio.gather(*(c.timed_answer() for c in clients))
+        positions = set()
+        for _t, answer in answers:
+            batches = answer.get("batches") or []
+            if not answer.get("ok") or not batches:
+                raise BenchError(f"a wait answered {answer}")
+            positions.add(batches[0]["next"])
+        if len(positions) != 1:
+            raise BenchError(f"waiters disagree on the position: {sorted(positions)}")
+        acked = positions.pop()
+        pipe.send(("round", max(t for t, _a in answers), acked))
+    await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
+
+
+def _last_id(reply: Any) -> Any:
+    """The newest entry id in an XREAD reply (RESP3 map or RESP2 list)."""
+    streams = list(reply.values()) if isinstance(reply, dict) else [s[1] for s in reply]
+    if not streams or not streams[0]:
+        raise BenchError(f"XREAD BLOCK answered {reply!r}")
+    return streams[0][-1][0]
+
+
+async def _redis_rounds(plan: Plan, pipe: Connection) -> None:
+    async def open_one(_i: int) -> Any:
+        return await redis_connection(plan.port)
+
+    conns: list[Any] = await connect_many(plan.waiters, open_one)
+    pipe.send(("ready",))
+    last: Any = "0-0"
+
+    async def timed_read(conn: Any) -> tuple[int, Any]:
+        reply = await conn.read_response()
+        return time.perf_counter_ns(), reply
+
+    for _round in range(plan.rounds):
+        for conn in conns:
+            await conn.send_command("XREAD", "BLOCK", 0, "STREAMS", plan.session, last)
+        replies = await asyncio.gather(*(timed_read(c) for c in conns))
+        ids = {_last_id(reply) for _t, reply in replies}
+        if len(ids) != 1:
+            raise BenchError(f"blocked XREADs disagree on the entry: {sorted(ids)}")
+        last = ids.pop()
+        pipe.send(("round", max(t for t, _r in replies), str(last)))
+    await asyncio.gather(*(c.disconnect() for c in conns), return_exceptions=True)
+
+
+class WaiterProcess:
+    """The parent's handle on the child: start it, read its reports, stop it."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        context = multiprocessing.get_context("spawn")
+        self.pipe, child_end = context.Pipe()
+        self.proc = context.Process(target=child_main, args=(plan, child_end), daemon=True)
+        self.proc.start()
+        child_end.close()
+
+    async def report(self, deadline_s: float) -> tuple[Any, ...]:
+        """The child's next report; BenchError when it failed or is silent past the deadline."""
+        ready = await asyncio.to_thread(self.pipe.poll, deadline_s)
+        if not ready:
+            raise BenchError(f"the waiter process said nothing for {deadline_s:g} s")
+        try:
+            message: tuple[Any, ...] = self.pipe.recv()
+        except EOFError:
+            raise BenchError("the waiter process exited") from None
+        if message[0] == "error":
+            raise BenchError(f"the waiter process failed: {message[1]}")
+        return message
+
+    def close(self, *, kill: bool = False) -> None:
+        if kill:
+            self.proc.kill()
+        self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(10)
+        self.pipe.close()
