@@ -24,21 +24,28 @@ START_TIMEOUT = 30.0
 
 
 def already_running(addr: str) -> bool:
-    """True when something accepts connections at ``addr`` (port 0 never is)."""
+    """True when a repl daemon answers at ``addr`` (port 0 never is).
+
+    Anything that accepts the connection but does not answer like a daemon
+    is left for the bind to report.
+    """
     host, port = parse_addr(addr)
     if port == 0:
         return False
     try:
-        with socket.create_connection((host, port), timeout=1):
-            return True
+        with socket.create_connection((host, port), timeout=1) as sock:
+            sock.sendall(b'{"op": "ping"}\n')
+            answer = sock.makefile("rb").readline(4096)
     except OSError:
         return False
+    # unauthenticated, a daemon answers {"ok": false, "code": "unauthorized", ...}
+    return answer.startswith(b"{") and b'"ok"' in answer
 
 
 def refuse_if_running(addr: str) -> None:
     if already_running(addr):
         raise CliError(
-            f"a daemon is already running at {addr} (`repl ping` says which): "
+            f"a daemon is already running at {addr} (`repl ping` tells which): "
             "use it, stop it first, or pass another --addr"
         )
 
@@ -78,8 +85,10 @@ def detach(addr: str, home: Path, *, memory: bool, store: str | None, settle_ms:
     if store:
         command += ["--store", store]
     command += ["--settle-ms", str(settle_ms)]
-    with open(log_path, "ab") as log:
-        offset = log.tell()
+    # the log names sessions and errors: readable by its owner only, like the token
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "ab") as log:
+        offset = log.seek(0, os.SEEK_END)
         proc = subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL,
@@ -103,10 +112,7 @@ def _await_listening(proc: subprocess.Popen[bytes], log_path: Path, offset: int)
             if text.startswith("listening on "):
                 return text.removeprefix("listening on ").strip()
         if proc.poll() is not None:
-            last = next((t for t in reversed(written) if t.strip()), "no output")
-            raise CliError(
-                f"the daemon exited at start ({last.removeprefix('repl daemon: ')}): see {log_path}"
-            )
+            raise CliError(f"the daemon exited at start ({_last_words(written)}): see {log_path}")
         if time.monotonic() > deadline:
             raise CliError(
                 f"the daemon (pid {proc.pid}) did not start listening within "
@@ -114,3 +120,12 @@ def _await_listening(proc: subprocess.Popen[bytes], log_path: Path, offset: int)
             )
         time.sleep(pause)
         pause = min(pause * 2, 0.1)
+
+
+def _last_words(lines: list[str]) -> str:
+    """The line of a failed start's log that says why (past any traceback's frame)."""
+    for text in reversed(lines):
+        words = text.strip().strip("|").strip()
+        if words and not set(words) <= set("+-|"):
+            return words.removeprefix("repl daemon: ")
+    return "it wrote nothing"

@@ -152,12 +152,20 @@ def _console() -> Console:
 def table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, title: str = "") -> None:
     """A listing: a rich table on a terminal, else a header line and tab-separated rows."""
     if on_terminal():
+        from rich import box
         from rich.table import Table
 
-        grid = Table(title=title or None, title_justify="left", header_style="bold")
+        grid = Table(
+            box=box.SIMPLE,
+            pad_edge=False,
+            title=title or None,
+            title_justify="left",
+            header_style="bold",
+        )
         for name in columns:
             numeric = bool(rows) and all(isinstance(row[columns.index(name)], int) for row in rows)
-            grid.add_column(name, justify="right" if numeric else "left")
+            # a header is never cut short: a wide table wraps rather than truncates
+            grid.add_column(name, justify="right" if numeric else "left", min_width=len(name))
         for row in rows:
             grid.add_row(*(str(cell) for cell in row))
         _console().print(grid)
