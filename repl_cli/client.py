@@ -27,6 +27,10 @@ from repl_daemon import protocol as p
 DEFAULT_ADDR = "127.0.0.1:7427"
 # how long an ordinary request may take; a wait has no client-side limit
 CALL_TIMEOUT = 30.0
+# a connection quiet this long is replaced before the next request: the
+# daemon closes idle ones (after 60 s by default), and a slow reader of our
+# stdout can keep us quiet between printing a batch and acknowledging it
+REFRESH_AFTER = 1.0
 
 R = TypeVar("R", bound=p.Response)
 
@@ -75,6 +79,8 @@ class Client:
         self._sock: socket.socket | None = None
         self._buf = bytearray()
         self._scanned = 0
+        self._outstanding = 0  # requests sent and not yet answered
+        self._quiet_since = 0.0
 
     # -- the connection ----------------------------------------------------
 
@@ -94,6 +100,7 @@ class Client:
         sock.settimeout(None)  # deadlines are kept by _fill, which can also watch stdout
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock = sock
+        self._quiet_since = time.monotonic()
         self.call(p.Auth(token=self._token()), p.Done)
 
     def _token(self) -> str:
@@ -113,6 +120,7 @@ class Client:
             self._sock = None
         self._buf.clear()
         self._scanned = 0
+        self._outstanding = 0
 
     # -- requests ----------------------------------------------------------
 
@@ -126,6 +134,9 @@ class Client:
 
     def send_raw(self, data: bytes) -> None:
         """Put encoded requests on the wire (several at once when pipelining)."""
+        quiet = time.monotonic() - self._quiet_since
+        if self._sock is not None and not self._outstanding and quiet > REFRESH_AFTER:
+            self.close()
         if self._sock is None:
             self.connect()
         assert self._sock is not None
@@ -133,6 +144,7 @@ class Client:
             self._sock.sendall(data)
         except OSError as exc:
             raise self._lost(exc) from None
+        self._outstanding += data.count(b"\n")
 
     def receive(
         self, expect: type[R], *, timeout: float | None = CALL_TIMEOUT, watch: int | None = None
@@ -143,6 +155,8 @@ class Client:
         write to: when its reader goes away while we wait, ``ReaderGone``.
         """
         line = self._line(timeout, watch)
+        self._outstanding -= 1
+        self._quiet_since = time.monotonic()
         try:
             raw: Any = _decode_any(line)
             if not isinstance(raw, dict):

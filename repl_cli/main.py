@@ -240,7 +240,13 @@ def buffer(client: Client, session: str, limit: int) -> None:
 @cli.command()
 @click.argument("session")
 @click.argument("text", required=False)
-@click.option("--handler", default="on-message", show_default=True, metavar="NAME")
+@click.option(
+    "--handler",
+    default="on-message",
+    show_default=True,
+    metavar="NAME",
+    help="What produced it; a handler the session lacks makes an unhandled firing.",
+)
 @click.option("--key", metavar="KEY", help="A dedup key: a retry with it records nothing.")
 @click.option("--lines", is_flag=True, help="Each line of stdin is its own firing.")
 @click.pass_obj
@@ -259,6 +265,8 @@ def send(
         _send_lines(client, session, handler)
         return
     if text is None or text == "-":
+        if sys.stdin.isatty():
+            click.echo("repl: reading the text from the terminal: end it with Ctrl-D", err=True)
         text = _utf8(sys.stdin.buffer.read(), "stdin").removesuffix("\n")
     sent = client.call(p.Send(session=session, text=text, handler=handler, key=key), p.Sent)
     output.line(f"{sent.seq} duplicate" if sent.duplicate else str(sent.seq))
@@ -353,7 +361,9 @@ def read(
 
 @cli.command()
 @click.argument("sessions", nargs=-1, required=True, metavar="ID...")
-@click.option("--cursor", default="wait", show_default=True, metavar="NAME")
+@click.option(
+    "--cursor", default="wait", show_default=True, metavar="NAME", help="Wait after this cursor."
+)
 @click.option(
     "--timeout",
     type=click.FloatRange(min=0),
@@ -373,7 +383,11 @@ def wait(
     full: bool,
     as_json: bool,
 ) -> int:
-    """Block until firings exist after the cursor, print them, acknowledge, exit."""
+    """Block until firings exist after the cursor, print them, acknowledge, exit.
+
+    With several sessions, it returns with those that have firings and puts
+    each line's session id first. Exit status 2: --timeout passed, nothing came.
+    """
     ids = list(dict.fromkeys(sessions))
     fmt = firing_format(seq, full, as_json, several=len(ids) > 1)
     printer = Printer(client, fmt, None if peek else cursor)
@@ -388,7 +402,9 @@ def wait(
 
 @cli.command("follow")
 @click.argument("session")
-@click.option("--cursor", default="follow", show_default=True, metavar="NAME")
+@click.option(
+    "--cursor", default="follow", show_default=True, metavar="NAME", help="Follow this cursor."
+)
 @click.option("--from-now", is_flag=True, help="First acknowledge everything recorded so far.")
 @firing_formats
 @click.pass_obj
@@ -411,19 +427,27 @@ def follow_command(
 
 @cli.command()
 @click.argument("session")
+@click.option("--max", "max_", type=click.IntRange(min=1), metavar="N", help="At most N firings.")
 @firing_formats
 @click.pass_obj
-def poll(client: Client, session: str, seq: bool, full: bool, as_json: bool) -> None:
-    """Print the firings after cursor `poll`, which the daemon acknowledges at once."""
+def poll(
+    client: Client, session: str, max_: int | None, seq: bool, full: bool, as_json: bool
+) -> None:
+    """Print the firings after cursor `poll`, which the daemon acknowledges at once.
+
+    At most once: what is not printed (a closed pipe) is not seen again.
+    """
     fmt = firing_format(seq, full, as_json)
-    got = client.call(p.Poll(session=session), p.Firings)
+    got = client.call(p.Poll(session=session, max=max_), p.Firings)
     deliver(Printer(client, fmt, None), [Batch(session, got.next, got.lost, got.firings)])
 
 
 @cli.command()
 @click.argument("session")
 @click.argument("seq", type=click.IntRange(min=0))
-@click.option("--cursor", default="read", show_default=True, metavar="NAME")
+@click.option(
+    "--cursor", default="read", show_default=True, metavar="NAME", help="The cursor to move."
+)
 @click.pass_obj
 def ack(client: Client, session: str, seq: int, cursor: str) -> None:
     """Acknowledge up to SEQ by hand (after --peek); a cursor never moves back."""

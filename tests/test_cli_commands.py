@@ -217,10 +217,11 @@ def test_buffer_sets_the_limit_and_readers_hear_of_the_loss(repl: Repl) -> None:
 
 def test_poll_drains_at_most_once(repl: Repl) -> None:
     a = repl.session("a")
-    repl.send(a, "one", "two")
-    assert repl.ok("poll", a) == "on-message: one\non-message: two\n"
+    repl.send(a, "one", "two", "three")
+    assert repl.ok("poll", a, "--max", "1") == "on-message: one\n"
+    assert repl.ok("poll", a) == "on-message: two\non-message: three\n"
     assert repl.ok("poll", a) == ""
-    assert repl.cursor(a, "poll") == 2
+    assert repl.cursor(a, "poll") == 3
     assert repl.cursor(a, "read") is None
 
 

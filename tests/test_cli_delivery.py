@@ -11,6 +11,7 @@ import fcntl
 import signal
 import subprocess
 import termios
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -211,3 +212,18 @@ def test_wait_blocks_until_a_send_from_elsewhere(repl: Repl, s: str) -> None:
         assert proc.communicate(timeout=15) == (b"on-message: wake up\n", b"")
         assert proc.returncode == 0
     assert repl.cursor(s, "monitor") == 1
+
+
+def test_a_reader_slower_than_the_idle_timeout_still_gets_its_ack(daemon: DaemonProc) -> None:
+    # the `daemon` fixture closes connections quiet for 5 s: the CLI, kept
+    # waiting by its reader between printing and acknowledging, must reconnect
+    repl = Repl(daemon)
+    s = repl.session("slow", "one")
+    with repl.popen("read", s) as proc:
+        eventually(lambda: unread(proc) > 0, what="the line in the pipe")
+        time.sleep(6)
+        assert read_line(proc) == b"on-message: one\n"
+        assert proc.wait(15) == 0
+        assert proc.stderr is not None
+        assert proc.stderr.read() == b""
+    assert repl.cursor(s, "read") == 1
