@@ -147,7 +147,12 @@ def firing_format(
 
 @cli.command()
 @click.option("--memory", is_flag=True, help="Keep everything in this process only.")
-@click.option("--store", metavar="URL", help="Where state lives (default: repl.db in the home).")
+@click.option(
+    "--store",
+    metavar="URL",
+    help="redis://HOST:PORT/DB to share sessions with other daemons "
+    "(default: repl.db in the state directory).",
+)
 @click.option(
     "--settle-ms",
     type=click.IntRange(min=0),
