@@ -150,7 +150,6 @@ def test_listings_are_aligned_tables_on_a_terminal(repl: Repl, a: str) -> None:
     env = {**repl.env, "TERM": "xterm-256color", "COLUMNS": "100", "NO_COLOR": "1"}
     table = re.sub(r"\x1b\[[0-9;]*m", "", run_on_terminal(repl, "sessions", env=env))
     assert "\t" not in table
-    # rich draws the header's rules heavy (┃) and the body's light (│)
-    rows = [[c.strip() for c in re.split("[│┃]", line)[1:-1]] for line in table.splitlines()]
+    rows = [line.split() for line in table.splitlines()]
     assert ["id", "head", "retained", "limit", "cursors", "waiters"] in rows
     assert [a, "3", "3", "256", "0", "0"] in rows
