@@ -305,7 +305,7 @@ class Hub:
         return time.monotonic() - self.started
 
     async def start(self, req: p.Start) -> p.Started:
-        session_id = req.session or self._fresh_id()
+        session_id = self._fresh_id() if req.session is None else check_session_id(req.session)
         existing = self.sessions.get(session_id)
         if existing is not None:
             if not req.exist_ok:

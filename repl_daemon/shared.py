@@ -201,7 +201,7 @@ class SharedHub(Hub):
     # -- ops that differ ---------------------------------------------------
 
     async def start(self, req: p.Start) -> p.Started:
-        session_id = check_session_id(req.session or self._fresh_id())
+        session_id = self._fresh_id() if req.session is None else check_session_id(req.session)
         async with self._lock(session_id):
             try:
                 await self.refresh(session_id)
