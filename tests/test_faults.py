@@ -7,11 +7,15 @@ returns the daemon takes writes again without a restart.
 
 from __future__ import annotations
 
+import signal
 import sqlite3
+import subprocess
 import threading
 from pathlib import Path
 
-from tests.conftest import Client
+from tests.conftest import Client, DaemonProc
+from tests.test_cli_delivery import unread
+from tests.test_cli_helpers import Repl, eventually, repl_argv
 from tests.test_durability_faults import LoggedElsewhere, small_disk
 
 
@@ -76,3 +80,28 @@ def test_the_disk_filling_up_while_sends_arrive(tmp_path: Path) -> None:
         finally:
             d.close_clients()
             d.stop()
+
+
+def test_a_cli_reader_killed_between_printing_and_acknowledging_loses_nothing(
+    daemon: DaemonProc,
+) -> None:
+    """SIGKILL ``repl wait`` while its output sits untaken in the pipe: no ack, redelivery."""
+    repl = Repl(daemon)
+    session = repl.session("k")
+    repl.ok("send", session, "first")
+    repl.ok("send", session, "second")
+    proc = subprocess.Popen(repl_argv("wait", session), stdout=subprocess.PIPE, env=repl.env)
+    assert proc.stdout is not None
+    try:
+        # it printed (the bytes are in the pipe) and now waits for us to take them
+        eventually(lambda: unread(proc) > 0)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        proc.stdout.close()
+    assert repl.ok("read", session, "--cursor", "wait", "--peek") == "on-message: first\n" + (
+        "on-message: second\n"
+    )
+    assert repl.ok("wait", session) == "on-message: first\non-message: second\n"
+    nothing = repl.run("wait", session, "--timeout", "0.2")
+    assert (nothing.returncode, nothing.stdout) == (2, "")
