@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import hmac
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import anyio
 from anyio.abc import SocketStream, TaskStatus
-from anyio.streams.buffered import BufferedByteReceiveStream
 
 from repl_daemon import protocol as p
 from repl_daemon.hub import Hosted, Hub, error_for
@@ -104,6 +104,13 @@ async def _send_quietly(stream: SocketStream, data: bytes) -> None:
 
 
 class Connection:
+    """One client: a reader (requests, in order) and a writer (answers, in the same order).
+
+    Answers wait in ``answers``; the writer sends every answer that is ready
+    in one write, so a pipelining client costs one system call per batch,
+    not per answer.
+    """
+
     def __init__(self, hub: Hub, stream: SocketStream, token: bytes, limits: Limits) -> None:
         self.hub = hub
         self.stream = stream
@@ -111,12 +118,12 @@ class Connection:
         self.limits = limits
         self.authed = False
         self.in_flight = 0
-        self.send_answer, self.answers = anyio.create_memory_object_stream[_Answer](
-            limits.max_in_flight
-        )
+        self.answers: deque[_Answer] = deque()
         self.queued_bytes = 0
+        self.closed = False
         self.shared = hub if isinstance(hub, SharedHub) else None
-        self.drained = anyio.Event()
+        self.more = anyio.Event()  # the writer sleeps on it when nothing is queued
+        self.drained = anyio.Event()  # the reader sleeps on it when too much is queued
 
     async def run(self) -> None:
         async with anyio.create_task_group() as tg:
@@ -125,74 +132,85 @@ class Connection:
                 await self._read_requests(ops)
                 # the client is gone or done: waits are for nobody now
                 ops.cancel_scope.cancel()
-            self.send_answer.close()
+            self.closed = True
+            self.more.set()
 
     async def _read_requests(self, ops: anyio.abc.TaskGroup) -> None:
-        receive = BufferedByteReceiveStream(self.stream)
+        buffer = b""
+        max_line = self.limits.max_line
         while True:
             idle = self.limits.idle_timeout
             try:
                 with anyio.fail_after(idle):
-                    line = await receive.receive_until(b"\n", self.limits.max_line)
-                if len(line) > self.limits.max_line:  # the newline came in the last chunk
-                    raise anyio.DelimiterNotFound(self.limits.max_line)
+                    chunk = await self.stream.receive(1 << 16)
             except TimeoutError:
                 if self.in_flight:  # a blocked wait exempts its connection
                     continue
                 err = IdleTimeout(f"nothing received for {idle:g} s: closing the connection")
-                await self._queue(p.encode(p.error(err)))
+                self._queue(p.encode(p.error(err)))
                 return
-            except anyio.DelimiterNotFound:
+            except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+                return
+            buffer += chunk
+            start = 0
+            while (end := buffer.find(b"\n", start)) >= 0:
+                if end - start > max_line:
+                    break
+                if not self._handle(buffer[start:end], ops):
+                    return
+                start = end + 1
+                await self._backpressure()
+            buffer = buffer[start:]
+            if len(buffer) > max_line:
                 too_long = LineTooLong(
-                    f"request line over {self.limits.max_line:,} bytes: closing the connection"
+                    f"request line over {max_line:,} bytes: closing the connection"
                 )
-                await self._queue(p.encode(p.error(too_long)))
-                return
-            except (anyio.IncompleteRead, anyio.EndOfStream, anyio.BrokenResourceError, OSError):
-                return
-            if not await self._handle(line, ops):
+                self._queue(p.encode(p.error(too_long)))
                 return
 
-    async def _queue(self, data: bytes) -> None:
+    def _queue(self, data: bytes) -> None:
         self.queued_bytes += len(data)
-        await self.send_answer.send(_Answer(data))
-        await self._backpressure()
+        self.answers.append(_Answer(data))
+        self.more.set()
 
     async def _backpressure(self) -> None:
         """Stop reading requests while a slow client leaves too many answers unread."""
-        while self.queued_bytes > self.limits.max_queued_bytes:
+        while self.queued_bytes > self.limits.max_queued_bytes or (
+            len(self.answers) > self.limits.max_in_flight
+        ):
             self.drained = anyio.Event()
             await self.drained.wait()
 
-    async def _handle(self, line: bytes, ops: anyio.abc.TaskGroup) -> bool:
+    def _handle(self, line: bytes, ops: anyio.abc.TaskGroup) -> bool:
         """Answer one line; False closes the connection."""
         hub = self.hub
         hub.requests += 1
         try:
             req = p.decode_request(line)
         except ReplError as exc:
-            await self._queue(p.encode(p.error(exc, p.request_id(line))))
+            self._queue(p.encode(p.error(exc, p.request_id(line))))
             return self.authed
         if not self.authed:
             if isinstance(req, p.Auth) and hmac.compare_digest(req.token.encode(), self.token):
                 self.authed = True
-                await self._queue(p.encode(p.Done(id=req.id)))
+                self._queue(p.encode(p.Done(id=req.id)))
                 return True
             err = Unauthorized("the first request must be auth with the daemon's token")
             if isinstance(req, p.Auth):
                 err = Unauthorized("wrong token: the CLI reads it from the daemon's home")
-            await self._queue(p.encode(p.error(err, req.id)))
+            self._queue(p.encode(p.error(err, req.id)))
             return False
         try:
             answer = self._dispatch(req)
         except Exception as exc:  # every failure becomes an answer, never a crash
-            await self._queue(p.encode(p.error(self._report(exc), req.id)))
+            self._queue(p.encode(p.error(self._report(exc), req.id)))
             return True
         if isinstance(answer, bytes):
-            await self._queue(answer)
+            self._queue(answer)
         else:
             pending = _Answer()
-            await self.send_answer.send(pending)
+            self.answers.append(pending)
+            self.more.set()
             self.in_flight += 1
             ops.start_soon(self._finish, answer, pending, req.id)
         return True
@@ -272,16 +290,30 @@ class Connection:
         return work
 
     async def _write_answers(self, scope: anyio.CancelScope) -> None:
-        async with self.answers:
-            async for answer in self.answers:
-                if answer.done is not None:
-                    await answer.done.wait()
-                if answer.data is None:
-                    continue
-                try:
-                    await self.stream.send(answer.data)
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                    scope.cancel()
+        answers = self.answers
+        while True:
+            if not answers:
+                if self.closed:
                     return
-                self.queued_bytes -= len(answer.data)
-                self.drained.set()
+                self.more = anyio.Event()
+                await self.more.wait()
+                continue
+            head = answers[0]
+            if head.done is not None and not head.done.is_set():
+                await head.done.wait()
+            # everything ready from the front of the queue goes out in one write
+            ready: list[bytes] = []
+            while answers and (answers[0].done is None or answers[0].done.is_set()):
+                data = answers.popleft().data
+                if data is not None:
+                    ready.append(data)
+            if not ready:
+                continue
+            out = b"".join(ready)
+            try:
+                await self.stream.send(out)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                scope.cancel()
+                return
+            self.queued_bytes -= len(out)
+            self.drained.set()

@@ -184,7 +184,12 @@ def test_a_request_sent_byte_by_byte_is_answered(fuzzed: DaemonProc) -> None:
 
 
 def test_no_connection_leaks_after_the_fuzzing(fuzzed: DaemonProc) -> None:
+    fuzzed.close_clients()  # the earlier tests' connections
     c = fuzzed.client()
+    deadline = time.monotonic() + 5
+    while c.ok({"op": "stats"})["daemon"]["connections"] != 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert c.ok({"op": "stats"})["daemon"]["connections"] == 1
     for _ in range(50):
         extra = Client(fuzzed.port, fuzzed.token)
         extra.send_raw(b"\xff\n")
