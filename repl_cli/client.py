@@ -5,9 +5,6 @@ every wake), so this module stays cheap to import: a plain socket,
 msgspec and the shared ``repl_daemon.protocol``, never anyio. It connects
 on first use, sends ``auth`` with the token from the daemon's home, and
 turns error answers and socket failures into ``CliError``.
-
-``DEFAULT_ADDR`` and ``default_home`` repeat ``repl_daemon.main``'s
-(importing that would load anyio); tests/test_cli_errors.py keeps them equal.
 """
 
 from __future__ import annotations
@@ -23,8 +20,8 @@ import msgspec
 
 from repl_cli.errors import USAGE, CliError, ReaderGone, from_wire
 from repl_daemon import protocol as p
+from repl_daemon.locations import DEFAULT_ADDR, default_home, split_addr
 
-DEFAULT_ADDR = "127.0.0.1:7427"
 # how long an ordinary request may take; a wait has no client-side limit
 CALL_TIMEOUT = 30.0
 # a connection quiet this long is replaced before the next request: the
@@ -37,19 +34,14 @@ R = TypeVar("R", bound=p.Response)
 _decode_any = msgspec.json.Decoder().decode
 
 
-def default_home() -> Path:
-    env = os.environ.get("REPL_HOME")
-    if env:
-        return Path(env)
-    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state) / "repl"
+__all__ = ["DEFAULT_ADDR", "Client", "default_home", "parse_addr"]
 
 
 def parse_addr(addr: str) -> tuple[str, int]:
-    host, sep, port = addr.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+    split = split_addr(addr)
+    if split is None:
         raise CliError(f"address {addr!r} is not HOST:PORT (for example {DEFAULT_ADDR})", USAGE)
-    return host.strip("[]"), int(port)
+    return split
 
 
 def _connect(host: str, port: int) -> socket.socket:

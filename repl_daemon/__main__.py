@@ -10,7 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from repl_daemon.main import DEFAULT_ADDR, Config, ConfigError, default_home, parse_addr, run
+from repl_daemon.locations import DEFAULT_ADDR, default_home
+from repl_daemon.main import Config, ConfigError, parse_addr, run
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,13 +20,12 @@ import anyio
 from anyio.abc import TaskStatus
 
 from repl_daemon.hub import Hub
-from repl_daemon.server import Limits, serve
+from repl_daemon.locations import DEFAULT_ADDR, split_addr
+from repl_daemon.server import CannotListen, Limits, serve
 from repl_daemon.store import MemoryStore, Store
 from session.errors import StoreFailed
 
 log = logging.getLogger("repl.daemon")
-
-DEFAULT_ADDR = "127.0.0.1:7427"
 
 
 class ConfigError(Exception):
@@ -46,19 +45,11 @@ class Config:
     announce: bool = False
 
 
-def default_home() -> Path:
-    env = os.environ.get("REPL_HOME")
-    if env:
-        return Path(env)
-    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state) / "repl"
-
-
 def parse_addr(addr: str) -> tuple[str, int]:
-    host, sep, port = addr.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+    split = split_addr(addr)
+    if split is None:
         raise ConfigError(f"address {addr!r} is not HOST:PORT (for example {DEFAULT_ADDR})")
-    return host.strip("[]"), int(port)
+    return split
 
 
 def ensure_token(home: Path) -> str:
@@ -186,4 +177,16 @@ def run(config: Config) -> None:
     # set-up errors surface here, before the event loop, as one clear ConfigError
     ensure_token(config.home)
     store = open_store(config)
-    anyio.run(_run, config, store)
+    try:
+        anyio.run(_run, config, store)
+    except* CannotListen as group:
+        store.close()
+        raise ConfigError(str(_first(group))) from None
+
+
+def _first(group: BaseExceptionGroup[CannotListen]) -> BaseException:
+    """The first exception inside (possibly nested) exception groups."""
+    first: BaseException = group
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    return first

@@ -10,6 +10,7 @@ cancelled, moving no cursor).
 
 from __future__ import annotations
 
+import errno
 import hmac
 import logging
 from collections import deque
@@ -44,6 +45,10 @@ class Limits:
     max_queued_bytes: int = 1 << 20
 
 
+class CannotListen(Exception):
+    """The daemon's address cannot be bound (in use, not local, no permission)."""
+
+
 class _Answer:
     """One answer in the connection's queue: ready bytes, or a task that will set them."""
 
@@ -70,7 +75,13 @@ async def serve(
 ) -> None:
     """Accept connections until cancelled; reports the bound port through ``task_status``."""
     limits = limits or Limits()
-    listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
+    try:
+        listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
+    except OSError as exc:
+        raise CannotListen(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+            + (": is another daemon running there?" if exc.errno == errno.EADDRINUSE else "")
+        ) from None
     bound = listener.extra(anyio.abc.SocketAttribute.local_port)
     secret = token.encode()
 

@@ -142,20 +142,23 @@ def test_a_daemon_that_goes_away_mid_wait_is_status_1(daemon: DaemonProc) -> Non
     assert_one_error_line(stderr.decode())
 
 
-def test_defaults_agree_with_the_daemon(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_the_home_is_repl_home_then_xdg_state_then_local_state(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from repl_daemon import locations
     from repl_daemon import main as daemon_main
 
-    assert cli_client.DEFAULT_ADDR == daemon_main.DEFAULT_ADDR
-    for env in (
-        {"REPL_HOME": str(tmp_path / "h")},
-        {"XDG_STATE_HOME": str(tmp_path / "state")},
-        {},
-    ):
-        for name in ("REPL_HOME", "XDG_STATE_HOME"):
-            monkeypatch.delenv(name, raising=False)
-        for name, value in env.items():
-            monkeypatch.setenv(name, value)
-        assert cli_client.default_home() == daemon_main.default_home()
+    # the CLI and the daemon look in the same place because they share the code
+    assert cli_client.default_home is locations.default_home
+    assert daemon_main.DEFAULT_ADDR == cli_client.DEFAULT_ADDR == "127.0.0.1:7427"
+    for name in ("REPL_HOME", "XDG_STATE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert locations.default_home() == tmp_path / ".local" / "state" / "repl"
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    assert locations.default_home() == tmp_path / "state" / "repl"
+    monkeypatch.setenv("REPL_HOME", str(tmp_path / "h"))
+    assert locations.default_home() == tmp_path / "h"
 
 
 def test_read_loads_neither_anyio_nor_rich_nor_the_daemon(repl: Repl, s: str) -> None:

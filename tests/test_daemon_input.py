@@ -248,3 +248,19 @@ def test_the_daemon_survives_a_client_that_vanishes_mid_request(daemon: DaemonPr
         c.close()
     time.sleep(0.1)
     assert daemon.client().ok({"op": "ping"})
+
+
+def test_an_address_in_use_ends_the_start_with_one_clear_line(daemon: DaemonProc) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "repl_daemon", "--addr", daemon.addr, "--memory"]
+        + ["--home", str(daemon.home / "second")],
+        capture_output=True,
+        timeout=30,
+    )
+    assert proc.returncode == 1
+    last = proc.stderr.decode().strip().splitlines()[-1]
+    assert last == (
+        f"repl daemon: cannot listen on {daemon.addr}: Address already in use: "
+        "is another daemon running there?"
+    )
+    assert b"Traceback" not in proc.stderr
