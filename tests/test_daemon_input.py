@@ -251,9 +251,9 @@ def test_the_daemon_survives_a_client_that_vanishes_mid_request(daemon: DaemonPr
 
 
 def test_an_address_in_use_ends_the_start_with_one_clear_line(daemon: DaemonProc) -> None:
+    second = str(daemon.home / "second")
     proc = subprocess.run(
-        [sys.executable, "-m", "repl_daemon", "--addr", daemon.addr, "--memory"]
-        + ["--home", str(daemon.home / "second")],
+        [sys.executable, "-m", "repl_daemon", "--addr", daemon.addr, "--memory", "--home", second],
         capture_output=True,
         timeout=30,
     )
