@@ -60,11 +60,19 @@ class Row:
             self.figure,
             repl,
             number(self.reference),
-            "" if ratio is None else f"{ratio:.2f}",
+            _ratio_text(ratio, self.goal),
             self.goal.text,
             self.met(),
             number(self.floor),
         ]
+
+
+def _ratio_text(ratio: float | None, goal: Goal) -> str:
+    if ratio is None:
+        return ""
+    # a ratio that rounds onto its bound gets a third decimal, so "no" next to it reads right
+    close = goal.kind in ("ratio_le", "ratio_ge") and abs(ratio - goal.value) < 0.005
+    return f"{ratio:.3f}" if close else f"{ratio:.2f}"
 
 
 def _yes(flag: bool) -> str:

@@ -24,6 +24,7 @@ ROWS = (
     "pipelined sends/s, one client, --memory",
     "pipelined sends/s, one client, durable",
     "daemon CPU over",
+    "idle-timeout period",
     "evaluations over",
     "memory per waiter",
     "fan-out, one send to",
