@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import anyio
@@ -85,15 +86,29 @@ class Hosted:
 class Ticket:
     """The outcome of one commit, shared by every change in its batch."""
 
-    __slots__ = ("done", "error")
+    __slots__ = ("callbacks", "done", "error")
 
     def __init__(self) -> None:
         self.done = anyio.Event()
         self.error: StoreFailed | None = None
+        self.callbacks: list[Callable[[StoreFailed | None], None]] = []
 
     def resolve(self, error: StoreFailed | None = None) -> None:
         self.error = error
         self.done.set()
+        callbacks, self.callbacks = self.callbacks, []
+        for callback in callbacks:
+            try:
+                callback(error)
+            except Exception:  # one connection's trouble must not stop the committer
+                log.exception("a commit callback failed")
+
+    def add_done_callback(self, callback: Callable[[StoreFailed | None], None]) -> None:
+        """Call ``callback(error)`` once the commit is written (or failed); at once if it is."""
+        if self.done.is_set():
+            callback(self.error)
+        else:
+            self.callbacks.append(callback)
 
     async def wait(self) -> None:
         await self.done.wait()

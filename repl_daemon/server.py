@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import hmac
 import logging
+import math
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -21,12 +22,13 @@ import anyio
 from anyio.abc import SocketStream, TaskStatus
 
 from repl_daemon import protocol as p
-from repl_daemon.hub import Hosted, Hub, error_for
+from repl_daemon.hub import Hosted, Hub, Ticket, error_for
 from repl_daemon.shared import SharedHub
 from session.errors import (
     IdleTimeout,
     LineTooLong,
     ReplError,
+    StoreFailed,
     TooMany,
     Unauthorized,
 )
@@ -50,18 +52,23 @@ class CannotListen(Exception):
 
 
 class _Answer:
-    """One answer in the connection's queue: ready bytes, or a task that will set them."""
+    """One answer in a connection's queue: its bytes, or a place for them until ready."""
 
-    __slots__ = ("data", "done")
+    __slots__ = ("data", "ready")
 
     def __init__(self, data: bytes | None = None) -> None:
         self.data = data
-        self.done: anyio.Event | None = None if data is not None else anyio.Event()
+        self.ready = data is not None
 
-    def set(self, data: bytes | None) -> None:
-        self.data = data
-        assert self.done is not None
-        self.done.set()
+
+class _AfterCommit:
+    """An answer to send once the commit its change is in has been written."""
+
+    __slots__ = ("answer", "ticket")
+
+    def __init__(self, ticket: Ticket, answer: p.Response) -> None:
+        self.ticket = ticket
+        self.answer = answer
 
 
 async def serve(
@@ -115,11 +122,13 @@ async def _send_quietly(stream: SocketStream, data: bytes) -> None:
 
 
 class Connection:
-    """One client: a reader (requests, in order) and a writer (answers, in the same order).
+    """One client: requests read in order, answers written in the same order.
 
-    Answers wait in ``answers``; the writer sends every answer that is ready
-    in one write, so a pipelining client costs one system call per batch,
-    not per answer.
+    There is no writer task: whoever makes the answer at the front of the
+    queue ready (the reader, a finished wait, a commit) flushes every ready
+    answer in one write. So a pipelining client costs one system call per
+    batch, and a blocked waiter costs one task (its wait) and no timer: the
+    idle deadline is lifted while a wait is in flight.
     """
 
     def __init__(self, hub: Hub, stream: SocketStream, token: bytes, limits: Limits) -> None:
@@ -131,58 +140,72 @@ class Connection:
         self.in_flight = 0
         self.answers: deque[_Answer] = deque()
         self.queued_bytes = 0
-        self.closed = False
+        self.flushing = False
+        self.flush_soon = False
         self.shared = hub if isinstance(hub, SharedHub) else None
-        self.more = anyio.Event()  # the writer sleeps on it when nothing is queued
-        self.drained = anyio.Event()  # the reader sleeps on it when too much is queued
+        self.drained: anyio.Event | None = None  # exists only while the reader waits on it
+        self.idle = anyio.CancelScope()
+        self.ops: anyio.abc.TaskGroup | None = None
 
     async def run(self) -> None:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._write_answers, tg.cancel_scope)
-            async with anyio.create_task_group() as ops:
-                await self._read_requests(ops)
-                # the client is gone or done: waits are for nobody now
+        async with anyio.create_task_group() as ops:
+            self.ops = ops
+            try:
+                await self._read_requests()
+            finally:
+                # the client is gone or done: its waits are for nobody now
                 ops.cancel_scope.cancel()
-            self.closed = True
-            self.more.set()
+        self.ops = None  # a commit that ends after this has nowhere to write
+        with anyio.move_on_after(1, shield=True):
+            await self._flush()  # what was answered before the end (an idle or too-long error)
 
-    async def _read_requests(self, ops: anyio.abc.TaskGroup) -> None:
+    async def _read_requests(self) -> None:
         buffer = b""
         max_line = self.limits.max_line
+        idle = self.limits.idle_timeout
         while True:
-            idle = self.limits.idle_timeout
-            try:
-                with anyio.fail_after(idle):
-                    chunk = await self.stream.receive(1 << 16)
-            except TimeoutError:
-                if self.in_flight:  # a blocked wait exempts its connection
-                    continue
-                err = IdleTimeout(f"nothing received for {idle:g} s: closing the connection")
-                self._queue(p.encode(p.error(err)))
-                return
-            except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
-                return
-            buffer += chunk
-            start = 0
-            while (end := buffer.find(b"\n", start)) >= 0:
-                if end - start > max_line:
-                    break
-                if not self._handle(buffer[start:end], ops):
-                    return
-                start = end + 1
-                await self._backpressure()
-            buffer = buffer[start:]
-            if len(buffer) > max_line:
-                too_long = LineTooLong(
-                    f"request line over {max_line:,} bytes: closing the connection"
-                )
-                self._queue(p.encode(p.error(too_long)))
-                return
+            with anyio.CancelScope(deadline=anyio.current_time() + idle) as scope:
+                self.idle = scope
+                if self.in_flight:
+                    scope.deadline = math.inf
+                while True:
+                    try:
+                        chunk = await self.stream.receive(1 << 16)
+                    except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+                        return
+                    buffer += chunk
+                    start = 0
+                    while (end := buffer.find(b"\n", start)) >= 0:
+                        if end - start > max_line:
+                            break
+                        if not self._handle(buffer[start:end]):
+                            return
+                        start = end + 1
+                        if len(self.answers) > self.limits.max_in_flight:
+                            await self._backpressure()
+                    buffer = buffer[start:]
+                    if len(buffer) > max_line:
+                        too_long = LineTooLong(
+                            f"request line over {max_line:,} bytes: closing the connection"
+                        )
+                        self._queue(p.encode(p.error(too_long)))
+                        return
+                    await self._flush()
+                    await self._backpressure()
+                    if not self.in_flight:
+                        # move the deadline only when it has gone stale: each move costs a timer
+                        now = anyio.current_time()
+                        if scope.deadline - now < idle * 0.9:
+                            scope.deadline = now + idle
+            if self.in_flight:  # a blocked wait exempts its connection
+                continue
+            err = IdleTimeout(f"nothing received for {idle:g} s: closing the connection")
+            self._queue(p.encode(p.error(err)))
+            return
 
     def _queue(self, data: bytes) -> None:
         self.queued_bytes += len(data)
         self.answers.append(_Answer(data))
-        self.more.set()
 
     async def _backpressure(self) -> None:
         """Stop reading requests while a slow client leaves too many answers unread."""
@@ -190,9 +213,56 @@ class Connection:
             len(self.answers) > self.limits.max_in_flight
         ):
             self.drained = anyio.Event()
-            await self.drained.wait()
+            await self._flush()
+            if self.queued_bytes > self.limits.max_queued_bytes or (
+                len(self.answers) > self.limits.max_in_flight
+            ):
+                await self.drained.wait()
+        self.drained = None
 
-    def _handle(self, line: bytes, ops: anyio.abc.TaskGroup) -> bool:
+    async def _flush(self) -> None:
+        """Write every ready answer at the front of the queue, in one write per pass."""
+        if self.flushing:
+            return  # the flush in progress picks up what became ready meanwhile
+        self.flushing = True
+        answers = self.answers
+        try:
+            while answers and answers[0].ready:
+                ready: list[bytes] = []
+                while answers and answers[0].ready:
+                    data = answers.popleft().data
+                    if data is not None:
+                        ready.append(data)
+                if not ready:
+                    continue
+                out = b"".join(ready)
+                await self.stream.send(out)
+                self.queued_bytes -= len(out)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            answers.clear()  # the client is gone; its reader sees the end too
+            self.queued_bytes = 0
+        finally:
+            self.flushing = False
+            if self.drained is not None:
+                self.drained.set()
+
+    def _ready(self, pending: _Answer, data: bytes | None) -> None:
+        """An answer that was waiting is ready: flush it, from a task if need be."""
+        pending.data = data
+        pending.ready = True
+        if data is not None:
+            self.queued_bytes += len(data)
+        if self.ops is None:
+            return
+        if self.answers and self.answers[0] is pending and not self.flush_soon:
+            self.flush_soon = True
+            self.ops.start_soon(self._flush_from_task)
+
+    async def _flush_from_task(self) -> None:
+        self.flush_soon = False
+        await self._flush()
+
+    def _handle(self, line: bytes) -> bool:
         """Answer one line; False closes the connection."""
         hub = self.hub
         hub.requests += 1
@@ -218,12 +288,22 @@ class Connection:
             return True
         if isinstance(answer, bytes):
             self._queue(answer)
-        else:
-            pending = _Answer()
-            self.answers.append(pending)
-            self.more.set()
-            self.in_flight += 1
-            ops.start_soon(self._finish, answer, pending, req.id)
+            return True
+        pending = _Answer()
+        self.answers.append(pending)
+        if isinstance(answer, _AfterCommit):
+            rid, reply = req.id, answer.answer
+
+            def committed(error: StoreFailed | None) -> None:
+                data = p.encode(reply) if error is None else p.encode(p.error(error, rid))
+                self._ready(pending, data)
+
+            answer.ticket.add_done_callback(committed)
+            return True
+        assert self.ops is not None
+        self.in_flight += 1
+        self.idle.deadline = math.inf
+        self.ops.start_soon(self._finish, answer, pending, req.id)
         return True
 
     def _report(self, exc: BaseException) -> ReplError:
@@ -244,12 +324,18 @@ class Connection:
             data = p.encode(p.error(self._report(exc), rid))
         finally:
             self.in_flight -= 1
+            if not self.in_flight:
+                self.idle.deadline = anyio.current_time() + self.limits.idle_timeout
+            pending.data = data
+            pending.ready = True
             if data is not None:
                 self.queued_bytes += len(data)
-            pending.set(data)
+        await self._flush()
 
-    def _dispatch(self, req: p.AnyRequest) -> bytes | Callable[[], Awaitable[p.Response]]:
-        """Run a request against the hub: bytes now, or work to await."""
+    def _dispatch(
+        self, req: p.AnyRequest
+    ) -> bytes | _AfterCommit | Callable[[], Awaitable[p.Response]]:
+        """Run a request against the hub: bytes now, bytes after a commit, or work to await."""
         hub = self.hub
         if self.shared is not None:
             shared = self.shared
@@ -287,44 +373,8 @@ class Connection:
                 return p.encode(p.Done(id=req.id))
         raise AssertionError(f"unhandled op {req!r}")  # pragma: no cover
 
-    def _after_commit(
-        self, hosted: Hosted, answer: p.Response
-    ) -> bytes | Callable[[], Awaitable[p.Response]]:
+    def _after_commit(self, hosted: Hosted, answer: p.Response) -> bytes | _AfterCommit:
         ticket = self.hub.changed(hosted)
         if ticket is None:
             return p.encode(answer)
-
-        async def work() -> p.Response:
-            await ticket.wait()
-            return answer
-
-        return work
-
-    async def _write_answers(self, scope: anyio.CancelScope) -> None:
-        answers = self.answers
-        while True:
-            if not answers:
-                if self.closed:
-                    return
-                self.more = anyio.Event()
-                await self.more.wait()
-                continue
-            head = answers[0]
-            if head.done is not None and not head.done.is_set():
-                await head.done.wait()
-            # everything ready from the front of the queue goes out in one write
-            ready: list[bytes] = []
-            while answers and (answers[0].done is None or answers[0].done.is_set()):
-                data = answers.popleft().data
-                if data is not None:
-                    ready.append(data)
-            if not ready:
-                continue
-            out = b"".join(ready)
-            try:
-                await self.stream.send(out)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                scope.cancel()
-                return
-            self.queued_bytes -= len(out)
-            self.drained.set()
+        return _AfterCommit(ticket, answer)
