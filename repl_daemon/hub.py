@@ -20,11 +20,12 @@ read and the sleep still wakes it; a blocked wait does no work at all.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from contextlib import AbstractContextManager
 
 import anyio
 
@@ -48,8 +49,21 @@ from session.session import Session, Snapshot, check_cursor_name, check_session_
 log = logging.getLogger("repl.daemon")
 
 
+_second: list[tuple[int, str]] = [(-1, "")]
+
+
 def utc_now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """Now as ISO 8601 UTC with milliseconds, e.g. ``2026-11-30T07:00:00.123Z``.
+
+    Every send stamps one; formatting the date once a second keeps it cheap.
+    """
+    now = time.time()
+    second = int(now)
+    cached, prefix = _second[0]
+    if cached != second:
+        prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        _second[0] = (second, prefix)
+    return f"{prefix}.{int((now - second) * 1000):03d}Z"
 
 
 class Waiter:
@@ -452,7 +466,13 @@ class Hub:
         waiter = Waiter()
         self.waiting += 1
         try:
-            with anyio.move_on_after(None if req.timeout_ms is None else req.timeout_ms / 1000):
+            # a wait without a timeout needs no cancel scope (it costs memory per waiter)
+            deadline: AbstractContextManager[object] = (
+                contextlib.nullcontext()
+                if req.timeout_ms is None
+                else anyio.move_on_after(req.timeout_ms / 1000)
+            )
+            with deadline:
                 while True:
                     # subscribe before reading: a firing in between still sets this event
                     waiter.event = anyio.Event()

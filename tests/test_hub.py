@@ -98,3 +98,18 @@ async def test_evaluations_do_not_move_while_a_wait_blocks() -> None:
         await anyio.sleep(0.2)
         assert hub.sessions["a"].session.evaluations == before
         tg.cancel_scope.cancel()
+
+
+def test_utc_now_is_iso_8601_utc_with_milliseconds() -> None:
+    import re
+    from datetime import UTC, datetime
+
+    from repl_daemon.hub import utc_now
+
+    for _ in range(1000):
+        before = datetime.now(UTC).replace(tzinfo=None)
+        stamp = utc_now()
+        after = datetime.now(UTC).replace(tzinfo=None)
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", stamp), stamp
+        parsed = datetime.fromisoformat(stamp[:-1])
+        assert before.replace(microsecond=before.microsecond // 1000 * 1000) <= parsed <= after
