@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +124,17 @@ def _run_crowd(d: DaemonProc, sizes: dict[str, int], rounds: int) -> dict[str, A
     return figures
 
 
-def test_a_well_behaved_client_is_served_among_a_thousand_others(daemon: DaemonProc) -> None:
+@pytest.fixture
+def roomy(tmp_path: Path) -> Iterator[DaemonProc]:
+    """A memory daemon whose idle timeout outlasts the crowd (the stallers must stay)."""
+    d = DaemonProc(tmp_path / "home", "--memory", "--settle-ms", "0", "--idle-timeout", "120")
+    yield d
+    d.close_clients()
+    d.stop()
+
+
+def test_a_well_behaved_client_is_served_among_a_thousand_others(roomy: DaemonProc) -> None:
+    daemon = roomy
     sizes = {"waiters": 600, "slow": 100, "stallers": 200, "vanishers": 100}
     figures = _run_crowd(daemon, sizes, rounds=300)
     held = sizes["waiters"] + sizes["slow"] + sizes["stallers"]
@@ -139,7 +150,8 @@ def test_a_well_behaved_client_is_served_among_a_thousand_others(daemon: DaemonP
 
 
 @pytest.mark.slow
-def test_a_long_crowd(daemon: DaemonProc) -> None:
+def test_a_long_crowd(roomy: DaemonProc) -> None:
+    daemon = roomy
     sizes = {"waiters": 3000, "slow": 300, "stallers": 500, "vanishers": 1000}
     _run_crowd(daemon, sizes, rounds=3000)
 
