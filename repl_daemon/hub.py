@@ -78,19 +78,38 @@ class Waiter:
 class Hosted:
     """A session as the daemon hosts it: the core plus its durability and waiters."""
 
-    __slots__ = ("dirty", "keys", "persisted", "reset", "session", "stopped", "visible", "waiters")
+    __slots__ = (
+        "dirty",
+        "keys",
+        "persisted",
+        "registry",
+        "reset",
+        "session",
+        "stopped",
+        "visible",
+        "waiters",
+    )
 
-    def __init__(self, session: Session, *, new: bool) -> None:
+    def __init__(self, session: Session, *, new: bool, registry: dict[str, Hosted]) -> None:
         self.session = session
+        # the hub's sessions with changes not yet handed to the store
+        self.registry = registry
         # the newest seq that readers may see: durable, or everything in memory
         self.visible = session.head
         # the head as last handed to the store
         self.persisted = session.head
-        self.dirty = new
+        self.dirty = False
         self.reset = new
         self.keys: list[tuple[str, int]] = []
         self.stopped = False
         self.waiters: set[Waiter] = set()
+        if new:
+            self.mark()
+
+    def mark(self) -> None:
+        """Note a change for the next commit (the committer visits only marked sessions)."""
+        self.dirty = True
+        self.registry[self.session.id] = self
 
     def notify(self) -> None:
         for waiter in self.waiters:
@@ -153,6 +172,7 @@ class Hub:
         #: set once the daemon is closing and the last waiter has been answered
         self.no_waiters = anyio.Event()
         self._gone: dict[str, Hosted] = {}
+        self._dirty: dict[str, Hosted] = {}
         self._pending = Ticket()
         self._wake = anyio.Event()
         self._commit_lock = anyio.Lock()
@@ -208,9 +228,12 @@ class Hub:
         for session_id in self._gone:
             batch.append(SessionDelta(session_id, gone=True))
         self._gone.clear()
-        for hosted in self.sessions.values():
-            if not hosted.dirty:
-                continue
+        # the dict itself stays: every Hosted holds it to mark itself
+        marked = list(self._dirty.items())
+        self._dirty.clear()
+        for session_id, hosted in marked:
+            if not hosted.dirty or self.sessions.get(session_id) is not hosted:
+                continue  # written already, or stopped (then it is in _gone)
             batch.append(self._delta(hosted))
             written.append(hosted)
         return batch, written
@@ -236,13 +259,14 @@ class Hub:
             keys=keys,
         )
         hosted.dirty = hosted.reset = False
+        self._dirty.pop(session.id, None)
         hosted.keys = []
         hosted.persisted = ring.head
         return delta
 
     def _roll_back(self, touched: set[str], failure: StoreFailed) -> None:
         """Undo everything not durable: the failed batch and the changes made since."""
-        touched.update(i for i, h in self.sessions.items() if h.dirty)
+        touched.update(i for i, h in self._dirty.items() if h.dirty)
         touched.update(self._gone)
         self._gone.clear()
         pending, self._pending = self._pending, Ticket()
@@ -254,7 +278,8 @@ class Hub:
                 log.error("cannot reload %s after a failed write: %s", session_id, exc)
                 hosted = self.sessions.get(session_id)
                 if hosted is not None:
-                    hosted.dirty = hosted.reset = True
+                    hosted.reset = True
+                    hosted.mark()
                 continue
             self._replace(session_id, snapshot)
 
@@ -271,7 +296,7 @@ class Hub:
             hosted.notify()
 
     def _host(self, session: Session, *, new: bool) -> Hosted:
-        hosted = self.sessions[session.id] = Hosted(session, new=new)
+        hosted = self.sessions[session.id] = Hosted(session, new=new, registry=self._dirty)
         return hosted
 
     def _retire(self, hosted: Hosted) -> None:
@@ -286,7 +311,7 @@ class Hub:
         change cannot slip into a batch that was already taken.
         """
         if hosted is not None:
-            hosted.dirty = True
+            hosted.mark()
             if not self._durable:
                 hosted.visible = hosted.session.head
                 hosted.notify()
@@ -402,7 +427,7 @@ class Hub:
             cursor = "read" if req.cursor is None else req.cursor
             batch = session.read(cursor, req.max, visible, touch=not req.peek)
             if not req.peek:
-                hosted.dirty = True  # the cursor's last use; written with the next batch
+                hosted.mark()  # the cursor's last use; written with the next batch
         return p.Firings(id=req.id, next=batch.next, lost=batch.lost, firings=batch.firings)
 
     def ack(self, req: p.Ack) -> tuple[Hosted, p.Acked]:
@@ -519,7 +544,7 @@ class Hub:
                 raise AckAfterHead(f"cannot ack {seq}: head is {head}")
         for hosted, seq in acked:
             hosted.session.ack(req.cursor, seq, self._visible(hosted))
-            hosted.dirty = True
+            hosted.mark()
         if acked:
             await self._commit()
 

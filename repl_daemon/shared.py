@@ -53,7 +53,7 @@ R = TypeVar("R", bound=p.Response)
 def _changed(result: tuple[Hosted, R]) -> R:
     """Mark the session of a changing op dirty, so that ``_op`` writes it."""
     hosted, answer = result
-    hosted.dirty = True
+    hosted.mark()
     return answer
 
 
