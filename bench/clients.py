@@ -126,7 +126,7 @@ async def redis_connection(port: int) -> Any:
     from redis.asyncio.connection import Connection
 
     conn = Connection(host=HOST, port=port, socket_timeout=None)
-    await conn.connect()
+    await conn.connect()  # type: ignore[no-untyped-call]
     return conn
 
 

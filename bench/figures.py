@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -66,6 +66,12 @@ class Sizes:
     cli_runs: int = 20
     restart_sessions: int = 1_000
     restart_firings: int = 256
+    # several daemons on one Redis (bench/scaleout.py)
+    scale_wakes: int = 1_000
+    scale_clients: int = 6  # split evenly over 1, 2 or 3 daemons
+    scale_sends: int = 6_000  # in all, per configuration (the Redis path does ~1-3k/s)
+    scale_batch: int = 100  # requests each client writes before reading their answers
+    scale_redis_sends: int = 60_000  # XADDs in all for the Redis-alone reference
     deadline_s: float = 600.0
 
 
@@ -89,6 +95,10 @@ QUICK = Sizes(
     cli_runs=3,
     restart_sessions=10,
     restart_firings=32,
+    scale_wakes=20,
+    scale_sends=300,
+    scale_batch=25,
+    scale_redis_sends=1_200,
     deadline_s=60.0,
 )
 
@@ -103,6 +113,8 @@ class Setup:
     store_missing: bool
     cli: Path | None
     notes: list[str]
+    # the second table's rows (bench/scaleout.py), by key
+    scale: dict[str, Any] = field(default_factory=dict)
 
     def dir(self, name: str) -> Path:
         path = self.workdir / name

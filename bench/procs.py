@@ -155,7 +155,11 @@ class Child:
 
 
 class Daemon(Child):
-    """``python -m repl_daemon`` on port 0 with a fresh (or kept) home."""
+    """``python -m repl_daemon`` on port 0 with a fresh (or kept) home.
+
+    ``store`` (a ``redis://`` URL) shares sessions with the other daemons on
+    that Redis instead of keeping them in the home's SQLite file.
+    """
 
     name = "daemon"
 
@@ -166,18 +170,22 @@ class Daemon(Child):
         memory: bool,
         settle_ms: int = 0,
         max_connections: int | None = None,
+        store: str | None = None,
     ) -> None:
         super().__init__(workdir)
         self.home = workdir / "home"
         self.memory = memory
         self.settle_ms = settle_ms
         self.max_connections = max_connections
+        self.store = store
 
     def argv(self) -> list[str]:
         argv = [sys.executable, "-m", "repl_daemon", "--addr", f"{HOST}:0"]
         argv += ["--home", str(self.home), "--settle-ms", str(self.settle_ms)]
         if self.memory:
             argv.append("--memory")
+        if self.store is not None:
+            argv += ["--store", self.store]
         if self.max_connections is not None:
             argv += ["--max-connections", str(self.max_connections)]
         return argv
@@ -228,6 +236,11 @@ class RedisServer(Child):
         else:
             argv += ["--appendonly", "no"]
         return argv
+
+    @property
+    def url(self) -> str:
+        """The ``redis://`` URL of database 0, for a daemon's ``--store``."""
+        return f"redis://{HOST}:{self.port}/0"
 
     def start(self) -> Self:
         """Start on a free port and wait for PONG (a few tries: the port may be taken)."""

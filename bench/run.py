@@ -1,4 +1,8 @@
-"""Run the benchmark and print its one table: ``python -m bench [--quick]``.
+"""Run the benchmark and print its tables: ``python -m bench [--quick] [--only GROUPS]``.
+
+The main table compares one daemon with Redis Streams and the floor; the
+``scaleout`` group prints a second one, several daemons sharing sessions
+through one Redis (bench/scaleout.py).
 
 Also runs as a script, ``python bench/run.py``, with the project's Python
 (the one that has repl installed). Each figure group starts its own
@@ -26,17 +30,23 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as `python bench/run.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import scaleout
 from bench.figures import FULL, GROUPS, QUICK, RUNNERS, Setup, blank_rows
 from bench.procs import raise_nofile
 from bench.table import render
 
+# the main table's groups, then the scale-out group, whose rows are a second table
+ALL_GROUPS = [*GROUPS, "scaleout"]
+ALL_RUNNERS = {**RUNNERS, "scaleout": scaleout.scaleout}
+
 REDIS_HINT = (
-    "redis-server not found: the reference column is empty. "
+    "redis-server not found: the reference column and the scale-out rows are empty. "
     "Install it with `apt-get install redis-server` (Debian/Ubuntu; "
     "do not start it as a service, the benchmark starts its own)."
 )
 REDIS_PY_HINT = (
-    "the `redis` Python package is missing: the reference column is empty. "
+    "the `redis` Python package is missing: the reference column and the scale-out rows "
+    "are empty. "
     "Install the bench extra: `pip install -e '.[bench]'`."
 )
 
@@ -49,7 +59,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--only",
         default=None,
-        help=f"comma-separated groups to run (default all): {', '.join(GROUPS)}",
+        help=f"comma-separated groups to run (default all): {', '.join(ALL_GROUPS)}",
     )
     parser.add_argument(
         "--redis-server",
@@ -129,10 +139,10 @@ def machine(redis_exe: str | None, workdir: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sizes = QUICK if args.quick else FULL
-    groups = list(GROUPS) if args.only is None else args.only.split(",")
-    unknown = [g for g in groups if g not in GROUPS]
+    groups = ALL_GROUPS if args.only is None else args.only.split(",")
+    unknown = [g for g in groups if g not in ALL_GROUPS]
     if unknown:
-        print(f"unknown group(s) {', '.join(unknown)}; known: {', '.join(GROUPS)}")
+        print(f"unknown group(s) {', '.join(unknown)}; known: {', '.join(ALL_GROUPS)}")
         return 64
     # this process holds one socket per waiter; each server holds the other end
     limit = raise_nofile(sizes.idle_waiters * 2 + 1_000)
@@ -154,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     rows = blank_rows(sizes)
     by_key = {row.key: row for row in rows}
+    scale_rows = scaleout.blank_rows(sizes)
+    setup.scale.update((row.key, row) for row in scale_rows)
     failed = []
     header = machine(redis_exe, workdir)
     started = time.monotonic()
@@ -162,26 +174,39 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.monotonic()
             print(f"... {group}", file=sys.stderr, flush=True)
             try:
-                RUNNERS[group](setup, by_key)
+                ALL_RUNNERS[group](setup, by_key)
             except Exception as exc:
                 failed.append(group)
                 traceback.print_exc()
                 notes.append(f"error in {group}: {type(exc).__name__}: {exc}")
-                for key in GROUPS[group]:
+                for key in GROUPS.get(group, ()):
                     if by_key[key].repl is None and by_key[key].missing is None:
                         by_key[key].missing = "error"
+                if group == "scaleout":
+                    for scale_row in scale_rows:
+                        if 1 not in scale_row.values and scale_row.missing is None:
+                            scale_row.missing = "error"
             print(f"    {group}: {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
-    shown = [row for row in rows if any(row.key in GROUPS[g] for g in groups)]
+    shown = [row for row in rows if any(row.key in GROUPS.get(g, ()) for g in groups)]
     mode = "quick" if args.quick else "full"
     print(f"repl benchmark ({mode}, {time.monotonic() - started:.0f} s)")
     for line in header:
         print(line)
     print()
-    print(render(shown))
-    print()
+    if shown:
+        print(render(shown))
+        print()
+    if "scaleout" in groups:
+        print(
+            "scale-out: daemons sharing sessions through one Redis (persistence off, "
+            "settle 0); ratios are N daemons / 1 daemon"
+        )
+        print()
+        print(scaleout.render(scale_rows))
+        print()
     notes.append("load average at end: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     if setup.store_missing:
         notes.append("durable rows: repl_daemon.sqlite_store does not exist yet")

@@ -1,8 +1,9 @@
-"""The benchmark runs end to end in its quick mode and prints its whole table.
+"""The benchmark runs end to end in its quick mode and prints both its tables.
 
 No timing is asserted (figures belong in the table, not in tests): only that
 every row is there, that its numbers parse, and that without redis-server
-the reference column is left empty and the install hint is printed.
+the reference column and the scale-out rows that need Redis are left empty
+and the install hint is printed.
 """
 
 from __future__ import annotations
@@ -34,8 +35,41 @@ ROWS = (
 )
 COLUMNS = ["figure", "repl", "reference", "ratio", "goal", "met?", "floor"]
 
+# the second table: several daemons on one Redis (bench/scaleout.py)
+SCALE_ROWS = (
+    "wake p50 (settle 0), µs; 2: waiter on B",
+    "wake p99 (settle 0), µs; 2: waiter on B",
+    "wake p50 (settle 0), µs; one daemon, --memory",
+    "wake p99 (settle 0), µs; one daemon, --memory",
+    "wake p50 (settle 0), µs; one daemon, SQLite",
+    "wake p99 (settle 0), µs; one daemon, SQLite",
+    "pipelined sends/s, 6 clients, one shared session",
+    "sends refused (store_failed), one shared session",
+    "commit attempts (EVALSHA) per send, one shared session",
+    "session reloads (MULTI/EXEC) per send, one shared session",
+    "daemons' CPU per send, µs, one shared session",
+    "redis-server CPU per send, µs, one shared session",
+    "pipelined sends/s, 6 clients, one session per daemon",
+    "daemons' CPU per send, µs, one session per daemon",
+    "redis-server CPU per send, µs, one session per daemon",
+)
+SCALE_COLUMNS = ["figure", "1 daemon", "2 daemons", "3 daemons", "2 / 1", "3 / 1", "Redis alone"]
+# rows measured with one daemon only, without Redis
+CONTEXT = ("one daemon, --memory", "one daemon, SQLite")
 
-def run_quick(*extra: str) -> tuple[str, list[dict[str, str]]]:
+
+def parse_table(lines: list[str], columns: list[str]) -> list[dict[str, str]]:
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    assert header == columns
+    rows = []
+    for line in lines[2:]:  # after the header and its rule
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        rows.append(dict(zip(columns, cells, strict=True)))
+    return rows
+
+
+def run_quick(*extra: str) -> tuple[str, list[dict[str, str]], list[dict[str, str]]]:
+    """The output, the main table's rows and the scale-out table's rows."""
     done = subprocess.run(
         [sys.executable, "-m", "bench", "--quick", *extra],
         cwd=ROOT,
@@ -44,14 +78,16 @@ def run_quick(*extra: str) -> tuple[str, list[dict[str, str]]]:
         timeout=100,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    table = [line for line in done.stdout.splitlines() if line.startswith("|")]
-    header = [cell.strip() for cell in table[0].strip("|").split("|")]
-    assert header == COLUMNS
-    rows = []
-    for line in table[2:]:  # after the header and its rule
-        cells = [cell.strip() for cell in line.strip("|").split("|")]
-        rows.append(dict(zip(COLUMNS, cells, strict=True)))
-    return done.stdout, rows
+    tables: list[list[str]] = []
+    previous = ""
+    for line in done.stdout.splitlines():
+        if line.startswith("|"):
+            if not previous.startswith("|"):
+                tables.append([])
+            tables[-1].append(line)
+        previous = line
+    assert len(tables) == 2, done.stdout
+    return done.stdout, parse_table(tables[0], COLUMNS), parse_table(tables[1], SCALE_COLUMNS)
 
 
 def parse_number(cell: str) -> float:
@@ -73,16 +109,39 @@ def check_rows(rows: list[dict[str, str]]) -> None:
         assert row["met?"] in ("yes", "no", "n/a"), row
 
 
-@pytest.mark.timeout(120)
+def check_scale_rows(rows: list[dict[str, str]], *, redis: bool) -> None:
+    assert len(rows) == len(SCALE_ROWS)
+    for fragment, row in zip(SCALE_ROWS, rows, strict=True):
+        assert fragment in row["figure"], (fragment, row)
+        cells = [row[column] for column in SCALE_COLUMNS[1:]]
+        if any(context in row["figure"] for context in CONTEXT):
+            # one daemon without Redis: measured either way, nothing to compare
+            parse_number(row["1 daemon"])
+            assert cells[1:] == [""] * 5, row
+        elif redis:
+            for cell in cells:
+                if cell:
+                    parse_number(cell)
+            for column in ("1 daemon", "2 daemons"):
+                parse_number(row[column])
+            if not row["figure"].startswith("wake"):
+                parse_number(row["3 daemons"])
+        else:
+            assert cells == ["n/a (no redis-server)"] + [""] * 5, row
+
+
+@pytest.mark.timeout(150)
 def test_quick_benchmark_prints_every_row_with_numbers() -> None:
-    _out, rows = run_quick()
+    _out, rows, scale = run_quick()
     check_rows(rows)
+    check_scale_rows(scale, redis=True)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(150)
 def test_without_redis_server_the_reference_column_is_empty_and_the_hint_printed() -> None:
-    out, rows = run_quick("--redis-server", "/nonexistent/redis-server")
+    out, rows, scale = run_quick("--redis-server", "/nonexistent/redis-server")
     check_rows(rows)
+    check_scale_rows(scale, redis=False)
     assert "apt-get install redis-server" in out
     for row in rows:
         if "Redis" in row["goal"]:
