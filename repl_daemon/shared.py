@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import anyio
 
@@ -44,7 +45,7 @@ from session.session import Session, check_session_id
 log = logging.getLogger("repl.daemon")
 
 T = TypeVar("T")
-MAX_RETRIES = 50
+MAX_RETRIES = 100
 
 
 R = TypeVar("R", bound=p.Response)
@@ -57,6 +58,26 @@ def _changed(result: tuple[Hosted, R]) -> R:
     return answer
 
 
+class _Queued:
+    """An operation waiting for its session's next batch."""
+
+    __slots__ = ("apply", "done", "error", "result")
+
+    def __init__(self, apply: Callable[[], object]) -> None:
+        self.apply = apply
+        self.done = False
+        self.result: object = None
+        self.error: Exception | None = None
+
+
+def _attempt(apply: Callable[[], object]) -> tuple[object, Exception | None]:
+    """Run one queued operation; its error is its own, not the batch's."""
+    try:
+        return apply(), None
+    except Exception as exc:
+        return None, exc
+
+
 class SharedHub(Hub):
     """A Hub whose sessions live in a store that other daemons write too."""
 
@@ -66,6 +87,7 @@ class SharedHub(Hub):
         self.versions: dict[str, int] = {}
         self.link_error: StoreFailed | None = None
         self._locks: dict[str, anyio.Lock] = {}
+        self._queues: dict[str, list[_Queued]] = {}
 
     # -- life --------------------------------------------------------------
 
@@ -139,13 +161,30 @@ class SharedHub(Hub):
         return self.sessions[session_id]
 
     async def _op(self, session_id: str, apply: Callable[[], T]) -> T:
-        """Refresh, apply, and write under the stored version; again on a conflict."""
+        """Run ``apply`` on a fresh copy and write it under the stored version.
+
+        Operations on one session queue up while one batch of them is on its
+        way to Redis; the next holder of the session's lock runs every queued
+        operation as one batch: one refresh, one commit. On a conflict the
+        whole batch runs again on the reloaded copy, after a short random
+        back-off so that daemons contending for a session take turns.
+        """
+        queued = _Queued(apply)
+        self._queues.setdefault(session_id, []).append(queued)
         async with self._lock(session_id):
-            for _ in range(MAX_RETRIES):
+            if not queued.done:
+                await self._run_batch(session_id, self._queues.pop(session_id, []))
+        if queued.error is not None:
+            raise queued.error
+        return cast(T, queued.result)
+
+    async def _run_batch(self, session_id: str, batch: list[_Queued]) -> None:
+        try:
+            for attempt in range(MAX_RETRIES):
                 hosted = await self.refresh(session_id)
-                result = apply()
+                outcomes = [_attempt(queued.apply) for queued in batch]
                 if not hosted.dirty:
-                    return result
+                    break
                 delta = self._delta(hosted)
                 try:
                     version = await anyio.to_thread.run_sync(
@@ -153,6 +192,7 @@ class SharedHub(Hub):
                     )
                 except Conflict:
                     self.versions.pop(session_id, None)
+                    await anyio.sleep(random.uniform(0, min(0.05, 0.0005 * 2**attempt)))
                     continue
                 except StoreFailed:
                     self.versions.pop(session_id, None)  # the copy is ahead: reload it
@@ -160,8 +200,17 @@ class SharedHub(Hub):
                 self.versions[session_id] = version
                 hosted.visible = hosted.session.head
                 hosted.notify()
-                return result
-        raise StoreFailed(f"session {session_id!r} changed elsewhere {MAX_RETRIES} times in a row")
+                break
+            else:
+                raise StoreFailed(
+                    f"session {session_id!r} changed elsewhere {MAX_RETRIES} times in a row"
+                )
+        except Exception as exc:  # the batch as a whole failed: every op in it did
+            for queued in batch:
+                queued.done, queued.error = True, exc
+            return
+        for queued, (result, error) in zip(batch, outcomes, strict=True):
+            queued.done, queued.result, queued.error = True, result, error
 
     async def handle(self, req: p.AnyRequest) -> p.Response:
         """Every op but auth, for the connection loop."""
