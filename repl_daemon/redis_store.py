@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -99,7 +100,7 @@ while redis.call('LLEN', KEYS[5]) > 1024 do
 end
 version = version + 1
 redis.call('HSET', KEYS[1], 'version', version, 'limit', limit, 'head', head, 'uses', uses)
-redis.call('PUBLISH', ARGV[i], ARGV[i + 1] .. ' ' .. head)
+redis.call('PUBLISH', ARGV[i], ARGV[i + 1] .. ' ' .. head .. ' ' .. ARGV[i + 2])
 return {1, version}
 """
 
@@ -108,7 +109,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
-redis.call('PUBLISH', ARGV[1], ARGV[2] .. ' stop')
+redis.call('PUBLISH', ARGV[1], ARGV[2] .. ' stop ' .. ARGV[3])
 return 1
 """
 
@@ -154,6 +155,8 @@ class RedisStore:
         self._commit = self.client.register_script(_COMMIT)
         self._stop = self.client.register_script(_STOP)
         self._pubsub: Any = None
+        # names this daemon in what it publishes, so it can skip its own changes
+        self.origin = secrets.token_hex(8)
         self._closing = threading.Event()
 
     def _failed(self, exc: Exception) -> StoreFailed:
@@ -255,7 +258,7 @@ class RedisStore:
         args.append(len(delta.keys))
         for key, seq in delta.keys:
             args += [key, seq]
-        args += [CHANNEL, delta.id]
+        args += [CHANNEL, delta.id, self.origin]
         try:
             done, version = self._commit(keys=session_keys(delta.id), args=args)
             if delta.reset:
@@ -272,7 +275,9 @@ class RedisStore:
     def stop(self, session_id: str) -> bool:
         """Delete a session everywhere; False when it did not exist."""
         try:
-            done = self._stop(keys=session_keys(session_id), args=[CHANNEL, session_id])
+            done = self._stop(
+                keys=session_keys(session_id), args=[CHANNEL, session_id, self.origin]
+            )
             self.client.srem(SESSIONS, session_id)
         except self._redis_module.RedisError as exc:
             raise self._failed(exc) from None
@@ -300,8 +305,9 @@ class RedisStore:
                 for message in self._pubsub.listen():
                     if message["type"] != "message":
                         continue
-                    session_id, _, what = message["data"].decode().partition(" ")
-                    on_change(session_id, None if what == "stop" else int(what))
+                    session_id, what, origin = message["data"].decode().split(" ")
+                    if origin != self.origin:  # this daemon woke its own waiters already
+                        on_change(session_id, None if what == "stop" else int(what))
             except Exception as exc:  # the link broke; tell the waiters and retry
                 if self._closing.is_set():
                     return

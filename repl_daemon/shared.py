@@ -99,7 +99,9 @@ class SharedHub(Hub):
         """No batches here: the listener thread hands other daemons' changes to waiters."""
 
         def on_change(session_id: str, head: int | None) -> None:
-            anyio.from_thread.run_sync(self._changed_elsewhere, session_id, head)
+            # most changes are to sessions this daemon does not serve: no need to wake the loop
+            if session_id in self.sessions:
+                anyio.from_thread.run_sync(self._changed_elsewhere, session_id, head)
 
         def on_link(up: bool) -> None:
             anyio.from_thread.run_sync(self._link, up)
