@@ -8,14 +8,25 @@ needed. Only the bound removes firings; reading never does.
 shows only what its store has made durable); it defaults to the head, and a
 value outside 0 to the head is clamped into it, so no cap can show a reader
 a seq that was never recorded.
+
+The deque holds each firing packed into one ``bytes`` (``session.packed``),
+and a ``Firing`` is built only for the firings a read returns. The ring keeps
+the table that a packed firing's slot names: each distinct handler, with
+whether its text is the result or the event, once (and interned, so every
+ring shares one ``"on-message"``). The table only grows when a firing brings
+a handler it has not seen; when it has grown to twice the ring's length (plus
+some room) it is rebuilt from the firings still held, so a stream of ever-new
+handler names costs O(1) a firing and memory in proportion to the ring.
 """
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from collections.abc import Iterable
 from itertools import islice
 
+from session import packed
 from session.errors import BadLimit, BadMax, BadSeq, CursorAfterHead
 from session.firing import Batch, Firing
 
@@ -32,22 +43,31 @@ def check_limit(limit: int) -> int:
 class Ring:
     """The newest ``limit`` firings, the head, and reads after a seq."""
 
-    __slots__ = ("_firings", "_head")
+    __slots__ = ("_firings", "_head", "_slot_of", "_slots")
 
     def __init__(
         self, limit: int = DEFAULT_LIMIT, head: int = 0, firings: Iterable[Firing] = ()
     ) -> None:
         if head < 0:
             raise BadSeq(f"head {head} is negative")
-        self._firings: deque[Firing] = deque(firings, maxlen=check_limit(limit))
-        self._head = head
-        # Every read finds a firing by its seq's offset from ``first``, so a ring
-        # rebuilt from a store must hold exactly the seqs up to its head.
-        if self._firings and (self._firings[0].seq != self.first or self._firings[-1].seq != head):
+        kept = deque(firings, maxlen=check_limit(limit))
+        # Every read finds a firing by its seq's offset from ``first``, and a
+        # packed firing has no seq of its own, so a ring rebuilt from a store
+        # must hold exactly the seqs up to its head, each one.
+        first = head - len(kept) + 1
+        if any(firing.seq != seq for seq, firing in enumerate(kept, first)):
             raise BadSeq(
-                f"firings {self._firings[0].seq} to {self._firings[-1].seq} "
-                f"are not the newest {len(self._firings)} up to head {head}"
+                f"firings {kept[0].seq} to {kept[-1].seq} "
+                f"are not the newest {len(kept)} up to head {head}"
             )
+        self._head = head
+        self._slots: list[tuple[str, bool]] = []
+        self._slot_of: dict[tuple[str, bool], int] = {}
+        self._firings: deque[bytes | Firing] = deque(maxlen=limit)
+        for f in kept:
+            # Packing may rebuild the deque (``_compact_slots``): take it afresh.
+            item = self._pack(f.seq, f.handler, f.result, f.event, f.ts)
+            self._firings.append(item)
 
     @property
     def head(self) -> int:
@@ -79,14 +99,71 @@ class Ring:
         return self._head if visible is None else min(max(visible, 0), self._head)
 
     def firings(self) -> list[Firing]:
-        return list(self._firings)
+        return packed.unpack(self.first, self._firings, self._slots)
+
+    def record(self, handler: str, result: str | None, event: str | None, ts: str) -> int:
+        """Record the next firing and return its seq; when the ring is full the oldest goes.
+
+        ``append`` without building the ``Firing``: all that a send needs.
+        """
+        seq = self._head + 1
+        item = self._pack(seq, handler, result, event, ts)  # may rebuild the deque
+        self._firings.append(item)
+        self._head = seq
+        return seq
 
     def append(self, handler: str, result: str | None, event: str | None, ts: str) -> Firing:
-        """Record the next firing; when the ring is full the oldest goes."""
-        firing = Firing(self._head + 1, handler, result, event, ts)
-        self._head += 1
-        self._firings.append(firing)
-        return firing
+        """Record the next firing and return it; when the ring is full the oldest goes."""
+        return Firing(self.record(handler, result, event, ts), handler, result, event, ts)
+
+    def _pack(
+        self, seq: int, handler: str, result: str | None, event: str | None, ts: str
+    ) -> bytes | Firing:
+        """The firing as the deque keeps it: packed when it fits, else as itself."""
+        text = event if result is None else result
+        if text is not None and (result is None or event is None):
+            try:
+                data = text.encode()
+            except UnicodeEncodeError:
+                pass  # a lone surrogate: UTF-8 has no bytes for it
+            else:
+                key = (handler, result is None)
+                slot = self._slot_of.get(key)
+                if slot is None:
+                    slot = self._add_slot(key)
+                # A ts that does not pack leaves that slot unused; the next
+                # rebuild of the table drops it.
+                item = packed.pack(ts, slot, data)
+                if item is not None:
+                    return item
+        return Firing(seq, handler, result, event, ts)
+
+    def _add_slot(self, key: tuple[str, bool]) -> int:
+        # Rebuilding only once the table is twice the ring's length (and some)
+        # keeps it O(1) a firing and bounds the table at 2 × 65,536 + 64 slots,
+        # well within the 24 bits a packed firing has for one.
+        if len(self._slots) >= 2 * len(self._firings) + 64:
+            self._compact_slots()
+        key = (sys.intern(key[0]), key[1])
+        self._slot_of[key] = len(self._slots)
+        self._slots.append(key)
+        return len(self._slots) - 1
+
+    def _compact_slots(self) -> None:
+        """Rebuild the table from the slots the held firings use, renumbering them."""
+        slots: list[tuple[str, bool]] = []
+        slot_of: dict[tuple[str, bool], int] = {}
+        items: deque[bytes | Firing] = deque(maxlen=self._firings.maxlen)
+        for item in self._firings:
+            if isinstance(item, bytes):
+                key = self._slots[packed.slot_of(item)]
+                slot = slot_of.get(key)
+                if slot is None:
+                    slot = slot_of[key] = len(slots)
+                    slots.append(key)
+                item = packed.repack(item, slot)
+            items.append(item)
+        self._firings, self._slots, self._slot_of = items, slots, slot_of
 
     def set_limit(self, limit: int) -> int:
         """Change the bound, keeping the newest; returns how many firings it trimmed."""
@@ -108,10 +185,12 @@ class Ring:
         lost = max_(0, min(first, head + 1) - after - 1)
         start = max_(after + 1, first)
         stop = head + 1 if max is None else min(head + 1, start + max)
-        firings = self._slice(start - first, stop - first) if stop > start else []
-        return Batch(firings[-1].seq if firings else after + lost, lost, firings)
+        if stop <= start:
+            return Batch(after + lost, lost, [])
+        items = self._slice(start - first, stop - first)
+        return Batch(stop - 1, lost, packed.unpack(start, items, self._slots))
 
-    def _slice(self, start: int, stop: int) -> list[Firing]:
+    def _slice(self, start: int, stop: int) -> list[bytes | Firing]:
         # A deque is cheap to walk from either end, so walk from the nearer one.
         size = len(self._firings)
         if start <= size - stop:

@@ -137,15 +137,15 @@ class Session:
                 self.evaluations += 1
                 return Recorded(seq, duplicate=True)
         if handler in HANDLERS:
-            firing = self.ring.append(handler, text, None, ts)
+            seq = self.ring.record(handler, text, None, ts)
         else:
-            firing = self.ring.append(handler, None, text, ts)
+            seq = self.ring.record(handler, None, text, ts)
         if key is not None:
-            self._keys[key] = firing.seq
+            self._keys[key] = seq
             if len(self._keys) > MAX_KEYS:
                 self._keys.popitem(last=False)
         self.evaluations += 1
-        return Recorded(firing.seq)
+        return Recorded(seq)
 
     def set_limit(self, limit: int) -> int:
         """Change the ring bound; returns how many firings it trimmed."""

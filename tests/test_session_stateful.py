@@ -13,6 +13,7 @@ error the model predicts and change nothing.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 import msgspec
@@ -42,6 +43,19 @@ CURSORS = ["read", "follow", "wait", "poll", *(f"c{n}" for n in range(16)), "bad
 HANDLERS = ["on-message", "on-message", "on-tick", "on-webhook", "bad handler"]
 KEYS = [None, None, None, "a", "b", "c", "d", ""]
 LIMITS = [-1, 0, 1, 2, 3, 5, 8, 16, 256, 65_536, 65_537]
+START = datetime(2024, 2, 28, 23, 59, 58, tzinfo=UTC)  # sends cross seconds, a leap day
+
+
+def stamp(n: int) -> str:
+    """Send ``n``'s ts: as the daemon writes one (the ring packs it), but every fifth not."""
+    if n % 5 == 0:
+        return f"t{n}"
+    when = START + timedelta(milliseconds=337 * n)
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def text(n: int) -> str:
+    return [f"text {n}", "", f"ünïcode ✓ {n}"][n % 3]
 
 
 class Model:
@@ -175,7 +189,7 @@ class SessionMachine(RuleBasedStateMachine):
     @rule(handler=st.sampled_from(HANDLERS), key=st.sampled_from(KEYS))
     def record(self, handler: str, key: str | None) -> None:
         self.sends += 1
-        text, ts = f"text {self.sends}", f"t{self.sends}"
+        text, ts = f"text {self.sends}", stamp(self.sends)
         error = BadHandler if " " in handler else BadKey if key == "" else None
         got = self.attempt(error, lambda: self.session.record(handler, text, ts, key))
         if got is not None:
@@ -184,15 +198,21 @@ class SessionMachine(RuleBasedStateMachine):
     @rule(
         count=st.integers(1, 40) | st.sampled_from([MAX_KEYS - 1, MAX_KEYS + 1, MAX_KEYS + 300]),
         keyed=st.booleans(),
+        new_handlers=st.booleans(),
     )
-    def flood(self, count: int, keyed: bool) -> None:
-        """Many sends in one step: wraps the ring and pushes keys out of the dedup window."""
+    def flood(self, count: int, keyed: bool, new_handlers: bool) -> None:
+        """Many sends in one step: wraps the ring and pushes keys out of the dedup window.
+
+        With ``new_handlers`` every send names a handler never seen before, so
+        the ring's table of handlers grows and is rebuilt.
+        """
         for _ in range(count):
             self.sends += 1
-            text, ts = f"text {self.sends}", f"t{self.sends}"
+            ts = stamp(self.sends)
+            handler = f"h{self.sends}" if new_handlers else "on-message"
             key = f"f{self.sends}" if keyed else None
-            got = self.session.record("on-message", text, ts, key)
-            assert got == self.model.record("on-message", text, ts, key)
+            got = self.session.record(handler, text(self.sends), ts, key)
+            assert got == self.model.record(handler, text(self.sends), ts, key)
             self.model.evaluations += 1
 
     @rule(
