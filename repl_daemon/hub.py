@@ -406,7 +406,7 @@ class Hub:
         return p.SessionList(id=req.id, sessions=rows)
 
     def send(self, req: p.Send) -> tuple[Hosted, p.Sent]:
-        """Record a firing in memory; the caller must await ``committed`` before answering."""
+        """Record a firing in memory; answer it only once ``changed(hosted)``'s commit is done."""
         hosted = self.get(req.session)
         recorded = hosted.session.record(req.handler, req.text, utc_now(), req.key)
         if not recorded.duplicate:
