@@ -328,13 +328,17 @@ class Hub:
 
     async def shutdown(self) -> None:
         """Wake every waiter with an error and write what is still dirty."""
+        self._close_waits()
+        with anyio.CancelScope(shield=True):
+            await self.commit_now()
+
+    def _close_waits(self) -> None:
+        """From now on every wait answers ``shutting_down``; wake the blocked ones."""
         self.closing = True
         if not self.waiting:
             self.no_waiters.set()
         for hosted in self.sessions.values():
             hosted.notify()
-        with anyio.CancelScope(shield=True):
-            await self.commit_now()
 
     # -- lookups -----------------------------------------------------------
 

@@ -127,11 +127,9 @@ class SharedHub(Hub):
             hosted.notify()
 
     async def shutdown(self) -> None:
-        self.closing = True
-        if not self.waiting:
-            self.no_waiters.set()
-        for hosted in self.sessions.values():
-            hosted.notify()
+        # nothing to write: every change was committed by its own operation, and
+        # writing a stale copy unconditionally could undo another daemon's work
+        self._close_waits()
 
     # -- the operation loop ----------------------------------------------------
 
