@@ -50,31 +50,46 @@ def refuse_if_running(addr: str) -> None:
         )
 
 
-def foreground(addr: str, home: Path, *, memory: bool, store: str | None, settle_ms: int) -> None:
+def foreground(
+    addr: str,
+    home: Path,
+    *,
+    memory: bool,
+    store: str | None,
+    settle_ms: int,
+    limits: dict[str, float | int],
+) -> None:
     refuse_if_running(addr)
     from repl_daemon.__main__ import build_config
     from repl_daemon.main import ConfigError, run
 
     try:
-        config = build_config(addr=addr, home=home, memory=memory, store=store, settle_ms=settle_ms)
+        config = build_config(
+            addr=addr,
+            home=home,
+            memory=memory,
+            store=store,
+            settle_ms=settle_ms,
+            idle_timeout=float(limits["--idle-timeout"]),
+            max_connections=int(limits["--max-connections"]),
+            max_sessions=int(limits["--max-sessions"]),
+        )
         run(config)
-    except ConfigError as exc:
+    except ConfigError as exc:  # a busy address too: the daemon says which
         raise CliError(str(exc)) from None
     except OSError as exc:
-        raise CliError(f"cannot listen on {addr}: {exc.strerror or exc}") from None
-    except BaseExceptionGroup as group:
-        # anyio's task groups wrap a failure to bind
-        match, _ = group.split(OSError)
-        if match is None:
-            raise
-        first = match.exceptions[0]
-        while isinstance(first, BaseExceptionGroup):
-            first = first.exceptions[0]
-        reason = first.strerror if isinstance(first, OSError) else None
-        raise CliError(f"cannot listen on {addr}: {reason or first}") from None
+        raise CliError(f"cannot start the daemon at {addr}: {exc.strerror or exc}") from None
 
 
-def detach(addr: str, home: Path, *, memory: bool, store: str | None, settle_ms: int) -> None:
+def detach(
+    addr: str,
+    home: Path,
+    *,
+    memory: bool,
+    store: str | None,
+    settle_ms: int,
+    limits: dict[str, float | int],
+) -> None:
     refuse_if_running(addr)
     home = home.absolute()
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -85,6 +100,8 @@ def detach(addr: str, home: Path, *, memory: bool, store: str | None, settle_ms:
     if store:
         command += ["--store", store]
     command += ["--settle-ms", str(settle_ms)]
+    for name, value in limits.items():
+        command += [name, str(value)]
     # the log names sessions and errors: readable by its owner only, like the token
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     with os.fdopen(fd, "ab") as log:

@@ -162,15 +162,53 @@ def firing_format(
     help="After a wake, wait this long so a burst comes back as one batch.",
 )
 @click.option("--detach", is_flag=True, help="Run in the background; log to <home>/daemon.log.")
+@click.option(
+    "--idle-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=60.0,
+    show_default=True,
+    metavar="SECS",
+    help="Close a connection that sends nothing (or half a line) this long; waits are exempt.",
+)
+@click.option(
+    "--max-connections",
+    type=click.IntRange(min=1),
+    default=4096,
+    show_default=True,
+    metavar="N",
+    help="Refuse connections past this many (answered too_many).",
+)
+@click.option(
+    "--max-sessions",
+    type=click.IntRange(min=1),
+    default=10_000,
+    show_default=True,
+    metavar="N",
+    help="Refuse to start sessions past this many (answered too_many).",
+)
 @click.pass_obj
-def daemon(client: Client, memory: bool, store: str | None, settle_ms: int, detach: bool) -> None:
+def daemon(
+    client: Client,
+    memory: bool,
+    store: str | None,
+    settle_ms: int,
+    detach: bool,
+    idle_timeout: float,
+    max_connections: int,
+    max_sessions: int,
+) -> None:
     """Run the daemon (in the foreground unless --detach)."""
     from repl_cli import launch
 
     if memory and store:
         raise click.UsageError("give --memory or --store, not both")
+    limits: dict[str, float | int] = {
+        "--idle-timeout": idle_timeout,
+        "--max-connections": max_connections,
+        "--max-sessions": max_sessions,
+    }
     run = launch.detach if detach else launch.foreground
-    run(client.addr, client.home, memory=memory, store=store, settle_ms=settle_ms)
+    run(client.addr, client.home, memory=memory, store=store, settle_ms=settle_ms, limits=limits)
 
 
 @cli.command()

@@ -103,3 +103,30 @@ def test_detach_reports_a_daemon_that_could_not_start(env: dict[str, str]) -> No
     assert_one_error_line(done.stderr)
     assert "chmod 600" in done.stderr
     assert str(home / "daemon.log") in done.stderr
+
+
+def test_daemon_limits_are_options_of_repl_daemon(env: dict[str, str]) -> None:
+    """`repl daemon --max-sessions N --detach` hands the limit to the daemon it starts."""
+    done = run(
+        "--addr", "127.0.0.1:0", "daemon", "--memory", "--detach", "--max-sessions", "2", env=env
+    )
+    assert done.returncode == 0, done.stderr
+    found = re.match(r"repl daemon listening on (\S+) \(pid (\d+)\)", done.stdout)
+    assert found, done.stdout
+    addr, pid = found.group(1), int(found.group(2))
+    try:
+        assert run("--addr", addr, "start", "a", env=env).returncode == 0
+        assert run("--addr", addr, "start", "b", env=env).returncode == 0
+        third = run("--addr", addr, "start", "c", env=env)
+        assert third.returncode == 1
+        assert_one_error_line(third.stderr)
+        assert "2 sessions" in third.stderr
+    finally:
+        os.kill(pid, signal.SIGTERM)
+        eventually(lambda: gone(pid), what="the detached daemon to stop")
+
+
+def test_daemon_limit_options_are_checked(env: dict[str, str]) -> None:
+    done = run("daemon", "--memory", "--max-connections", "0", env=env)
+    assert done.returncode == 64
+    assert_one_error_line(done.stderr)
