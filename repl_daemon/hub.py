@@ -20,12 +20,12 @@ read and the sleep still wakes it; a blocked wait does no work at all.
 
 from __future__ import annotations
 
-import heapq
+import contextlib
 import logging
 import secrets
 import time
 from collections.abc import Callable
-from typing import Protocol
+from contextlib import AbstractContextManager
 
 import anyio
 
@@ -66,176 +66,13 @@ def utc_now() -> str:
     return f"{prefix}.{int((now - second) * 1000):03d}Z"
 
 
-class Waiter(Protocol):
-    """Something blocked on a session: ``wake`` is called on every change of it."""
-
-    def wake(self) -> None: ...
-
-
-class EventWaiter:
-    """A waiting coroutine's side of a wait; ``event`` is replaced before every read."""
+class Waiter:
+    """One blocked wait; ``event`` is replaced before every read (subscribe first)."""
 
     __slots__ = ("event",)
 
     def __init__(self) -> None:
         self.event = anyio.Event()
-
-    def wake(self) -> None:
-        self.event.set()
-
-
-class Timer:
-    """A call due at ``when``, on the hub's one timer task; ``cancel`` drops it."""
-
-    __slots__ = ("call", "cancelled", "when")
-
-    def __init__(self, when: float, call: Callable[[], None]) -> None:
-        self.when = when
-        self.call = call
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-    def __lt__(self, other: Timer) -> bool:
-        return self.when < other.when
-
-
-class Timers:
-    """Every wait's timeout and settle, on one task: a blocked wait needs no task of its own."""
-
-    def __init__(self) -> None:
-        self._heap: list[Timer] = []
-        self._changed = anyio.Event()
-
-    def call_later(self, delay: float, call: Callable[[], None]) -> Timer:
-        timer = Timer(anyio.current_time() + delay, call)
-        heapq.heappush(self._heap, timer)
-        if self._heap[0] is timer:
-            self._changed.set()
-        return timer
-
-    async def run(self) -> None:
-        heap = self._heap
-        while True:
-            now = anyio.current_time()
-            while heap and (heap[0].cancelled or heap[0].when <= now):
-                timer = heapq.heappop(heap)
-                if not timer.cancelled:
-                    try:
-                        timer.call()
-                    except Exception:  # one wait's trouble must not stop the others'
-                        log.exception("a timer failed")
-            self._changed = anyio.Event()
-            if heap:
-                with anyio.move_on_after(heap[0].when - now):
-                    await self._changed.wait()
-            else:
-                await self._changed.wait()
-
-
-class WaitOp:
-    """One wait op, driven by callbacks: no task, no event (SPEC rules 8, 10, 11, 14).
-
-    It subscribes to its sessions before it reads, so a change in between
-    still wakes it; when woken it reads again (after the settle time, on the
-    hub's timer) and answers through ``done`` with a ``Woken`` or an error.
-    It never acknowledges, never creates a cursor, and ``cancel`` (its client
-    went away) ends it without an answer, moving nothing.
-    """
-
-    __slots__ = ("done", "hub", "ids", "over", "req", "settling", "started", "timer")
-
-    def __init__(
-        self, hub: Hub, req: p.Wait, ids: list[str], done: Callable[[object], None]
-    ) -> None:
-        self.hub = hub
-        self.req = req
-        self.ids = ids
-        self.done = done
-        self.over = False
-        self.started = False
-        self.timer: Timer | None = None
-        self.settling: Timer | None = None
-
-    def start(self) -> None:
-        if self.over:
-            return
-        self.started = True
-        hub = self.hub
-        hub.waiting += 1
-        if self.req.timeout_ms is not None:
-            self.timer = hub.timers.call_later(self.req.timeout_ms / 1000, self._timed_out)
-        for session_id in self.ids:
-            hosted = hub.sessions.get(session_id)
-            if hosted is not None:
-                hosted.waiters.add(self)
-        self._check()
-
-    def wake(self) -> None:
-        if self.over or self.settling is not None:
-            return
-        if self.hub.settle:
-            self.settling = self.hub.timers.call_later(self.hub.settle, self._settled)
-        else:
-            self._check()
-
-    def fail(self, error: Exception) -> None:
-        self._finish(error)
-
-    def cancel(self) -> None:
-        """The client went away: end without an answer, having changed nothing."""
-        self._end()
-
-    def _settled(self) -> None:
-        self.settling = None
-        self._check()
-
-    def _check(self) -> None:
-        hub = self.hub
-        try:
-            chosen = []
-            for session_id in self.ids:
-                hosted = hub.sessions.get(session_id)
-                if hosted is None:
-                    raise SessionStopped(f"session {session_id!r} stopped")
-                hosted.waiters.add(self)  # a reloaded session is a new object
-                chosen.append(hosted)
-            batches = hub._ready(chosen, self.req)
-        except ReplError as exc:
-            self._finish(exc)
-            return
-        if batches:
-            self._finish(p.Woken(id=self.req.id, batches=batches))
-
-    def _timed_out(self) -> None:
-        self.timer = None
-        self._finish(p.Woken(id=self.req.id, batches=[], timed_out=True))
-
-    def _finish(self, outcome: object) -> None:
-        if self.over:
-            return
-        self._end()
-        self.done(outcome)
-
-    def _end(self) -> None:
-        if self.over:
-            return
-        self.over = True
-        for timer in (self.timer, self.settling):
-            if timer is not None:
-                timer.cancel()
-        hub = self.hub
-        for session_id in self.ids:
-            hosted = hub.sessions.get(session_id)
-            if hosted is not None:
-                hosted.waiters.discard(self)
-        for hosted in hub._gone.values():
-            hosted.waiters.discard(self)
-        if self.started:
-            hub.waiting -= 1
-            if hub.closing and not hub.waiting:
-                hub.no_waiters.set()
 
 
 class Hosted:
@@ -275,8 +112,8 @@ class Hosted:
         self.registry[self.session.id] = self
 
     def notify(self) -> None:
-        for waiter in list(self.waiters):  # a waiter may finish, and leave, as it wakes
-            waiter.wake()
+        for waiter in self.waiters:
+            waiter.event.set()
 
 
 class Ticket:
@@ -341,7 +178,6 @@ class Hub:
         self._commit_lock = anyio.Lock()
         self._durable = store.durable
         self._retired_evaluations = 0
-        self.timers = Timers()
 
     # -- life --------------------------------------------------------------
 
@@ -648,55 +484,73 @@ class Hub:
         )
         return p.StatsReply(id=req.id, daemon=daemon, sessions=rows)
 
-    def begin_wait(self, req: p.Wait, done: Callable[[object], None]) -> WaitOp:
-        """Start a wait; ``done`` gets its ``Woken`` or its error, perhaps at once.
-
-        Errors in the request itself (unknown session, bad cursor, an ack
-        after the head) raise here and change nothing. The previous batch's
-        ``ack`` is applied first; with a durable store the wait starts once
-        that ack is written.
-        """
+    async def wait(self, req: p.Wait) -> p.Woken:
+        """Block until a session has firings after the cursor (SPEC rules 8, 10, 11, 14)."""
         check_cursor_name(req.cursor)
         if not req.sessions:
             raise BadRequest("wait needs at least one session")
         ids = list(dict.fromkeys(req.sessions))
-        chosen = [self.get(session_id) for session_id in ids]
-        acked = [(h, seq) for h in chosen if (seq := req.ack.get(h.session.id)) is not None]
+        chosen = await self._sessions_for_wait(ids, first=True)
+        await self._ack_for_wait(req, ids)
+        waiter = Waiter()
+        self.waiting += 1
+        try:
+            # a wait without a timeout needs no cancel scope (it costs memory per waiter)
+            deadline: AbstractContextManager[object] = (
+                contextlib.nullcontext()
+                if req.timeout_ms is None
+                else anyio.move_on_after(req.timeout_ms / 1000)
+            )
+            with deadline:
+                while True:
+                    # subscribe before reading: a firing in between still sets this event
+                    waiter.event = anyio.Event()
+                    chosen = await self._sessions_for_wait(ids, first=False)
+                    for hosted in chosen:
+                        hosted.waiters.add(waiter)
+                    batches = self._ready(chosen, req)
+                    if batches:
+                        return p.Woken(id=req.id, batches=batches)
+                    await waiter.event.wait()
+                    self._check_open(chosen)
+                    if self.settle:
+                        await anyio.sleep(self.settle)
+            return p.Woken(id=req.id, batches=[], timed_out=True)
+        finally:
+            self.waiting -= 1
+            for hosted in chosen:
+                hosted.waiters.discard(waiter)
+            for session_id in ids:
+                current = self.sessions.get(session_id)
+                if current is not None:
+                    current.waiters.discard(waiter)
+            if self.closing and not self.waiting:
+                self.no_waiters.set()
+
+    async def _sessions_for_wait(self, ids: list[str], *, first: bool) -> list[Hosted]:
+        """The sessions a wait is on: unknown ones fail at first, and count as stopped later."""
+        if first:
+            return [self.get(session_id) for session_id in ids]
+        chosen = []
+        for session_id in ids:
+            hosted = self.sessions.get(session_id)
+            if hosted is None:
+                raise SessionStopped(f"session {session_id!r} stopped")
+            chosen.append(hosted)
+        return chosen
+
+    async def _ack_for_wait(self, req: p.Wait, ids: list[str]) -> None:
+        """Acknowledge the previous batch (a follow loop's) before waiting; all or nothing."""
+        acked = [(self.get(i), seq) for i in ids if (seq := req.ack.get(i)) is not None]
         for hosted, seq in acked:  # validate every ack before applying any
-            if seq > hosted.visible:
-                raise AckAfterHead(f"cannot ack {seq}: head is {hosted.visible}")
+            head = hosted.visible
+            if seq > head:
+                raise AckAfterHead(f"cannot ack {seq}: head is {head}")
         for hosted, seq in acked:
             hosted.session.ack(req.cursor, seq, self._visible(hosted))
-        op = WaitOp(self, req, ids, done)
-        ticket = None
-        for hosted, _ in acked:
-            ticket = self.changed(hosted)
-        if ticket is None:
-            op.start()
-        else:
-            ticket.add_done_callback(lambda error: op.start() if error is None else op.fail(error))
-        return op
-
-    async def wait(self, req: p.Wait) -> p.Woken:
-        """``begin_wait`` as a coroutine; cancelling it cancels the wait."""
-        outcome: list[object] = []
-        finished = anyio.Event()
-
-        def done(result: object) -> None:
-            outcome.append(result)
-            finished.set()
-
-        op = self.begin_wait(req, done)
-        try:
-            await finished.wait()
-        finally:
-            if not outcome:
-                op.cancel()
-        result = outcome[0]
-        if isinstance(result, Exception):
-            raise result
-        assert isinstance(result, p.Woken)
-        return result
+            hosted.mark()
+        if acked:
+            await self._commit()
 
     def _check_open(self, chosen: list[Hosted]) -> None:
         if self.closing:

@@ -115,7 +115,6 @@ async def serve_daemon(
         log.info("loaded %d session(s) from %s", count, store.name)
         async with anyio.create_task_group() as tg:
             tg.start_soon(hub.run_committer)
-            tg.start_soon(hub.timers.run)
             port = await tg.start(serve, hub, config.host, config.port, token, config.limits)
             log.info("listening on %s:%d (home %s)", config.host, port, config.home)
             if config.announce:

@@ -22,7 +22,7 @@ import anyio
 from anyio.abc import SocketStream, TaskStatus
 
 from repl_daemon import protocol as p
-from repl_daemon.hub import Hosted, Hub, Ticket, WaitOp, error_for
+from repl_daemon.hub import Hosted, Hub, Ticket, error_for
 from repl_daemon.shared import SharedHub
 from session.errors import (
     IdleTimeout,
@@ -59,15 +59,6 @@ class _Answer:
     def __init__(self, data: bytes | None = None) -> None:
         self.data = data
         self.ready = data is not None
-
-
-class _BeginWait:
-    """A wait op: started through the hub's callbacks, not as a task of its own."""
-
-    __slots__ = ("req",)
-
-    def __init__(self, req: p.Wait) -> None:
-        self.req = req
 
 
 class _AfterCommit:
@@ -156,7 +147,6 @@ class Connection:
         self.drained: anyio.Event | None = None  # exists only while the reader waits on it
         self.idle = anyio.CancelScope()
         self.ops: anyio.abc.TaskGroup | None = None
-        self.waits: set[WaitOp] = set()
 
     async def run(self) -> None:
         async with anyio.create_task_group() as ops:
@@ -165,9 +155,6 @@ class Connection:
                 await self._read_requests()
             finally:
                 # the client is gone or done: its waits are for nobody now
-                for op in list(self.waits):
-                    op.cancel()
-                self.waits.clear()
                 ops.cancel_scope.cancel()
         self.ops = None  # a commit that ends after this has nowhere to write
         with anyio.move_on_after(1, shield=True):
@@ -316,46 +303,11 @@ class Connection:
 
             answer.ticket.add_done_callback(committed)
             return True
-        if isinstance(answer, _BeginWait):
-            self._begin_wait(answer.req, pending)
-            return True
         assert self.ops is not None
         self.in_flight += 1
         self.idle.deadline = math.inf
         self.ops.start_soon(self._finish, answer, pending, req.id)
         return True
-
-    def _begin_wait(self, req: p.Wait, pending: _Answer) -> None:
-        """Start a wait whose answer goes to ``pending``; the idle timeout rests meanwhile."""
-        self.in_flight += 1
-        self.idle.deadline = math.inf
-        started: list[WaitOp] = []
-
-        def done(outcome: object) -> None:
-            if started:
-                self.waits.discard(started[0])
-            self._rest_done()
-            if isinstance(outcome, p.Response):
-                data = p.encode(outcome)
-            else:
-                assert isinstance(outcome, BaseException)
-                data = p.encode(p.error(self._report(outcome), req.id))
-            self._ready(pending, data)
-
-        try:
-            op = self.hub.begin_wait(req, done)
-        except Exception as exc:  # a bad wait request: answered at once
-            done(exc)
-            return
-        if not op.over:
-            started.append(op)
-            self.waits.add(op)
-
-    def _rest_done(self) -> None:
-        """One op in flight has finished; re-arm the idle timeout after the last one."""
-        self.in_flight -= 1
-        if not self.in_flight:
-            self.idle.deadline = anyio.current_time() + self.limits.idle_timeout
 
     def _report(self, exc: BaseException) -> ReplError:
         err = error_for(exc)
@@ -374,7 +326,9 @@ class Connection:
         except Exception as exc:
             data = p.encode(p.error(self._report(exc), rid))
         finally:
-            self._rest_done()
+            self.in_flight -= 1
+            if not self.in_flight:
+                self.idle.deadline = anyio.current_time() + self.limits.idle_timeout
             pending.data = data
             pending.ready = True
             if data is not None:
@@ -383,7 +337,7 @@ class Connection:
 
     def _dispatch(
         self, req: p.AnyRequest
-    ) -> bytes | _AfterCommit | _BeginWait | Callable[[], Awaitable[p.Response]]:
+    ) -> bytes | _AfterCommit | Callable[[], Awaitable[p.Response]]:
         """Run a request against the hub: bytes now, bytes after a commit, or work to await."""
         hub = self.hub
         if self.shared is not None:
@@ -396,7 +350,7 @@ class Connection:
             case p.Read():
                 return p.encode(hub.read(req))
             case p.Wait():
-                return _BeginWait(req)
+                return lambda: hub.wait(req)
             case p.Ack():
                 hosted, acked = hub.ack(req)
                 return self._after_commit(hosted, acked)

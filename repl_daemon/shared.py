@@ -25,16 +25,14 @@ import contextlib
 import logging
 import random
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from typing import TypeVar, cast
 
 import anyio
 
 from repl_daemon import protocol as p
-from repl_daemon.hub import EventWaiter, Hosted, Hub
+from repl_daemon.hub import Hosted, Hub
 from repl_daemon.redis_store import Conflict, RedisStore
 from session.errors import (
-    BadRequest,
     NoSuchSession,
     SessionExists,
     SessionStopped,
@@ -42,7 +40,7 @@ from session.errors import (
     TooMany,
 )
 from session.ring import DEFAULT_LIMIT
-from session.session import Session, check_cursor_name, check_session_id
+from session.session import Session, check_session_id
 
 log = logging.getLogger("repl.daemon")
 
@@ -295,53 +293,6 @@ class SharedHub(Hub):
             if not existed:
                 raise NoSuchSession(f"no session {session_id!r}")
         return p.Done(id=req.id)
-
-    async def wait(self, req: p.Wait) -> p.Woken:
-        """Block until a session has firings after the cursor (SPEC rules 8, 10, 11, 14).
-
-        A coroutine here, not the single daemon's callbacks: every turn
-        refreshes the sessions from Redis, which needs awaiting.
-        """
-        check_cursor_name(req.cursor)
-        if not req.sessions:
-            raise BadRequest("wait needs at least one session")
-        ids = list(dict.fromkeys(req.sessions))
-        chosen = await self._sessions_for_wait(ids, first=True)
-        await self._ack_for_wait(req, ids)
-        waiter = EventWaiter()
-        self.waiting += 1
-        try:
-            # a wait without a timeout needs no cancel scope (it costs memory per waiter)
-            deadline: AbstractContextManager[object] = (
-                contextlib.nullcontext()
-                if req.timeout_ms is None
-                else anyio.move_on_after(req.timeout_ms / 1000)
-            )
-            with deadline:
-                while True:
-                    # subscribe before reading: a firing in between still sets this event
-                    waiter.event = anyio.Event()
-                    chosen = await self._sessions_for_wait(ids, first=False)
-                    for hosted in chosen:
-                        hosted.waiters.add(waiter)
-                    batches = self._ready(chosen, req)
-                    if batches:
-                        return p.Woken(id=req.id, batches=batches)
-                    await waiter.event.wait()
-                    self._check_open(chosen)
-                    if self.settle:
-                        await anyio.sleep(self.settle)
-            return p.Woken(id=req.id, batches=[], timed_out=True)
-        finally:
-            self.waiting -= 1
-            for hosted in chosen:
-                hosted.waiters.discard(waiter)
-            for session_id in ids:
-                current = self.sessions.get(session_id)
-                if current is not None:
-                    current.waiters.discard(waiter)
-            if self.closing and not self.waiting:
-                self.no_waiters.set()
 
     async def _ack_for_wait(self, req: p.Wait, ids: list[str]) -> None:
         for session_id in ids:
