@@ -131,9 +131,17 @@ def machine(redis_exe: str | None, workdir: Path) -> list[str]:
         f"machine: {os.cpu_count()} cores ({cpu}), {mem_kib / 1024 / 1024:.1f} GiB memory, "
         f"{platform.system()} {platform.release()}",
         f"python: {platform.python_version()} ({sys.executable}); redis: {redis}",
+        f"daemon event loop: {daemon_loop()} (repl daemon --loop auto)",
         f"disk: a 4 KiB write + fsync takes {fsync_ms(workdir):.2f} ms (median of 20)",
         "load average at start: " + " ".join(f"{x:.2f}" for x in os.getloadavg()),
     ]
+
+
+def daemon_loop() -> str:
+    """The event loop a daemon started here runs on: uvloop when it is installed."""
+    from importlib.util import find_spec
+
+    return "uvloop" if find_spec("uvloop") is not None else "asyncio"
 
 
 def main(argv: list[str] | None = None) -> int:

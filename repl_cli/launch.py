@@ -57,7 +57,7 @@ def foreground(
     memory: bool,
     store: str | None,
     settle_ms: int,
-    limits: dict[str, float | int],
+    limits: dict[str, float | int | str],
 ) -> None:
     refuse_if_running(addr)
     from repl_daemon.__main__ import build_config
@@ -73,6 +73,7 @@ def foreground(
             idle_timeout=float(limits["--idle-timeout"]),
             max_connections=int(limits["--max-connections"]),
             max_sessions=int(limits["--max-sessions"]),
+            loop=str(limits["--loop"]),
         )
         run(config)
     except ConfigError as exc:  # a busy address too: the daemon says which
@@ -88,7 +89,7 @@ def detach(
     memory: bool,
     store: str | None,
     settle_ms: int,
-    limits: dict[str, float | int],
+    limits: dict[str, float | int | str],
 ) -> None:
     refuse_if_running(addr)
     home = home.absolute()

@@ -186,6 +186,13 @@ def firing_format(
     metavar="N",
     help="Refuse to start sessions past this many (answered too_many).",
 )
+@click.option(
+    "--loop",
+    type=click.Choice(["auto", "asyncio", "uvloop"]),
+    default="auto",
+    show_default=True,
+    help="The event loop: uvloop (faster; pip install 'repl[uvloop]') when installed.",
+)
 @click.pass_obj
 def daemon(
     client: Client,
@@ -196,16 +203,18 @@ def daemon(
     idle_timeout: float,
     max_connections: int,
     max_sessions: int,
+    loop: str,
 ) -> None:
     """Run the daemon (in the foreground unless --detach)."""
     from repl_cli import launch
 
     if memory and store:
         raise click.UsageError("give --memory or --store, not both")
-    limits: dict[str, float | int] = {
+    limits: dict[str, float | int | str] = {
         "--idle-timeout": idle_timeout,
         "--max-connections": max_connections,
         "--max-sessions": max_sessions,
+        "--loop": loop,
     }
     run = launch.detach if detach else launch.foreground
     run(client.addr, client.home, memory=memory, store=store, settle_ms=settle_ms, limits=limits)

@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory", action="store_true")
     parser.add_argument("--store", default=None)
     parser.add_argument("--settle-ms", type=int, default=100)
+    parser.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto")
     parser.add_argument("--idle-timeout", type=float, default=60.0)
     parser.add_argument("--max-connections", type=int, default=4096)
     parser.add_argument("--max-sessions", type=int, default=10_000)
@@ -35,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
             idle_timeout=args.idle_timeout,
             max_connections=args.max_connections,
             max_sessions=args.max_sessions,
+            loop=args.loop,
         )
         run(config)
     except ConfigError as exc:
@@ -53,6 +55,7 @@ def build_config(
     idle_timeout: float = 60.0,
     max_connections: int = 4096,
     max_sessions: int = 10_000,
+    loop: str = "auto",
 ) -> Config:
     """The daemon's Config from command-line values (shared with ``repl daemon``)."""
     import os
@@ -74,6 +77,7 @@ def build_config(
         limits=Limits(idle_timeout=idle_timeout, max_connections=max_connections),
         max_sessions=max_sessions,
         announce=True,
+        loop=loop,
     )
 
 

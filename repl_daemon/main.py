@@ -43,6 +43,7 @@ class Config:
     limits: Limits = field(default_factory=Limits)
     max_sessions: int = 10_000
     announce: bool = False
+    loop: str = "auto"  # "asyncio", "uvloop", or "auto": uvloop when it is installed
 
 
 def parse_addr(addr: str) -> tuple[str, int]:
@@ -175,13 +176,35 @@ def run(config: Config) -> None:
         stream=sys.stderr,
     )
     # set-up errors surface here, before the event loop, as one clear ConfigError
+    use_uvloop = choose_loop(config.loop)
     ensure_token(config.home)
     store = open_store(config)
+    log.info("event loop: %s", "uvloop" if use_uvloop else "asyncio")
     try:
-        anyio.run(_run, config, store)
+        anyio.run(_run, config, store, backend_options={"use_uvloop": use_uvloop})
     except* CannotListen as group:
         store.close()
         raise ConfigError(str(_first(group))) from None
+
+
+def choose_loop(loop: str) -> bool:
+    """Whether to run on uvloop: asked for, or ``auto`` and installed.
+
+    uvloop roughly halves the daemon's round trip here (docs/benchmarks.md);
+    it is an optional extra, ``pip install 'repl[uvloop]'``, so the default
+    install stays pure Python.
+    """
+    if loop not in ("auto", "asyncio", "uvloop"):
+        raise ConfigError(f"--loop {loop!r} is not one of auto, asyncio, uvloop")
+    if loop == "asyncio":
+        return False
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        if loop == "uvloop":
+            raise ConfigError("--loop uvloop needs uvloop: pip install 'repl[uvloop]'") from None
+        return False
+    return True
 
 
 def _first(group: BaseExceptionGroup[CannotListen]) -> BaseException:

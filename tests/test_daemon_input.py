@@ -264,3 +264,33 @@ def test_an_address_in_use_ends_the_start_with_one_clear_line(daemon: DaemonProc
         "is another daemon running there?"
     )
     assert b"Traceback" not in proc.stderr
+
+
+def test_the_event_loop_can_be_chosen(tmp_path: Path) -> None:
+    d = DaemonProc(tmp_path / "home", "--memory", "--loop", "asyncio")
+    try:
+        assert d.client().ok({"op": "ping"})
+    finally:
+        d.close_clients()
+        d.stop()
+    assert "event loop: asyncio" in d.log.read_text()
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        home = str(tmp_path / "h2")
+        args = ["--addr", "127.0.0.1:0", "--memory", "--home", home, "--loop", "uvloop"]
+        proc = subprocess.run(
+            [sys.executable, "-m", "repl_daemon", *args],
+            capture_output=True,
+            timeout=30,
+        )
+        assert proc.returncode == 1
+        assert b"pip install 'repl[uvloop]'" in proc.stderr
+    else:
+        d = DaemonProc(tmp_path / "h3", "--memory", "--loop", "uvloop")
+        try:
+            assert d.client().ok({"op": "ping"})
+        finally:
+            d.close_clients()
+            d.stop()
+        assert "event loop: uvloop" in d.log.read_text()
