@@ -14,6 +14,7 @@ import signal
 import stat
 import sys
 from dataclasses import dataclass, field
+from importlib.util import find_spec
 from pathlib import Path
 
 import anyio
@@ -198,11 +199,9 @@ def choose_loop(loop: str) -> bool:
         raise ConfigError(f"--loop {loop!r} is not one of auto, asyncio, uvloop")
     if loop == "asyncio":
         return False
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
+    if find_spec("uvloop") is None:
         if loop == "uvloop":
-            raise ConfigError("--loop uvloop needs uvloop: pip install 'repl[uvloop]'") from None
+            raise ConfigError("--loop uvloop needs uvloop: pip install 'repl[uvloop]'")
         return False
     return True
 

@@ -8,6 +8,7 @@ import stat
 import subprocess
 import sys
 import time
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -274,9 +275,7 @@ def test_the_event_loop_can_be_chosen(tmp_path: Path) -> None:
         d.close_clients()
         d.stop()
     assert "event loop: asyncio" in d.log.read_text()
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
+    if find_spec("uvloop") is None:
         home = str(tmp_path / "h2")
         args = ["--addr", "127.0.0.1:0", "--memory", "--home", home, "--loop", "uvloop"]
         proc = subprocess.run(
