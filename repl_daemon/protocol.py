@@ -14,8 +14,7 @@ from typing import Any
 import msgspec
 
 from session.errors import BadRequest, ReplError, UnknownOp
-from session.firing import Firing
-from session.session import CursorInfo
+from session.firing import CursorInfo, Firing
 
 VERSION = "0.1.0"
 MAX_LINE = 1 << 20

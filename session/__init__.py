@@ -4,22 +4,50 @@ Nothing here does I/O, reads a clock, or knows about asyncio: callers pass
 timestamps in and get plain values back. Every rule of SPEC.md §3 that does
 not need a socket lives here, so it can be tested synchronously and
 exhaustively. A method that raises leaves its object exactly as it was.
+
+The names below load on first use (PEP 562), so that a program that needs
+only the wire's structs (``repl read`` imports ``session.firing`` and
+``session.errors``) does not pay for the ring and the session on every run.
 """
 
-from session.errors import Code, ReplError
-from session.firing import Batch, Firing
-from session.ring import DEFAULT_LIMIT, MAX_LIMIT, Ring
-from session.session import (
-    MAX_CURSORS,
-    MAX_KEYS,
-    CursorInfo,
-    CursorState,
-    Recorded,
-    Session,
-    Snapshot,
-    check_cursor_name,
-    check_session_id,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from session.errors import Code, ReplError
+    from session.firing import Batch, CursorInfo, Firing
+    from session.ring import DEFAULT_LIMIT, MAX_LIMIT, Ring
+    from session.session import (
+        MAX_CURSORS,
+        MAX_KEYS,
+        CursorState,
+        Recorded,
+        Session,
+        Snapshot,
+        check_cursor_name,
+        check_session_id,
+    )
+
+_HOMES = {
+    "Code": "session.errors",
+    "ReplError": "session.errors",
+    "Batch": "session.firing",
+    "CursorInfo": "session.firing",
+    "Firing": "session.firing",
+    "DEFAULT_LIMIT": "session.ring",
+    "MAX_LIMIT": "session.ring",
+    "Ring": "session.ring",
+    "MAX_CURSORS": "session.session",
+    "MAX_KEYS": "session.session",
+    "CursorState": "session.session",
+    "Recorded": "session.session",
+    "Session": "session.session",
+    "Snapshot": "session.session",
+    "check_cursor_name": "session.session",
+    "check_session_id": "session.session",
+}
 
 __all__ = [
     "DEFAULT_LIMIT",
@@ -39,3 +67,10 @@ __all__ = [
     "check_cursor_name",
     "check_session_id",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'session' has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)

@@ -1,4 +1,4 @@
-"""A firing (one recorded happening) and a batch of them as a read returns it.
+"""What readers are given: a firing, a batch of them as a read returns it, a cursor's row.
 
 These are msgspec Structs so that the daemon can encode them straight onto
 the wire and the store can persist them without a translation layer.
@@ -34,3 +34,11 @@ class Batch(msgspec.Struct, frozen=True):
     next: int
     lost: int
     firings: list[Firing]
+
+
+class CursorInfo(msgspec.Struct, frozen=True):
+    """A cursor as ``repl cursors`` shows it: its position and its lag behind the head."""
+
+    name: str
+    seq: int
+    lag: int

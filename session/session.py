@@ -18,7 +18,7 @@ from collections import OrderedDict
 import msgspec
 
 from session.errors import AckAfterHead, BadCursorName, BadHandler, BadKey, BadSeq, BadSessionId
-from session.firing import Batch, Firing
+from session.firing import Batch, CursorInfo, Firing
 from session.ring import DEFAULT_LIMIT, Ring
 
 MAX_CURSORS = 16
@@ -74,14 +74,6 @@ class Recorded(msgspec.Struct, frozen=True):
 
     seq: int
     duplicate: bool = False
-
-
-class CursorInfo(msgspec.Struct, frozen=True):
-    """A cursor as ``repl cursors`` shows it."""
-
-    name: str
-    seq: int
-    lag: int
 
 
 class CursorState(msgspec.Struct, frozen=True):
