@@ -50,59 +50,23 @@ def refuse_if_running(addr: str) -> None:
         )
 
 
-def foreground(
-    addr: str,
-    home: Path,
-    *,
-    memory: bool,
-    store: str | None,
-    settle_ms: int,
-    limits: dict[str, float | int | str],
-) -> None:
+def foreground(addr: str, home: Path, options: list[str]) -> None:
+    """Run the daemon in this process with ``options`` (``python -m repl_daemon``'s)."""
     refuse_if_running(addr)
-    from repl_daemon.__main__ import build_config
-    from repl_daemon.main import ConfigError, run
+    from repl_daemon.__main__ import main as daemon_main
 
-    try:
-        config = build_config(
-            addr=addr,
-            home=home,
-            memory=memory,
-            store=store,
-            settle_ms=settle_ms,
-            idle_timeout=float(limits["--idle-timeout"]),
-            max_connections=int(limits["--max-connections"]),
-            max_sessions=int(limits["--max-sessions"]),
-            loop=str(limits["--loop"]),
-        )
-        run(config)
-    except ConfigError as exc:  # a busy address too: the daemon says which
-        raise CliError(str(exc)) from None
-    except OSError as exc:
-        raise CliError(f"cannot start the daemon at {addr}: {exc.strerror or exc}") from None
+    status = daemon_main(["--addr", addr, "--home", str(home), *options])
+    if status:
+        raise SystemExit(status)  # the daemon said why, in one line
 
 
-def detach(
-    addr: str,
-    home: Path,
-    *,
-    memory: bool,
-    store: str | None,
-    settle_ms: int,
-    limits: dict[str, float | int | str],
-) -> None:
+def detach(addr: str, home: Path, options: list[str]) -> None:
+    """Start the daemon in the background; return once it accepts connections."""
     refuse_if_running(addr)
     home = home.absolute()
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
     log_path = home / "daemon.log"
-    command = [sys.executable, "-m", "repl_daemon", "--addr", addr, "--home", str(home)]
-    if memory:
-        command.append("--memory")
-    if store:
-        command += ["--store", store]
-    command += ["--settle-ms", str(settle_ms)]
-    for name, value in limits.items():
-        command += [name, str(value)]
+    command = [sys.executable, "-m", "repl_daemon", "--addr", addr, "--home", str(home), *options]
     # the log names sessions and errors: readable by its owner only, like the token
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     with os.fdopen(fd, "ab") as log:

@@ -210,14 +210,17 @@ def daemon(
 
     if memory and store:
         raise click.UsageError("give --memory or --store, not both")
-    limits: dict[str, float | int | str] = {
-        "--idle-timeout": idle_timeout,
-        "--max-connections": max_connections,
-        "--max-sessions": max_sessions,
-        "--loop": loop,
-    }
+    # the daemon's own options (python -m repl_daemon), whether it runs here or detached
+    options = ["--settle-ms", str(settle_ms), "--idle-timeout", str(idle_timeout)]
+    options += ["--max-connections", str(max_connections), "--max-sessions", str(max_sessions)]
+    options += [
+        "--loop",
+        loop,
+        *(["--memory"] if memory else []),
+        *(["--store", store] if store else []),
+    ]
     run = launch.detach if detach else launch.foreground
-    run(client.addr, client.home, memory=memory, store=store, settle_ms=settle_ms, limits=limits)
+    run(client.addr, client.home, options)
 
 
 @cli.command()

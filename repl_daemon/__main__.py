@@ -42,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"repl daemon: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # its home cannot be made or written, say
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"repl daemon: cannot start: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -293,3 +293,15 @@ def test_the_event_loop_can_be_chosen(tmp_path: Path) -> None:
             d.close_clients()
             d.stop()
         assert "event loop: uvloop" in d.log.read_text()
+
+
+def test_a_home_that_cannot_be_made_ends_the_start_with_one_clear_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    args = ["--addr", "127.0.0.1:0", "--memory", "--home", str(blocker / "home")]
+    proc = subprocess.run(
+        [sys.executable, "-m", "repl_daemon", *args], capture_output=True, timeout=30
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.decode().startswith("repl daemon: cannot start: Not a directory")
+    assert b"Traceback" not in proc.stderr
