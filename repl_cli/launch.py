@@ -1,6 +1,6 @@
 """``repl daemon``: run the daemon in the foreground, or start it in the background.
 
-The foreground daemon is ``repl_daemon.main.run`` in this process. A
+The foreground daemon is ``repl_daemon.daemon.run`` in this process. A
 detached one is ``python -m repl_daemon`` in a new session with stdout and
 stderr appended to ``<home>/daemon.log``; we return once it printed its
 ``listening on HOST:PORT`` line there (it accepts connections by then).

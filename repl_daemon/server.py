@@ -16,15 +16,16 @@ import hmac
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 import anyio
 from anyio.abc import SocketStream, TaskStatus
 
 from repl_daemon import protocol as p
+from repl_daemon.config import Limits
 from repl_daemon.hub import Hosted, Hub, Ticket, error_for
 from repl_daemon.shared import SharedHub
 from session.errors import (
+    CannotListen,
     IdleTimeout,
     LineTooLong,
     ReplError,
@@ -34,21 +35,6 @@ from session.errors import (
 )
 
 log = logging.getLogger("repl.daemon")
-
-
-@dataclass
-class Limits:
-    max_line: int = p.MAX_LINE
-    idle_timeout: float = 60.0
-    max_connections: int = 4096
-    max_in_flight: int = 1024
-    # answers written but not yet taken by a slow client: past this the
-    # connection's reader pauses, so a client that never reads costs at most this
-    max_queued_bytes: int = 1 << 20
-
-
-class CannotListen(Exception):
-    """The daemon's address cannot be bound (in use, not local, no permission)."""
 
 
 class _Answer:

@@ -37,12 +37,12 @@ import threading
 from collections import defaultdict
 from pathlib import Path
 
-from repl_daemon.main import ConfigError
 from repl_daemon.store import SessionDelta
-from session.errors import ReplError, StoreFailed
+from session.errors import ConfigError, ReplError, StoreFailed
 from session.firing import Firing
 from session.ring import check_limit
-from session.session import MAX_KEYS, CursorState, Snapshot, check_session_id
+from session.rules import MAX_KEYS
+from session.session import CursorState, Snapshot, check_session_id
 
 log = logging.getLogger("repl.daemon")
 

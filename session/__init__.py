@@ -18,10 +18,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from session.errors import Code, ReplError
     from session.firing import Batch, CursorInfo, Firing
-    from session.ring import DEFAULT_LIMIT, MAX_LIMIT, Ring
+    from session.ring import Ring
+    from session.rules import DEFAULT_LIMIT, MAX_CURSORS, MAX_KEYS, MAX_LIMIT
     from session.session import (
-        MAX_CURSORS,
-        MAX_KEYS,
         CursorState,
         Recorded,
         Session,
@@ -36,11 +35,11 @@ _HOMES = {
     "Batch": "session.firing",
     "CursorInfo": "session.firing",
     "Firing": "session.firing",
-    "DEFAULT_LIMIT": "session.ring",
-    "MAX_LIMIT": "session.ring",
+    "DEFAULT_LIMIT": "session.rules",
+    "MAX_LIMIT": "session.rules",
     "Ring": "session.ring",
-    "MAX_CURSORS": "session.session",
-    "MAX_KEYS": "session.session",
+    "MAX_CURSORS": "session.rules",
+    "MAX_KEYS": "session.rules",
     "CursorState": "session.session",
     "Recorded": "session.session",
     "Session": "session.session",

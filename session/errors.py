@@ -3,7 +3,11 @@
 The core raises the first group; the daemon raises the second. Both travel
 over the wire as ``{"ok": false, "code": ..., "message": ...}`` and the CLI
 maps each code to one exit status (``repl_cli.errors``). An operation that
-raises one of these has changed nothing.
+raises one of these has changed nothing. A store raises only ``StoreFailed``.
+
+The last two classes never reach the wire: they stop a daemon from starting
+(a bad option, an address it cannot bind), and their message is the one line
+the user reads.
 """
 
 from __future__ import annotations
@@ -206,3 +210,14 @@ BY_CODE: dict[str, type[ReplError]] = {
 def from_wire(code: str, message: str) -> ReplError:
     """Rebuild the error a response names; an unknown code becomes ``Internal``."""
     return BY_CODE.get(code, Internal)(message)
+
+
+# -- start-up errors: never on the wire ---------------------------------------
+
+
+class ConfigError(Exception):
+    """The daemon cannot start as configured; the message says what to do."""
+
+
+class CannotListen(ConfigError):
+    """The daemon's address cannot be bound (in use, not local, no permission)."""

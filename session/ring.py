@@ -29,9 +29,9 @@ from itertools import islice
 from session import packed
 from session.errors import BadLimit, BadMax, BadSeq, CursorAfterHead
 from session.firing import Batch, Firing
+from session.rules import DEFAULT_LIMIT, MAX_LIMIT
 
-DEFAULT_LIMIT = 256
-MAX_LIMIT = 65_536
+__all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "Ring", "check_limit"]
 
 
 def check_limit(limit: int) -> int:

@@ -19,14 +19,16 @@ import msgspec
 
 from session.errors import AckAfterHead, BadCursorName, BadHandler, BadKey, BadSeq, BadSessionId
 from session.firing import Batch, CursorInfo, Firing
-from session.ring import DEFAULT_LIMIT, Ring
-
-MAX_CURSORS = 16
-MAX_KEYS = 1024
-MAX_KEY_LENGTH = 256
-MAX_NAME_LENGTH = 64
-HANDLERS = frozenset({"on-message"})
-POLL_CURSOR = "poll"
+from session.ring import Ring
+from session.rules import (
+    DEFAULT_LIMIT,
+    HANDLERS,
+    MAX_CURSORS,
+    MAX_KEY_LENGTH,
+    MAX_KEYS,
+    MAX_NAME_LENGTH,
+    POLL_CURSOR,
+)
 
 _SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 

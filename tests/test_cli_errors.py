@@ -145,12 +145,12 @@ def test_a_daemon_that_goes_away_mid_wait_is_status_1(daemon: DaemonProc) -> Non
 def test_the_home_is_repl_home_then_xdg_state_then_local_state(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    from repl_daemon import config as daemon_config
     from repl_daemon import locations
-    from repl_daemon import main as daemon_main
 
     # the CLI and the daemon look in the same place because they share the code
     assert cli_client.default_home is locations.default_home
-    assert daemon_main.DEFAULT_ADDR == cli_client.DEFAULT_ADDR == "127.0.0.1:7427"
+    assert daemon_config.DEFAULT_ADDR == cli_client.DEFAULT_ADDR == "127.0.0.1:7427"
     for name in ("REPL_HOME", "XDG_STATE_HOME"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -168,7 +168,7 @@ def test_read_loads_neither_anyio_nor_rich_nor_the_daemon(repl: Repl, s: str) ->
         "from repl_cli.main import main\n"
         f"status = main(['read', '{s}', '--full'])\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('anyio', 'rich')\n"
-        "               or m in ('repl_daemon.hub', 'repl_daemon.server', 'repl_daemon.main'))\n"
+        "               or m in ('repl_daemon.hub', 'repl_daemon.server', 'repl_daemon.daemon'))\n"
         "print(status, heavy)\n"
     )
     done = subprocess.run(

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from repl_daemon.main import ConfigError
 from repl_daemon.sqlite_store import SCHEMA_VERSION, SqliteStore
 from repl_daemon.store import SessionDelta
-from session.errors import StoreFailed
+from session.errors import ConfigError, StoreFailed
 from session.firing import Firing
 from session.session import CursorState
 from tests.test_store_conformance import Mirror

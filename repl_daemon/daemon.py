@@ -13,45 +13,19 @@ import secrets
 import signal
 import stat
 import sys
-from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
 
 import anyio
 from anyio.abc import TaskStatus
 
+from repl_daemon.config import Config
 from repl_daemon.hub import Hub
-from repl_daemon.locations import DEFAULT_ADDR, split_addr
-from repl_daemon.server import CannotListen, Limits, serve
+from repl_daemon.server import serve
 from repl_daemon.store import MemoryStore, Store
-from session.errors import StoreFailed
+from session.errors import CannotListen, ConfigError, StoreFailed
 
 log = logging.getLogger("repl.daemon")
-
-
-class ConfigError(Exception):
-    """The daemon cannot start as configured; the message says what to do."""
-
-
-@dataclass
-class Config:
-    home: Path
-    host: str = "127.0.0.1"
-    port: int = 7427
-    memory: bool = False
-    store_url: str | None = None
-    settle: float = 0.1
-    limits: Limits = field(default_factory=Limits)
-    max_sessions: int = 10_000
-    announce: bool = False
-    loop: str = "auto"  # "asyncio", "uvloop", or "auto": uvloop when it is installed
-
-
-def parse_addr(addr: str) -> tuple[str, int]:
-    split = split_addr(addr)
-    if split is None:
-        raise ConfigError(f"address {addr!r} is not HOST:PORT (for example {DEFAULT_ADDR})")
-    return split
 
 
 def ensure_token(home: Path) -> str:

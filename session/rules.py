@@ -1,0 +1,38 @@
+"""The numbers and names of the product's rules, written once (SPEC §2-§3).
+
+Everything that states a rule's constant lives here: the core checks them,
+the wire and the CLI take their defaults from here, and a store that must
+apply a bound (the dedup window, say) is handed the value from here rather
+than writing it again. Keep this module free of imports: the CLI loads it
+on every run.
+"""
+
+from __future__ import annotations
+
+#: the ring's bound when a session is started without one (rule 2)
+DEFAULT_LIMIT = 256
+#: the largest ring bound a session may have (rule 2)
+MAX_LIMIT = 65_536
+#: cursors per session; a 17th evicts the least recently used (rule 4)
+MAX_CURSORS = 16
+#: dedup keys a session remembers, newest first (rule 13)
+MAX_KEYS = 1024
+#: a dedup key's length, in characters
+MAX_KEY_LENGTH = 256
+#: a cursor or handler name's length, in characters (rule 4)
+MAX_NAME_LENGTH = 64
+
+#: what a send is recorded as unless it names another handler
+DEFAULT_HANDLER = "on-message"
+#: the handlers every session has: their result is the text itself
+HANDLERS = frozenset({DEFAULT_HANDLER})
+
+# The default cursors of rule 6: each CLI verb reads through its own, so a
+# monitor, a person and a terminal stream never interfere; ``poll`` belongs
+# to the drain of rule 7.
+READ_CURSOR = "read"
+WAIT_CURSOR = "wait"
+FOLLOW_CURSOR = "follow"
+POLL_CURSOR = "poll"
+#: the cursor ``ack`` moves when none is named (the one ``read`` uses)
+ACK_CURSOR = READ_CURSOR
