@@ -15,6 +15,7 @@ import msgspec
 
 from session.errors import BadRequest, ReplError, UnknownOp
 from session.firing import CursorInfo, Firing
+from session.rules import ACK_CURSOR, DEFAULT_HANDLER, WAIT_CURSOR
 
 VERSION = "0.1.0"
 MAX_LINE = 1 << 20
@@ -51,7 +52,7 @@ class Sessions(Request, tag="sessions"):
 class Send(Request, tag="send"):
     session: str
     text: str
-    handler: str = "on-message"
+    handler: str = DEFAULT_HANDLER
     key: str | None = None
 
 
@@ -73,7 +74,7 @@ class Wait(Request, tag="wait"):
     """
 
     sessions: list[str]
-    cursor: str = "wait"
+    cursor: str = WAIT_CURSOR
     timeout_ms: int | None = None
     max: int | None = None
     ack: dict[str, int] = {}
@@ -82,7 +83,7 @@ class Wait(Request, tag="wait"):
 class Ack(Request, tag="ack"):
     session: str
     seq: int
-    cursor: str = "read"
+    cursor: str = ACK_CURSOR
 
 
 class Cursors(Request, tag="cursors"):
