@@ -27,7 +27,7 @@ REPEATS = 7
 MEMORY_SESSIONS = 1_000
 MEMORY_FIRINGS = 256
 PAYLOAD = "x" * 100
-TS = "2026-11-30T07:00:00.123Z"  # a ts as the daemon writes one (repl_daemon.hub.utc_now)
+TS = "2026-11-30T07:00:00.123Z"  # a ts as the daemon writes one (repl_daemon.engine.utc_now)
 START = datetime(2026, 11, 30, 7, 0, tzinfo=UTC)
 
 
@@ -47,7 +47,7 @@ def full_session(limit: int, step_ms: int = 7) -> Session:
 
 
 def daemon_ts(ms: int) -> str:
-    """The time ``ms`` after START as the daemon writes it (repl_daemon.hub.utc_now)."""
+    """The time ``ms`` after START as the daemon writes it (repl_daemon.engine.utc_now)."""
     when = START + timedelta(milliseconds=ms)
     return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 

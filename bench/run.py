@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes=sizes,
         workdir=workdir,
         redis_exe=redis_exe,
-        store_missing=importlib.util.find_spec("repl_daemon.sqlite_store") is None,
+        store_missing=importlib.util.find_spec("repl_daemon.stores.sqlite") is None,
         cli=find_cli(),
         notes=notes,
     )
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
     notes.append("load average at end: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     if setup.store_missing:
-        notes.append("durable rows: repl_daemon.sqlite_store does not exist yet")
+        notes.append("durable rows: repl_daemon.stores.sqlite does not exist yet")
     if setup.cli is None:
         notes.append("CLI row: repl_cli.main (the `repl` command) does not exist yet")
     if args.keep:

@@ -2,7 +2,8 @@
 
 ``run`` is what ``repl daemon`` calls; ``serve_daemon`` is the same daemon
 as an async function that tests start inside their own task group (port 0,
-``task_status`` reports the bound port).
+``task_status`` reports the bound port), and ``serve_engine`` serves an
+engine a test built itself (so it can look at the engine's sessions).
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import anyio
 from anyio.abc import TaskStatus
 
 from repl_daemon.config import Config
-from repl_daemon.hub import Hub
+from repl_daemon.engine import Engine, open_engine
 from repl_daemon.server import serve
-from repl_daemon.store import MemoryStore, Store
+from repl_daemon.stores.base import Store
+from repl_daemon.stores.memory import MemoryStore
 from session.errors import CannotListen, ConfigError, StoreFailed
 
 log = logging.getLogger("repl.daemon")
@@ -52,27 +54,32 @@ def ensure_token(home: Path) -> str:
 
 
 def open_store(config: Config) -> Store:
+    """The store a config names; ``ConfigError`` (one line) when it cannot be opened."""
     if config.memory:
         return MemoryStore()
-    if config.store_url:
-        if not config.store_url.startswith("redis://"):
-            raise ConfigError(
-                f"store {config.store_url!r} is not supported: give redis://HOST:PORT/DB, "
-                "or leave --store out for the default store"
-            )
-        try:
-            from repl_daemon.redis_store import RedisStore
-        except ImportError:
-            raise ConfigError(
-                "--store redis:// needs the redis client: pip install 'repl[redis]'"
-            ) from None
-        try:
-            return RedisStore(config.store_url)
-        except StoreFailed as exc:
-            raise ConfigError(exc.message) from None
-    from repl_daemon.sqlite_store import SqliteStore
+    try:
+        if config.store_url:
+            return _open_redis(config.store_url)
+        from repl_daemon.stores.sqlite import SqliteStore
 
-    return SqliteStore(config.home / "repl.db")
+        return SqliteStore(config.home / "repl.db")
+    except StoreFailed as exc:
+        raise ConfigError(exc.message) from None
+
+
+def _open_redis(url: str) -> Store:
+    if not url.startswith("redis://"):
+        raise ConfigError(
+            f"store {url!r} is not supported: give redis://HOST:PORT/DB, "
+            "or leave --store out for the default store"
+        )
+    try:
+        from repl_daemon.stores.redis import RedisStore
+    except ImportError:
+        raise ConfigError(
+            "--store redis:// needs the redis client: pip install 'repl[redis]'"
+        ) from None
+    return RedisStore(url)
 
 
 async def serve_daemon(
@@ -85,44 +92,48 @@ async def serve_daemon(
     """Run the daemon until ``stop`` is set (a clean shutdown) or it is cancelled."""
     token = ensure_token(config.home)
     store = store or open_store(config)
-    hub = make_hub(store, config)
     try:
-        count = hub.load()
+        engine = open_engine(store, settle=config.settle, max_sessions=config.max_sessions)
+        try:
+            count = engine.load()
+        except StoreFailed as exc:
+            raise ConfigError(exc.message) from None
         log.info("loaded %d session(s) from %s", count, store.name)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(hub.run_committer)
-            port = await tg.start(serve, hub, config.host, config.port, token, config.limits)
-            log.info("listening on %s:%d (home %s)", config.host, port, config.home)
-            if config.announce:
-                # the parent of a detached or test daemon reads this line for the port
-                print(f"listening on {config.host}:{port}", flush=True)
-            task_status.started(port)
-            try:
-                await (stop or anyio.Event()).wait()
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await _drain(hub)
-                tg.cancel_scope.cancel()
+        await serve_engine(engine, config, token, stop=stop, task_status=task_status)
     finally:
         store.close()
 
 
-def make_hub(store: Store, config: Config) -> Hub:
-    """The hub for a store: a shared store (Redis) needs the one that refreshes."""
-    if getattr(store, "shared", False):
-        from repl_daemon.redis_store import RedisStore
-        from repl_daemon.shared import SharedHub
+async def serve_engine(
+    engine: Engine,
+    config: Config,
+    token: str,
+    *,
+    stop: anyio.Event | None = None,
+    task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve a loaded engine on ``config``'s address until ``stop`` is set; closes no store."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.run)
+        port = await tg.start(serve, engine, config.host, config.port, token, config.limits)
+        log.info("listening on %s:%d (home %s)", config.host, port, config.home)
+        if config.announce:
+            # the parent of a detached or test daemon reads this line for the port
+            print(f"listening on {config.host}:{port}", flush=True)
+        task_status.started(port)
+        try:
+            await (stop or anyio.Event()).wait()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await _drain(engine)
+            tg.cancel_scope.cancel()
 
-        assert isinstance(store, RedisStore)
-        return SharedHub(store, settle=config.settle, max_sessions=config.max_sessions)
-    return Hub(store, settle=config.settle, max_sessions=config.max_sessions)
 
-
-async def _drain(hub: Hub) -> None:
-    """Tell every waiter the daemon is going, then write what is dirty."""
-    await hub.shutdown()
+async def _drain(engine: Engine) -> None:
+    """Tell every waiter the daemon is going, then write what was answered."""
+    await engine.shutdown()
     with anyio.move_on_after(1):
-        await hub.no_waiters.wait()
+        await engine.no_waiters.wait()
     # give the connections' writers a moment to put those answers on the wire
     await anyio.sleep(0.05)
 

@@ -1,12 +1,13 @@
-"""The connection loop: frame a line, decode it, call the hub, encode the answer.
+"""The connection loop: frame a line, decode it, hand it to the engine, encode the answer.
 
-No business rule lives here. A connection reads requests in order and
-answers them in the same order. An op that must wait (a wait op for
-firings, or a shared store's round trip) runs as its own task and a durable
-change's answer waits for its commit's callback, so the reader keeps
-reading: that is what lets many pipelined sends share one commit, and what
-notices at once that a waiting client has gone away (its waits are then
-cancelled, moving no cursor).
+No business rule lives here: authentication aside, every request is one
+call, ``Engine.handle``, whose ``Outcome`` is ready now, ready once a commit
+is durable (its callback answers), or work that runs as its own task (a
+wait, a shared store's round trip). A connection reads requests in order
+and answers them in the same order, and the reader keeps reading while
+answers wait: that is what lets many pipelined sends share one commit, and
+what notices at once that a waiting client has gone away (its waits are
+then cancelled, moving no cursor).
 """
 
 from __future__ import annotations
@@ -16,17 +17,18 @@ import hmac
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 from anyio.abc import SocketStream, TaskStatus
 
 from repl_daemon import protocol as p
 from repl_daemon.config import Limits
-from repl_daemon.hub import Hosted, Hub, Ticket, error_for
-from repl_daemon.shared import SharedHub
+from repl_daemon.engine import Engine
 from session.errors import (
     CannotListen,
     IdleTimeout,
+    Internal,
     LineTooLong,
     ReplError,
     StoreFailed,
@@ -47,18 +49,8 @@ class _Answer:
         self.ready = data is not None
 
 
-class _AfterCommit:
-    """An answer to send once the commit its change is in has been written."""
-
-    __slots__ = ("answer", "ticket")
-
-    def __init__(self, ticket: Ticket, answer: p.Response) -> None:
-        self.ticket = ticket
-        self.answer = answer
-
-
 async def serve(
-    hub: Hub,
+    engine: Engine,
     host: str,
     port: int,
     token: str,
@@ -79,24 +71,26 @@ async def serve(
     secret = token.encode()
 
     async def handle(stream: SocketStream) -> None:
-        await _serve_connection(hub, stream, secret, limits)
+        await _serve_connection(engine, stream, secret, limits)
 
     async with listener:
         task_status.started(bound)
         await listener.serve(handle)
 
 
-async def _serve_connection(hub: Hub, stream: SocketStream, token: bytes, limits: Limits) -> None:
+async def _serve_connection(
+    engine: Engine, stream: SocketStream, token: bytes, limits: Limits
+) -> None:
     async with stream:
-        if hub.connections >= limits.max_connections:
+        if engine.connections >= limits.max_connections:
             err = TooMany(f"the daemon holds {limits.max_connections:,} connections, its limit")
             await _send_quietly(stream, p.encode(p.error(err)))
             return
-        hub.connections += 1
+        engine.connections += 1
         try:
-            await Connection(hub, stream, token, limits).run()
+            await Connection(engine, stream, token, limits).run()
         finally:
-            hub.connections -= 1
+            engine.connections -= 1
 
 
 async def _send_quietly(stream: SocketStream, data: bytes) -> None:
@@ -117,8 +111,8 @@ class Connection:
     idle deadline is lifted while a wait is in flight.
     """
 
-    def __init__(self, hub: Hub, stream: SocketStream, token: bytes, limits: Limits) -> None:
-        self.hub = hub
+    def __init__(self, engine: Engine, stream: SocketStream, token: bytes, limits: Limits) -> None:
+        self.engine = engine
         self.stream = stream
         self.token = token
         self.limits = limits
@@ -129,7 +123,6 @@ class Connection:
         self.queued_bytes = 0
         self.flushing = False
         self.flush_soon = False
-        self.shared = hub if isinstance(hub, SharedHub) else None
         self.drained: anyio.Event | None = None  # exists only while the reader waits on it
         self.idle = anyio.CancelScope()
         self.ops: anyio.abc.TaskGroup | None = None
@@ -253,8 +246,8 @@ class Connection:
 
     def _handle(self, line: bytes) -> bool:
         """Answer one line; False closes the connection."""
-        hub = self.hub
-        hub.requests += 1
+        engine = self.engine
+        engine.requests += 1
         try:
             req = p.decode_request(line)
         except ReplError as exc:
@@ -271,38 +264,40 @@ class Connection:
             self._queue(p.encode(p.error(err, req.id)))
             return False
         try:
-            answer = self._dispatch(req)
+            outcome = engine.handle(req)
         except Exception as exc:  # every failure becomes an answer, never a crash
             self._queue(p.encode(p.error(self._report(exc), req.id)))
             return True
-        if isinstance(answer, bytes):
-            self._queue(answer)
+        job, ticket = outcome.job, outcome.ticket
+        if job is None and ticket is None:
+            self._queue(p.encode(outcome.value))
             return True
         pending = _Answer()
         self.answers.append(pending)
-        if isinstance(answer, _AfterCommit):
-            rid, reply = req.id, answer.answer
+        if job is None:
+            assert ticket is not None
+            rid, reply = req.id, outcome.value
 
             def committed(error: StoreFailed | None) -> None:
                 data = p.encode(reply) if error is None else p.encode(p.error(error, rid))
                 self._ready(pending, data)
 
-            answer.ticket.add_done_callback(committed)
+            ticket.add_done_callback(committed)
             return True
         assert self.ops is not None
         self.in_flight += 1
         self.idle.deadline = math.inf
-        self.ops.start_soon(self._finish, answer, pending, req.id)
+        self.ops.start_soon(self._finish, job, pending, req.id)
         return True
 
     def _report(self, exc: BaseException) -> ReplError:
-        err = error_for(exc)
-        if not isinstance(exc, ReplError):
-            log.exception("internal error", exc_info=exc)
-        return err
+        if isinstance(exc, ReplError):
+            return exc
+        log.exception("internal error", exc_info=exc)
+        return Internal(f"internal error: {type(exc).__name__}: {exc}")
 
     async def _finish(
-        self, work: Callable[[], Awaitable[p.Response]], pending: _Answer, rid: p.RequestId
+        self, work: Callable[[], Awaitable[Any]], pending: _Answer, rid: p.RequestId
     ) -> None:
         data = None
         try:
@@ -320,50 +315,3 @@ class Connection:
             if data is not None:
                 self.queued_bytes += len(data)
         await self._flush()
-
-    def _dispatch(
-        self, req: p.AnyRequest
-    ) -> bytes | _AfterCommit | Callable[[], Awaitable[p.Response]]:
-        """Run a request against the hub: bytes now, bytes after a commit, or work to await."""
-        hub = self.hub
-        if self.shared is not None:
-            shared = self.shared
-            return lambda: shared.handle(req)
-        match req:
-            case p.Send():
-                hosted, sent = hub.send(req)
-                return self._after_commit(hosted, sent)
-            case p.Read():
-                return p.encode(hub.read(req))
-            case p.Wait():
-                return lambda: hub.wait(req)
-            case p.Ack():
-                hosted, acked = hub.ack(req)
-                return self._after_commit(hosted, acked)
-            case p.Poll():
-                hosted, firings = hub.poll(req)
-                return self._after_commit(hosted, firings)
-            case p.Cursors():
-                return p.encode(hub.cursors(req))
-            case p.Ping():
-                return p.encode(hub.ping(req))
-            case p.Start():
-                return lambda: hub.start(req)
-            case p.Stop():
-                return lambda: hub.stop(req)
-            case p.Sessions():
-                return p.encode(hub.list_sessions(req))
-            case p.Buffer():
-                hosted, buffered = hub.buffer(req)
-                return self._after_commit(hosted, buffered)
-            case p.Stats():
-                return p.encode(hub.stats(req))
-            case p.Auth():
-                return p.encode(p.Done(id=req.id))
-        raise AssertionError(f"unhandled op {req!r}")  # pragma: no cover
-
-    def _after_commit(self, hosted: Hosted, answer: p.Response) -> bytes | _AfterCommit:
-        ticket = self.hub.changed(hosted)
-        if ticket is None:
-            return p.encode(answer)
-        return _AfterCommit(ticket, answer)

@@ -16,15 +16,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from session.delta import CursorState, Delta
     from session.errors import Code, ReplError
     from session.firing import Batch, CursorInfo, Firing
     from session.ring import Ring
     from session.rules import DEFAULT_LIMIT, MAX_CURSORS, MAX_KEYS, MAX_LIMIT
     from session.session import (
-        CursorState,
         Recorded,
         Session,
         Snapshot,
+        Summary,
         check_cursor_name,
         check_session_id,
     )
@@ -40,10 +41,12 @@ _HOMES = {
     "Ring": "session.ring",
     "MAX_CURSORS": "session.rules",
     "MAX_KEYS": "session.rules",
-    "CursorState": "session.session",
+    "CursorState": "session.delta",
+    "Delta": "session.delta",
     "Recorded": "session.session",
     "Session": "session.session",
     "Snapshot": "session.session",
+    "Summary": "session.session",
     "check_cursor_name": "session.session",
     "check_session_id": "session.session",
 }
@@ -57,12 +60,14 @@ __all__ = [
     "Code",
     "CursorInfo",
     "CursorState",
+    "Delta",
     "Firing",
     "Recorded",
     "ReplError",
     "Ring",
     "Session",
     "Snapshot",
+    "Summary",
     "check_cursor_name",
     "check_session_id",
 ]

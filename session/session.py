@@ -8,6 +8,12 @@ it so that a test can see that an idle waiter costs nothing.
 ``visible`` on the read operations caps what readers may see at a seq below
 the head; the daemon passes the seq its store has made durable, so a reader
 never sees a firing that a crash could still take back.
+
+A session also tracks what changed since a store was last handed its state:
+``changes`` counts the operations that changed something (so a caller can
+tell whether the one it ran did), and ``take_delta`` returns the change as a
+``Delta`` and starts tracking afresh. A new session's first delta is a
+reset: it rewrites whatever a store held under its id.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from collections import OrderedDict
 
 import msgspec
 
+from session.delta import CursorState, Delta
 from session.errors import AckAfterHead, BadCursorName, BadHandler, BadKey, BadSeq, BadSessionId
 from session.firing import Batch, CursorInfo, Firing
 from session.ring import Ring
@@ -78,12 +85,21 @@ class Recorded(msgspec.Struct, frozen=True):
     duplicate: bool = False
 
 
-class CursorState(msgspec.Struct, frozen=True):
-    """A cursor as a store keeps it: ``last_use`` orders the LRU eviction."""
+class Summary(msgspec.Struct, frozen=True):
+    """A session's figures as ``sessions`` and ``stats`` list them.
 
-    name: str
-    seq: int
-    last_use: int
+    ``head`` is the newest seq readers may see; ``recorded`` the newest
+    recorded (they differ only while a firing is on its way to the disk).
+    """
+
+    id: str
+    head: int
+    retained: int
+    limit: int
+    cursors: int
+    recorded: int
+    lost: int
+    evaluations: int
 
 
 class Snapshot(msgspec.Struct, frozen=True):
@@ -101,12 +117,31 @@ class Snapshot(msgspec.Struct, frozen=True):
 class Session:
     """A named inbox. See SPEC.md §3 for the rules each method keeps."""
 
-    __slots__ = ("_cursors", "_keys", "_uses", "evaluations", "id", "ring")
+    __slots__ = (
+        "_cursors",
+        "_keys",
+        "_new_keys",
+        "_persisted",
+        "_reset",
+        "_uses",
+        "changes",
+        "dirty",
+        "evaluations",
+        "id",
+        "ring",
+    )
 
     def __init__(self, session_id: str, limit: int = DEFAULT_LIMIT) -> None:
         self.id = check_session_id(session_id)
         self.ring = Ring(limit)
         self.evaluations = 0
+        #: operations that changed the session's state, ever
+        self.changes = 0
+        #: whether anything changed since the last ``take_delta``
+        self.dirty = True
+        self._reset = True
+        self._persisted = 0  # the head as of the last delta
+        self._new_keys: list[tuple[str, int]] = []
         # name -> [seq, last_use], least recently used first; last_use is a
         # logical clock, not time. Keeping the dict in use order makes the
         # eviction O(1) and lets a snapshot list the cursors in the one order
@@ -136,15 +171,20 @@ class Session:
             seq = self.ring.record(handler, None, text, ts)
         if key is not None:
             self._keys[key] = seq
+            self._new_keys.append((key, seq))
             if len(self._keys) > MAX_KEYS:
                 self._keys.popitem(last=False)
         self.evaluations += 1
+        self.changes += 1
+        self.dirty = True
         return Recorded(seq)
 
     def set_limit(self, limit: int) -> int:
         """Change the ring bound; returns how many firings it trimmed."""
         trimmed = self.ring.set_limit(limit)
         self.evaluations += 1
+        self.changes += 1
+        self.dirty = True
         return trimmed
 
     # -- reading ----------------------------------------------------------
@@ -171,14 +211,18 @@ class Session:
         self.evaluations += 1
         return batch
 
-    def ack(self, cursor: str, seq: int, visible: int | None = None) -> int:
-        """Move ``cursor`` to ``max(current, seq)``; returns where it is (rule 5)."""
-        check_cursor_name(cursor)
+    def check_ack(self, seq: int, visible: int | None = None) -> None:
+        """Raise what ``ack`` would raise for ``seq``, changing nothing."""
         head = self.ring.visible_head(visible)
         if seq < 0:
             raise BadSeq(f"seq {seq} is negative")
         if seq > head:
             raise AckAfterHead(f"cannot ack {seq}: head is {head}")
+
+    def ack(self, cursor: str, seq: int, visible: int | None = None) -> int:
+        """Move ``cursor`` to ``max(current, seq)``; returns where it is (rule 5)."""
+        check_cursor_name(cursor)
+        self.check_ack(seq, visible)
         entry = self._use(cursor)
         entry[0] = max(entry[0], seq)
         self.evaluations += 1
@@ -196,6 +240,8 @@ class Session:
     def _use(self, cursor: str) -> list[int]:
         """Mark a use of ``cursor``, creating it at 0 and evicting the LRU one if needed."""
         self._uses += 1
+        self.changes += 1
+        self.dirty = True
         entry = self._cursors.pop(cursor, None)
         if entry is None:
             if len(self._cursors) >= MAX_CURSORS:
@@ -227,6 +273,52 @@ class Session:
         """The logical clock that orders cursor uses."""
         return self._uses
 
+    def summary(self, visible: int | None = None) -> Summary:
+        """The figures ``sessions`` and ``stats`` list; looking is not an evaluation."""
+        ring = self.ring
+        return Summary(
+            id=self.id,
+            head=ring.visible_head(visible),
+            retained=ring.retained,
+            limit=ring.limit,
+            cursors=len(self._cursors),
+            recorded=ring.head,
+            lost=ring.dropped,
+            evaluations=self.evaluations,
+        )
+
+    # -- handing changes to a store --------------------------------------
+
+    def take_delta(self) -> Delta:
+        """What changed since the last delta (everything, after a reset); tracking starts afresh."""
+        ring = self.ring
+        if self._reset:
+            firings = ring.firings()
+            keys = list(self._keys.items())
+        else:
+            firings = ring.events_after(min(self._persisted, ring.head)).firings
+            keys = self._new_keys
+        delta = Delta(
+            self.id,
+            reset=self._reset,
+            limit=ring.limit,
+            head=ring.head,
+            uses=self._uses,
+            retained=ring.retained,
+            firings=firings,
+            cursors=self.cursor_states(),
+            keys=keys,
+            max_keys=MAX_KEYS,
+        )
+        self._reset = self.dirty = False
+        self._new_keys = []
+        self._persisted = ring.head
+        return delta
+
+    def mark_reset(self) -> None:
+        """Make the next delta rewrite the whole session (after a store lost track of it)."""
+        self._reset = self.dirty = True
+
     # -- persistence ------------------------------------------------------
 
     def snapshot(self) -> Snapshot:
@@ -253,6 +345,9 @@ class Session:
         session._cursors = {c.name: [c.seq, c.last_use] for c in ordered}
         session._uses = max_([snapshot.uses, *(c.last_use for c in ordered)])
         session._keys = OrderedDict(snapshot.keys[-MAX_KEYS:])
+        # it is as stored: nothing to hand back until it changes
+        session._reset = session.dirty = False
+        session._persisted = snapshot.head
         return session
 
 

@@ -29,7 +29,7 @@ LAST_MS = (datetime(9999, 12, 31, 23, 59, 59, 999_000, tzinfo=UTC) - EPOCH) // t
 
 
 def daemon_ts(when: datetime) -> str:
-    """A ts exactly as the daemon writes one (repl_daemon.hub.utc_now)."""
+    """A ts exactly as the daemon writes one (repl_daemon.engine.utc_now)."""
     return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 

@@ -1,10 +1,11 @@
 """What every durable store must do, checked against real files (SQLite today).
 
-A store is handed :class:`SessionDelta` batches and must give back, through
+A store is handed :class:`Delta` batches and must give back, through
 ``load`` and ``load_session``, exactly what the core's ``Session.snapshot()``
 holds: seqs, the ring (bound included), cursors with their last use, dedup
-keys in order, limits and the cursor-use clock. The deltas here are built
-the way the hub builds them (``Mirror``); the last tests drive the real hub.
+keys in order, limits and the cursor-use clock. The deltas here are the
+core's own (``Session.take_delta``, proven against a model in
+tests of the core); the last tests drive the real engine.
 
 To hold another store to the same contract, add it to ``STORES``.
 """
@@ -23,12 +24,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from repl_daemon import protocol as p
-from repl_daemon.hub import Hub, Ticket
-from repl_daemon.redis_store import RedisStore
-from repl_daemon.sqlite_store import SqliteStore
-from repl_daemon.store import MemoryStore, SessionDelta, Store
+from repl_daemon.engine import Engine, Outcome
+from repl_daemon.engine.local import LocalCommitter
+from repl_daemon.stores.base import Store
+from repl_daemon.stores.memory import MemoryStore
+from repl_daemon.stores.redis import RedisStore
+from repl_daemon.stores.sqlite import SqliteStore
+from session.delta import Delta
 from session.errors import StoreFailed
-from session.session import MAX_KEYS, Session, Snapshot
+from session.rules import MAX_KEYS
+from session.session import Session, Snapshot
 from tests.conftest import RedisProc, require_redis
 
 TS = "2026-01-02T03:04:05.678Z"
@@ -80,40 +85,16 @@ def reopen(store: Store, open_store: OpenStore) -> Store:
 
 
 class Mirror:
-    """A core session plus the bookkeeping the hub does to build its deltas."""
+    """A core session and the deltas it hands over, as the engine hands them."""
 
     def __init__(self, session_id: str, limit: int = 256) -> None:
         self.session = Session(session_id, limit)
-        self.persisted = 0
-        self.keys: list[tuple[str, int]] = []
-        self.reset = True
 
     def record(self, text: str, key: str | None = None, handler: str = "on-message") -> int:
-        recorded = self.session.record(handler, text, TS, key)
-        if key is not None and not recorded.duplicate:
-            self.keys.append((key, recorded.seq))
-        return recorded.seq
+        return self.session.record(handler, text, TS, key).seq
 
-    def delta(self) -> SessionDelta:
-        session, ring = self.session, self.session.ring
-        if self.reset:
-            snap = session.snapshot()
-            firings, keys = snap.firings, snap.keys
-        else:
-            firings, keys = ring.events_after(self.persisted).firings, self.keys
-        delta = SessionDelta(
-            session.id,
-            reset=self.reset,
-            limit=ring.limit,
-            head=ring.head,
-            uses=session.uses,
-            retained=ring.retained,
-            firings=firings,
-            cursors=session.cursor_states(),
-            keys=keys,
-        )
-        self.reset, self.keys, self.persisted = False, [], ring.head
-        return delta
+    def delta(self) -> Delta:
+        return self.session.take_delta()
 
     def snapshot(self) -> Snapshot:
         return self.session.snapshot()
@@ -319,7 +300,7 @@ def test_gone_deletes_the_whole_session(open_store: OpenStore) -> None:
         m.record("m", key="k")
         m.session.ack("read", 1)
     store.write([a.delta(), b.delta()])
-    store.write([SessionDelta("a", gone=True)])
+    store.write([Delta("a", gone=True)])
     store = reopen(store, open_store)
     assert loaded(store) == {"b": b.snapshot()}
     assert store.load_session("a") is None
@@ -335,7 +316,7 @@ def test_reset_replaces_whatever_was_under_the_id(open_store: OpenStore) -> None
     # stopped and started again before the next batch: one gone, one reset
     new = Mirror("a", limit=4)
     new.record("new")
-    store.write([SessionDelta("a", gone=True), new.delta()])
+    store.write([Delta("a", gone=True), new.delta()])
     assert store.load_session("a") == new.snapshot()
     # a reset alone does the same
     newer = Mirror("a", limit=2)
@@ -361,7 +342,7 @@ def test_a_failed_batch_writes_nothing_and_the_store_goes_on(open_store: OpenSto
     a.record("lost")
     good = a.delta()
     # a change to a session the store never had, and not a reset: refused
-    bad = SessionDelta("ghost", limit=4, head=1, retained=0)
+    bad = Delta("ghost", limit=4, head=1, retained=0)
     with pytest.raises(StoreFailed):
         store.write([good, bad])
     assert loaded(store) == before
@@ -377,7 +358,7 @@ def test_a_delta_that_would_leave_a_hole_in_the_ring_is_refused(open_store: Open
     a.record("two")
     a.record("three")
     skipped = a.session.ring.events_after(2).firings  # seq 2 never handed over
-    delta = SessionDelta("a", limit=256, head=3, uses=0, retained=3, firings=skipped, cursors=[])
+    delta = Delta("a", limit=256, head=3, uses=0, retained=3, firings=skipped, cursors=[])
     with pytest.raises(StoreFailed, match="do not continue"):
         store.write([delta])
     assert [f.seq for f in loaded(store)["a"].firings] == [1]
@@ -393,7 +374,7 @@ def test_the_memory_store_keeps_nothing() -> None:
     store.close()
 
 
-# -- the hub's own deltas ----------------------------------------------------
+# -- the engine's own deltas ----------------------------------------------------
 
 Op = tuple[str, int, int]
 ops = st.lists(
@@ -408,44 +389,59 @@ ops = st.lists(
 )
 
 
-async def run_hub(store: Store, script: list[Op]) -> dict[str, Snapshot]:
-    """Drive the hub through ``script``; commits come in groups, as under load."""
-    hub = Hub(store, settle=0)
+async def run_engine(store: Store, script: list[Op]) -> dict[str, Snapshot]:
+    """Drive the engine through ``script``; commits come in groups, as under load.
+
+    The local committer on every store, Redis too: what is checked here is
+    that a store keeps the deltas it is handed, not how daemons share one.
+    """
+    committer: LocalCommitter | None = None
+
+    def make(engine: Engine) -> LocalCommitter:
+        nonlocal committer
+        committer = LocalCommitter(store, engine)
+        return committer
+
+    engine = Engine(make, settle=0)
+    assert committer is not None
     names = ["s0", "s1", "s2"]
+
+    async def call(req: p.AnyRequest) -> p.Response:
+        return await engine.handle(req).result()
+
     async with anyio.create_task_group() as tg:
-        tg.start_soon(hub.run_committer)
+        tg.start_soon(engine.run)
         for name in names:
-            await hub.start(p.Start(session=name, buffer=5))
-        tickets: list[Ticket] = []
+            await call(p.Start(session=name, buffer=5))
+        pending: list[Outcome[p.Response]] = []
         for op, which, n in script:
             name = names[which]
             if op == "gap":  # let the committer write what is pending
-                for ticket in tickets:
-                    await ticket.wait()
-                tickets.clear()
+                for outcome in pending:
+                    await outcome.result()
+                pending.clear()
                 continue
             if op == "restart":
-                await hub.stop(p.Stop(session=name))
-                await hub.start(p.Start(session=name, buffer=n % 7))
+                await call(p.Stop(session=name))
+                await call(p.Start(session=name, buffer=n % 7))
                 continue
-            hosted = hub.get(name)
+            visible = committer.sessions[name].visible
+            req: p.AnyRequest
             if op in ("send", "keyed"):
                 key = f"k{n % 9}" if op == "keyed" else None
-                hosted, _ = hub.send(p.Send(session=name, text=f"t{n}", key=key))
+                req = p.Send(session=name, text=f"t{n}", key=key)
             elif op == "ack":
-                hub.ack(p.Ack(session=name, cursor=f"c{n % 20}", seq=min(n, hosted.visible)))
+                req = p.Ack(session=name, cursor=f"c{n % 20}", seq=min(n, visible))
             elif op == "read":
-                hub.read(p.Read(session=name, cursor=f"c{n % 20}"))
-            elif op == "buffer":
-                hub.buffer(p.Buffer(session=name, limit=n % 9))
-            pending = hub.changed(hosted)
-            assert pending is not None
-            tickets.append(pending)
-        await hub.commit_now()
-        for ticket in tickets:
-            await ticket.wait()
+                req = p.Read(session=name, cursor=f"c{n % 20}")
+            else:
+                req = p.Buffer(session=name, limit=n % 9)
+            pending.append(engine.handle(req))
+        await committer.commit_now()
+        for outcome in pending:
+            await outcome.result()
         tg.cancel_scope.cancel()
-    return {name: hosted.session.snapshot() for name, hosted in hub.sessions.items()}
+    return {name: hosted.session.snapshot() for name, hosted in committer.sessions.items()}
 
 
 @settings(
@@ -454,12 +450,12 @@ async def run_hub(store: Store, script: list[Op]) -> dict[str, Snapshot]:
     suppress_health_check=[HealthCheck.too_slow],
 )
 @given(script=ops)
-def test_what_the_hub_writes_loads_back_as_its_sessions(script: list[Op]) -> None:
+def test_what_the_engine_writes_loads_back_as_its_sessions(script: list[Op]) -> None:
     for name, make in STORES.items():
         with tempfile.TemporaryDirectory(prefix=f"store-{name}-") as home:
             store = make(Path(home))
             try:
-                expected = anyio.run(run_hub, store, script)
+                expected = anyio.run(run_engine, store, script)
             finally:
                 store.close()
             store = make(Path(home))
@@ -469,7 +465,7 @@ def test_what_the_hub_writes_loads_back_as_its_sessions(script: list[Op]) -> Non
                 store.close()
 
 
-def test_a_long_random_run_through_the_hub(tmp_path: Path) -> None:
+def test_a_long_random_run_through_the_engine(tmp_path: Path) -> None:
     rng = random.Random(5)
     kinds = ["send", "send", "keyed", "ack", "read", "buffer", "gap", "gap"]
     script: list[Op] = [
@@ -480,7 +476,7 @@ def test_a_long_random_run_through_the_hub(tmp_path: Path) -> None:
         home.mkdir()
         store = make(home)
         try:
-            expected = anyio.run(run_hub, store, script)
+            expected = anyio.run(run_engine, store, script)
         finally:
             store.close()
         store = make(home)

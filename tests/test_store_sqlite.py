@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from repl_daemon.sqlite_store import SCHEMA_VERSION, SqliteStore
-from repl_daemon.store import SessionDelta
-from session.errors import ConfigError, StoreFailed
+from repl_daemon.stores.sqlite import SCHEMA_VERSION, SqliteStore
+from session.delta import Delta
+from session.errors import StoreFailed
 from session.firing import Firing
 from session.session import CursorState
 from tests.test_store_conformance import Mirror
@@ -58,7 +58,7 @@ def test_a_second_store_on_the_same_file_is_refused_until_the_first_closes(
 ) -> None:
     db = tmp_path / "repl.db"
     first = SqliteStore(db)
-    with pytest.raises(ConfigError) as refused:
+    with pytest.raises(StoreFailed) as refused:
         SqliteStore(db)
     assert str(refused.value) == (
         f"another repl daemon is using {tmp_path} (pid {os.getpid()}): "
@@ -72,7 +72,7 @@ def test_a_file_that_is_not_a_database_is_refused_and_left_alone(tmp_path: Path)
     db = tmp_path / "repl.db"
     garbage = b"this is not an SQLite file\n" * 500
     db.write_bytes(garbage)
-    with pytest.raises(ConfigError, match=r"is not a readable repl database.*move it away"):
+    with pytest.raises(StoreFailed, match=r"is not a readable repl database.*move it away"):
         SqliteStore(db)
     assert db.read_bytes() == garbage
     assert not (tmp_path / "repl.db-wal").exists()
@@ -89,7 +89,7 @@ def test_a_damaged_page_is_found_at_open_and_the_file_left_alone(tmp_path: Path)
         f.seek(size // 2)
         f.write(b"\xff" * 8192)
     damaged = db.read_bytes()
-    with pytest.raises(ConfigError, match="malformed"):
+    with pytest.raises(StoreFailed, match="malformed"):
         SqliteStore(db)
     assert db.read_bytes() == damaged
 
@@ -99,7 +99,7 @@ def test_another_programs_database_is_refused(tmp_path: Path) -> None:
     with sqlite3.connect(db) as conn:
         conn.execute("CREATE TABLE invoices (id INTEGER)")
     conn.close()
-    with pytest.raises(ConfigError, match=r"not repl's .*invoices"):
+    with pytest.raises(StoreFailed, match=r"not repl's .*invoices"):
         SqliteStore(db)
 
 
@@ -109,7 +109,7 @@ def test_a_database_from_a_newer_repl_is_refused(tmp_path: Path) -> None:
     with sqlite3.connect(db) as conn:
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     conn.close()
-    with pytest.raises(ConfigError, match="newer repl"):
+    with pytest.raises(StoreFailed, match="newer repl"):
         SqliteStore(db)
 
 
@@ -119,13 +119,13 @@ def test_a_ring_with_a_hole_is_refused_at_open(tmp_path: Path) -> None:
     with sqlite3.connect(db) as conn:
         conn.execute("DELETE FROM firings WHERE session = 's1' AND seq = 30")
     conn.close()
-    with pytest.raises(ConfigError, match="not consistent: session 's1'"):
+    with pytest.raises(StoreFailed, match="not consistent: session 's1'"):
         SqliteStore(db)
 
 
 def test_a_directory_it_cannot_create_the_file_in(tmp_path: Path) -> None:
     (tmp_path / "repl.db").mkdir()  # the database's name is taken by a directory
-    with pytest.raises(ConfigError, match="cannot open"):
+    with pytest.raises(StoreFailed, match="cannot open"):
         SqliteStore(tmp_path / "repl.db")
 
 
@@ -175,7 +175,7 @@ def test_a_thousand_full_rings_load_back(tmp_path: Path) -> None:
                 for n in range(1, 301)
             ][-256:]
             batch.append(
-                SessionDelta(
+                Delta(
                     sid,
                     reset=True,
                     limit=256,

@@ -9,8 +9,11 @@ keys share a hash slot and the design runs on Redis Cluster):
 - ``repl:{ID}:keys``     hash: dedup key -> seq
 - ``repl:{ID}:keyorder`` list: dedup keys, oldest first (the newest 1,024)
 
-plus one set ``repl:sessions`` that lists the ids (outside any session's
-slot, so it is kept beside the scripts rather than inside them).
+plus one set ``repl:sessions`` that lists the ids. The scripts keep it in
+the same atomic step as the session's own keys, so a change that Redis
+took is never answered ``store_failed`` for the set's sake. (That set lies
+outside every session's hash slot, so this layout needs one Redis, not a
+Cluster.)
 
 Every change of a session is one Lua script (``COMMIT``): it checks the
 session's ``version`` against the one the daemon's copy came from, writes
@@ -35,10 +38,10 @@ from typing import Any
 
 import msgspec
 
-from repl_daemon.store import SessionDelta
+from session.delta import CursorState, Delta
 from session.errors import StoreFailed
 from session.firing import Firing
-from session.session import CursorState, Snapshot
+from session.session import Snapshot
 
 log = logging.getLogger("repl.daemon")
 
@@ -54,6 +57,10 @@ local reset = ARGV[2] == '1'
 if not reset and version == 0 then
   return {-1, 'the session is not stored (it was stopped, or never started)'}
 end
+-- first the listing, so a refusal here leaves nothing half written
+if reset then
+  redis.call('SADD', KEYS[6], ARGV[9])
+end
 local limit, head, uses, retained = ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
 local first, count = tonumber(ARGV[7]), tonumber(ARGV[8])
 local stored = tonumber(redis.call('HGET', KEYS[1], 'head') or '0')
@@ -65,7 +72,7 @@ end
 if reset then
   redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
 end
-local i = 9
+local i = 11
 for _ = 1, count do
   redis.call('RPUSH', KEYS[2], ARGV[i])
   i = i + 1
@@ -95,7 +102,8 @@ for _ = 1, count do
   redis.call('RPUSH', KEYS[5], ARGV[i])
   i = i + 2
 end
-while redis.call('LLEN', KEYS[5]) > 1024 do
+local max_keys = tonumber(ARGV[10])
+while redis.call('LLEN', KEYS[5]) > max_keys do
   redis.call('HDEL', KEYS[4], redis.call('LPOP', KEYS[5]))
 end
 version = version + 1
@@ -108,6 +116,7 @@ _STOP = """
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
+redis.call('SREM', KEYS[6], ARGV[2])
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
 redis.call('PUBLISH', ARGV[1], ARGV[2] .. ' stop ' .. ARGV[3])
 return 1
@@ -123,8 +132,10 @@ class Conflict(Exception):
 
 
 def session_keys(session_id: str) -> list[str]:
+    """A session's keys, and last the set of every session's id."""
     tag = f"repl:{{{session_id}}}"
-    return [f"{tag}:meta", f"{tag}:ring", f"{tag}:cursors", f"{tag}:keys", f"{tag}:keyorder"]
+    keys = [f"{tag}:meta", f"{tag}:ring", f"{tag}:cursors", f"{tag}:keys", f"{tag}:keyorder"]
+    return [*keys, SESSIONS]
 
 
 _encode_firing = msgspec.json.Encoder().encode
@@ -176,7 +187,7 @@ class RedisStore:
         loaded = self.load_versioned(session_id)
         return None if loaded is None else loaded[0]
 
-    def write(self, batch: list[SessionDelta]) -> None:
+    def write(self, batch: list[Delta]) -> None:
         """Write each session's delta atomically (not the batch as a whole: see store.py)."""
         for delta in batch:
             if delta.gone:
@@ -210,7 +221,7 @@ class RedisStore:
         return int(value or 0)
 
     def load_versioned(self, session_id: str) -> tuple[Snapshot, int] | None:
-        meta_key, ring_key, cursors_key, keys_key, order_key = session_keys(session_id)
+        meta_key, ring_key, cursors_key, keys_key, order_key, _ = session_keys(session_id)
         try:
             with self.client.pipeline(transaction=True) as pipe:
                 pipe.hgetall(meta_key)
@@ -238,7 +249,7 @@ class RedisStore:
         )
         return snapshot, int(meta[b"version"])
 
-    def commit(self, delta: SessionDelta, expected: int | None) -> int:
+    def commit(self, delta: Delta, expected: int | None) -> int:
         """Write ``delta`` if the stored version is ``expected``; the new version.
 
         ``expected`` None writes whatever is stored. Raises ``Conflict`` when
@@ -248,6 +259,7 @@ class RedisStore:
         args: list[Any] = ["" if expected is None else expected, "1" if delta.reset else "0"]
         first = delta.firings[0].seq if delta.firings else 0
         args += [delta.limit, delta.head, delta.uses, retained, first, len(delta.firings)]
+        args += [delta.id, delta.max_keys]
         args += [_encode_firing(f) for f in delta.firings]
         if delta.cursors is None:
             args.append(-1)
@@ -261,8 +273,6 @@ class RedisStore:
         args += [CHANNEL, delta.id, self.origin]
         try:
             done, version = self._commit(keys=session_keys(delta.id), args=args)
-            if delta.reset:
-                self.client.sadd(SESSIONS, delta.id)
         except self._redis_module.RedisError as exc:
             raise self._failed(exc) from None
         if done == -1:
@@ -278,7 +288,6 @@ class RedisStore:
             done = self._stop(
                 keys=session_keys(session_id), args=[CHANNEL, session_id, self.origin]
             )
-            self.client.srem(SESSIONS, session_id)
         except self._redis_module.RedisError as exc:
             raise self._failed(exc) from None
         return bool(done)

@@ -20,7 +20,7 @@ Only one daemon may use a home at a time: the store holds an exclusive
 ``flock`` on ``repl.db.lock`` next to the database for as long as it is
 open, and the kernel lets go of it when the process dies, however it dies.
 A networked store (Redis) cannot lean on a file lock or on one file's
-transactions; what it must keep instead is listed in ``repl_daemon.store``.
+transactions; what it must keep instead is listed in ``repl_daemon.stores.base``.
 
 Seqs are SQLite integers here, so they stop at 2**63 - 1 (a billion
 firings a second would take three hundred years to get there).
@@ -37,12 +37,11 @@ import threading
 from collections import defaultdict
 from pathlib import Path
 
-from repl_daemon.store import SessionDelta
-from session.errors import ConfigError, ReplError, StoreFailed
+from session.delta import CursorState, Delta, gap
+from session.errors import ReplError, StoreFailed
 from session.firing import Firing
 from session.ring import check_limit
-from session.rules import MAX_KEYS
-from session.session import CursorState, Snapshot, check_session_id
+from session.session import Snapshot, check_session_id
 
 log = logging.getLogger("repl.daemon")
 
@@ -108,9 +107,10 @@ class SqliteStore:
     """Sessions in an SQLite file; see the module's docstring for the guarantees."""
 
     durable = True
+    shared = False
 
     def __init__(self, path: Path | str, *, busy_timeout: float = BUSY_TIMEOUT) -> None:
-        """Lock the home, open (or create) the database; ``ConfigError`` when it cannot."""
+        """Lock the home, open (or create) the database; ``StoreFailed`` when it cannot."""
         self.path = Path(path)
         self.name = f"sqlite:{self.path}"
         self._busy_ms = int(busy_timeout * 1000)
@@ -129,10 +129,10 @@ class SqliteStore:
         except (sqlite3.Error, _NotOurs, _Inconsistent) as exc:
             self.close()
             if isinstance(exc, _NotOurs):
-                raise ConfigError(str(exc)) from None
+                raise StoreFailed(str(exc)) from None
             if isinstance(exc, _Inconsistent):
-                raise ConfigError(_load_failure(self.path, exc)) from None
-            raise ConfigError(_open_failure(self.path, exc)) from None
+                raise StoreFailed(_load_failure(self.path, exc)) from None
+            raise StoreFailed(_open_failure(self.path, exc)) from None
         self._probe_writable()
 
     # -- opening -----------------------------------------------------------
@@ -217,9 +217,7 @@ class SqliteStore:
             try:
                 return self._load_all(self._connection())
             except (sqlite3.Error, _Inconsistent) as exc:
-                raise ConfigError(_load_failure(self.path, exc)) from None
-            except StoreFailed as exc:
-                raise ConfigError(exc.message) from None
+                raise StoreFailed(_load_failure(self.path, exc)) from None
 
     def _load_all(self, conn: sqlite3.Connection) -> list[Snapshot]:
         firings: defaultdict[str, list[Firing]] = defaultdict(list)
@@ -297,7 +295,7 @@ class SqliteStore:
         _check_snapshot(snapshot)
         return snapshot
 
-    def write(self, batch: list[SessionDelta]) -> None:
+    def write(self, batch: list[Delta]) -> None:
         """Apply the batch in one transaction; on any failure nothing of it is written."""
         with self._mutex:
             self._loaded = None  # what was read at open is out of date from here on
@@ -335,7 +333,7 @@ class SqliteStore:
                 self._lock_fd = -1
 
 
-def _apply(conn: sqlite3.Connection, delta: SessionDelta) -> None:
+def _apply(conn: sqlite3.Connection, delta: Delta) -> None:
     """One session's change, inside the batch's transaction."""
     sid = delta.id
     if delta.gone or delta.reset:
@@ -351,17 +349,12 @@ def _apply(conn: sqlite3.Connection, delta: SessionDelta) -> None:
         if row is None:
             raise _Inconsistent(f"session {sid!r} is not in the file, and the change is no reset")
         (stored,) = row
-    retained = min(delta.limit if delta.retained is None else delta.retained, delta.head)
-    oldest = delta.head - retained + 1
     # the new firings must continue the stored ring exactly, or the file would
-    # hold a ring with a hole in it; refuse, and the hub reloads what is stored
-    expected = range(max(stored + 1, oldest), delta.head + 1)
-    if delta.head < stored or [f.seq for f in delta.firings] != list(expected):
-        got = [delta.firings[0].seq, delta.firings[-1].seq] if delta.firings else []
-        raise _Inconsistent(
-            f"session {sid!r}: firings {got} do not continue the stored head {stored} "
-            f"up to head {delta.head}"
-        )
+    # hold a ring with a hole in it; refuse, and the engine reloads what is stored
+    problem = gap(delta, stored)
+    if problem is not None:
+        raise _Inconsistent(problem)
+    oldest = delta.oldest
     conn.execute(
         'INSERT INTO sessions (id, "limit", head, uses) VALUES (?, ?, ?, ?)'
         ' ON CONFLICT (id) DO UPDATE SET "limit" = excluded."limit",'
@@ -391,11 +384,11 @@ def _apply(conn: sqlite3.Connection, delta: SessionDelta) -> None:
             "INSERT OR REPLACE INTO keys (session, key, seq, ord) VALUES (?, ?, ?, ?)",
             [(sid, key, seq, top + i) for i, (key, seq) in enumerate(delta.keys, 1)],
         )
-        if top + len(delta.keys) > MAX_KEYS:
+        if top + len(delta.keys) > delta.max_keys:
             conn.execute(
                 "DELETE FROM keys WHERE session = ? AND ord <= (SELECT ord FROM keys"
                 " WHERE session = ? ORDER BY ord DESC LIMIT 1 OFFSET ?)",
-                (sid, sid, MAX_KEYS),
+                (sid, sid, delta.max_keys),
             )
 
 
@@ -427,15 +420,15 @@ def _lock_home(db: Path) -> int:
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     except OSError as exc:
-        raise ConfigError(f"cannot create the lock file {path}: {exc.strerror}") from None
+        raise StoreFailed(f"cannot create the lock file {path}: {exc.strerror}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
         os.close(fd)
         if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-            raise ConfigError(f"cannot lock {path}: {exc.strerror}") from None
-        raise ConfigError(
+            raise StoreFailed(f"cannot lock {path}: {exc.strerror}") from None
+        raise StoreFailed(
             f"another repl daemon is using {db.parent} (pid {holder}): stop it first, "
             "or give this one another --home"
         ) from None

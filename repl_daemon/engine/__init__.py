@@ -1,0 +1,35 @@
+"""The engine: requests in, the core's operations run, answers out (see ``engine.engine``).
+
+``open_engine`` is the one place that chooses a committer for a store: a
+store that other daemons share needs the committer that refreshes before
+every operation; any other store is this daemon's alone.
+"""
+
+from __future__ import annotations
+
+from repl_daemon.engine.committer import Committer
+from repl_daemon.engine.engine import Engine, utc_now
+from repl_daemon.engine.outcome import Outcome, Ticket
+from repl_daemon.stores.base import Store
+
+__all__ = ["Committer", "Engine", "Outcome", "Ticket", "open_engine", "utc_now"]
+
+
+def open_engine(store: Store, *, settle: float = 0.1, max_sessions: int = 10_000) -> Engine:
+    """An engine over ``store``, with the committer that the store calls for."""
+    if store.shared:
+        from repl_daemon.engine.shared import SharedCommitter
+        from repl_daemon.stores.redis import RedisStore
+
+        assert isinstance(store, RedisStore)
+        shared = store
+
+        def make(engine: Engine) -> Committer:
+            return SharedCommitter(shared, engine, max_sessions=max_sessions)
+    else:
+        from repl_daemon.engine.local import LocalCommitter
+
+        def make(engine: Engine) -> Committer:
+            return LocalCommitter(store, engine, max_sessions=max_sessions)
+
+    return Engine(make, settle=settle)

@@ -1,0 +1,86 @@
+"""The committer interface: what keeps the sessions, and how the engine is told of changes.
+
+A committer runs the core's operations (``session.ops``) on the sessions it
+keeps and makes their effects durable before an answer is given. There are
+two: ``LocalCommitter`` (this daemon's memory is the truth, written to a
+store by group commit: memory or SQLite) and ``SharedCommitter`` (a store
+that several daemons write, Redis). The engine talks to either through this
+interface alone and never asks which one it has.
+
+The committer tells the engine what it must pass on to waiters through a
+``Listener``: new firings became visible in a session, a session is gone,
+or the committer's link to its store (and so its wake signals) broke or
+came back.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, TypeVar
+
+import msgspec
+
+from repl_daemon.engine.outcome import Outcome
+from repl_daemon.stores.base import Store
+from session.errors import StoreFailed
+from session.ops import Op
+from session.session import Summary
+
+R = TypeVar("R")
+
+
+class Totals(msgspec.Struct, frozen=True):
+    """The daemon-wide figures of ``stats``, over the sessions a committer holds."""
+
+    sessions: int
+    lost: int
+    #: with those of sessions that are gone, so the total never drops
+    evaluations: int
+
+
+class Listener(Protocol):
+    def changed(self, session_id: str) -> None:
+        """New firings in ``session_id`` are visible: its waiters must read again."""
+
+    def stopped(self, session_id: str) -> None:
+        """``session_id`` is gone (stopped here, elsewhere, or rolled back)."""
+
+    def link(self, error: StoreFailed | None) -> None:
+        """Wake signals broke (an error) or came back (None): every waiter reads again."""
+
+
+class Committer(Protocol):
+    @property
+    def store(self) -> Store:
+        """Where the sessions are kept (``stats`` names it)."""
+
+    def load(self) -> int:
+        """Take over what the store holds; returns how many sessions it has."""
+
+    async def run(self) -> None:
+        """The committer's own work, until cancelled (group commit, or a wake listener)."""
+
+    async def close(self) -> None:
+        """Make everything that was answered durable; called once, at shutdown."""
+
+    def execute(self, session_id: str, op: Op[R]) -> Outcome[R]:
+        """Apply ``op`` to the session; ``NoSuchSession`` when there is none."""
+
+    def ack_all(self, cursor: str, acks: list[tuple[str, int]]) -> Outcome[list[int]]:
+        """Ack ``cursor`` on several sessions: all of them, or none (``session.ops.ack_all``)."""
+
+    def require(self, session_ids: list[str]) -> Outcome[None]:
+        """``NoSuchSession`` for the first of ``session_ids`` that does not exist; else None."""
+
+    def start(
+        self, session_id: str | None, limit: int, exist_ok: bool
+    ) -> Outcome[tuple[str, bool]]:
+        """Create a session (an id is made up when None); answers its id and whether it is new."""
+
+    def stop(self, session_id: str) -> Outcome[None]:
+        """Remove a session and all of it; its waiters are told through the listener."""
+
+    def summaries(self, session_id: str | None) -> Outcome[list[Summary]]:
+        """One session's figures, or every session's, sorted by id."""
+
+    def totals(self) -> Totals:
+        """The daemon-wide figures, from what the committer holds now (no I/O)."""

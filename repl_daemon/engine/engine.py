@@ -1,0 +1,366 @@
+"""The engine: one request in, the core's operations run by a committer, one answer out.
+
+``Engine.handle`` is the whole of the daemon's behaviour but framing and
+authentication: it checks a request, turns it into operations of the core
+(``session.ops``), has the committer run them, and builds the answer. It is
+the same for every store; what differs (memory, SQLite, Redis) is the
+committer's business (``repl_daemon.engine.committer``).
+
+A request that touches several things is checked whole before anything is
+applied: a wait's acks on several sessions go through ``ack_all``, which
+applies all of them or none, and every other part of a wait (its cursor,
+its ``max``, its timeout, its sessions) is checked before those acks.
+
+Waits are the engine's own: a waiter subscribes to its sessions before it
+reads, so a firing recorded between the read and the sleep still wakes it,
+and a blocked waiter does no work at all until the committer says that one
+of its sessions changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Never, NoReturn, TypeVar
+
+import anyio
+
+from repl_daemon import protocol as p
+from repl_daemon.engine.committer import Committer
+from repl_daemon.engine.outcome import Outcome
+from session.errors import (
+    BadMax,
+    BadRequest,
+    NoSuchSession,
+    SessionStopped,
+    ShuttingDown,
+    StoreFailed,
+    UnknownOp,
+)
+from session.firing import Batch
+from session.ops import (
+    Ack,
+    CursorTable,
+    Poll,
+    ReadAfter,
+    ReadCursor,
+    Record,
+    SetLimit,
+)
+from session.rules import DEFAULT_LIMIT, READ_CURSOR
+from session.session import Recorded, Summary, check_cursor_name, check_session_id
+
+T = TypeVar("T")
+
+_second: list[tuple[int, str]] = [(-1, "")]
+
+
+def utc_now() -> str:
+    """Now as ISO 8601 UTC with milliseconds, e.g. ``2026-11-30T07:00:00.123Z``.
+
+    Every send stamps one; formatting the date once a second keeps it cheap.
+    """
+    now = time.time()
+    second = int(now)
+    cached, prefix = _second[0]
+    if cached != second:
+        prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        _second[0] = (second, prefix)
+    return f"{prefix}.{int((now - second) * 1000):03d}Z"
+
+
+class Waiter:
+    """One blocked wait: ``event`` is replaced before every read (subscribe first)."""
+
+    __slots__ = ("event", "stopped")
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        #: the id of a session of this wait that was stopped, once one is
+        self.stopped: str | None = None
+
+
+class Engine:
+    """Every op of the protocol but auth, over one committer."""
+
+    def __init__(
+        self, make_committer: Callable[[Engine], Committer], *, settle: float = 0.1
+    ) -> None:
+        self.settle = settle
+        self.committer = make_committer(self)
+        self.started = time.monotonic()
+        self.connections = 0
+        self.requests = 0
+        self.waiting = 0
+        self.firings = 0
+        self.closing = False
+        #: set once the daemon is closing and the last waiter has been answered
+        self.no_waiters = anyio.Event()
+        #: the waiters of each session; an entry lives only while it has waiters
+        self.waiters: dict[str, set[Waiter]] = {}
+        self.link_error: StoreFailed | None = None
+
+    # -- life --------------------------------------------------------------
+
+    def load(self) -> int:
+        return self.committer.load()
+
+    async def run(self) -> None:
+        await self.committer.run()
+
+    async def shutdown(self) -> None:
+        """Answer every waiter ``shutting_down``, then make what was answered durable."""
+        self.closing = True
+        if not self.waiting:
+            self.no_waiters.set()
+        for waiters in self.waiters.values():
+            for waiter in waiters:
+                waiter.event.set()
+        await self.committer.close()
+
+    def uptime(self) -> float:
+        return time.monotonic() - self.started
+
+    # -- what the committer tells (the Listener) ---------------------------
+
+    def changed(self, session_id: str) -> None:
+        for waiter in self.waiters.get(session_id, ()):
+            waiter.event.set()
+
+    def stopped(self, session_id: str) -> None:
+        for waiter in self.waiters.get(session_id, ()):
+            waiter.stopped = session_id
+            waiter.event.set()
+
+    def link(self, error: StoreFailed | None) -> None:
+        self.link_error = error
+        for waiters in self.waiters.values():
+            for waiter in waiters:
+                waiter.event.set()
+
+    # -- requests ----------------------------------------------------------
+
+    def handle(self, req: p.AnyRequest) -> Outcome[p.Response]:
+        """The answer to one request; raises a ``ReplError`` when it is refused at once."""
+        rid = req.id
+        committer = self.committer
+        match req:
+            case p.Send():
+                op = Record(req.handler, req.text, utc_now(), req.key)
+                return committer.execute(req.session, op).then(self._sent(rid))
+            case p.Read():
+                if req.after is not None:
+                    if req.cursor is not None:
+                        raise BadRequest("give either cursor or after, not both")
+                    read: ReadAfter | ReadCursor = ReadAfter(req.after, req.max)
+                else:
+                    cursor = READ_CURSOR if req.cursor is None else req.cursor
+                    read = ReadCursor(cursor, req.max, touch=not req.peek)
+                return committer.execute(req.session, read).then(_firings(rid))
+            case p.Wait():
+                return self.wait(req)
+            case p.Ack():
+                acked = committer.execute(req.session, Ack(req.cursor, req.seq))
+                return acked.then(lambda seq: p.Acked(id=rid, cursor=req.cursor, seq=seq))
+            case p.Poll():
+                return committer.execute(req.session, Poll(req.max)).then(_firings(rid))
+            case p.Cursors():
+                table = committer.execute(req.session, CursorTable())
+                return table.then(lambda rows: p.CursorList(id=rid, cursors=rows))
+            case p.Buffer():
+                trimmed = committer.execute(req.session, SetLimit(req.limit))
+                return trimmed.then(lambda n: p.Buffered(id=rid, limit=req.limit, trimmed=n))
+            case p.Start():
+                limit = DEFAULT_LIMIT if req.buffer is None else req.buffer
+                started = committer.start(req.session, limit, req.exist_ok)
+                return started.then(lambda s: p.Started(id=rid, session=s[0], created=s[1]))
+            case p.Stop():
+                return committer.stop(req.session).then(lambda _: p.Done(id=rid))
+            case p.Sessions():
+                return committer.summaries(None).then(self._listing(rid))
+            case p.Stats():
+                return committer.summaries(req.session).then(self._stats(req))
+            case p.Ping():
+                return Outcome.now(self.ping(req))
+            case p.Auth():  # already authenticated: a second auth changes nothing
+                return Outcome.now(p.Done(id=rid))
+            case _:
+                _unknown(req)
+
+    def ping(self, req: p.Ping) -> p.Pong:
+        return p.Pong(id=req.id, version=p.VERSION, uptime_s=round(self.uptime(), 3))
+
+    def _sent(self, rid: p.RequestId) -> Callable[[Recorded], p.Sent]:
+        def sent(recorded: Recorded) -> p.Sent:
+            if not recorded.duplicate:
+                self.firings += 1
+            return p.Sent(id=rid, seq=recorded.seq, duplicate=recorded.duplicate)
+
+        return sent
+
+    def _waiters_of(self, session_id: str) -> int:
+        return len(self.waiters.get(session_id, ()))
+
+    def _listing(self, rid: p.RequestId) -> Callable[[list[Summary]], p.SessionList]:
+        def listing(rows: list[Summary]) -> p.SessionList:
+            return p.SessionList(
+                id=rid,
+                sessions=[
+                    p.SessionInfo(
+                        id=s.id,
+                        head=s.head,
+                        retained=s.retained,
+                        limit=s.limit,
+                        cursors=s.cursors,
+                        waiters=self._waiters_of(s.id),
+                    )
+                    for s in rows
+                ],
+            )
+
+        return listing
+
+    def _stats(self, req: p.Stats) -> Callable[[list[Summary]], p.StatsReply]:
+        def stats(rows: list[Summary]) -> p.StatsReply:
+            totals = self.committer.totals()
+            daemon = p.DaemonStats(
+                version=p.VERSION,
+                uptime_s=round(self.uptime(), 3),
+                store=self.committer.store.name,
+                sessions=totals.sessions,
+                firings=self.firings,
+                lost=totals.lost,
+                evaluations=totals.evaluations,
+                waiters=self.waiting,
+                connections=self.connections,
+                requests=self.requests,
+            )
+            sessions = [
+                p.SessionStats(
+                    id=s.id,
+                    head=s.head,
+                    retained=s.retained,
+                    limit=s.limit,
+                    firings=s.recorded,
+                    lost=s.lost,
+                    evaluations=s.evaluations,
+                    waiters=self._waiters_of(s.id),
+                    cursors=s.cursors,
+                )
+                for s in rows
+            ]
+            return p.StatsReply(id=req.id, daemon=daemon, sessions=sessions)
+
+        return stats
+
+    # -- waits -------------------------------------------------------------
+
+    def wait(self, req: p.Wait) -> Outcome[p.Response]:
+        """Block until a session has firings after the cursor (SPEC rules 8, 10, 11, 14).
+
+        Everything about the request is checked here, before anything runs:
+        a refused wait changes nothing.
+        """
+        check_cursor_name(req.cursor)
+        if not req.sessions:
+            raise BadRequest("wait needs at least one session")
+        ids = list(dict.fromkeys(req.sessions))
+        for session_id in ids:
+            check_session_id(session_id)
+        if req.max is not None and req.max < 1:
+            raise BadMax(f"max {req.max} is below 1")
+        if req.timeout_ms is not None and req.timeout_ms < 0:
+            raise BadRequest(f"timeout_ms {req.timeout_ms} is negative")
+        strays = sorted(set(req.ack) - set(ids))
+        if strays:
+            raise BadRequest(f"ack names {', '.join(strays)}, which the wait is not on")
+        acks = [(session_id, req.ack[session_id]) for session_id in ids if session_id in req.ack]
+        # every session must exist before any is acked (or read: a read is an evaluation)
+        committer = self.committer
+        required = committer.require(ids)
+        acked = committer.ack_all(req.cursor, acks) if acks else None
+
+        async def job() -> p.Response:
+            await required.result()
+            if acked is not None:
+                await acked.result()
+            return await self._wait(req, ids)
+
+        if required.job is None and acked is None:
+            return Outcome.later(lambda: self._wait(req, ids))
+        return Outcome.later(job)
+
+    async def _wait(self, req: p.Wait, ids: list[str]) -> p.Woken:
+        waiter = Waiter()
+        for session_id in ids:
+            self.waiters.setdefault(session_id, set()).add(waiter)
+        self.waiting += 1
+        try:
+            # a wait without a timeout needs no cancel scope (it costs memory per waiter)
+            deadline: AbstractContextManager[object] = (
+                contextlib.nullcontext()
+                if req.timeout_ms is None
+                else anyio.move_on_after(req.timeout_ms / 1000)
+            )
+            with deadline:
+                while True:
+                    # subscribe before reading: a firing in between still sets this event
+                    waiter.event = anyio.Event()
+                    self._check_open(waiter)
+                    batches = await self._ready(ids, req)
+                    if batches:
+                        return p.Woken(id=req.id, batches=batches)
+                    await waiter.event.wait()
+                    self._check_open(waiter)
+                    if self.settle:
+                        await anyio.sleep(self.settle)
+            return p.Woken(id=req.id, batches=[], timed_out=True)
+        finally:
+            self.waiting -= 1
+            for session_id in ids:
+                waiters = self.waiters.get(session_id)
+                if waiters is not None:
+                    waiters.discard(waiter)
+                    if not waiters:
+                        del self.waiters[session_id]
+            if self.closing and not self.waiting:
+                self.no_waiters.set()
+
+    def _check_open(self, waiter: Waiter) -> None:
+        if self.closing:
+            raise ShuttingDown("the daemon is shutting down: run the command again once it is back")
+        if waiter.stopped is not None:
+            raise SessionStopped(f"session {waiter.stopped!r} stopped")
+        if self.link_error is not None:
+            raise self.link_error
+
+    async def _ready(self, ids: list[str], req: p.Wait) -> list[p.SessionBatch]:
+        """The sessions with firings (or a loss) after the cursor; a look moves no cursor."""
+        look = ReadCursor(req.cursor, req.max, touch=False)
+        batches = []
+        for session_id in ids:
+            try:
+                batch: Batch = await self.committer.execute(session_id, look).result()
+            except NoSuchSession:  # it existed when the wait began
+                raise SessionStopped(f"session {session_id!r} stopped") from None
+            if batch.firings or batch.lost:
+                batches.append(p.SessionBatch(session_id, batch.next, batch.lost, batch.firings))
+        return batches
+
+
+def _unknown(req: Never) -> NoReturn:
+    """A request the engine has no case for: refused, never answered "done".
+
+    The argument's type makes mypy prove that every request of the protocol
+    has its case above; the raise covers a request made outside the decoder.
+    """
+    raise UnknownOp(f"the daemon has no op {type(req).__name__!r}")
+
+
+def _firings(rid: p.RequestId) -> Callable[[Batch], p.Firings]:
+    def firings(batch: Batch) -> p.Firings:
+        return p.Firings(id=rid, next=batch.next, lost=batch.lost, firings=batch.firings)
+
+    return firings

@@ -1,0 +1,292 @@
+"""The local committer: this daemon's memory is the truth, made durable by group commit.
+
+The order of a change:
+
+1. the core applies the operation in memory at once (so seqs are assigned
+   in order);
+2. the session is noted for the next commit, and the answer waits for the
+   *pending* commit (``Outcome.after``);
+3. the committer takes every noted session's ``Delta``, writes one batch
+   (group commit) and, once it is durable, raises each session's
+   ``visible`` seq, tells the listener, and resolves the commit, which
+   answers every caller of that batch.
+
+Readers only ever see firings up to ``visible``, so nobody reads a firing
+that a crash could still take back. When a write fails, every change that
+was not yet durable is rolled back by reloading the touched sessions from
+the store, and their callers get ``store_failed``. A batch is one atomic
+write, so an operation on several sessions (``ack_all``) is durable as a
+whole or not at all.
+
+With a store that keeps nothing (``--memory``) there is no commit: every
+answer is given at once and every firing is visible when it is recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import TypeVar
+
+import anyio
+
+from repl_daemon.engine.committer import Listener, Totals
+from repl_daemon.engine.outcome import Outcome, Ticket
+from repl_daemon.stores.base import Store
+from session.delta import Delta
+from session.errors import NoSuchSession, SessionExists, StoreFailed, TooMany
+from session.ops import Op, ack_all
+from session.session import Session, Snapshot, Summary, check_session_id
+
+log = logging.getLogger("repl.daemon")
+
+R = TypeVar("R")
+
+
+def no_session(session_id: str) -> NoSuchSession:
+    check_session_id(session_id)  # a malformed id is a bad id, not a missing session
+    return NoSuchSession(f"no session {session_id!r}: start it with `repl start {session_id}`")
+
+
+def exists(session_id: str) -> SessionExists:
+    return SessionExists(f"session {session_id!r} exists: stop it first, or pass --exist-ok")
+
+
+def made_up_id(taken: object) -> str:
+    """A fresh session id, ``s-`` and 8 hex digits, not ``in taken``."""
+    while True:
+        session_id = "s-" + secrets.token_hex(4)
+        if session_id not in taken:  # type: ignore[operator]
+            return session_id
+
+
+class Hosted:
+    """A session as this daemon hosts it: the core, and how much of it readers may see."""
+
+    __slots__ = ("announced", "session", "visible")
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        # the newest seq that readers may see: durable, or everything in memory
+        self.visible = session.head
+        # the newest seq the listener was told of (waiters wake only for new firings)
+        self.announced = session.head
+
+    def cap(self) -> int | None:
+        """``visible`` as the core's read operations take it: None when it is the head."""
+        return None if self.visible == self.session.head else self.visible
+
+
+class LocalCommitter:
+    """Hosts every session in memory over a store of this daemon's own."""
+
+    def __init__(self, store: Store, listener: Listener, *, max_sessions: int = 10_000) -> None:
+        self.store = store
+        self.listener = listener
+        self.max_sessions = max_sessions
+        self.sessions: dict[str, Hosted] = {}
+        self.retired_evaluations = 0
+        self._durable = store.durable
+        self._dirty: dict[str, Hosted] = {}
+        self._gone: set[str] = set()
+        self._pending = Ticket()
+        self._wake = anyio.Event()
+        self._commit_lock = anyio.Lock()
+
+    # -- life --------------------------------------------------------------
+
+    def load(self) -> int:
+        for snapshot in self.store.load():
+            self._host(Session.restore(snapshot))
+        return len(self.sessions)
+
+    async def run(self) -> None:
+        """The single writer: one batch per turn, as long as the daemon runs."""
+        while True:
+            await self._wake.wait()
+            self._wake = anyio.Event()
+            await self.commit_now()
+
+    async def close(self) -> None:
+        with anyio.CancelScope(shield=True):
+            await self.commit_now()
+
+    async def commit_now(self) -> None:
+        # one commit at a time: the shutdown's final commit must not take a
+        # batch while the committer's write is still on its way, or a failure
+        # of that write would roll back beneath a batch built on top of it
+        async with self._commit_lock:
+            await self._commit_batch()
+
+    async def _commit_batch(self) -> None:
+        ticket, self._pending = self._pending, Ticket()
+        batch, written = self._take_batch()
+        if not batch:
+            ticket.resolve()
+            return
+        try:
+            await anyio.to_thread.run_sync(self.store.write, batch)
+        except Exception as exc:
+            failure = exc if isinstance(exc, StoreFailed) else StoreFailed(f"store failed: {exc}")
+            log.error("write of %d session(s) failed: %s", len(batch), failure.message)
+            # the stopped sessions of the batch too: their stop did not happen
+            self._roll_back({delta.id for delta in batch}, failure)
+            ticket.resolve(failure)
+            return
+        for hosted, head in written:
+            if hosted.visible < head and self.sessions.get(hosted.session.id) is hosted:
+                hosted.visible = head
+                self._announce(hosted)
+        ticket.resolve()
+
+    def _take_batch(self) -> tuple[list[Delta], list[tuple[Hosted, int]]]:
+        batch = [Delta(session_id, gone=True) for session_id in self._gone]
+        self._gone.clear()
+        written: list[tuple[Hosted, int]] = []
+        marked = list(self._dirty.items())
+        self._dirty.clear()
+        for session_id, hosted in marked:
+            if not hosted.session.dirty or self.sessions.get(session_id) is not hosted:
+                continue  # written already, or stopped (then it is in _gone)
+            delta = hosted.session.take_delta()
+            batch.append(delta)
+            written.append((hosted, delta.head))
+        return batch, written
+
+    def _roll_back(self, touched: set[str], failure: StoreFailed) -> None:
+        """Undo everything not durable: the failed batch and the changes made since."""
+        touched.update(i for i, h in self._dirty.items() if h.session.dirty)
+        touched.update(self._gone)
+        self._gone.clear()
+        pending, self._pending = self._pending, Ticket()
+        pending.resolve(failure)
+        for session_id in touched:
+            try:
+                snapshot = self.store.load_session(session_id)
+            except Exception as exc:
+                log.error("cannot reload %s after a failed write: %s", session_id, exc)
+                hosted = self.sessions.get(session_id)
+                if hosted is not None:
+                    hosted.session.mark_reset()
+                    self._dirty[session_id] = hosted
+                continue
+            self._replace(session_id, snapshot)
+
+    def _replace(self, session_id: str, snapshot: Snapshot | None) -> None:
+        old = self.sessions.pop(session_id, None)
+        if snapshot is None:
+            if old is not None:
+                self._retire(old)
+            return
+        hosted = self._host(Session.restore(snapshot))
+        if old is not None:
+            hosted.session.evaluations = old.session.evaluations
+        self.listener.changed(session_id)  # what its waiters read may have gone back
+
+    def _host(self, session: Session) -> Hosted:
+        hosted = self.sessions[session.id] = Hosted(session)
+        return hosted
+
+    def _retire(self, hosted: Hosted) -> None:
+        self.retired_evaluations += hosted.session.evaluations
+        self.listener.stopped(hosted.session.id)
+
+    def _announce(self, hosted: Hosted) -> None:
+        if hosted.visible > hosted.announced:
+            hosted.announced = hosted.visible
+            self.listener.changed(hosted.session.id)
+
+    def _changed(self, hosted: Hosted) -> Ticket | None:
+        """Note a change to ``hosted``; the commit to wait for, None when nothing is durable.
+
+        Called in the same step as the change (no await between), so the
+        change cannot slip into a batch that was already taken.
+        """
+        if not self._durable:  # nothing to write: it is visible as it is
+            hosted.visible = hosted.session.head
+            self._announce(hosted)
+            return None
+        self._dirty[hosted.session.id] = hosted
+        self._wake.set()
+        return self._pending
+
+    def _get(self, session_id: str) -> Hosted:
+        hosted = self.sessions.get(session_id)
+        if hosted is None:
+            raise no_session(session_id)
+        return hosted
+
+    # -- operations -----------------------------------------------------------
+
+    def execute(self, session_id: str, op: Op[R]) -> Outcome[R]:
+        hosted = self._get(session_id)
+        session = hosted.session
+        before = session.changes
+        result = op.run(session, hosted.cap())
+        if session.changes == before:
+            return Outcome.now(result)
+        ticket = self._changed(hosted)
+        # a change that promises nothing (a read's touch) is written with the next batch
+        return Outcome.after(ticket if op.durable else None, result)
+
+    def ack_all(self, cursor: str, acks: list[tuple[str, int]]) -> Outcome[list[int]]:
+        chosen = [(self._get(session_id), seq) for session_id, seq in acks]
+        seqs = ack_all([(h.session, seq, h.cap()) for h, seq in chosen], cursor)
+        ticket = None
+        for hosted, _ in chosen:
+            ticket = self._changed(hosted)
+        return Outcome.after(ticket, seqs)
+
+    def require(self, session_ids: list[str]) -> Outcome[None]:
+        for session_id in session_ids:
+            self._get(session_id)
+        return Outcome.now(None)
+
+    def start(
+        self, session_id: str | None, limit: int, exist_ok: bool
+    ) -> Outcome[tuple[str, bool]]:
+        if session_id is None:
+            session_id = made_up_id(self.sessions)
+        check_session_id(session_id)
+        existing = self.sessions.get(session_id)
+        if existing is not None:
+            if not exist_ok:
+                raise exists(session_id)
+            # it may itself still be on its way to the disk
+            return Outcome.after(self._pending_commit(), (session_id, False))
+        if len(self.sessions) >= self.max_sessions:
+            raise TooMany(f"the daemon hosts {self.max_sessions:,} sessions, its limit")
+        hosted = self._host(Session(session_id, limit))
+        self._gone.discard(session_id)  # its first delta is a reset: it replaces the old one
+        return Outcome.after(self._changed(hosted), (session_id, True))
+
+    def stop(self, session_id: str) -> Outcome[None]:
+        hosted = self._get(session_id)
+        del self.sessions[session_id]
+        self._dirty.pop(session_id, None)
+        if self._durable:
+            self._gone.add(session_id)
+        self._retire(hosted)
+        return Outcome.after(self._pending_commit(), None)
+
+    def _pending_commit(self) -> Ticket | None:
+        if not self._durable:
+            return None
+        self._wake.set()
+        return self._pending
+
+    def summaries(self, session_id: str | None) -> Outcome[list[Summary]]:
+        if session_id is not None:
+            hosted = self._get(session_id)
+            return Outcome.now([hosted.session.summary(hosted.visible)])
+        rows = [h.session.summary(h.visible) for h in self.sessions.values()]
+        rows.sort(key=lambda row: row.id)
+        return Outcome.now(rows)
+
+    def totals(self) -> Totals:
+        hosted = self.sessions.values()
+        return Totals(
+            sessions=len(self.sessions),
+            lost=sum(h.session.ring.dropped for h in hosted),
+            evaluations=self.retired_evaluations + sum(h.session.evaluations for h in hosted),
+        )

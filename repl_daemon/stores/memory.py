@@ -1,0 +1,26 @@
+"""The store that keeps nothing: ``repl daemon --memory``."""
+
+from __future__ import annotations
+
+from session.delta import Delta
+from session.session import Snapshot
+
+
+class MemoryStore:
+    """Every write succeeds at once, and a restart starts with no sessions."""
+
+    name = "memory"
+    durable = False
+    shared = False
+
+    def load(self) -> list[Snapshot]:
+        return []
+
+    def load_session(self, session_id: str) -> Snapshot | None:
+        return None
+
+    def write(self, batch: list[Delta]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,134 @@
+"""The operations on a session, as values: what the daemon asks of a session.
+
+The daemon turns each request into one of these and hands it to whatever
+keeps the session (its own memory, or a shared store); ``run`` applies it
+to a ``Session`` with the core's rules. Keeping the operations as data means
+that one engine serves every store, and that a store which applies an
+operation itself (a script inside Redis, say) can be checked against
+``run`` on the same values.
+
+``visible`` caps what a reader may see at a seq below the head (the daemon
+shows only what its store has made durable). ``durable`` says whether the
+answer to an operation that changed the session must wait until the change
+is durable: true for everything a client is told it did (a send, an ack, a
+poll's ack, a new limit), false for a read's touch of its cursor, which is
+written with the next batch but promises nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar, Protocol, TypeVar
+
+import msgspec
+
+from session.firing import Batch, CursorInfo
+from session.session import Recorded, Session, Summary, check_cursor_name
+
+R_co = TypeVar("R_co", covariant=True)
+
+
+class Op(Protocol[R_co]):
+    """An operation on one session that answers an ``R_co``."""
+
+    durable: ClassVar[bool]
+
+    def run(self, session: Session, visible: int | None) -> R_co: ...
+
+
+class Record(msgspec.Struct, frozen=True):
+    """Record a firing (rules 1, 2, 13)."""
+
+    durable: ClassVar[bool] = True
+    handler: str
+    text: str
+    ts: str
+    key: str | None = None
+
+    def run(self, session: Session, visible: int | None) -> Recorded:
+        return session.record(self.handler, self.text, self.ts, self.key)
+
+
+class ReadAfter(msgspec.Struct, frozen=True):
+    """Read after a seq, through no cursor (rule 3)."""
+
+    durable: ClassVar[bool] = False
+    after: int
+    max: int | None = None
+
+    def run(self, session: Session, visible: int | None) -> Batch:
+        return session.read_after(self.after, self.max, visible)
+
+
+class ReadCursor(msgspec.Struct, frozen=True):
+    """Read after a cursor; ``touch`` false (a peek, a wait's look) leaves its LRU place."""
+
+    durable: ClassVar[bool] = False
+    cursor: str
+    max: int | None = None
+    touch: bool = True
+
+    def run(self, session: Session, visible: int | None) -> Batch:
+        return session.read(self.cursor, self.max, visible, touch=self.touch)
+
+
+class Ack(msgspec.Struct, frozen=True):
+    """Move a cursor to ``max(current, seq)`` (rule 5)."""
+
+    durable: ClassVar[bool] = True
+    cursor: str
+    seq: int
+
+    def run(self, session: Session, visible: int | None) -> int:
+        return session.ack(self.cursor, self.seq, visible)
+
+
+class Poll(msgspec.Struct, frozen=True):
+    """Read after cursor ``poll`` and ack it in one step (rule 7)."""
+
+    durable: ClassVar[bool] = True
+    max: int | None = None
+
+    def run(self, session: Session, visible: int | None) -> Batch:
+        return session.poll(self.max, visible)
+
+
+class SetLimit(msgspec.Struct, frozen=True):
+    """Change the ring bound; answers how many firings it trimmed."""
+
+    durable: ClassVar[bool] = True
+    limit: int
+
+    def run(self, session: Session, visible: int | None) -> int:
+        return session.set_limit(self.limit)
+
+
+class CursorTable(msgspec.Struct, frozen=True):
+    """The cursors with their lag, most recently used first."""
+
+    durable: ClassVar[bool] = False
+
+    def run(self, session: Session, visible: int | None) -> list[CursorInfo]:
+        return session.cursor_table(visible)
+
+
+class Describe(msgspec.Struct, frozen=True):
+    """The figures ``sessions`` and ``stats`` list; not an evaluation."""
+
+    durable: ClassVar[bool] = False
+
+    def run(self, session: Session, visible: int | None) -> Summary:
+        return session.summary(visible)
+
+
+def ack_all(acks: Sequence[tuple[Session, int, int | None]], cursor: str) -> list[int]:
+    """Ack ``cursor`` on several sessions: all of them, or none when any ack is refused.
+
+    Each entry is a session, the seq to ack and its ``visible`` cap. Every
+    ack is checked before the first is applied, so a refused one (a negative
+    seq, a seq after its session's head) leaves every session as it was.
+    """
+    check_cursor_name(cursor)
+    for session, seq, visible in acks:
+        session.check_ack(seq, visible)
+    return [session.ack(cursor, seq, visible) for session, seq, visible in acks]

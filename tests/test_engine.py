@@ -1,0 +1,200 @@
+"""The engine in-process, without sockets: one request at a time, as the connection loop calls it.
+
+A wait cut off from outside (``move_on_after``, as a killed client or a
+timeout does) must leave every cursor where it was (SPEC rule 10); a
+request that is refused changes nothing, in any session (issue "one engine").
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+
+import anyio
+import msgspec
+import pytest
+
+from repl_daemon import protocol as p
+from repl_daemon.engine import Engine, open_engine, utc_now
+from repl_daemon.engine.local import LocalCommitter
+from repl_daemon.stores.memory import MemoryStore
+from session.errors import AckAfterHead, BadMax, BadRequest, BadSeq, NoSuchSession, UnknownOp
+from session.session import Snapshot
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def call(engine: Engine, req: p.AnyRequest) -> p.Response:
+    return await engine.handle(req).result()
+
+
+async def started(*ids: str) -> Engine:
+    engine = open_engine(MemoryStore(), settle=0)
+    for session_id in ids:
+        await call(engine, p.Start(session=session_id))
+    return engine
+
+
+def send(engine: Engine, session: str, text: str) -> int:
+    outcome = engine.handle(p.Send(session=session, text=text))
+    assert outcome.job is None and outcome.ticket is None  # the memory store needs no commit
+    sent = outcome.value
+    assert isinstance(sent, p.Sent)
+    return sent.seq
+
+
+def cursors(engine: Engine, session: str) -> list[tuple[str, int]]:
+    listed = engine.handle(p.Cursors(session=session)).value
+    assert isinstance(listed, p.CursorList)
+    return [(c.name, c.seq) for c in listed.cursors]
+
+
+def state(engine: Engine) -> dict[str, tuple[Snapshot, int]]:
+    committer = engine.committer
+    assert isinstance(committer, LocalCommitter)
+    return {
+        sid: (h.session.snapshot(), h.session.evaluations) for sid, h in committer.sessions.items()
+    }
+
+
+async def test_a_cancelled_wait_moves_no_cursor() -> None:
+    engine = await started("a")
+    send(engine, "a", "one")
+    await call(engine, p.Ack(session="a", cursor="wait", seq=1))
+    before = cursors(engine, "a")
+    with anyio.move_on_after(0.05):
+        await call(engine, p.Wait(sessions=["a"]))
+    assert cursors(engine, "a") == before
+    assert engine.waiting == 0 and not engine.waiters
+
+
+async def test_a_wait_cancelled_after_its_wake_moves_no_cursor() -> None:
+    engine = await started("a")
+    engine.settle = 10  # the wake comes, then the settle is cut off
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call, engine, p.Wait(sessions=["a"]))
+        await anyio.wait_all_tasks_blocked()
+        send(engine, "a", "one")
+        await anyio.wait_all_tasks_blocked()
+        tg.cancel_scope.cancel()
+    assert cursors(engine, "a") == []
+
+
+async def test_a_firing_between_subscribe_and_sleep_is_not_missed() -> None:
+    engine = await started("a")
+    results: list[p.Response] = []
+
+    async def waiter() -> None:
+        results.append(await call(engine, p.Wait(sessions=["a"], timeout_ms=5000)))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        await anyio.wait_all_tasks_blocked()
+        send(engine, "a", "just in time")
+    woken = results[0]
+    assert isinstance(woken, p.Woken)
+    assert [f.result for f in woken.batches[0].firings] == ["just in time"]
+
+
+async def test_stopping_wakes_a_multi_session_wait_with_session_stopped() -> None:
+    engine = await started("a", "b")
+    errors: list[str] = []
+
+    async def waiter() -> None:
+        try:
+            await call(engine, p.Wait(sessions=["a", "b"]))
+        except Exception as exc:
+            errors.append(type(exc).__name__)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        await anyio.wait_all_tasks_blocked()
+        await call(engine, p.Stop(session="b"))
+    assert errors == ["SessionStopped"]
+    assert not engine.waiters  # no entry is left behind for either session
+
+
+async def test_evaluations_do_not_move_while_a_wait_blocks() -> None:
+    engine = await started("a")
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call, engine, p.Wait(sessions=["a"]))
+        await anyio.wait_all_tasks_blocked()
+        before = state(engine)["a"][1]
+        await anyio.sleep(0.2)
+        assert state(engine)["a"][1] == before
+        tg.cancel_scope.cancel()
+
+
+async def test_an_ack_wakes_no_waiter() -> None:
+    """Only new firings wake a wait: a cursor moving elsewhere costs the waiter nothing."""
+    engine = await started("a")
+    send(engine, "a", "one")
+    await call(engine, p.Ack(session="a", cursor="wait", seq=1))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call, engine, p.Wait(sessions=["a"]))
+        await anyio.wait_all_tasks_blocked()
+        before = state(engine)["a"][1]
+        await call(engine, p.Ack(session="a", cursor="other", seq=1))
+        await anyio.wait_all_tasks_blocked()
+        assert state(engine)["a"][1] == before + 1  # the ack alone; the waiter did not read
+        tg.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    ("wait", "error"),
+    [
+        (p.Wait(sessions=["a", "b"], ack={"a": 1, "b": -1}), BadSeq),
+        (p.Wait(sessions=["a", "b"], ack={"a": 1, "b": 5}), AckAfterHead),
+        (p.Wait(sessions=["a", "nope"], ack={"a": 1}), NoSuchSession),
+        (p.Wait(sessions=["a"], ack={"a": 1}, max=0), BadMax),
+        (p.Wait(sessions=["a"], ack={"a": 1}, timeout_ms=-1), BadRequest),
+        (p.Wait(sessions=["a"], ack={"a": 1, "b": 1}), BadRequest),
+    ],
+)
+async def test_a_refused_wait_acks_nothing_on_any_session(
+    wait: p.Wait, error: type[Exception]
+) -> None:
+    """The defect of issue "one engine": a wait with one bad ack moved the other cursor."""
+    engine = await started("a", "b")
+    send(engine, "a", "one")
+    send(engine, "b", "one")
+    before = state(engine)
+    with pytest.raises(error):
+        await call(engine, wait)
+    assert state(engine) == before
+
+
+async def test_a_wait_with_good_acks_acks_every_session() -> None:
+    engine = await started("a", "b")
+    send(engine, "a", "one")
+    send(engine, "b", "one")
+    woken = await call(engine, p.Wait(sessions=["a", "b"], ack={"a": 1, "b": 1}, timeout_ms=0))
+    assert isinstance(woken, p.Woken) and woken.timed_out
+    assert cursors(engine, "a") == cursors(engine, "b") == [("wait", 1)]
+
+
+async def test_a_request_the_engine_has_no_case_for_is_refused_not_done() -> None:
+    """The shared hub once answered every op it did not know with "done"."""
+
+    class Bogus(p.Request, tag="bogus"):
+        session: str = "a"
+
+    engine = await started("a")
+    with pytest.raises(UnknownOp, match="Bogus"):
+        engine.handle(Bogus())  # type: ignore[arg-type]
+    assert msgspec.json.decode(p.encode(Bogus()))["op"] == "bogus"
+
+
+def test_utc_now_is_iso_8601_utc_with_milliseconds() -> None:
+    for _ in range(1000):
+        before = datetime.now(UTC).replace(tzinfo=None)
+        stamp = utc_now()
+        after = datetime.now(UTC).replace(tzinfo=None)
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", stamp), stamp
+        parsed = datetime.fromisoformat(stamp[:-1])
+        assert before.replace(microsecond=before.microsecond // 1000 * 1000) <= parsed <= after
