@@ -34,6 +34,7 @@ from repl_cli.errors import (
 )
 from repl_cli.sink import silence_stdout
 from repl_daemon import protocol as p
+from repl_daemon.config import OPTIONS, Option, to_argv
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -145,82 +146,47 @@ def firing_format(
 # -- the daemon ---------------------------------------------------------------
 
 
+def daemon_options(command: F) -> F:
+    """One click option per daemon option (``repl_daemon.config.OPTIONS``), in its order."""
+    for option in reversed(OPTIONS):  # click lists the last decorator applied first
+        command = _click_option(option)(command)
+    return command
+
+
+def _click_option(option: Option) -> Callable[[F], F]:
+    if option.kind is bool:
+        return click.option(option.flag, option.dest, is_flag=True, help=option.help)
+    kind: Any = option.kind
+    if isinstance(option.kind, tuple):
+        kind = click.Choice(option.kind)
+    elif option.minimum is not None and option.kind is int:
+        kind = click.IntRange(min=int(option.minimum), min_open=option.above)
+    elif option.minimum is not None:
+        kind = click.FloatRange(min=option.minimum, min_open=option.above)
+    return click.option(
+        option.flag,
+        option.dest,
+        type=kind,
+        default=option.default,
+        show_default=option.default is not None,
+        metavar=option.metavar,
+        help=option.help,
+    )
+
+
 @cli.command()
-@click.option("--memory", is_flag=True, help="Keep everything in this process only.")
-@click.option(
-    "--store",
-    metavar="URL",
-    help="redis://HOST:PORT/DB to share sessions with other daemons "
-    "(default: repl.db in the state directory).",
-)
-@click.option(
-    "--settle-ms",
-    type=click.IntRange(min=0),
-    default=100,
-    show_default=True,
-    metavar="MS",
-    help="After a wake, wait this long so a burst comes back as one batch.",
-)
+@daemon_options
 @click.option("--detach", is_flag=True, help="Run in the background; log to <home>/daemon.log.")
-@click.option(
-    "--idle-timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=60.0,
-    show_default=True,
-    metavar="SECS",
-    help="Close a connection that sends nothing (or half a line) this long; waits are exempt.",
-)
-@click.option(
-    "--max-connections",
-    type=click.IntRange(min=1),
-    default=4096,
-    show_default=True,
-    metavar="N",
-    help="Refuse connections past this many (answered too_many).",
-)
-@click.option(
-    "--max-sessions",
-    type=click.IntRange(min=1),
-    default=10_000,
-    show_default=True,
-    metavar="N",
-    help="Refuse to start sessions past this many (answered too_many).",
-)
-@click.option(
-    "--loop",
-    type=click.Choice(["auto", "asyncio", "uvloop"]),
-    default="auto",
-    show_default=True,
-    help="The event loop: uvloop (faster; pip install 'repl[uvloop]') when installed.",
-)
 @click.pass_obj
-def daemon(
-    client: Client,
-    memory: bool,
-    store: str | None,
-    settle_ms: int,
-    detach: bool,
-    idle_timeout: float,
-    max_connections: int,
-    max_sessions: int,
-    loop: str,
-) -> None:
+def daemon(client: Client, /, detach: bool, **options: Any) -> None:
     """Run the daemon (in the foreground unless --detach)."""
     from repl_cli import launch
 
-    if memory and store:
+    if options["memory"] and options["store"]:
         raise click.UsageError("give --memory or --store, not both")
-    # the daemon's own options (python -m repl_daemon), whether it runs here or detached
-    options = ["--settle-ms", str(settle_ms), "--idle-timeout", str(idle_timeout)]
-    options += ["--max-connections", str(max_connections), "--max-sessions", str(max_sessions)]
-    options += [
-        "--loop",
-        loop,
-        *(["--memory"] if memory else []),
-        *(["--store", store] if store else []),
-    ]
+    # python -m repl_daemon parses them again, whether it runs here or detached
     run = launch.detach if detach else launch.foreground
-    run(client.addr, client.home, options)
+    run(client.addr, client.home, to_argv(options))
 
 
 @cli.command()
