@@ -12,9 +12,8 @@ in the commands that need them.
 
 from __future__ import annotations
 
-import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
@@ -37,9 +36,6 @@ from repl_daemon import protocol as p
 from repl_daemon.config import OPTIONS, Option, to_argv
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-# how many sends `send --lines` keeps on the wire before reading answers
-SEND_WINDOW = 256
 
 
 def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
@@ -278,71 +274,19 @@ def send(
 
     TEXT `-` or none reads stdin, less one trailing newline.
     """
+    from repl_cli import sending  # only send reads stdin: read and wait need not load it
+
     if lines:
         if text not in (None, "-"):
             raise click.UsageError("--lines reads stdin: give no TEXT (or -)")
         if key is not None:
             raise click.UsageError("--key names one firing: it cannot go with --lines")
-        _send_lines(client, session, handler)
+        sending.send_lines(client, session, handler)
         return
     if text is None or text == "-":
-        if sys.stdin.isatty():
-            click.echo("repl: reading the text from the terminal: end it with Ctrl-D", err=True)
-        text = _utf8(sys.stdin.buffer.read(), "stdin").removesuffix("\n")
+        text = sending.stdin_text()
     sent = client.call(p.Send(session=session, text=text, handler=handler, key=key), p.Sent)
     output.line(f"{sent.seq} duplicate" if sent.duplicate else str(sent.seq))
-
-
-def _send_lines(client: Client, session: str, handler: str) -> None:
-    """Pipelined over one connection: up to SEND_WINDOW sends on the wire at once.
-
-    Each chunk of stdin is answered in full before the next is read, so a
-    slow writer (``tail -f``) sees its seqs as its lines go.
-    """
-    out = sys.stdout
-    step = SEND_WINDOW // 4
-    for chunk in _stdin_lines():
-        outstanding = 0
-        for first in range(0, len(chunk), step):
-            piece = chunk[first : first + step]
-            while outstanding + len(piece) > SEND_WINDOW:
-                _print_sent(out, client.receive(p.Sent))
-                outstanding -= 1
-            requests = (p.Send(session=session, text=text, handler=handler) for text in piece)
-            client.send_raw(b"".join(p.encode(r) for r in requests))
-            outstanding += len(piece)
-        while outstanding:
-            _print_sent(out, client.receive(p.Sent))
-            outstanding -= 1
-        out.flush()
-
-
-def _print_sent(out: Any, sent: p.Sent) -> None:
-    out.write(f"{sent.seq}\n")
-
-
-def _stdin_lines() -> Iterator[list[str]]:
-    """Stdin's lines, a chunk at a time as they arrive (so a slow writer is not stalled)."""
-    fd = sys.stdin.fileno()
-    rest = b""
-    number = 0
-    while True:
-        data = os.read(fd, 1 << 16)
-        if not data:
-            break
-        *complete, rest = (rest + data).split(b"\n")
-        if complete:
-            yield [_utf8(raw, f"line {number + n + 1} of stdin") for n, raw in enumerate(complete)]
-            number += len(complete)
-    if rest:
-        yield [_utf8(rest, f"line {number + 1} of stdin")]
-
-
-def _utf8(data: bytes, what: str) -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise CliError(f"{what} is not UTF-8 ({exc.reason} at byte {exc.start})") from None
 
 
 # -- reading --------------------------------------------------------------------
