@@ -189,21 +189,7 @@ def daemon(client: Client, /, detach: bool, **options: Any) -> None:
 @click.pass_obj
 def ping(client: Client) -> None:
     """Is the daemon there? Prints its version and uptime."""
-    pong = client.call(p.Ping(), p.Pong)
-    output.line(f"repl daemon {pong.version} at {client.addr}, up {_duration(pong.uptime_s)}")
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes, secs = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    days, hours = divmod(hours, 24)
-    if days:
-        return f"{days}d {hours}h {minutes}m"
-    if hours:
-        return f"{hours}h {minutes}m {secs}s"
-    return f"{minutes}m {secs}s"
+    output.pong(client.call(p.Ping(), p.Pong), client.addr)
 
 
 # -- sessions -------------------------------------------------------------------
@@ -237,9 +223,7 @@ def sessions(client: Client, as_json: bool) -> None:
     if as_json:
         output.print_json(listed.sessions)
         return
-    columns = ("id", "head", "retained", "limit", "cursors", "waiters")
-    rows = [[getattr(s, c) for c in columns] for s in listed.sessions]
-    output.table(columns, rows)
+    output.session_table(listed.sessions)
 
 
 @cli.command()
@@ -285,8 +269,8 @@ def send(
         return
     if text is None or text == "-":
         text = sending.stdin_text()
-    sent = client.call(p.Send(session=session, text=text, handler=handler, key=key), p.Sent)
-    output.line(f"{sent.seq} duplicate" if sent.duplicate else str(sent.seq))
+    request = p.Send(session=session, text=text, handler=handler, key=key)
+    output.sent(client.call(request, p.Sent))
 
 
 # -- reading --------------------------------------------------------------------
@@ -429,7 +413,7 @@ def cursors(client: Client, session: str, as_json: bool) -> None:
     if as_json:
         output.print_json(listed.cursors)
         return
-    output.table(("name", "seq", "lag"), [[c.name, c.seq, c.lag] for c in listed.cursors])
+    output.cursor_table(listed.cursors)
 
 
 @cli.command()
@@ -442,26 +426,7 @@ def stats(client: Client, session: str | None, as_json: bool) -> None:
     if as_json:
         output.print_json({"daemon": got.daemon, "sessions": got.sessions})
         return
-    columns: tuple[str, ...] = ("id", "head", "retained", "limit", "firings", "lost")
-    columns += ("evaluations", "waiters", "cursors")
-    rows = [[getattr(s, c) for c in columns] for s in got.sessions]
-    if session is None:
-        d = got.daemon
-        counters: list[list[object]] = [
-            ["version", d.version],
-            ["uptime_s", d.uptime_s],
-            ["store", d.store],
-            ["sessions", d.sessions],
-            ["firings", d.firings],
-            ["lost", d.lost],
-            ["evaluations", d.evaluations],
-            ["waiters", d.waiters],
-            ["connections", d.connections],
-            ["requests", d.requests],
-        ]
-        output.table(("counter", "value"), counters, title="daemon")
-        output.line("")
-    output.table(columns, rows, title="sessions")
+    output.stats_tables(got, with_daemon=session is None)
 
 
 # -- the entry point --------------------------------------------------------------
