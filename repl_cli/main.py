@@ -34,6 +34,7 @@ from repl_cli.errors import (
 from repl_cli.sink import silence_stdout
 from repl_daemon import protocol as p
 from repl_daemon.config import OPTIONS, Option, to_argv
+from session.rules import ACK_CURSOR, DEFAULT_HANDLER, FOLLOW_CURSOR, READ_CURSOR, WAIT_CURSOR
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -243,7 +244,7 @@ def buffer(client: Client, session: str, limit: int) -> None:
 @click.argument("text", required=False)
 @click.option(
     "--handler",
-    default="on-message",
+    default=DEFAULT_HANDLER,
     show_default=True,
     metavar="NAME",
     help="What produced it; a handler the session lacks makes an unhandled firing.",
@@ -278,7 +279,7 @@ def send(
 
 @cli.command()
 @click.argument("session")
-@click.option("--cursor", metavar="NAME", help="Read after this cursor [default: read].")
+@click.option("--cursor", metavar="NAME", help=f"Read after this cursor [default: {READ_CURSOR}].")
 @click.option(
     "--after", type=click.IntRange(min=0), metavar="N", help="Read after seq N, no cursor."
 )
@@ -304,14 +305,18 @@ def read(
     got = client.call(
         p.Read(session=session, cursor=cursor, after=after, max=max_, peek=peek), p.Firings
     )
-    ack_cursor = None if peek or after is not None else cursor or "read"
+    ack_cursor = None if peek or after is not None else cursor or READ_CURSOR
     deliver(Printer(client, fmt, ack_cursor), [Batch(session, got.next, got.lost, got.firings)])
 
 
 @cli.command()
 @click.argument("sessions", nargs=-1, required=True, metavar="ID...")
 @click.option(
-    "--cursor", default="wait", show_default=True, metavar="NAME", help="Wait after this cursor."
+    "--cursor",
+    default=WAIT_CURSOR,
+    show_default=True,
+    metavar="NAME",
+    help="Wait after this cursor.",
 )
 @click.option(
     "--timeout",
@@ -352,7 +357,7 @@ def wait(
 @cli.command("follow")
 @click.argument("session")
 @click.option(
-    "--cursor", default="follow", show_default=True, metavar="NAME", help="Follow this cursor."
+    "--cursor", default=FOLLOW_CURSOR, show_default=True, metavar="NAME", help="Follow this cursor."
 )
 @click.option("--from-now", is_flag=True, help="First acknowledge everything recorded so far.")
 @firing_formats
@@ -395,7 +400,7 @@ def poll(
 @click.argument("session")
 @click.argument("seq", type=click.IntRange(min=0))
 @click.option(
-    "--cursor", default="read", show_default=True, metavar="NAME", help="The cursor to move."
+    "--cursor", default=ACK_CURSOR, show_default=True, metavar="NAME", help="The cursor to move."
 )
 @click.pass_obj
 def ack(client: Client, session: str, seq: int, cursor: str) -> None:
