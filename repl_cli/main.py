@@ -1,9 +1,12 @@
-"""``repl``: the command line (SPEC §5). Each command calls the client and prints.
+"""``repl``: the command line (SPEC §5). Each command parses, calls the client, prints.
 
 The group puts one ``Client`` in ``ctx.obj`` (click's repo example); it
 connects on first use. Formats live in ``output``, delivery and
-acknowledgement in ``deliver``, exit statuses in ``errors``. ``main`` is the
-only place an exception becomes an exit status and a line on stderr.
+acknowledgement in ``deliver``, reading stdin for ``send`` in ``sending``,
+exit statuses in ``errors``. No default is written here: ``repl daemon``'s
+options are made from ``repl_daemon.config.OPTIONS``, and the default
+cursors and handler are ``session.rules``'. ``main`` is the only place an
+exception becomes an exit status and a line on stderr.
 
 Keep this module's imports cheap: ``repl read`` and ``repl wait`` are run
 again and again by monitors. anyio, rich and the daemon's modules load only
