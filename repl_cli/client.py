@@ -25,7 +25,7 @@ from repl_daemon.locations import DEFAULT_ADDR, default_home, split_addr
 # how long an ordinary request may take; a wait has no client-side limit
 CALL_TIMEOUT = 30.0
 # a connection quiet this long is replaced before the next request: the
-# daemon closes idle ones (after 60 s by default), and a slow reader of our
+# daemon closes idle ones (after its --idle-timeout), and a slow reader of our
 # stdout can keep us quiet between printing a batch and acknowledging it
 REFRESH_AFTER = 1.0
 

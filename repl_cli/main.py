@@ -1,9 +1,12 @@
-"""``repl``: the command line (SPEC §5). Each command calls the client and prints.
+"""``repl``: the command line (SPEC §5). Each command parses, calls the client, prints.
 
 The group puts one ``Client`` in ``ctx.obj`` (click's repo example); it
 connects on first use. Formats live in ``output``, delivery and
-acknowledgement in ``deliver``, exit statuses in ``errors``. ``main`` is the
-only place an exception becomes an exit status and a line on stderr.
+acknowledgement in ``deliver``, reading stdin for ``send`` in ``sending``,
+exit statuses in ``errors``. No default is written here: ``repl daemon``'s
+options are made from ``repl_daemon.config.OPTIONS``, and the default
+cursors and handler are ``session.rules``'. ``main`` is the only place an
+exception becomes an exit status and a line on stderr.
 
 Keep this module's imports cheap: ``repl read`` and ``repl wait`` are run
 again and again by monitors. anyio, rich and the daemon's modules load only
@@ -12,9 +15,8 @@ in the commands that need them.
 
 from __future__ import annotations
 
-import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
@@ -34,11 +36,10 @@ from repl_cli.errors import (
 )
 from repl_cli.sink import silence_stdout
 from repl_daemon import protocol as p
+from repl_daemon.config import OPTIONS, Option, to_argv
+from session.rules import ACK_CURSOR, DEFAULT_HANDLER, FOLLOW_CURSOR, READ_CURSOR, WAIT_CURSOR
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-# how many sends `send --lines` keeps on the wire before reading answers
-SEND_WINDOW = 256
 
 
 def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
@@ -145,103 +146,54 @@ def firing_format(
 # -- the daemon ---------------------------------------------------------------
 
 
+def daemon_options(command: F) -> F:
+    """One click option per daemon option (``repl_daemon.config.OPTIONS``), in its order."""
+    for option in reversed(OPTIONS):  # click lists the last decorator applied first
+        command = _click_option(option)(command)
+    return command
+
+
+def _click_option(option: Option) -> Callable[[F], F]:
+    if option.kind is bool:
+        return click.option(option.flag, option.dest, is_flag=True, help=option.help)
+    kind: Any = option.kind
+    if isinstance(option.kind, tuple):
+        kind = click.Choice(option.kind)
+    elif option.minimum is not None and option.kind is int:
+        kind = click.IntRange(min=int(option.minimum), min_open=option.above)
+    elif option.minimum is not None:
+        kind = click.FloatRange(min=option.minimum, min_open=option.above)
+    return click.option(
+        option.flag,
+        option.dest,
+        type=kind,
+        default=option.default,
+        show_default=option.default is not None,
+        metavar=option.metavar,
+        help=option.help,
+    )
+
+
 @cli.command()
-@click.option("--memory", is_flag=True, help="Keep everything in this process only.")
-@click.option(
-    "--store",
-    metavar="URL",
-    help="redis://HOST:PORT/DB to share sessions with other daemons "
-    "(default: repl.db in the state directory).",
-)
-@click.option(
-    "--settle-ms",
-    type=click.IntRange(min=0),
-    default=100,
-    show_default=True,
-    metavar="MS",
-    help="After a wake, wait this long so a burst comes back as one batch.",
-)
+@daemon_options
 @click.option("--detach", is_flag=True, help="Run in the background; log to <home>/daemon.log.")
-@click.option(
-    "--idle-timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=60.0,
-    show_default=True,
-    metavar="SECS",
-    help="Close a connection that sends nothing (or half a line) this long; waits are exempt.",
-)
-@click.option(
-    "--max-connections",
-    type=click.IntRange(min=1),
-    default=4096,
-    show_default=True,
-    metavar="N",
-    help="Refuse connections past this many (answered too_many).",
-)
-@click.option(
-    "--max-sessions",
-    type=click.IntRange(min=1),
-    default=10_000,
-    show_default=True,
-    metavar="N",
-    help="Refuse to start sessions past this many (answered too_many).",
-)
-@click.option(
-    "--loop",
-    type=click.Choice(["auto", "asyncio", "uvloop"]),
-    default="auto",
-    show_default=True,
-    help="The event loop: uvloop (faster; pip install 'repl[uvloop]') when installed.",
-)
 @click.pass_obj
-def daemon(
-    client: Client,
-    memory: bool,
-    store: str | None,
-    settle_ms: int,
-    detach: bool,
-    idle_timeout: float,
-    max_connections: int,
-    max_sessions: int,
-    loop: str,
-) -> None:
+def daemon(client: Client, /, detach: bool, **options: Any) -> None:
     """Run the daemon (in the foreground unless --detach)."""
     from repl_cli import launch
 
-    if memory and store:
+    if options["memory"] and options["store"]:
         raise click.UsageError("give --memory or --store, not both")
-    # the daemon's own options (python -m repl_daemon), whether it runs here or detached
-    options = ["--settle-ms", str(settle_ms), "--idle-timeout", str(idle_timeout)]
-    options += ["--max-connections", str(max_connections), "--max-sessions", str(max_sessions)]
-    options += [
-        "--loop",
-        loop,
-        *(["--memory"] if memory else []),
-        *(["--store", store] if store else []),
-    ]
+    # python -m repl_daemon parses them again, whether it runs here or detached
     run = launch.detach if detach else launch.foreground
-    run(client.addr, client.home, options)
+    run(client.addr, client.home, to_argv(options))
 
 
 @cli.command()
 @click.pass_obj
 def ping(client: Client) -> None:
     """Is the daemon there? Prints its version and uptime."""
-    pong = client.call(p.Ping(), p.Pong)
-    output.line(f"repl daemon {pong.version} at {client.addr}, up {_duration(pong.uptime_s)}")
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes, secs = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    days, hours = divmod(hours, 24)
-    if days:
-        return f"{days}d {hours}h {minutes}m"
-    if hours:
-        return f"{hours}h {minutes}m {secs}s"
-    return f"{minutes}m {secs}s"
+    output.pong(client.call(p.Ping(), p.Pong), client.addr)
 
 
 # -- sessions -------------------------------------------------------------------
@@ -275,9 +227,7 @@ def sessions(client: Client, as_json: bool) -> None:
     if as_json:
         output.print_json(listed.sessions)
         return
-    columns = ("id", "head", "retained", "limit", "cursors", "waiters")
-    rows = [[getattr(s, c) for c in columns] for s in listed.sessions]
-    output.table(columns, rows)
+    output.session_table(listed.sessions)
 
 
 @cli.command()
@@ -297,7 +247,7 @@ def buffer(client: Client, session: str, limit: int) -> None:
 @click.argument("text", required=False)
 @click.option(
     "--handler",
-    default="on-message",
+    default=DEFAULT_HANDLER,
     show_default=True,
     metavar="NAME",
     help="What produced it; a handler the session lacks makes an unhandled firing.",
@@ -312,71 +262,19 @@ def send(
 
     TEXT `-` or none reads stdin, less one trailing newline.
     """
+    from repl_cli import sending  # only send reads stdin: read and wait need not load it
+
     if lines:
         if text not in (None, "-"):
             raise click.UsageError("--lines reads stdin: give no TEXT (or -)")
         if key is not None:
             raise click.UsageError("--key names one firing: it cannot go with --lines")
-        _send_lines(client, session, handler)
+        sending.send_lines(client, session, handler)
         return
     if text is None or text == "-":
-        if sys.stdin.isatty():
-            click.echo("repl: reading the text from the terminal: end it with Ctrl-D", err=True)
-        text = _utf8(sys.stdin.buffer.read(), "stdin").removesuffix("\n")
-    sent = client.call(p.Send(session=session, text=text, handler=handler, key=key), p.Sent)
-    output.line(f"{sent.seq} duplicate" if sent.duplicate else str(sent.seq))
-
-
-def _send_lines(client: Client, session: str, handler: str) -> None:
-    """Pipelined over one connection: up to SEND_WINDOW sends on the wire at once.
-
-    Each chunk of stdin is answered in full before the next is read, so a
-    slow writer (``tail -f``) sees its seqs as its lines go.
-    """
-    out = sys.stdout
-    step = SEND_WINDOW // 4
-    for chunk in _stdin_lines():
-        outstanding = 0
-        for first in range(0, len(chunk), step):
-            piece = chunk[first : first + step]
-            while outstanding + len(piece) > SEND_WINDOW:
-                _print_sent(out, client.receive(p.Sent))
-                outstanding -= 1
-            requests = (p.Send(session=session, text=text, handler=handler) for text in piece)
-            client.send_raw(b"".join(p.encode(r) for r in requests))
-            outstanding += len(piece)
-        while outstanding:
-            _print_sent(out, client.receive(p.Sent))
-            outstanding -= 1
-        out.flush()
-
-
-def _print_sent(out: Any, sent: p.Sent) -> None:
-    out.write(f"{sent.seq}\n")
-
-
-def _stdin_lines() -> Iterator[list[str]]:
-    """Stdin's lines, a chunk at a time as they arrive (so a slow writer is not stalled)."""
-    fd = sys.stdin.fileno()
-    rest = b""
-    number = 0
-    while True:
-        data = os.read(fd, 1 << 16)
-        if not data:
-            break
-        *complete, rest = (rest + data).split(b"\n")
-        if complete:
-            yield [_utf8(raw, f"line {number + n + 1} of stdin") for n, raw in enumerate(complete)]
-            number += len(complete)
-    if rest:
-        yield [_utf8(rest, f"line {number + 1} of stdin")]
-
-
-def _utf8(data: bytes, what: str) -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise CliError(f"{what} is not UTF-8 ({exc.reason} at byte {exc.start})") from None
+        text = sending.stdin_text()
+    request = p.Send(session=session, text=text, handler=handler, key=key)
+    output.sent(client.call(request, p.Sent))
 
 
 # -- reading --------------------------------------------------------------------
@@ -384,7 +282,7 @@ def _utf8(data: bytes, what: str) -> str:
 
 @cli.command()
 @click.argument("session")
-@click.option("--cursor", metavar="NAME", help="Read after this cursor [default: read].")
+@click.option("--cursor", metavar="NAME", help=f"Read after this cursor [default: {READ_CURSOR}].")
 @click.option(
     "--after", type=click.IntRange(min=0), metavar="N", help="Read after seq N, no cursor."
 )
@@ -410,14 +308,18 @@ def read(
     got = client.call(
         p.Read(session=session, cursor=cursor, after=after, max=max_, peek=peek), p.Firings
     )
-    ack_cursor = None if peek or after is not None else cursor or "read"
+    ack_cursor = None if peek or after is not None else cursor or READ_CURSOR
     deliver(Printer(client, fmt, ack_cursor), [Batch(session, got.next, got.lost, got.firings)])
 
 
 @cli.command()
 @click.argument("sessions", nargs=-1, required=True, metavar="ID...")
 @click.option(
-    "--cursor", default="wait", show_default=True, metavar="NAME", help="Wait after this cursor."
+    "--cursor",
+    default=WAIT_CURSOR,
+    show_default=True,
+    metavar="NAME",
+    help="Wait after this cursor.",
 )
 @click.option(
     "--timeout",
@@ -458,7 +360,7 @@ def wait(
 @cli.command("follow")
 @click.argument("session")
 @click.option(
-    "--cursor", default="follow", show_default=True, metavar="NAME", help="Follow this cursor."
+    "--cursor", default=FOLLOW_CURSOR, show_default=True, metavar="NAME", help="Follow this cursor."
 )
 @click.option("--from-now", is_flag=True, help="First acknowledge everything recorded so far.")
 @firing_formats
@@ -501,7 +403,7 @@ def poll(
 @click.argument("session")
 @click.argument("seq", type=click.IntRange(min=0))
 @click.option(
-    "--cursor", default="read", show_default=True, metavar="NAME", help="The cursor to move."
+    "--cursor", default=ACK_CURSOR, show_default=True, metavar="NAME", help="The cursor to move."
 )
 @click.pass_obj
 def ack(client: Client, session: str, seq: int, cursor: str) -> None:
@@ -519,7 +421,7 @@ def cursors(client: Client, session: str, as_json: bool) -> None:
     if as_json:
         output.print_json(listed.cursors)
         return
-    output.table(("name", "seq", "lag"), [[c.name, c.seq, c.lag] for c in listed.cursors])
+    output.cursor_table(listed.cursors)
 
 
 @cli.command()
@@ -532,26 +434,7 @@ def stats(client: Client, session: str | None, as_json: bool) -> None:
     if as_json:
         output.print_json({"daemon": got.daemon, "sessions": got.sessions})
         return
-    columns: tuple[str, ...] = ("id", "head", "retained", "limit", "firings", "lost")
-    columns += ("evaluations", "waiters", "cursors")
-    rows = [[getattr(s, c) for c in columns] for s in got.sessions]
-    if session is None:
-        d = got.daemon
-        counters: list[list[object]] = [
-            ["version", d.version],
-            ["uptime_s", d.uptime_s],
-            ["store", d.store],
-            ["sessions", d.sessions],
-            ["firings", d.firings],
-            ["lost", d.lost],
-            ["evaluations", d.evaluations],
-            ["waiters", d.waiters],
-            ["connections", d.connections],
-            ["requests", d.requests],
-        ]
-        output.table(("counter", "value"), counters, title="daemon")
-        output.line("")
-    output.table(columns, rows, title="sessions")
+    output.stats_tables(got, with_daemon=session is None)
 
 
 # -- the entry point --------------------------------------------------------------

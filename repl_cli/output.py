@@ -7,7 +7,8 @@ S-expression-like line a firing, strings as JSON literals) and ``--json``
 with the seq that may be acknowledged once that line is delivered.
 
 Listings (``sessions``, ``cursors``, ``stats``) are a rich table on a
-terminal, tab-separated with a header line when piped, or JSON.
+terminal, tab-separated with a header line when piped, or JSON; which
+columns each shows is decided here too, and so is how a ping's uptime reads.
 
 Colour only on a terminal and never under ``NO_COLOR``; rich is imported
 only then, because ``repl read`` piped into a program must start fast.
@@ -26,6 +27,9 @@ from session.firing import Firing
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+    from repl_daemon.protocol import Pong, Sent, SessionInfo, StatsReply
+    from session.firing import CursorInfo
 
 TEXT = "text"
 FULL = "full"
@@ -174,6 +178,61 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, title: str =
     lines.extend("\t".join(str(cell) for cell in row) for row in rows)
     sys.stdout.write("\n".join(lines) + "\n")
     sys.stdout.flush()
+
+
+SESSION_COLUMNS = ("id", "head", "retained", "limit", "cursors", "waiters")
+CURSOR_COLUMNS = ("name", "seq", "lag")
+STATS_COLUMNS: tuple[str, ...] = ("id", "head", "retained", "limit", "firings", "lost")
+STATS_COLUMNS += ("evaluations", "waiters", "cursors")
+DAEMON_COUNTERS: tuple[str, ...] = ("version", "uptime_s", "store", "sessions", "firings", "lost")
+DAEMON_COUNTERS += ("evaluations", "waiters", "connections", "requests")
+
+
+def _rows(items: Sequence[Any], columns: Sequence[str]) -> list[list[Any]]:
+    return [[getattr(item, name) for name in columns] for item in items]
+
+
+def session_table(sessions: Sequence[SessionInfo]) -> None:
+    """``repl sessions``."""
+    table(SESSION_COLUMNS, _rows(sessions, SESSION_COLUMNS))
+
+
+def cursor_table(cursors: Sequence[CursorInfo]) -> None:
+    """``repl cursors ID``."""
+    table(CURSOR_COLUMNS, _rows(cursors, CURSOR_COLUMNS))
+
+
+def stats_tables(stats: StatsReply, *, with_daemon: bool) -> None:
+    """``repl stats``: the daemon's counters (unless one session was asked for), then sessions."""
+    if with_daemon:
+        counters = [[name, getattr(stats.daemon, name)] for name in DAEMON_COUNTERS]
+        table(("counter", "value"), counters, title="daemon")
+        line("")
+    table(STATS_COLUMNS, _rows(stats.sessions, STATS_COLUMNS), title="sessions")
+
+
+def pong(answer: Pong, addr: str) -> None:
+    """``repl ping``: the daemon's version, address and uptime."""
+    line(f"repl daemon {answer.version} at {addr}, up {duration(answer.uptime_s)}")
+
+
+def sent(answer: Sent) -> None:
+    """``repl send``: the seq, or ``SEQ duplicate`` for a deduplicated send."""
+    line(f"{answer.seq} duplicate" if answer.duplicate else str(answer.seq))
+
+
+def duration(seconds: float) -> str:
+    """An uptime as people read it: ``12.5 s``, ``3m 20s``, ``2h 5m 0s``, ``4d 1h 30m``."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    if days:
+        return f"{days}d {hours}h {minutes}m"
+    if hours:
+        return f"{hours}h {minutes}m {secs}s"
+    return f"{minutes}m {secs}s"
 
 
 def print_json(value: Any) -> None:

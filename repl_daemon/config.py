@@ -4,7 +4,9 @@
 front doors read it: ``python -m repl_daemon`` builds its argparse parser
 from it, and ``repl daemon`` builds its click options from it, so a default
 or a bound is never written twice. ``build_config`` turns the values either
-of them parsed into a checked ``Config``.
+of them parsed into a checked ``Config``; ``to_argv`` writes values back as
+``python -m repl_daemon``'s arguments, which is how ``repl daemon`` hands
+them on.
 
 The CLI imports this module on every run, so it imports nothing that
 msgspec and the standard library's cheapest modules do not already bring.
@@ -95,6 +97,21 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 DEFAULTS: dict[str, Any] = {option.dest: option.default for option in OPTIONS}
+
+
+def to_argv(values: Mapping[str, Any]) -> list[str]:
+    """Option values (keyed by ``Option.dest``) as ``python -m repl_daemon``'s arguments.
+
+    A flag is written only when true, an option only when it has a value
+    (None is left to the daemon's default).
+    """
+    argv: list[str] = []
+    for option in OPTIONS:
+        value = values.get(option.dest)
+        if value is None or value is False:
+            continue
+        argv += [option.flag] if option.kind is bool else [option.flag, str(value)]
+    return argv
 
 
 class Limits(msgspec.Struct, kw_only=True):

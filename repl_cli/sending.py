@@ -1,0 +1,82 @@
+"""What ``repl send`` sends: the text from stdin, and ``--lines`` as a pipeline.
+
+Stdin is read here and decoded as UTF-8, with an error that names the line
+that is not. ``send_lines`` keeps up to ``SEND_WINDOW`` sends on one
+connection before it reads their answers, and prints each seq as it comes.
+Nothing here parses options: the command in ``main`` does, then calls in.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from typing import TextIO
+
+import click
+
+from repl_cli.client import Client
+from repl_cli.errors import CliError
+from repl_daemon import protocol as p
+
+# how many sends `send --lines` keeps on the wire before reading answers
+SEND_WINDOW = 256
+
+
+def stdin_text() -> str:
+    """All of stdin, less one trailing newline (``repl send ID -``)."""
+    if sys.stdin.isatty():
+        click.echo("repl: reading the text from the terminal: end it with Ctrl-D", err=True)
+    return utf8(sys.stdin.buffer.read(), "stdin").removesuffix("\n")
+
+
+def send_lines(client: Client, session: str, handler: str) -> None:
+    """Pipelined over one connection: up to SEND_WINDOW sends on the wire at once.
+
+    Each chunk of stdin is answered in full before the next is read, so a
+    slow writer (``tail -f``) sees its seqs as its lines go.
+    """
+    out = sys.stdout
+    step = SEND_WINDOW // 4
+    for chunk in stdin_lines():
+        outstanding = 0
+        for first in range(0, len(chunk), step):
+            piece = chunk[first : first + step]
+            while outstanding + len(piece) > SEND_WINDOW:
+                _print_sent(out, client.receive(p.Sent))
+                outstanding -= 1
+            requests = (p.Send(session=session, text=text, handler=handler) for text in piece)
+            client.send_raw(b"".join(p.encode(r) for r in requests))
+            outstanding += len(piece)
+        while outstanding:
+            _print_sent(out, client.receive(p.Sent))
+            outstanding -= 1
+        out.flush()
+
+
+def _print_sent(out: TextIO, sent: p.Sent) -> None:
+    out.write(f"{sent.seq}\n")
+
+
+def stdin_lines() -> Iterator[list[str]]:
+    """Stdin's lines, a chunk at a time as they arrive (so a slow writer is not stalled)."""
+    fd = sys.stdin.fileno()
+    rest = b""
+    number = 0
+    while True:
+        data = os.read(fd, 1 << 16)
+        if not data:
+            break
+        *complete, rest = (rest + data).split(b"\n")
+        if complete:
+            yield [utf8(raw, f"line {number + n + 1} of stdin") for n, raw in enumerate(complete)]
+            number += len(complete)
+    if rest:
+        yield [utf8(rest, f"line {number + 1} of stdin")]
+
+
+def utf8(data: bytes, what: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CliError(f"{what} is not UTF-8 ({exc.reason} at byte {exc.start})") from None
