@@ -50,7 +50,7 @@ from bench.figures import (
     send_request,
 )
 from bench.procs import HOST, BenchError, Daemon, RedisServer, cpu_seconds
-from bench.table import number
+from bench.table import grid, number
 from bench.waiters import Plan
 
 COLUMNS = ("figure", "1 daemon", "2 daemons", "3 daemons", "2 / 1", "3 / 1", "Redis alone")
@@ -116,16 +116,7 @@ def blank_rows(s: Sizes) -> list[ScaleRow]:
 
 
 def render(rows: list[ScaleRow]) -> str:
-    """A Markdown pipe table, padded so it also reads as plain text (as bench/table.py's)."""
-    grid = [list(COLUMNS)] + [row.cells() for row in rows]
-    widths = [max(len(line[i]) for line in grid) for i in range(len(COLUMNS))]
-
-    def line(cells: list[str]) -> str:
-        padded = (cell.ljust(width) for cell, width in zip(cells, widths, strict=True))
-        return "| " + " | ".join(padded) + " |"
-
-    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(grid[0]), rule, *(line(cells) for cells in grid[1:])])
+    return grid(COLUMNS, [row.cells() for row in rows])
 
 
 # -- wake latency --------------------------------------------------------------
