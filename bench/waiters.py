@@ -228,7 +228,15 @@ async def repl_rounds(
 
 
 async def redis_rounds(port: int, key: str, waiters: int, rounds: int) -> list[int]:
-    """The same with XREAD BLOCK waiters and XADD (readiness: INFO clients blocked_clients)."""
+    """The same with XREAD BLOCK waiters and XADD (readiness: INFO clients blocked_clients).
+
+    Each interval includes its own client's work: for Redis, redis.asyncio's
+    command path before the XADD leaves (with redis-py's default
+    socket_timeout every command is sent through asyncio.wait_for) and the
+    RESP parsing of the XREAD reply; for repl, JSON encoding and decoding.
+    The Redis client's share is the larger one, so it makes the reference
+    slower; it does not make repl faster.
+    """
     control = redis_client(port)
     try:
 
