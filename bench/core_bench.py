@@ -4,7 +4,7 @@ Not a test: it asserts nothing and prints two tables. Each time is the best
 of several timeit repeats, in nanoseconds per operation, and includes the
 cost of one Python call (the first row), since every operation is timed
 through a closure. The memory table fills 1,000 sessions with 256 firings
-of 100-byte text, as the daemon-level benchmark does (bench/figures.py),
+of 100-byte text, as the daemon-level benchmark does (bench/memory.py),
 with a fresh text and an ISO timestamp a few milliseconds apart per firing,
 as the daemon makes them, and divides the growth by the number of firings.
 

@@ -31,13 +31,14 @@ if __package__ in (None, ""):  # run as `python bench/run.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import scaleout
-from bench.figures import FULL, GROUPS, QUICK, RUNNERS, Setup, blank_rows
+from bench.figures import GROUPS, blank_rows
+from bench.measure import FULL, QUICK, Setup
 from bench.procs import raise_nofile
 from bench.table import render
 
 # the main table's groups, then the scale-out group, whose rows are a second table
 ALL_GROUPS = [*GROUPS, "scaleout"]
-ALL_RUNNERS = {**RUNNERS, "scaleout": scaleout.scaleout}
+ALL_RUNNERS = {name: group.run for name, group in GROUPS.items()} | {"scaleout": scaleout.scaleout}
 
 REDIS_HINT = (
     "redis-server not found: the reference column and the scale-out rows are empty. "
@@ -170,8 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         cli=find_cli(),
         notes=notes,
     )
-    rows = blank_rows(sizes)
-    by_key = {row.key: row for row in rows}
+    table = blank_rows(sizes)
+    by_key = {row.key: row for rows in table.values() for row in rows}
     scale_rows = scaleout.blank_rows(sizes)
     setup.scale.update((row.key, row) for row in scale_rows)
     failed = []
@@ -187,9 +188,9 @@ def main(argv: list[str] | None = None) -> int:
                 failed.append(group)
                 traceback.print_exc()
                 notes.append(f"error in {group}: {type(exc).__name__}: {exc}")
-                for key in GROUPS.get(group, ()):
-                    if by_key[key].repl is None and by_key[key].missing is None:
-                        by_key[key].missing = "error"
+                for row in table.get(group, ()):
+                    if row.repl is None and row.missing is None:
+                        row.missing = "error"
                 if group == "scaleout":
                     for scale_row in scale_rows:
                         if 1 not in scale_row.values and scale_row.missing is None:
@@ -198,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
-    shown = [row for row in rows if any(row.key in GROUPS.get(g, ()) for g in groups)]
+    shown = [row for name, rows in table.items() if name in groups for row in rows]
     mode = "quick" if args.quick else "full"
     print(f"repl benchmark ({mode}, {time.monotonic() - started:.0f} s)")
     for line in header:

@@ -31,31 +31,38 @@ import contextlib
 import re
 import shutil
 import subprocess
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.clients import LineClient, close_all, encode, redis_client, redis_info
-from bench.figures import (
+from bench.measure import (
     PAYLOAD,
+    PERCENTILES,
     RING,
     Setup,
     Sizes,
-    _rounds,
-    _stats,
-    percentile,
-    redis_rounds,
-    repl_rounds,
+    on_daemon,
+    percentiles_us,
     run_async,
     send_request,
+    stats,
+    xadd_each,
 )
 from bench.procs import HOST, BenchError, Daemon, RedisServer, cpu_seconds
-from bench.table import number
-from bench.waiters import Plan
+from bench.table import grid, number
+from bench.waiters import redis_rounds, repl_rounds
 
 COLUMNS = ("figure", "1 daemon", "2 daemons", "3 daemons", "2 / 1", "3 / 1", "Redis alone")
 COUNTS = (1, 2, 3)
 NO_REDIS = "no redis-server"
+# the wake rows: with 1 and 2 daemons on Redis, then one daemon alone with each store
+WAKES = (
+    ("wake", "2: waiter on B, send via A"),
+    ("wake_mem", "one daemon, --memory"),
+    ("wake_sql", "one daemon, SQLite"),
+)
 
 
 @dataclass
@@ -94,12 +101,11 @@ class ScaleRow:
 def blank_rows(s: Sizes) -> list[ScaleRow]:
     clients = f"{s.scale_clients} clients"
     rows = [
-        ScaleRow("wake_p50", "wake p50 (settle 0), µs; 2: waiter on B, send via A", {}),
-        ScaleRow("wake_p99", "wake p99 (settle 0), µs; 2: waiter on B, send via A", {}),
-        ScaleRow("wake_mem_p50", "wake p50 (settle 0), µs; one daemon, --memory", {}),
-        ScaleRow("wake_mem_p99", "wake p99 (settle 0), µs; one daemon, --memory", {}),
-        ScaleRow("wake_sql_p50", "wake p50 (settle 0), µs; one daemon, SQLite", {}),
-        ScaleRow("wake_sql_p99", "wake p99 (settle 0), µs; one daemon, SQLite", {}),
+        *(
+            ScaleRow(f"{prefix}_{name}", f"wake {name} (settle 0), µs; {where}", {})
+            for prefix, where in WAKES
+            for name, _fraction in PERCENTILES
+        ),
         ScaleRow("one_rate", f"pipelined sends/s, {clients}, one shared session", {}),
         ScaleRow("one_refused", "sends refused (store_failed), one shared session", {}),
         ScaleRow("one_attempts", "commit attempts (EVALSHA) per send, one shared session", {}),
@@ -116,50 +122,12 @@ def blank_rows(s: Sizes) -> list[ScaleRow]:
 
 
 def render(rows: list[ScaleRow]) -> str:
-    """A Markdown pipe table, padded so it also reads as plain text (as bench/table.py's)."""
-    grid = [list(COLUMNS)] + [row.cells() for row in rows]
-    widths = [max(len(line[i]) for line in grid) for i in range(len(COLUMNS))]
-
-    def line(cells: list[str]) -> str:
-        padded = (cell.ljust(width) for cell, width in zip(cells, widths, strict=True))
-        return "| " + " | ".join(padded) + " |"
-
-    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(grid[0]), rule, *(line(cells) for cells in grid[1:])])
-
-
-# -- wake latency --------------------------------------------------------------
-
-
-async def cross_rounds(sender: Daemon, waiter: Daemon, session: str, rounds: int) -> list[int]:
-    """Wakes of one waiter blocked on ``waiter``, each by one send through ``sender``.
-
-    The same as figures.repl_rounds, except that the send and the readiness
-    probe may go to different daemons (they share the session through Redis).
-    """
-    control = await LineClient.connect(sender.port, sender.token)
-    probe = await LineClient.connect(waiter.port, waiter.token)
-    try:
-        await control.ok({"op": "start", "session": session})
-        send = send_request(session)
-
-        async def blocked() -> bool:
-            row = (await _stats(probe, session))["sessions"][0]
-            return bool(row["waiters"] == 1)
-
-        async def fire() -> int:
-            seq: int = (await control.ok(send))["seq"]
-            return seq
-
-        plan = Plan("repl", waiter.port, waiter.token, session, 1, rounds, 600)
-        return await _rounds(plan, blocked, fire)
-    finally:
-        await close_all([control, probe])
+    return grid(COLUMNS, [row.cells() for row in rows])
 
 
 def _fill_wake(rows: dict[str, ScaleRow], prefix: str, n: int, times: list[int]) -> None:
-    for suffix, fraction in (("p50", 0.50), ("p99", 0.99)):
-        rows[f"{prefix}_{suffix}"].values[n] = percentile(times, fraction) / 1000
+    for name, value in percentiles_us(times):
+        rows[f"{prefix}_{name}"].values[n] = value
 
 
 # -- pipelined sends -----------------------------------------------------------
@@ -233,7 +201,7 @@ async def repl_load(
         for name, (w, _), (d, _) in zip(sessions, warm, done, strict=True):
             answered[name] = answered.get(name, 0) + w + d
         for name, count in answered.items():
-            head = (await _stats(clients[-1], name))["sessions"][0]["head"]
+            head = (await stats(clients[-1], name))["sessions"][0]["head"]
             if head != count:
                 raise BenchError(f"session {name} has head {head} after {count} answered sends")
         sent = sum(d for d, _ in done)
@@ -253,22 +221,19 @@ async def redis_load(redis: RedisServer, keys: list[str], s: Sizes) -> Load:
     """The same load as XADD from as many redis.asyncio connections (one per key), no daemon."""
     clients = [redis_client(redis.port) for _ in keys]
 
-    async def one(client: Any, key: str, count: int) -> None:
-        done = 0
-        while done < count:
-            chunk = min(s.scale_batch, count - done)
-            async with client.pipeline(transaction=False) as pipe:
-                for _ in range(chunk):
-                    pipe.xadd(key, {"text": PAYLOAD}, maxlen=RING, approximate=False)
-                await pipe.execute()
-            done += chunk
+    async def each(count: int) -> None:
+        """``count`` XADDs from every client to its key, all clients at once."""
+        entries = [[k] * count for k in keys]
+        await asyncio.gather(
+            *(xadd_each(c, e, s.scale_batch) for c, e in zip(clients, entries, strict=True))
+        )
 
     try:
-        await asyncio.gather(*(one(c, k, 10) for c, k in zip(clients, keys, strict=True)))
+        await each(10)
         per = s.scale_redis_sends // len(keys)
         redis0 = cpu_seconds(redis.pid)
         t0 = asyncio.get_running_loop().time()
-        await asyncio.gather(*(one(c, k, per) for c, k in zip(clients, keys, strict=True)))
+        await each(per)
         seconds = asyncio.get_running_loop().time() - t0
         return Load(per * len(keys), 0, seconds, 0.0, cpu_seconds(redis.pid) - redis0)
     finally:
@@ -314,14 +279,16 @@ def scaleout(setup: Setup, _rows: dict[str, Any]) -> None:
     rows: dict[str, ScaleRow] = setup.scale
     warm = max(2, s.scale_wakes // 20)
     rounds = warm + s.scale_wakes
+
+    def one_wake(daemon: Daemon) -> Awaitable[list[int]]:
+        return repl_rounds(daemon, "wake", 1, rounds)
+
     # context first: one daemon without Redis, for the wake rows
-    with Daemon(setup.dir("scale-memory"), memory=True).start() as daemon:
-        times = run_async(repl_rounds(daemon, "wake", 1, rounds), s.deadline_s)[warm:]
-        _fill_wake(rows, "wake_mem", 1, times)
+    times = on_daemon(setup, "scale-memory", one_wake, memory=True)
+    _fill_wake(rows, "wake_mem", 1, times[warm:])
     if not setup.store_missing:
-        with Daemon(setup.dir("scale-sqlite"), memory=False).start() as daemon:
-            times = run_async(repl_rounds(daemon, "wake", 1, rounds), s.deadline_s)[warm:]
-            _fill_wake(rows, "wake_sql", 1, times)
+        times = on_daemon(setup, "scale-sqlite", one_wake, memory=False)
+        _fill_wake(rows, "wake_sql", 1, times[warm:])
     else:
         rows["wake_sql_p50"].missing = rows["wake_sql_p99"].missing = "store missing"
     if setup.redis_exe is None:
@@ -340,14 +307,9 @@ def scaleout(setup: Setup, _rows: dict[str, Any]) -> None:
             daemon = Daemon(setup.dir(f"scale-daemon-{name}"), memory=False, store=redis.url)
             # the ExitStack stops the daemons before the redis-server they use
             daemons.append(stack.enter_context(daemon.start()))
-            if n == 1:
-                times = run_async(cross_rounds(daemon, daemon, "wake-1", rounds), s.deadline_s)
-                _fill_wake(rows, "wake", 1, times[warm:])
-            elif n == 2:
-                times = run_async(
-                    cross_rounds(daemons[0], daemons[1], "wake-2", rounds), s.deadline_s
-                )
-                _fill_wake(rows, "wake", 2, times[warm:])
+            if n <= 2:  # the waiter on the last daemon started, the sender on A
+                wake = repl_rounds(daemons[0], f"wake-{n}", 1, rounds, on=daemon)
+                _fill_wake(rows, "wake", n, run_async(wake, s.deadline_s)[warm:])
             clients = range(s.scale_clients)
             shared = run_async(
                 repl_load(daemons, redis, [f"one-{n}" for _ in clients], s), s.deadline_s
@@ -368,8 +330,8 @@ def scaleout(setup: Setup, _rows: dict[str, Any]) -> None:
                 _fill_load(rows, "each", n, each)
         # Redis alone, on the same server
         times = run_async(redis_rounds(redis.port, "xwake", 1, rounds), s.deadline_s)[warm:]
-        rows["wake_p50"].redis = percentile(times, 0.50) / 1000
-        rows["wake_p99"].redis = percentile(times, 0.99) / 1000
+        for name, value in percentiles_us(times):
+            rows[f"wake_{name}"].redis = value
         layouts = {
             "one": ["xone"] * s.scale_clients,
             "each": [f"xeach-{i}" for i in range(s.scale_clients)],

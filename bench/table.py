@@ -7,6 +7,7 @@ cannot say "yes" for a figure that was not measured.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -94,13 +95,18 @@ def number(value: float | None) -> str:
 
 
 def render(rows: list[Row]) -> str:
-    """A Markdown pipe table, padded so it also reads as plain text."""
-    grid = [list(COLUMNS)] + [row.cells() for row in rows]
-    widths = [max(len(line[i]) for line in grid) for i in range(len(COLUMNS))]
+    """The main table."""
+    return grid(COLUMNS, [row.cells() for row in rows])
+
+
+def grid(columns: Sequence[str], rows: list[list[str]]) -> str:
+    """A Markdown pipe table, padded so it also reads as plain text (both tables use it)."""
+    lines = [list(columns), *rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(columns))]
 
     def line(cells: list[str]) -> str:
         padded = (cell.ljust(width) for cell, width in zip(cells, widths, strict=True))
         return "| " + " | ".join(padded) + " |"
 
     rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(grid[0]), rule, *(line(cells) for cells in grid[1:])])
+    return "\n".join([line(lines[0]), rule, *(line(cells) for cells in lines[1:])])

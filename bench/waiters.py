@@ -12,6 +12,8 @@ whole machine), and the child reports when its last waiter had the firing.
 A round: the child puts one wait on each of its connections (acknowledging
 what the previous round delivered), the parent polls the server until all
 of them are blocked, sends one firing, and reads the child's report.
+``repl_rounds`` and ``redis_rounds`` are the parent's side, for the wake
+and fan-out rows (bench/waits.py) and the scale-out wakes (bench/scaleout.py).
 """
 
 from __future__ import annotations
@@ -19,12 +21,23 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from bench.clients import LineClient, connect_many, encode, redis_connection
-from bench.procs import BenchError, raise_nofile
+from bench.clients import (
+    LineClient,
+    close_all,
+    connect_many,
+    encode,
+    redis_client,
+    redis_connection,
+    redis_info,
+    until,
+)
+from bench.measure import PAYLOAD, RING, send_request, stats
+from bench.procs import BenchError, Daemon, raise_nofile
 
 
 @dataclass(frozen=True)
@@ -150,3 +163,92 @@ class WaiterProcess:
             self.proc.kill()
             self.proc.join(10)
         self.pipe.close()
+
+
+# -- the parent's side ---------------------------------------------------------
+
+
+async def timed_rounds(
+    plan: Plan,
+    blocked: Callable[[], Awaitable[bool]],
+    fire: Callable[[], Awaitable[Any]],
+) -> list[int]:
+    """Per round, nanoseconds from just before ``fire`` to the child's last waiter holding it."""
+    child = WaiterProcess(plan)
+    failed = True
+    try:
+        await child.report(120)  # connected
+        times: list[int] = []
+        for _round in range(plan.rounds):
+            await until(blocked, what=f"{plan.waiters:,} blocked waits", interval_s=0.0005)
+            t0 = time.perf_counter_ns()
+            position = await fire()
+            _kind, t_last, reported = await child.report(60)
+            if str(reported) != str(position):
+                raise BenchError(f"the waiters hold {reported}, the producer sent {position}")
+            times.append(t_last - t0)
+        failed = False
+        return times
+    finally:
+        child.close(kill=failed)
+
+
+async def repl_rounds(
+    daemon: Daemon, session: str, waiters: int, rounds: int, *, on: Daemon | None = None
+) -> list[int]:
+    """Wakes of ``waiters`` blocked on one session, each round by one send through ``daemon``.
+
+    The waiters block on ``on`` when it is given (a daemon sharing the
+    session through Redis), which is then polled for their readiness on a
+    connection of its own; otherwise on ``daemon``, polled on the sender's
+    connection.
+    """
+    control = await LineClient.connect(daemon.port, daemon.token)
+    connections = [control]
+    try:
+        target, probe = daemon, control
+        if on is not None:
+            target, probe = on, await LineClient.connect(on.port, on.token)
+            connections.append(probe)
+        await control.ok({"op": "start", "session": session})
+        send = send_request(session)
+
+        async def blocked() -> bool:
+            row = (await stats(probe, session))["sessions"][0]
+            return bool(row["waiters"] == waiters)
+
+        async def fire() -> int:
+            seq: int = (await control.ok(send))["seq"]
+            return seq
+
+        plan = Plan("repl", target.port, target.token, session, waiters, rounds, 600)
+        return await timed_rounds(plan, blocked, fire)
+    finally:
+        await close_all(connections)
+
+
+async def redis_rounds(port: int, key: str, waiters: int, rounds: int) -> list[int]:
+    """The same with XREAD BLOCK waiters and XADD (readiness: INFO clients blocked_clients).
+
+    Each interval includes its own client's work: for Redis, redis.asyncio's
+    command path before the XADD leaves (with redis-py's default
+    socket_timeout every command is sent through asyncio.wait_for) and the
+    RESP parsing of the XREAD reply; for repl, JSON encoding and decoding.
+    The Redis client's share is the larger one, so it makes the reference
+    slower; it does not make repl faster.
+    """
+    control = redis_client(port)
+    try:
+
+        async def blocked() -> bool:
+            clients = await redis_info(control, "clients")
+            return bool(clients["blocked_clients"] == waiters)
+
+        async def fire() -> str:
+            entry = await control.xadd(key, {"text": PAYLOAD}, maxlen=RING, approximate=False)
+            return str(entry)
+
+        plan = Plan("redis", port, None, key, waiters, rounds, 600)
+        return await timed_rounds(plan, blocked, fire)
+    finally:
+        await control.aclose()
