@@ -198,3 +198,21 @@ def test_utc_now_is_iso_8601_utc_with_milliseconds() -> None:
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", stamp), stamp
         parsed = datetime.fromisoformat(stamp[:-1])
         assert before.replace(microsecond=before.microsecond // 1000 * 1000) <= parsed <= after
+
+
+async def test_a_firing_that_wakes_a_wait_near_its_timeout_is_still_returned() -> None:
+    """The timeout bounds the blocking: a wake's settle may run past it and still deliver."""
+    engine = await started("a")
+    engine.settle = 0.3
+    results: list[p.Response] = []
+
+    async def waiter() -> None:
+        results.append(await call(engine, p.Wait(sessions=["a"], timeout_ms=100)))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        await anyio.wait_all_tasks_blocked()
+        send(engine, "a", "late")
+    woken = results[0]
+    assert isinstance(woken, p.Woken) and not woken.timed_out
+    assert [f.result for f in woken.batches[0].firings] == ["late"]

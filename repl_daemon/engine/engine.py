@@ -19,10 +19,8 @@ of its sessions changed.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from typing import Never, NoReturn, TypeVar
 
 import anyio
@@ -297,26 +295,28 @@ class Engine:
         for session_id in ids:
             self.waiters.setdefault(session_id, set()).add(waiter)
         self.waiting += 1
+        # the timeout bounds the blocking, not the reads: a wait whose firings
+        # are there returns them even with timeout 0, even when reading them
+        # takes a round trip to a shared store
+        deadline = None if req.timeout_ms is None else anyio.current_time() + req.timeout_ms / 1000
         try:
-            # a wait without a timeout needs no cancel scope (it costs memory per waiter)
-            deadline: AbstractContextManager[object] = (
-                contextlib.nullcontext()
-                if req.timeout_ms is None
-                else anyio.move_on_after(req.timeout_ms / 1000)
-            )
-            with deadline:
-                while True:
-                    # subscribe before reading: a firing in between still sets this event
-                    waiter.event = anyio.Event()
-                    self._check_open(waiter)
-                    batches = await self._ready(ids, req)
-                    if batches:
-                        return p.Woken(id=req.id, batches=batches)
-                    await waiter.event.wait()
-                    self._check_open(waiter)
-                    if self.settle:
-                        await anyio.sleep(self.settle)
-            return p.Woken(id=req.id, batches=[], timed_out=True)
+            while True:
+                # subscribe before reading: a firing in between still sets this event
+                waiter.event = event = anyio.Event()
+                self._check_open(waiter)
+                batches = await self._ready(ids, req)
+                if batches:
+                    return p.Woken(id=req.id, batches=batches)
+                if deadline is None:  # no cancel scope: it would cost memory per waiter
+                    await event.wait()
+                else:
+                    with anyio.move_on_at(deadline):
+                        await event.wait()
+                    if not event.is_set():
+                        return p.Woken(id=req.id, batches=[], timed_out=True)
+                self._check_open(waiter)
+                if self.settle:
+                    await anyio.sleep(self.settle)
         finally:
             self.waiting -= 1
             for session_id in ids:
