@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Client, DaemonProc
-from tests.test_durability_restart import pipelined
+from tests.e2e.test_durability_restart import pipelined
 
 BIG = "x" * 300_000  # more than any slack a WAL file has: the write must grow it
 
