@@ -3,23 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import DaemonProc
-from tests.test_cli_helpers import Repl, module_daemon
-
-
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProc]:
-    yield from module_daemon(tmp_path_factory)
-
-
-@pytest.fixture
-def repl(shared: DaemonProc) -> Repl:
-    """repl on the module's daemon: each test works in sessions of its own."""
-    return Repl(shared)
+from tests.helpers import DaemonProc, Repl
 
 
 @pytest.fixture

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DaemonProc
-from tests.test_cli_helpers import assert_one_error_line, eventually, repl_argv
+from tests.helpers import DaemonProc, assert_one_error_line, eventually, repl_argv
 
 
 def run(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

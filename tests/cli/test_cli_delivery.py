@@ -6,42 +6,11 @@ reads, and look at the cursors in the daemon afterwards.
 
 from __future__ import annotations
 
-import array
-import fcntl
 import signal
 import subprocess
-import termios
 import time
-from collections.abc import Iterator
 
-import pytest
-
-from tests.conftest import DaemonProc
-from tests.test_cli_helpers import Repl, eventually, module_daemon, read_line
-
-
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProc]:
-    yield from module_daemon(tmp_path_factory)
-
-
-@pytest.fixture
-def repl(shared: DaemonProc) -> Repl:
-    return Repl(shared)
-
-
-@pytest.fixture
-def s(repl: Repl) -> str:
-    """A fresh session for the test."""
-    return repl.session("s")
-
-
-def unread(proc: subprocess.Popen[bytes]) -> int:
-    """Bytes the child wrote to its stdout pipe that we have not read yet."""
-    assert proc.stdout is not None
-    count = array.array("i", [0])
-    fcntl.ioctl(proc.stdout.fileno(), termios.FIONREAD, count, True)
-    return count[0]
+from tests.helpers import DaemonProc, Repl, eventually, read_line, unread
 
 
 def interrupt(proc: subprocess.Popen[bytes]) -> tuple[int, bytes]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Client, DaemonProc
+from tests.helpers import Client, DaemonProc
 
 
 def state(c: Client) -> dict[str, Any]:

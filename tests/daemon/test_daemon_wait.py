@@ -9,7 +9,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from tests.conftest import Client, DaemonProc
+from tests.helpers import Client, DaemonProc
 
 
 def pending(client: Client, seconds: float) -> bool:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from repl_daemon.protocol import OPS
 from session.errors import Code
-from tests.conftest import Client, DaemonProc
+from tests.helpers import Client, DaemonProc
 
 CODES = {c.value for c in Code}
 FUZZ = settings(

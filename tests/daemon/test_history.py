@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Client, DaemonProc
+from tests.helpers import Client, DaemonProc
 
 SESSIONS = ("h0", "h1", "h2")
 LIMIT = 64

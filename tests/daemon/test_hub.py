@@ -16,11 +16,6 @@ from repl_daemon.store import MemoryStore
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def started(*ids: str) -> Hub:
     hub = Hub(MemoryStore(), settle=0)
     for session_id in ids:

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Client, DaemonProc
+from tests.helpers import Client, DaemonProc
 
 
 async def _connect(port: int, token: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tests.conftest import Client, DaemonProc
+from tests.helpers import Client, DaemonProc
 
 HOSTILE_CURSORS = [
     "');DROP_TABLE_firings;--",

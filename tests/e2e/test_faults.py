@@ -13,10 +13,16 @@ import subprocess
 import threading
 from pathlib import Path
 
-from tests.cli.test_cli_delivery import unread
-from tests.conftest import Client, DaemonProc
-from tests.e2e.test_durability_faults import LoggedElsewhere, small_disk
-from tests.test_cli_helpers import Repl, eventually, repl_argv
+from tests.helpers import (
+    Client,
+    DaemonProc,
+    LoggedElsewhere,
+    Repl,
+    eventually,
+    repl_argv,
+    small_disk,
+    unread,
+)
 
 
 def test_the_disk_filling_up_while_sends_arrive(tmp_path: Path) -> None:

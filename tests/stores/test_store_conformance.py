@@ -4,7 +4,8 @@ A store is handed :class:`SessionDelta` batches and must give back, through
 ``load`` and ``load_session``, exactly what the core's ``Session.snapshot()``
 holds: seqs, the ring (bound included), cursors with their last use, dedup
 keys in order, limits and the cursor-use clock. The deltas here are built
-the way the hub builds them (``Mirror``); the last tests drive the real hub.
+the way the hub builds them (``Mirror``, in tests/helpers.py); the last tests
+drive the real hub.
 
 To hold another store to the same contract, add it to ``STORES``.
 """
@@ -29,9 +30,7 @@ from repl_daemon.sqlite_store import SqliteStore
 from repl_daemon.store import MemoryStore, SessionDelta, Store
 from session.errors import StoreFailed
 from session.session import MAX_KEYS, Session, Snapshot
-from tests.conftest import RedisProc, require_redis
-
-TS = "2026-01-02T03:04:05.678Z"
+from tests.helpers import Mirror, RedisProc, require_redis
 
 OpenStore = Callable[[], Store]
 
@@ -77,46 +76,6 @@ def reopen(store: Store, open_store: OpenStore) -> Store:
     """Close the store and open it again: what a restarted daemon would see."""
     store.close()
     return open_store()
-
-
-class Mirror:
-    """A core session plus the bookkeeping the hub does to build its deltas."""
-
-    def __init__(self, session_id: str, limit: int = 256) -> None:
-        self.session = Session(session_id, limit)
-        self.persisted = 0
-        self.keys: list[tuple[str, int]] = []
-        self.reset = True
-
-    def record(self, text: str, key: str | None = None, handler: str = "on-message") -> int:
-        recorded = self.session.record(handler, text, TS, key)
-        if key is not None and not recorded.duplicate:
-            self.keys.append((key, recorded.seq))
-        return recorded.seq
-
-    def delta(self) -> SessionDelta:
-        session, ring = self.session, self.session.ring
-        if self.reset:
-            snap = session.snapshot()
-            firings, keys = snap.firings, snap.keys
-        else:
-            firings, keys = ring.events_after(self.persisted).firings, self.keys
-        delta = SessionDelta(
-            session.id,
-            reset=self.reset,
-            limit=ring.limit,
-            head=ring.head,
-            uses=session.uses,
-            retained=ring.retained,
-            firings=firings,
-            cursors=session.cursor_states(),
-            keys=keys,
-        )
-        self.reset, self.keys, self.persisted = False, [], ring.head
-        return delta
-
-    def snapshot(self) -> Snapshot:
-        return self.session.snapshot()
 
 
 def loaded(store: Store) -> dict[str, Snapshot]:
