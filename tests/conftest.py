@@ -1,8 +1,12 @@
 """The fixtures more than one folder of tests uses, each declared once.
 
-``daemon`` / ``durable_daemon`` are real daemon processes (tests/helpers.py
-``DaemonProc``) on a port the OS chose and a fresh home, stopped when the
-test ends.
+``inproc`` is the daemon in the test process (tests/helpers.py
+``InProcDaemon``): no subprocess, memory store unless the test asks for the
+default SQLite store with ``@pytest.mark.parametrize("inproc", ["durable"],
+indirect=True)``. ``daemon`` / ``durable_daemon`` are real daemon processes
+(``DaemonProc``), for tests that signal, kill or restart the daemon or read
+its stderr. Each is on a port the OS chose and a fresh home, and is stopped
+when the test ends.
 """
 
 from __future__ import annotations
@@ -12,7 +16,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import DaemonProc
+from tests.helpers import DAEMON_STORES, DaemonProc, InProcDaemon, daemon_config, inproc_daemon
+
+
+@pytest.fixture
+def inproc(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[InProcDaemon]:
+    """The daemon in this process: settle 0, idle timeout 5 s, memory or ``durable`` (SQLite).
+
+    Teardown closes the test's clients and stops it cleanly: a daemon that
+    failed while the test ran fails the test.
+    """
+    store = getattr(request, "param", "memory")
+    assert store in DAEMON_STORES, f"inproc is one of {DAEMON_STORES}, not {store!r}"
+    with inproc_daemon(daemon_config(tmp_path / "home", durable=store == "durable")) as d:
+        yield d
 
 
 @pytest.fixture

@@ -1,11 +1,22 @@
 """What the test modules share: daemons to talk to, a raw client, and ``repl`` as a user runs it.
 
-``DaemonProc`` starts ``python -m repl_daemon`` as a child process (port 0,
-a fresh home), reads the port from its first stdout line and stops it with
-SIGTERM. ``Client`` speaks the wire protocol over a plain blocking socket,
-so tests see exactly the bytes a user's program would. ``Repl`` runs the
-installed ``repl`` against a test daemon, with REPL_ADDR and REPL_HOME in
-its environment. ``RedisProc`` is a redis-server of the test's own.
+A test daemon listens on a loopback port the OS chose, in a fresh home, and
+comes in two kinds with one face (``port``, ``home``, ``token``, ``addr``,
+``client()``, ``env()``):
+
+- ``InProcDaemon`` runs ``serve_daemon`` on an event loop thread of the test
+  process (an anyio blocking portal): no subprocess, so it starts in a few
+  milliseconds. Most tests over the wire use it. ``running_daemon`` is the
+  same for async tests, in the test's own task group.
+- ``DaemonProc`` runs ``python -m repl_daemon`` as a child process, for the
+  tests that need a real one: SIGTERM and its exit status, SIGKILL,
+  restarts on the same home, its stderr and its log.
+
+``Client`` speaks the wire protocol over a plain blocking socket, so tests
+see exactly the bytes a user's program would. It is used from test threads
+only, never from inside an in-process daemon's event loop. ``Repl`` runs
+the installed ``repl`` against a test daemon, with REPL_ADDR and REPL_HOME
+in its environment. ``RedisProc`` is a redis-server of the test's own.
 
 No tests and no fixtures live here: the fixtures are declared once, in
 ``tests/conftest.py`` or in the conftest of the one folder that uses them.
@@ -27,14 +38,20 @@ import subprocess
 import sys
 import termios
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import Future
+from functools import partial
 from itertools import count
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
+from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from repl_daemon.store import SessionDelta
+from repl_daemon.config import DEFAULTS, Config, Limits
+from repl_daemon.daemon import serve_daemon
+from repl_daemon.store import SessionDelta, Store
 from session.session import Session, Snapshot
 
 # -- the raw client ------------------------------------------------------------
@@ -153,6 +170,114 @@ class Daemon:
         env = {**os.environ, "REPL_ADDR": self.addr, "REPL_HOME": str(self.home)}
         env.pop("NO_COLOR", None)
         return env
+
+
+#: what ``inproc`` can be parametrised with: the memory store, or the default SQLite one
+DAEMON_STORES = ("memory", "durable")
+
+
+def daemon_config(
+    home: Path,
+    *,
+    durable: bool = False,
+    settle: float = 0.0,
+    limits: Limits | None = None,
+    max_sessions: int = DEFAULTS["max_sessions"],
+) -> Config:
+    """A test daemon's Config: port 0, memory (or the default SQLite store), settle 0.
+
+    The idle timeout is 5 s unless ``limits`` says otherwise, as the
+    ``daemon`` fixture's process has it.
+    """
+    return Config(
+        home=home,
+        host="127.0.0.1",
+        port=0,
+        memory=not durable,
+        settle=settle,
+        limits=limits or Limits(idle_timeout=5.0),
+        max_sessions=max_sessions,
+    )
+
+
+class InProcDaemon(Daemon):
+    """``serve_daemon`` on an event loop thread of this process (an anyio blocking portal).
+
+    Started on construction; ``stop`` is the clean shutdown ``repl daemon``
+    does on SIGTERM (the ``stop`` event is set: waiters are answered, the
+    store is closed) and raises whatever the daemon raised, so a test whose
+    daemon failed fails too.
+    """
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(config.home)
+        self.config = config
+        self._portal: BlockingPortal | None = None
+        self._running = contextlib.ExitStack()
+        self._stop: anyio.Event | None = None
+        self._served: Future[None] | None = None
+        self.start()
+
+    def start(self) -> None:
+        assert self._portal is None, "already running"
+        with contextlib.ExitStack() as running:
+            portal = running.enter_context(start_blocking_portal("asyncio"))
+            stop: anyio.Event = portal.call(anyio.Event)
+            self._served, self.port = portal.start_task(
+                partial(serve_daemon, self.config, stop=stop)
+            )
+            self._portal, self._stop, self._running = portal, stop, running.pop_all()
+
+    @property
+    def started(self) -> bool:
+        """Started and not yet stopped (it may have failed since: ``stop`` says)."""
+        return self._portal is not None
+
+    @property
+    def running(self) -> bool:
+        """Still serving: started, not stopped, and ``serve_daemon`` has not returned."""
+        return self.started and self._served is not None and not self._served.done()
+
+    def stop(self) -> None:
+        """Shut down cleanly and wait for it; raises what the daemon raised."""
+        portal, stop, served = self._portal, self._stop, self._served
+        assert portal is not None and stop is not None and served is not None, "not running"
+        self._portal = None
+        try:
+            portal.call(stop.set)
+            served.result(timeout=15)
+        except BaseException:
+            served.cancel()  # one that will not stop is cancelled, so its thread can end
+            raise
+        finally:
+            self._running.close()
+
+
+@contextlib.contextmanager
+def inproc_daemon(config: Config) -> Iterator[InProcDaemon]:
+    """An in-process daemon for the ``with`` block; its clients closed, then stopped cleanly."""
+    d = InProcDaemon(config)
+    try:
+        yield d
+    finally:
+        d.close_clients()
+        if d.started:
+            d.stop()
+
+
+@contextlib.asynccontextmanager
+async def running_daemon(config: Config, *, store: Store | None = None) -> AsyncIterator[int]:
+    """``serve_daemon`` in the calling task's own task group, for async tests; its port.
+
+    Leaving the block sets the daemon's ``stop`` event, a clean shutdown.
+    """
+    stop = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        port: int = await tg.start(partial(serve_daemon, config, store=store, stop=stop))
+        try:
+            yield port
+        finally:
+            stop.set()
 
 
 class DaemonProc(Daemon):
