@@ -506,17 +506,6 @@ RUN_TIMEOUT = 30
 _ids = count(1)
 
 
-def module_daemon(factory: pytest.TempPathFactory) -> Iterator[DaemonProc]:
-    """A daemon for a whole test module (start-up is most of a CLI test's cost).
-
-    Tests that share it each work in sessions of their own (``Repl.session``).
-    """
-    d = DaemonProc(factory.mktemp("cli") / "home", "--memory", "--settle-ms", "0")
-    yield d
-    d.close_clients()
-    d.stop()
-
-
 def repl_argv(*args: str) -> list[str]:
     """``repl`` and its arguments: the console script next to this interpreter, or -m."""
     if SCRIPT.exists():

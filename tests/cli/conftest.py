@@ -1,8 +1,10 @@
 """The CLI tests' fixtures: ``repl`` on a daemon the tests of a module share.
 
-Starting a daemon is most of a CLI test's cost, so one serves a whole
-module; each test works in sessions of its own (``Repl.session``), and
-tests that look at every session take a daemon of their own instead.
+``repl`` runs as a subprocess, as a user runs it; the daemon it talks to
+runs in the test process (``InProcDaemon``): the subprocess needs only its
+address and home. One serves a whole module; each test works in sessions of
+its own (``Repl.session``), and tests that look at every session take a
+daemon of their own (``inproc``) instead.
 """
 
 from __future__ import annotations
@@ -11,16 +13,20 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.helpers import DaemonProc, Repl, module_daemon
+from repl_daemon.config import Limits
+from tests.helpers import InProcDaemon, Repl, daemon_config, inproc_daemon
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProc]:
-    yield from module_daemon(tmp_path_factory)
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcDaemon]:
+    """The module's daemon: memory, settle 0, the default idle timeout."""
+    home = tmp_path_factory.mktemp("cli") / "home"
+    with inproc_daemon(daemon_config(home, limits=Limits())) as d:
+        yield d
 
 
 @pytest.fixture
-def repl(shared: DaemonProc) -> Repl:
+def repl(shared: InProcDaemon) -> Repl:
     """repl on the shared daemon: each test works in sessions of its own."""
     return Repl(shared)
 

@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from tests.helpers import DaemonProc, Repl
+from tests.helpers import InProcDaemon, Repl
 
 
 @pytest.fixture
-def lone(daemon: DaemonProc) -> Repl:
+def lone(inproc: InProcDaemon) -> Repl:
     """repl on a daemon of the test's own, for tests that look at every session."""
-    return Repl(daemon)
+    return Repl(inproc)
 
 
 def test_ping_names_the_version_and_uptime(repl: Repl) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tests.helpers import (
     Client,
-    DaemonProc,
+    InProcDaemon,
     LoggedElsewhere,
     Repl,
     eventually,
@@ -89,10 +89,10 @@ def test_the_disk_filling_up_while_sends_arrive(tmp_path: Path) -> None:
 
 
 def test_a_cli_reader_killed_between_printing_and_acknowledging_loses_nothing(
-    daemon: DaemonProc,
+    inproc: InProcDaemon,
 ) -> None:
     """SIGKILL ``repl wait`` while its output sits untaken in the pipe: no ack, redelivery."""
-    repl = Repl(daemon)
+    repl = Repl(inproc)
     session = repl.session("k")
     repl.ok("send", session, "first")
     repl.ok("send", session, "second")
