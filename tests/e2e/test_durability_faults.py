@@ -29,22 +29,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Client, DaemonProc
-from tests.test_durability_restart import pipelined
+from tests.helpers import Client, DaemonProc, LoggedElsewhere, pipelined, small_disk
 
 BIG = "x" * 300_000  # more than any slack a WAL file has: the write must grow it
-
-
-class LoggedElsewhere(DaemonProc):
-    """A durable daemon whose log lives outside its home (the home is the disk on trial)."""
-
-    def __init__(self, home: Path, log: Path) -> None:
-        self._outside = log
-        super().__init__(home, "--settle-ms", "0", "--idle-timeout", "5")
-
-    def start(self, port: int = 0) -> None:
-        self.log = self._outside
-        super().start(port)
 
 
 def reads_are_served(c: Client, session: str, results: list[str]) -> None:
@@ -62,25 +49,6 @@ def refused(answer: dict[str, Any], reason: str) -> None:
     assert not answer["ok"], answer
     assert answer["code"] == "store_failed", answer
     assert reason in answer["message"], answer
-
-
-@contextlib.contextmanager
-def small_disk(path: Path, size: str) -> Iterator[Path]:
-    """A tmpfs of ``size`` mounted at ``path`` for the test's duration."""
-    path.mkdir()
-    try:
-        subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
-            check=True,
-            capture_output=True,
-        )
-    except (OSError, subprocess.CalledProcessError) as exc:
-        pytest.skip(f"cannot mount a tmpfs here ({exc}); the file-size-limit test stands in")
-    try:
-        yield path
-    finally:
-        if subprocess.run(["umount", str(path)], check=False).returncode:
-            subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 def fill(disk: Path) -> Path:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tests.conftest import Client, DaemonProc
+from tests.helpers import Client, DaemonProc
 
 THREADS = 4
 WINDOW = 8  # requests each thread keeps on the wire at once

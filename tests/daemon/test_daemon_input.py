@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Client, DaemonProc
+from repl_daemon.config import Limits
+from tests.helpers import Client, DaemonProc, InProcDaemon, daemon_config, inproc_daemon
 
 
 def state(c: Client) -> dict[str, Any]:
@@ -72,9 +73,9 @@ BAD_LINES: list[tuple[bytes, str, str]] = [
 
 @pytest.mark.parametrize(("line", "code", "text"), BAD_LINES)
 def test_a_bad_request_gets_its_error_changes_nothing_and_keeps_the_connection(
-    daemon: DaemonProc, line: bytes, code: str, text: str
+    inproc: InProcDaemon, line: bytes, code: str, text: str
 ) -> None:
-    c = daemon.client()
+    c = inproc.client()
     c.ok({"op": "start", "session": "a"})
     c.ok({"op": "send", "session": "a", "text": "one"})
     c.ok({"op": "send", "session": "a", "text": "two"})
@@ -89,16 +90,16 @@ def test_a_bad_request_gets_its_error_changes_nothing_and_keeps_the_connection(
     assert c.ok({"op": "ping"})["version"], "the connection stays usable"
 
 
-def test_the_error_echoes_the_request_id_when_it_can(daemon: DaemonProc) -> None:
-    c = daemon.client()
+def test_the_error_echoes_the_request_id_when_it_can(inproc: InProcDaemon) -> None:
+    c = inproc.client()
     answer = c.call({"op": "send", "id": "abc", "session": "nobody", "text": "x"})
     assert answer["id"] == "abc" and answer["code"] == "no_such_session"
     answer = c.call({"op": "nope", "id": 42})
     assert answer["id"] == 42 and answer["code"] == "unknown_op"
 
 
-def test_an_oversized_line_gets_an_error_and_the_connection_closes(daemon: DaemonProc) -> None:
-    c, bystander = daemon.client(), daemon.client()
+def test_an_oversized_line_gets_an_error_and_the_connection_closes(inproc: InProcDaemon) -> None:
+    c, bystander = inproc.client(), inproc.client()
     c.ok({"op": "start", "session": "a"})
     text = "x" * (1 << 20)
     c.send_raw(json.dumps({"op": "send", "session": "a", "text": text}).encode() + b"\n")
@@ -109,8 +110,8 @@ def test_an_oversized_line_gets_an_error_and_the_connection_closes(daemon: Daemo
 
 
 def test_a_stalled_half_line_is_closed_after_the_idle_timeout(tmp_path: Path) -> None:
-    d = DaemonProc(tmp_path / "home", "--memory", "--idle-timeout", "0.5")
-    try:
+    config = daemon_config(tmp_path / "home", limits=Limits(idle_timeout=0.5))
+    with inproc_daemon(config) as d:
         staller, bystander = d.client(), d.client()
         staller.send_raw(b'{"op": "pi')
         for _ in range(5):  # the bystander is served while the staller stalls
@@ -118,25 +119,19 @@ def test_a_stalled_half_line_is_closed_after_the_idle_timeout(tmp_path: Path) ->
         answer = staller.recv()
         assert answer["code"] == "idle_timeout"
         assert staller.closed()
-    finally:
-        d.close_clients()
-        d.stop()
 
 
 def test_a_blocked_wait_is_exempt_from_the_idle_timeout(tmp_path: Path) -> None:
-    d = DaemonProc(tmp_path / "home", "--memory", "--idle-timeout", "0.3", "--settle-ms", "0")
-    try:
+    config = daemon_config(tmp_path / "home", limits=Limits(idle_timeout=0.3))
+    with inproc_daemon(config) as d:
         waiter = d.client()
         waiter.ok({"op": "start", "session": "a"})
         answer = waiter.call({"op": "wait", "sessions": ["a"], "timeout_ms": 1000})
         assert answer["ok"] and answer["timed_out"]
-    finally:
-        d.close_clients()
-        d.stop()
 
 
-def test_many_bad_lines_on_one_connection_while_another_is_served(daemon: DaemonProc) -> None:
-    bad, good = daemon.client(), daemon.client()
+def test_many_bad_lines_on_one_connection_while_another_is_served(inproc: InProcDaemon) -> None:
+    bad, good = inproc.client(), inproc.client()
     good.ok({"op": "start", "session": "a"})
     good.ok({"op": "send", "session": "a", "text": "one"})
     good.ok({"op": "send", "session": "a", "text": "two"})
@@ -150,35 +145,35 @@ def test_many_bad_lines_on_one_connection_while_another_is_served(daemon: Daemon
 # -- authentication -------------------------------------------------------
 
 
-def test_a_connection_without_the_token_is_refused(daemon: DaemonProc) -> None:
-    c = daemon.client(auth=False)
+def test_a_connection_without_the_token_is_refused(inproc: InProcDaemon) -> None:
+    c = inproc.client(auth=False)
     answer = c.call({"op": "read", "session": "a", "after": 0})
     assert answer["ok"] is False and answer["code"] == "unauthorized"
     assert c.closed()
 
 
-def test_a_wrong_token_is_refused(daemon: DaemonProc) -> None:
-    c = daemon.client(auth=False)
+def test_a_wrong_token_is_refused(inproc: InProcDaemon) -> None:
+    c = inproc.client(auth=False)
     answer = c.call({"op": "auth", "token": "guess"})
     assert answer["code"] == "unauthorized" and "wrong token" in answer["message"]
     assert c.closed()
 
 
-def test_a_token_after_another_op_is_refused(daemon: DaemonProc) -> None:
-    c = daemon.client(auth=False)
+def test_a_token_after_another_op_is_refused(inproc: InProcDaemon) -> None:
+    c = inproc.client(auth=False)
     assert c.call({"op": "ping"})["code"] == "unauthorized"
     assert c.closed()
 
 
-def test_garbage_before_auth_is_refused_and_closed(daemon: DaemonProc) -> None:
-    c = daemon.client(auth=False)
+def test_garbage_before_auth_is_refused_and_closed(inproc: InProcDaemon) -> None:
+    c = inproc.client(auth=False)
     c.send_raw(b"GET / HTTP/1.1\r\n")
     assert c.recv()["code"] == "bad_request"
     assert c.closed()
 
 
-def test_the_token_file_is_created_private(daemon: DaemonProc) -> None:
-    mode = stat.S_IMODE((daemon.home / "token").stat().st_mode)
+def test_the_token_file_is_created_private(inproc: InProcDaemon) -> None:
+    mode = stat.S_IMODE((inproc.home / "token").stat().st_mode)
     assert mode == 0o600
 
 
@@ -197,8 +192,8 @@ def test_a_world_readable_token_file_is_refused_at_start(tmp_path: Path) -> None
     assert b"Traceback" not in proc.stderr
 
 
-def test_start_generates_an_id_when_none_is_given(daemon: DaemonProc) -> None:
-    c = daemon.client()
+def test_start_generates_an_id_when_none_is_given(inproc: InProcDaemon) -> None:
+    c = inproc.client()
     one = c.ok({"op": "start"})["session"]
     two = c.ok({"op": "start"})["session"]
     assert one != two
@@ -206,16 +201,16 @@ def test_start_generates_an_id_when_none_is_given(daemon: DaemonProc) -> None:
     assert sorted(ids) == sorted([one, two])
 
 
-def test_start_exist_ok_keeps_the_session(daemon: DaemonProc) -> None:
-    c = daemon.client()
+def test_start_exist_ok_keeps_the_session(inproc: InProcDaemon) -> None:
+    c = inproc.client()
     c.ok({"op": "start", "session": "a"})
     c.ok({"op": "send", "session": "a", "text": "kept"})
     assert c.ok({"op": "start", "session": "a", "exist_ok": True})["created"] is False
     assert c.ok({"op": "read", "session": "a", "after": 0})["firings"][0]["result"] == "kept"
 
 
-def test_stats_counts_firings_lost_connections_and_waiters(daemon: DaemonProc) -> None:
-    c = daemon.client()
+def test_stats_counts_firings_lost_connections_and_waiters(inproc: InProcDaemon) -> None:
+    c = inproc.client()
     c.ok({"op": "start", "session": "a", "buffer": 2})
     for i in range(5):
         c.ok({"op": "send", "session": "a", "text": str(i)})
@@ -229,8 +224,8 @@ def test_stats_counts_firings_lost_connections_and_waiters(daemon: DaemonProc) -
     assert row["evaluations"] == 5
 
 
-def test_pipelined_requests_are_answered_in_order(daemon: DaemonProc) -> None:
-    c = daemon.client()
+def test_pipelined_requests_are_answered_in_order(inproc: InProcDaemon) -> None:
+    c = inproc.client()
     c.ok({"op": "start", "session": "a"})
     payload = b"".join(
         json.dumps({"op": "send", "session": "a", "text": str(i), "id": i}).encode() + b"\n"
@@ -242,26 +237,26 @@ def test_pipelined_requests_are_answered_in_order(daemon: DaemonProc) -> None:
     assert [a["seq"] for a in answers] == list(range(1, 501))
 
 
-def test_the_daemon_survives_a_client_that_vanishes_mid_request(daemon: DaemonProc) -> None:
+def test_the_daemon_survives_a_client_that_vanishes_mid_request(inproc: InProcDaemon) -> None:
     for _ in range(20):
-        c = Client(daemon.port, daemon.token)
+        c = Client(inproc.port, inproc.token)
         c.send_raw(b'{"op": "start", "session": "x", "exist_ok": tr')
         c.close()
     time.sleep(0.1)
-    assert daemon.client().ok({"op": "ping"})
+    assert inproc.client().ok({"op": "ping"})
 
 
-def test_an_address_in_use_ends_the_start_with_one_clear_line(daemon: DaemonProc) -> None:
-    second = str(daemon.home / "second")
+def test_an_address_in_use_ends_the_start_with_one_clear_line(inproc: InProcDaemon) -> None:
+    second = str(inproc.home / "second")
     proc = subprocess.run(
-        [sys.executable, "-m", "repl_daemon", "--addr", daemon.addr, "--memory", "--home", second],
+        [sys.executable, "-m", "repl_daemon", "--addr", inproc.addr, "--memory", "--home", second],
         capture_output=True,
         timeout=30,
     )
     assert proc.returncode == 1
     last = proc.stderr.decode().strip().splitlines()[-1]
     assert last == (
-        f"repl daemon: cannot listen on {daemon.addr}: Address already in use: "
+        f"repl daemon: cannot listen on {inproc.addr}: Address already in use: "
         "is another daemon running there?"
     )
     assert b"Traceback" not in proc.stderr

@@ -6,42 +6,12 @@ reads, and look at the cursors in the daemon afterwards.
 
 from __future__ import annotations
 
-import array
-import fcntl
 import signal
 import subprocess
-import termios
-import time
-from collections.abc import Iterator
+from pathlib import Path
 
-import pytest
-
-from tests.conftest import DaemonProc
-from tests.test_cli_helpers import Repl, eventually, module_daemon, read_line
-
-
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProc]:
-    yield from module_daemon(tmp_path_factory)
-
-
-@pytest.fixture
-def repl(shared: DaemonProc) -> Repl:
-    return Repl(shared)
-
-
-@pytest.fixture
-def s(repl: Repl) -> str:
-    """A fresh session for the test."""
-    return repl.session("s")
-
-
-def unread(proc: subprocess.Popen[bytes]) -> int:
-    """Bytes the child wrote to its stdout pipe that we have not read yet."""
-    assert proc.stdout is not None
-    count = array.array("i", [0])
-    fcntl.ioctl(proc.stdout.fileno(), termios.FIONREAD, count, True)
-    return count[0]
+from repl_daemon.config import Limits
+from tests.helpers import Repl, daemon_config, eventually, inproc_daemon, read_line, unread
 
 
 def interrupt(proc: subprocess.Popen[bytes]) -> tuple[int, bytes]:
@@ -214,16 +184,25 @@ def test_wait_blocks_until_a_send_from_elsewhere(repl: Repl, s: str) -> None:
     assert repl.cursor(s, "monitor") == 1
 
 
-def test_a_reader_slower_than_the_idle_timeout_still_gets_its_ack(daemon: DaemonProc) -> None:
-    # the `daemon` fixture closes connections quiet for 5 s: the CLI, kept
-    # waiting by its reader between printing and acknowledging, must reconnect
-    repl = Repl(daemon)
-    s = repl.session("slow", "one")
-    with repl.popen("read", s) as proc:
-        eventually(lambda: unread(proc) > 0, what="the line in the pipe")
-        time.sleep(6)
-        assert read_line(proc) == b"on-message: one\n"
-        assert proc.wait(15) == 0
-        assert proc.stderr is not None
-        assert proc.stderr.read() == b""
-    assert repl.cursor(s, "read") == 1
+def test_a_reader_slower_than_the_idle_timeout_still_gets_its_ack(tmp_path: Path) -> None:
+    # a daemon that closes connections quiet for 1 s: the CLI, kept waiting
+    # by its reader between printing and acknowledging, must reconnect
+    config = daemon_config(tmp_path / "home", limits=Limits(idle_timeout=1.0))
+    with inproc_daemon(config) as d:
+        repl = Repl(d)
+        s = repl.session("slow", "one")
+
+        def connections() -> int:
+            (stats,) = repl.ask({"op": "stats"})
+            count: int = stats["daemon"]["connections"]
+            return count
+
+        with repl.popen("read", s) as proc:
+            eventually(lambda: unread(proc) > 0, what="the line in the pipe")
+            # the daemon closed the waiting CLI's connection: only the one asking is left
+            eventually(lambda: connections() == 1, what="the idle timeout to close the CLI's")
+            assert read_line(proc) == b"on-message: one\n"
+            assert proc.wait(15) == 0
+            assert proc.stderr is not None
+            assert proc.stderr.read() == b""
+        assert repl.cursor(s, "read") == 1

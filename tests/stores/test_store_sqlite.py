@@ -18,7 +18,7 @@ from session.delta import Delta
 from session.errors import StoreFailed
 from session.firing import Firing
 from session.session import CursorState
-from tests.test_store_conformance import Mirror
+from tests.helpers import Mirror
 
 
 def filled(path: Path, sessions: int = 3, firings: int = 50) -> SqliteStore:

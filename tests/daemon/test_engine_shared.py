@@ -17,14 +17,9 @@ from repl_daemon.engine import Engine, open_engine
 from repl_daemon.engine.shared import SharedCommitter
 from repl_daemon.stores.redis import RedisStore, session_keys
 from session.errors import BadSessionId, NoSuchSession, ReplError, StoreFailed
-from tests.conftest import RedisProc
+from tests.helpers import RedisProc
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 async def call(engine: Engine, req: p.AnyRequest) -> p.Response:

@@ -3,40 +3,21 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from repl_cli import client as cli_client
-from tests.conftest import DaemonProc
-from tests.test_cli_helpers import Repl, assert_one_error_line, eventually, module_daemon, repl_argv
-
-
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProc]:
-    yield from module_daemon(tmp_path_factory)
-
-
-@pytest.fixture
-def repl(shared: DaemonProc) -> Repl:
-    return Repl(shared)
-
-
-@pytest.fixture
-def s(repl: Repl) -> str:
-    """A fresh session for the test."""
-    return repl.session("s")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+from tests.helpers import (
+    InProcDaemon,
+    Repl,
+    assert_one_error_line,
+    eventually,
+    free_port,
+    repl_argv,
+)
 
 
 def test_no_daemon_is_one_line_saying_how_to_start_one(tmp_path: Path) -> None:
@@ -129,13 +110,13 @@ def test_stopping_the_session_ends_its_waiters_with_status_1(repl: Repl, s: str)
     assert "stopped" in stderr.decode()
 
 
-def test_a_daemon_that_goes_away_mid_wait_is_status_1(daemon: DaemonProc) -> None:
-    repl = Repl(daemon)
+def test_a_daemon_that_goes_away_mid_wait_is_status_1(inproc: InProcDaemon) -> None:
+    repl = Repl(inproc)
     s = repl.session("s")
     with repl.popen("wait", s) as proc:
         eventually(lambda: repl.waiters(s) == 1, what="the wait to block")
-        repl.daemon.close_clients()
-        repl.daemon.stop()
+        inproc.close_clients()
+        inproc.stop()
         stdout, stderr = proc.communicate(timeout=15)
     assert proc.returncode == 1
     assert stdout == b""

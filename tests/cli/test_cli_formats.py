@@ -7,24 +7,12 @@ import os
 import pty
 import re
 import subprocess
-from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import DaemonProc
-from tests.test_cli_helpers import Repl, module_daemon, read_line, repl_argv
+from tests.helpers import Repl, read_line, repl_argv
 
 AWKWARD = 'say "hi"\\ \ttab\nnewline é 日本'
-
-
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProc]:
-    yield from module_daemon(tmp_path_factory)
-
-
-@pytest.fixture
-def repl(shared: DaemonProc) -> Repl:
-    return Repl(shared)
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Client, DaemonProc, RedisProc, require_redis
+from tests.helpers import Client, DaemonProc, RedisProc, require_redis
 
 
 class Cluster:

@@ -1,6 +1,6 @@
 """The daemon starts, answers ping and round-trips a firing."""
 
-from tests.conftest import DaemonProc
+from tests.helpers import DaemonProc
 
 
 def test_ping_and_send_read(daemon: DaemonProc) -> None:

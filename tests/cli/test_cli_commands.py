@@ -3,29 +3,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import DaemonProc
-from tests.test_cli_helpers import Repl, module_daemon
-
-
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProc]:
-    yield from module_daemon(tmp_path_factory)
+from tests.helpers import InProcDaemon, Repl
 
 
 @pytest.fixture
-def repl(shared: DaemonProc) -> Repl:
-    """repl on the module's daemon: each test works in sessions of its own."""
-    return Repl(shared)
-
-
-@pytest.fixture
-def lone(daemon: DaemonProc) -> Repl:
+def lone(inproc: InProcDaemon) -> Repl:
     """repl on a daemon of the test's own, for tests that look at every session."""
-    return Repl(daemon)
+    return Repl(inproc)
 
 
 def test_ping_names_the_version_and_uptime(repl: Repl) -> None:

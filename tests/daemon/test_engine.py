@@ -24,11 +24,6 @@ from session.session import Snapshot
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def call(engine: Engine, req: p.AnyRequest) -> p.Response:
     return await engine.handle(req).result()
 

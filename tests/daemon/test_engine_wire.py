@@ -31,7 +31,7 @@ from repl_daemon.stores.base import Store
 from repl_daemon.stores.memory import MemoryStore
 from repl_daemon.stores.sqlite import SqliteStore
 from session.session import Snapshot
-from tests.conftest import Client
+from tests.helpers import Client
 
 State = dict[str, tuple[Snapshot, int]]
 

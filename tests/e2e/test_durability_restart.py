@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Client, DaemonProc
+from tests.helpers import Client, DaemonProc, pipelined
 
 restarts = pytest.mark.parametrize("crash", [False, True], ids=["clean", "crash"])
 
@@ -25,18 +25,6 @@ def everything(c: Client, ids: list[str]) -> dict[str, Any]:
             "cursors": c.ok({"op": "cursors", "session": sid})["cursors"],
         }
     return seen
-
-
-def pipelined(c: Client, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Send every request, then read every answer (one commit takes many)."""
-    c.send_raw(b"".join(_line(r) for r in requests))
-    return [c.recv() for _ in requests]
-
-
-def _line(request: dict[str, Any]) -> bytes:
-    import json
-
-    return json.dumps(request).encode() + b"\n"
 
 
 @restarts

@@ -13,10 +13,16 @@ import subprocess
 import threading
 from pathlib import Path
 
-from tests.conftest import Client, DaemonProc
-from tests.test_cli_delivery import unread
-from tests.test_cli_helpers import Repl, eventually, repl_argv
-from tests.test_durability_faults import LoggedElsewhere, small_disk
+from tests.helpers import (
+    Client,
+    InProcDaemon,
+    LoggedElsewhere,
+    Repl,
+    eventually,
+    repl_argv,
+    small_disk,
+    unread,
+)
 
 
 def test_the_disk_filling_up_while_sends_arrive(tmp_path: Path) -> None:
@@ -83,10 +89,10 @@ def test_the_disk_filling_up_while_sends_arrive(tmp_path: Path) -> None:
 
 
 def test_a_cli_reader_killed_between_printing_and_acknowledging_loses_nothing(
-    daemon: DaemonProc,
+    inproc: InProcDaemon,
 ) -> None:
     """SIGKILL ``repl wait`` while its output sits untaken in the pipe: no ack, redelivery."""
-    repl = Repl(daemon)
+    repl = Repl(inproc)
     session = repl.session("k")
     repl.ok("send", session, "first")
     repl.ok("send", session, "second")

@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Client, DaemonProc
+from repl_daemon.config import Limits
+from tests.helpers import Client, Daemon, DaemonProc, InProcDaemon, daemon_config, inproc_daemon
 
 
 async def _connect(port: int, token: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -115,7 +116,7 @@ async def _crowd(port: int, token: str, sizes: dict[str, int], rounds: int) -> d
     }
 
 
-def _run_crowd(d: DaemonProc, sizes: dict[str, int], rounds: int) -> dict[str, Any]:
+def _run_crowd(d: Daemon, sizes: dict[str, int], rounds: int) -> dict[str, Any]:
     figures = asyncio.run(_crowd(d.port, d.token, sizes, rounds))
     print(
         f"\nload {sizes}: well-behaved round trip p50 {figures['p50_ms']:.2f} ms, "
@@ -126,7 +127,12 @@ def _run_crowd(d: DaemonProc, sizes: dict[str, int], rounds: int) -> dict[str, A
 
 @pytest.fixture
 def roomy(tmp_path: Path) -> Iterator[DaemonProc]:
-    """A memory daemon whose idle timeout outlasts the crowd (the stallers must stay)."""
+    """A memory daemon whose idle timeout outlasts the crowd (the stallers must stay).
+
+    A process of its own: in the test's process the crowd of a thousand
+    clients and the daemon would share one interpreter and take about twice
+    as long.
+    """
     d = DaemonProc(tmp_path / "home", "--memory", "--settle-ms", "0", "--idle-timeout", "120")
     yield d
     d.close_clients()
@@ -157,8 +163,8 @@ def test_a_long_crowd(roomy: DaemonProc) -> None:
 
 
 def test_the_connection_limit_gives_a_clear_error(tmp_path: Path) -> None:
-    d = DaemonProc(tmp_path / "home", "--memory", "--max-connections", "5")
-    try:
+    config = daemon_config(tmp_path / "home", limits=Limits(max_connections=5))
+    with inproc_daemon(config) as d:
         held = [d.client() for _ in range(5)]
         extra = Client(d.port)
         answer = extra.recv()
@@ -180,23 +186,16 @@ def test_the_connection_limit_gives_a_clear_error(tmp_path: Path) -> None:
             time.sleep(0.05)
         else:
             pytest.fail("a freed connection place was not reusable")
-    finally:
-        d.close_clients()
-        d.stop()
 
 
 def test_the_session_limit_gives_a_clear_error(tmp_path: Path) -> None:
-    d = DaemonProc(tmp_path / "home", "--memory", "--max-sessions", "3")
-    try:
+    with inproc_daemon(daemon_config(tmp_path / "home", max_sessions=3)) as d:
         c = d.client()
         for i in range(3):
             c.ok({"op": "start", "session": f"s{i}"})
         answer = c.call({"op": "start", "session": "s3"})
         assert answer["code"] == "too_many" and "3 sessions" in answer["message"]
         assert len(c.ok({"op": "sessions"})["sessions"]) == 3
-    finally:
-        d.close_clients()
-        d.stop()
 
 
 STOPPED_WAITER = textwrap.dedent(
@@ -215,14 +214,14 @@ STOPPED_WAITER = textwrap.dedent(
 
 
 def test_a_stopped_waiting_client_does_not_stall_the_daemon(
-    daemon: DaemonProc, tmp_path: Path
+    inproc: InProcDaemon, tmp_path: Path
 ) -> None:
-    c = daemon.client()
+    c = inproc.client()
     c.ok({"op": "start", "session": "a"})
     script = tmp_path / "waiter.py"
     script.write_text(STOPPED_WAITER)
     proc = subprocess.Popen(
-        [sys.executable, str(script), str(daemon.port), daemon.token], stdout=subprocess.PIPE
+        [sys.executable, str(script), str(inproc.port), inproc.token], stdout=subprocess.PIPE
     )
     assert proc.stdout is not None
     try:

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Client, DaemonProc
+from tests.helpers import Client, Daemon, DaemonProc
 
 SESSIONS = ("h0", "h1", "h2")
 LIMIT = 64
@@ -56,7 +56,7 @@ class Log:
 class Actor:
     """One client thread with its own cursor on every session."""
 
-    def __init__(self, n: int, daemon: DaemonProc, log: Log, seed: int, deadline: float) -> None:
+    def __init__(self, n: int, daemon: Daemon, log: Log, seed: int, deadline: float) -> None:
         self.n = n
         self.daemon = daemon
         self.log = log
@@ -282,7 +282,9 @@ def chaos(daemon: DaemonProc, stop: threading.Event, restarts: int, log: Log) ->
         log.restarts += 1
 
 
-def run_history(daemon: DaemonProc, *, actors: int, ops: int, restarts: int, seed: int) -> Log:
+def run_history(daemon: Daemon, *, actors: int, ops: int, restarts: int, seed: int) -> Log:
+    """Run the crew against ``daemon``; restarts need a daemon process to kill or stop."""
+    assert not restarts or isinstance(daemon, DaemonProc), "restarts need a DaemonProc"
     log = Log()
     setup = Client(daemon.port, daemon.token)
     for session in SESSIONS:
@@ -352,6 +354,8 @@ def check_final(c: Client, log: Log, crew: list[Actor]) -> None:
 
 
 def test_a_random_history_on_a_memory_daemon_keeps_every_rule(daemon: DaemonProc) -> None:
+    # a process of its own: in the test's process the six client threads and
+    # the daemon share one interpreter, and the run takes longer
     log = run_history(daemon, actors=6, ops=250, restarts=0, seed=1)
     print(f"\nhistory (memory): {log.ops} operations, {len(log.stored)} sends stored")
     assert not log.errors, log.errors[:10]

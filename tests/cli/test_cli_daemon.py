@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DaemonProc
-from tests.test_cli_helpers import assert_one_error_line, eventually, repl_argv
+from tests.helpers import InProcDaemon, assert_one_error_line, eventually, repl_argv
 
 
 def run(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -51,12 +50,12 @@ def test_foreground_daemon_serves_until_ctrl_c(env: dict[str, str]) -> None:
     assert (Path(env["REPL_HOME"]) / "token").stat().st_mode & 0o777 == 0o600
 
 
-def test_a_second_daemon_at_the_same_address_is_refused(daemon: DaemonProc) -> None:
+def test_a_second_daemon_at_the_same_address_is_refused(inproc: InProcDaemon) -> None:
     for flags in ([], ["--detach"]):
-        done = run("daemon", "--memory", *flags, env=daemon.env())
+        done = run("daemon", "--memory", *flags, env=inproc.env())
         assert done.returncode == 1
         assert_one_error_line(done.stderr)
-        assert f"already running at {daemon.addr}" in done.stderr
+        assert f"already running at {inproc.addr}" in done.stderr
 
 
 @pytest.fixture

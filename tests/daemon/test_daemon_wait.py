@@ -1,15 +1,33 @@
-"""Waits over real sockets: SPEC rules 8-11 and 14, against a daemon child process."""
+"""Waits over real sockets: SPEC rules 8-11 and 14.
+
+Against the daemon in the test process, except where a real process must
+be signalled (SIGTERM).
+"""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
-from tests.conftest import Client, DaemonProc
+import anyio
+import pytest
+from anyio.abc import SocketStream
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from tests.helpers import (
+    Client,
+    DaemonProc,
+    InProcDaemon,
+    daemon_config,
+    inproc_daemon,
+    running_daemon,
+)
 
 
 def pending(client: Client, seconds: float) -> bool:
@@ -38,8 +56,8 @@ def texts(answer: dict[str, object]) -> list[str]:
     return [f["result"] for b in batches for f in b["firings"]]
 
 
-def test_wait_returns_at_once_when_firings_are_after_the_cursor(daemon: DaemonProc) -> None:
-    c = daemon.client()
+def test_wait_returns_at_once_when_firings_are_after_the_cursor(inproc: InProcDaemon) -> None:
+    c = inproc.client()
     c.ok({"op": "start", "session": "a"})
     c.ok({"op": "send", "session": "a", "text": "one"})
     answer = c.ok({"op": "wait", "sessions": ["a"]})
@@ -47,8 +65,8 @@ def test_wait_returns_at_once_when_firings_are_after_the_cursor(daemon: DaemonPr
     assert answer["batches"][0]["next"] == 1
 
 
-def test_wait_blocks_until_a_send_then_returns_it(daemon: DaemonProc) -> None:
-    waiter, sender = daemon.client(), daemon.client()
+def test_wait_blocks_until_a_send_then_returns_it(inproc: InProcDaemon) -> None:
+    waiter, sender = inproc.client(), inproc.client()
     sender.ok({"op": "start", "session": "a"})
     waiter.send({"op": "wait", "sessions": ["a"], "id": "w"})
     assert not pending(waiter, 0.5), "a wait with nothing after its cursor must block"
@@ -57,8 +75,8 @@ def test_wait_blocks_until_a_send_then_returns_it(daemon: DaemonProc) -> None:
     assert answer["id"] == "w" and texts(answer) == ["wake"]
 
 
-def test_wait_timeout_returns_empty_and_moves_no_cursor(daemon: DaemonProc) -> None:
-    c = daemon.client()
+def test_wait_timeout_returns_empty_and_moves_no_cursor(inproc: InProcDaemon) -> None:
+    c = inproc.client()
     c.ok({"op": "start", "session": "a"})
     c.ok({"op": "send", "session": "a", "text": "x"})
     c.ok({"op": "ack", "session": "a", "cursor": "wait", "seq": 1})
@@ -68,8 +86,8 @@ def test_wait_timeout_returns_empty_and_moves_no_cursor(daemon: DaemonProc) -> N
     assert c.ok({"op": "cursors", "session": "a"})["cursors"] == before
 
 
-def test_a_timed_out_wait_on_a_new_cursor_creates_no_cursor(daemon: DaemonProc) -> None:
-    c = daemon.client()
+def test_a_timed_out_wait_on_a_new_cursor_creates_no_cursor(inproc: InProcDaemon) -> None:
+    c = inproc.client()
     c.ok({"op": "start", "session": "a"})
     for i in range(16):
         c.ok({"op": "ack", "session": "a", "cursor": f"c{i}", "seq": 0})
@@ -78,8 +96,8 @@ def test_a_timed_out_wait_on_a_new_cursor_creates_no_cursor(daemon: DaemonProc) 
     assert names == {f"c{i}" for i in range(16)}, "the wait must not evict anyone"
 
 
-def test_a_follow_reader_does_not_take_a_firing_from_a_waiter(daemon: DaemonProc) -> None:
-    follower, monitor, sender = daemon.client(), daemon.client(), daemon.client()
+def test_a_follow_reader_does_not_take_a_firing_from_a_waiter(inproc: InProcDaemon) -> None:
+    follower, monitor, sender = inproc.client(), inproc.client(), inproc.client()
     sender.ok({"op": "start", "session": "a"})
     follower.send({"op": "wait", "sessions": ["a"], "cursor": "follow"})
     sender.ok({"op": "send", "session": "a", "text": "for everyone"})
@@ -90,8 +108,8 @@ def test_a_follow_reader_does_not_take_a_firing_from_a_waiter(daemon: DaemonProc
     ]
 
 
-def test_two_concurrent_waits_both_get_the_message(daemon: DaemonProc) -> None:
-    one, two, sender = daemon.client(), daemon.client(), daemon.client()
+def test_two_concurrent_waits_both_get_the_message(inproc: InProcDaemon) -> None:
+    one, two, sender = inproc.client(), inproc.client(), inproc.client()
     sender.ok({"op": "start", "session": "a"})
     one.send({"op": "wait", "sessions": ["a"]})
     two.send({"op": "wait", "sessions": ["a"]})
@@ -117,16 +135,16 @@ KILLED_CLIENT = textwrap.dedent(
 
 
 def test_a_client_killed_before_acking_gets_the_same_firings_again(
-    daemon: DaemonProc, tmp_path: Path
+    inproc: InProcDaemon, tmp_path: Path
 ) -> None:
-    c = daemon.client()
+    c = inproc.client()
     c.ok({"op": "start", "session": "a"})
     c.ok({"op": "send", "session": "a", "text": "m1"})
     c.ok({"op": "send", "session": "a", "text": "m2"})
     script = tmp_path / "client.py"
     script.write_text(KILLED_CLIENT)
     proc = subprocess.Popen(
-        [sys.executable, str(script), str(daemon.port), daemon.token], stdout=subprocess.PIPE
+        [sys.executable, str(script), str(inproc.port), inproc.token], stdout=subprocess.PIPE
     )
     assert proc.stdout is not None
     first = proc.stdout.readline()
@@ -138,9 +156,9 @@ def test_a_client_killed_before_acking_gets_the_same_firings_again(
 
 
 def test_stopping_a_session_answers_its_blocked_wait_with_session_stopped(
-    daemon: DaemonProc,
+    inproc: InProcDaemon,
 ) -> None:
-    waiter, other = daemon.client(), daemon.client()
+    waiter, other = inproc.client(), inproc.client()
     other.ok({"op": "start", "session": "a"})
     waiter.send({"op": "wait", "sessions": ["a"], "id": 7})
     assert not pending(waiter, 0.2)
@@ -154,8 +172,8 @@ def test_stopping_a_session_answers_its_blocked_wait_with_session_stopped(
     }
 
 
-def test_an_idle_wait_costs_no_evaluation(daemon: DaemonProc) -> None:
-    waiter, observer = daemon.client(), daemon.client()
+def test_an_idle_wait_costs_no_evaluation(inproc: InProcDaemon) -> None:
+    waiter, observer = inproc.client(), inproc.client()
     observer.ok({"op": "start", "session": "a"})
     waiter.send({"op": "wait", "sessions": ["a"]})
     deadline = time.monotonic() + 5
@@ -167,10 +185,10 @@ def test_an_idle_wait_costs_no_evaluation(daemon: DaemonProc) -> None:
     assert waiters(observer, "a") == 1
 
 
-def test_a_disconnected_waiter_is_released_within_one_second(daemon: DaemonProc) -> None:
-    observer = daemon.client()
+def test_a_disconnected_waiter_is_released_within_one_second(inproc: InProcDaemon) -> None:
+    observer = inproc.client()
     observer.ok({"op": "start", "session": "a"})
-    waiter = Client(daemon.port, daemon.token)
+    waiter = Client(inproc.port, inproc.token)
     waiter.send({"op": "wait", "sessions": ["a"]})
     deadline = time.monotonic() + 5
     while waiters(observer, "a") == 0 and time.monotonic() < deadline:
@@ -183,8 +201,8 @@ def test_a_disconnected_waiter_is_released_within_one_second(daemon: DaemonProc)
     assert waiters(observer, "a") == 0
 
 
-def test_a_wait_on_two_sessions_returns_the_one_that_fired(daemon: DaemonProc) -> None:
-    waiter, sender = daemon.client(), daemon.client()
+def test_a_wait_on_two_sessions_returns_the_one_that_fired(inproc: InProcDaemon) -> None:
+    waiter, sender = inproc.client(), inproc.client()
     for s in ("a", "b"):
         sender.ok({"op": "start", "session": s})
     sender.ok({"op": "send", "session": "b", "text": "old b"})
@@ -199,8 +217,8 @@ def test_a_wait_on_two_sessions_returns_the_one_that_fired(daemon: DaemonProc) -
     assert cursor_of(sender, "a", "wait") is None, "the daemon acknowledges nothing itself"
 
 
-def test_a_wait_carries_the_previous_batchs_ack(daemon: DaemonProc) -> None:
-    c = daemon.client()
+def test_a_wait_carries_the_previous_batchs_ack(inproc: InProcDaemon) -> None:
+    c = inproc.client()
     c.ok({"op": "start", "session": "a"})
     c.ok({"op": "send", "session": "a", "text": "1"})
     first = c.ok({"op": "wait", "sessions": ["a"], "cursor": "follow"})
@@ -212,8 +230,7 @@ def test_a_wait_carries_the_previous_batchs_ack(daemon: DaemonProc) -> None:
 
 
 def test_a_burst_after_a_wake_comes_back_as_one_batch(tmp_path: Path) -> None:
-    d = DaemonProc(tmp_path / "home", "--memory", "--settle-ms", "300")
-    try:
+    with inproc_daemon(daemon_config(tmp_path / "home", settle=0.3)) as d:
         waiter, sender = d.client(), d.client()
         sender.ok({"op": "start", "session": "a"})
         waiter.send({"op": "wait", "sessions": ["a"]})
@@ -223,9 +240,63 @@ def test_a_burst_after_a_wake_comes_back_as_one_batch(tmp_path: Path) -> None:
         for _ in range(3):
             assert sender.recv()["ok"]
         assert texts(waiter.recv()) == ["0", "1", "2"]
-    finally:
-        d.close_clients()
-        d.stop()
+
+
+class Line:
+    """An async JSON-lines connection, for tests that run the daemon in their own task group."""
+
+    def __init__(self, stream: SocketStream) -> None:
+        self.stream = stream
+        self.lines = BufferedByteReceiveStream(stream)
+
+    @classmethod
+    async def connect(cls, port: int, token: str) -> Line:
+        line = cls(await anyio.connect_tcp("127.0.0.1", port))
+        await line.ok({"op": "auth", "token": token})
+        return line
+
+    async def call(self, request: dict[str, Any]) -> dict[str, Any]:
+        await self.stream.send(json.dumps(request).encode() + b"\n")
+        answer: dict[str, Any] = json.loads(await self.lines.receive_until(b"\n", 1 << 20))
+        return answer
+
+    async def ok(self, request: dict[str, Any]) -> dict[str, Any]:
+        answer = await self.call(request)
+        assert answer["ok"], answer
+        return answer
+
+
+async def cursor_seqs(line: Line, session: str) -> dict[str, int]:
+    rows = (await line.ok({"op": "cursors", "session": session}))["cursors"]
+    return {row["name"]: row["seq"] for row in rows}
+
+
+@pytest.mark.anyio
+async def test_a_wait_its_client_cut_off_moves_no_cursor(tmp_path: Path) -> None:
+    """The client gives up on a blocked wait (``move_on_after``) and goes: no cursor moves."""
+    home = tmp_path / "home"
+    async with running_daemon(daemon_config(home)) as port:
+        token = (home / "token").read_text().strip()
+        observer = await Line.connect(port, token)
+        async with observer.stream:
+            await observer.ok({"op": "start", "session": "a"})
+            await observer.ok({"op": "send", "session": "a", "text": "one"})
+            await observer.ok({"op": "ack", "session": "a", "cursor": "wait", "seq": 1})
+            waiter = await Line.connect(port, token)
+            async with waiter.stream:
+                with anyio.move_on_after(0.2) as cut:
+                    await waiter.call({"op": "wait", "sessions": ["a"]})
+            assert cut.cancelled_caught, "the wait must block: nothing is after its cursor"
+            for _ in range(500):  # the daemon lets go of the vanished waiter
+                if not (await observer.ok({"op": "stats"}))["daemon"]["waiters"]:
+                    break
+                await anyio.sleep(0.01)
+            else:
+                pytest.fail("the daemon still holds the wait of a client that went away")
+            await observer.ok({"op": "send", "session": "a", "text": "two"})
+            assert await cursor_seqs(observer, "a") == {"wait": 1}
+            woken = await observer.ok({"op": "wait", "sessions": ["a"], "timeout_ms": 5000})
+            assert [f["result"] for f in woken["batches"][0]["firings"]] == ["two"]
 
 
 def test_sigterm_answers_waiters_and_exits_zero(daemon: DaemonProc) -> None:

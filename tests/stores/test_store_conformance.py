@@ -4,8 +4,9 @@ A store is handed :class:`Delta` batches and must give back, through
 ``load`` and ``load_session``, exactly what the core's ``Session.snapshot()``
 holds: seqs, the ring (bound included), cursors with their last use, dedup
 keys in order, limits and the cursor-use clock. The deltas here are the
-core's own (``Session.take_delta``, proven against a model in
-tests of the core); the last tests drive the real engine.
+core's own (``Session.take_delta``, through ``Mirror`` in tests/helpers.py,
+proven against a model in tests/core/test_session_delta.py); the last tests
+drive the real engine.
 
 To hold another store to the same contract, add it to ``STORES``.
 """
@@ -34,9 +35,7 @@ from session.delta import Delta
 from session.errors import StoreFailed
 from session.rules import MAX_KEYS
 from session.session import Session, Snapshot
-from tests.conftest import RedisProc, require_redis
-
-TS = "2026-01-02T03:04:05.678Z"
+from tests.helpers import Mirror, RedisProc, require_redis
 
 OpenStore = Callable[[], Store]
 
@@ -82,22 +81,6 @@ def reopen(store: Store, open_store: OpenStore) -> Store:
     """Close the store and open it again: what a restarted daemon would see."""
     store.close()
     return open_store()
-
-
-class Mirror:
-    """A core session and the deltas it hands over, as the engine hands them."""
-
-    def __init__(self, session_id: str, limit: int = 256) -> None:
-        self.session = Session(session_id, limit)
-
-    def record(self, text: str, key: str | None = None, handler: str = "on-message") -> int:
-        return self.session.record(handler, text, TS, key).seq
-
-    def delta(self) -> Delta:
-        return self.session.take_delta()
-
-    def snapshot(self) -> Snapshot:
-        return self.session.snapshot()
 
 
 def loaded(store: Store) -> dict[str, Snapshot]:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tests.conftest import Client, DaemonProc
+import pytest
+
+from tests.helpers import DAEMON_STORES, Client, DaemonProc, InProcDaemon
 
 HOSTILE_CURSORS = [
     "');DROP_TABLE_firings;--",
@@ -46,16 +48,18 @@ def test_hostile_cursor_names_are_plain_names_and_survive_a_restart(
     assert not Path("/tmp/evil").exists()
 
 
-def test_path_and_sql_shaped_session_ids_are_refused(daemon: DaemonProc) -> None:
-    c = daemon.client()
+@pytest.mark.parametrize("inproc", DAEMON_STORES, indirect=True)
+def test_path_and_sql_shaped_session_ids_are_refused(inproc: InProcDaemon) -> None:
+    c = inproc.client()
     for bad in ["../x", "a/b", "/etc", ".hidden", "a;b", "a'b", "a b", "{a}", "", "x" * 65]:
         answer = c.call({"op": "start", "session": bad})
         assert answer["code"] == "bad_session_id", (bad, answer)
     assert c.ok({"op": "sessions"})["sessions"] == []
 
 
-def test_no_firing_leaves_the_daemon_without_the_token(daemon: DaemonProc) -> None:
-    c = daemon.client()
+@pytest.mark.parametrize("inproc", DAEMON_STORES, indirect=True)
+def test_no_firing_leaves_the_daemon_without_the_token(inproc: InProcDaemon) -> None:
+    c = inproc.client()
     c.ok({"op": "start", "session": "secret"})
     c.ok({"op": "send", "session": "secret", "text": "the password is swordfish"})
     for first in (
@@ -63,13 +67,13 @@ def test_no_firing_leaves_the_daemon_without_the_token(daemon: DaemonProc) -> No
         {"op": "wait", "sessions": ["secret"]},
         {"op": "poll", "session": "secret"},
         {"op": "auth", "token": ""},
-        {"op": "auth", "token": daemon.token[:-1]},
+        {"op": "auth", "token": inproc.token[:-1]},
     ):
-        stranger = Client(daemon.port)
+        stranger = Client(inproc.port)
         raw = b""
         stranger.send(first)
         while chunk := stranger.readline():
             raw += chunk
         stranger.close()
         assert b"swordfish" not in raw and b"unauthorized" in raw
-    assert os.stat(daemon.home / "token").st_mode & 0o077 == 0
+    assert os.stat(inproc.home / "token").st_mode & 0o077 == 0

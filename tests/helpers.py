@@ -1,0 +1,647 @@
+"""What the test modules share: daemons to talk to, a raw client, and ``repl`` as a user runs it.
+
+A test daemon listens on a loopback port the OS chose, in a fresh home, and
+comes in two kinds with one face (``port``, ``home``, ``token``, ``addr``,
+``client()``, ``env()``):
+
+- ``InProcDaemon`` runs ``serve_daemon`` on an event loop thread of the test
+  process (an anyio blocking portal): no subprocess, so it starts in a few
+  milliseconds. Most tests over the wire use it. ``running_daemon`` is the
+  same for async tests, in the test's own task group.
+- ``DaemonProc`` runs ``python -m repl_daemon`` as a child process, for the
+  tests that need a real one: SIGTERM and its exit status, SIGKILL,
+  restarts on the same home, its stderr and its log.
+
+``Client`` speaks the wire protocol over a plain blocking socket, so tests
+see exactly the bytes a user's program would. It is used from test threads
+only, never from inside an in-process daemon's event loop. ``Repl`` runs
+the installed ``repl`` against a test daemon, with REPL_ADDR and REPL_HOME
+in its environment. ``RedisProc`` is a redis-server of the test's own.
+
+No tests and no fixtures live here: the fixtures are declared once, in
+``tests/conftest.py`` or in the conftest of the one folder that uses them.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import fcntl
+import json
+import os
+import select
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import termios
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import Future
+from functools import partial
+from itertools import count
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+from repl_daemon.config import DEFAULTS, Config, Limits
+from repl_daemon.daemon import serve_daemon
+from repl_daemon.stores.base import Store
+from session.delta import Delta
+from session.session import Session, Snapshot
+
+# -- the raw client ------------------------------------------------------------
+
+
+class Client:
+    """A blocking JSON-lines client, one request at a time unless told otherwise."""
+
+    def __init__(self, port: int, token: str | None = None, timeout: float = 10) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.buffer = b""
+        if token is not None:
+            try:
+                answer = self.call({"op": "auth", "token": token})
+            except BaseException:
+                self.sock.close()
+                raise
+            if not answer["ok"]:
+                self.sock.close()
+                raise AssertionError(answer)
+
+    def send_raw(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def send(self, request: dict[str, Any]) -> None:
+        self.sock.sendall(json.dumps(request).encode() + b"\n")
+
+    def readline(self) -> bytes:
+        """One line from the daemon, or b"" once it closed the connection."""
+        while b"\n" not in self.buffer:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                line, self.buffer = self.buffer, b""
+                return line
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line + b"\n"
+
+    def recv(self) -> dict[str, Any]:
+        line = self.readline()
+        if not line:
+            raise ConnectionError("daemon closed the connection")
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def pending(self, seconds: float) -> bool:
+        """True when an answer arrives within ``seconds`` (without reading it)."""
+        if self.buffer:
+            return True
+        ready, _, _ = select.select([self.sock], [], [], seconds)
+        return bool(ready)
+
+    def call(self, request: dict[str, Any]) -> dict[str, Any]:
+        self.send(request)
+        return self.recv()
+
+    def ok(self, request: dict[str, Any]) -> dict[str, Any]:
+        answer = self.call(request)
+        assert answer["ok"], answer
+        return answer
+
+    def closed(self) -> bool:
+        """True once the daemon has closed this connection (reads what is left)."""
+        try:
+            while self.readline():
+                pass
+        except (ConnectionResetError, TimeoutError):
+            return False
+        return True
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def pipelined(c: Client, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Send every request, then read every answer (one commit takes many)."""
+    c.send_raw(b"".join(json.dumps(r).encode() + b"\n" for r in requests))
+    return [c.recv() for _ in requests]
+
+
+# -- daemons -------------------------------------------------------------------
+
+
+class Daemon:
+    """What every test daemon offers: where it listens, its home and token, and clients."""
+
+    home: Path
+    port: int
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.port = 0
+        self.clients: list[Client] = []
+
+    @property
+    def addr(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def token(self) -> str:
+        return (self.home / "token").read_text().strip()
+
+    def client(self, *, auth: bool = True) -> Client:
+        """A connected client; closed when the test's daemon stops."""
+        client = Client(self.port, self.token if auth else None)
+        self.clients.append(client)
+        return client
+
+    def close_clients(self) -> None:
+        for client in self.clients:
+            client.close()
+        self.clients.clear()
+
+    def env(self) -> dict[str, str]:
+        """The environment for a ``repl`` subprocess pointed at this daemon."""
+        env = {**os.environ, "REPL_ADDR": self.addr, "REPL_HOME": str(self.home)}
+        env.pop("NO_COLOR", None)
+        return env
+
+
+#: what ``inproc`` can be parametrised with: the memory store, or the default SQLite one
+DAEMON_STORES = ("memory", "durable")
+
+
+def daemon_config(
+    home: Path,
+    *,
+    durable: bool = False,
+    settle: float = 0.0,
+    limits: Limits | None = None,
+    max_sessions: int = DEFAULTS["max_sessions"],
+) -> Config:
+    """A test daemon's Config: port 0, memory (or the default SQLite store), settle 0.
+
+    The idle timeout is 5 s unless ``limits`` says otherwise, as the
+    ``daemon`` fixture's process has it.
+    """
+    return Config(
+        home=home,
+        host="127.0.0.1",
+        port=0,
+        memory=not durable,
+        settle=settle,
+        limits=limits or Limits(idle_timeout=5.0),
+        max_sessions=max_sessions,
+    )
+
+
+class InProcDaemon(Daemon):
+    """``serve_daemon`` on an event loop thread of this process (an anyio blocking portal).
+
+    Started on construction; ``stop`` is the clean shutdown ``repl daemon``
+    does on SIGTERM (the ``stop`` event is set: waiters are answered, the
+    store is closed) and raises whatever the daemon raised, so a test whose
+    daemon failed fails too.
+    """
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(config.home)
+        self.config = config
+        self._portal: BlockingPortal | None = None
+        self._running = contextlib.ExitStack()
+        self._stop: anyio.Event | None = None
+        self._served: Future[None] | None = None
+        self.start()
+
+    def start(self) -> None:
+        assert self._portal is None, "already running"
+        with contextlib.ExitStack() as running:
+            portal = running.enter_context(start_blocking_portal("asyncio"))
+            stop: anyio.Event = portal.call(anyio.Event)
+            self._served, self.port = portal.start_task(
+                partial(serve_daemon, self.config, stop=stop)
+            )
+            self._portal, self._stop, self._running = portal, stop, running.pop_all()
+
+    @property
+    def started(self) -> bool:
+        """Started and not yet stopped (it may have failed since: ``stop`` says)."""
+        return self._portal is not None
+
+    @property
+    def running(self) -> bool:
+        """Still serving: started, not stopped, and ``serve_daemon`` has not returned."""
+        return self.started and self._served is not None and not self._served.done()
+
+    def stop(self) -> None:
+        """Shut down cleanly and wait for it; raises what the daemon raised."""
+        portal, stop, served = self._portal, self._stop, self._served
+        assert portal is not None and stop is not None and served is not None, "not running"
+        self._portal = None
+        try:
+            portal.call(stop.set)
+            served.result(timeout=15)
+        except BaseException:
+            served.cancel()  # one that will not stop is cancelled, so its thread can end
+            raise
+        finally:
+            self._running.close()
+
+
+@contextlib.contextmanager
+def inproc_daemon(config: Config) -> Iterator[InProcDaemon]:
+    """An in-process daemon for the ``with`` block; its clients closed, then stopped cleanly."""
+    d = InProcDaemon(config)
+    try:
+        yield d
+    finally:
+        d.close_clients()
+        if d.started:
+            d.stop()
+
+
+@contextlib.asynccontextmanager
+async def running_daemon(config: Config, *, store: Store | None = None) -> AsyncIterator[int]:
+    """``serve_daemon`` in the calling task's own task group, for async tests; its port.
+
+    Leaving the block sets the daemon's ``stop`` event, a clean shutdown.
+    """
+    stop = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        port: int = await tg.start(partial(serve_daemon, config, store=store, stop=stop))
+        try:
+            yield port
+        finally:
+            stop.set()
+
+
+class DaemonProc(Daemon):
+    """A daemon child process; ``restart`` keeps its home (and so its state)."""
+
+    def __init__(self, home: Path, *extra: str) -> None:
+        super().__init__(home)
+        self.extra = list(extra)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = home / "daemon-test.log"
+        self.start()
+
+    def start(self, port: int = 0) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        log = open(self.log, "ab")  # noqa: SIM115 - the child keeps it
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "repl_daemon",
+                "--addr",
+                f"127.0.0.1:{port}",
+                "--home",
+                str(self.home),
+                *self.extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        log.close()
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().decode()
+        if not line.startswith("listening on "):
+            self.proc.kill()
+            raise RuntimeError(f"daemon did not start: {line!r}\n{self.log.read_text()}")
+        self.port = int(line.rsplit(":", 1)[1])
+
+    def stop(self) -> int:
+        """SIGTERM, and the exit status."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(10)
+        finally:
+            if self.proc.stdout:
+                self.proc.stdout.close()
+
+    def kill(self) -> None:
+        """SIGKILL: a crash."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+        if self.proc.stdout:
+            self.proc.stdout.close()
+
+    def restart(self, *, crash: bool = False) -> None:
+        if crash:
+            self.kill()
+        else:
+            self.stop()
+        self.start()
+
+
+class LoggedElsewhere(DaemonProc):
+    """A durable daemon whose log lives outside its home (the home is the disk on trial)."""
+
+    def __init__(self, home: Path, log: Path) -> None:
+        self._outside = log
+        super().__init__(home, "--settle-ms", "0", "--idle-timeout", "5")
+
+    def start(self, port: int = 0) -> None:
+        self.log = self._outside
+        super().start(port)
+
+
+@contextlib.contextmanager
+def small_disk(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted at ``path`` for the test's duration."""
+    path.mkdir()
+    try:
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
+            check=True,
+            capture_output=True,
+        )
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"cannot mount a tmpfs here ({exc}); the file-size-limit test stands in")
+    try:
+        yield path
+    finally:
+        if subprocess.run(["umount", str(path)], check=False).returncode:
+            subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+# -- redis-server --------------------------------------------------------------
+
+
+class RedisProc:
+    """A redis-server child on a free loopback port, in its own directory."""
+
+    def __init__(self, workdir: Path, *, appendonly: bool = False) -> None:
+        self.dir = workdir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.appendonly = appendonly
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        assert binary, "redis-server is missing: apt-get install redis-server"
+        for _ in range(20):
+            port = self.port or free_port()
+            args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(self.dir)]
+            args += ["--save", "", "--daemonize", "no", "--logfile", str(self.dir / "redis.log")]
+            if self.appendonly:
+                args += ["--appendonly", "yes", "--appendfsync", "always"]
+            else:
+                args += ["--appendonly", "no"]
+            self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            if _wait_for_port(port, self.proc):
+                self.port = port
+                return
+            self.proc.wait(5)
+        raise RuntimeError(f"redis-server did not start: {(self.dir / 'redis.log').read_text()}")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on (at the moment of asking)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen[bytes]) -> bool:
+    for _ in range(200):
+        if proc.poll() is not None:
+            return False
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(16).startswith(b"+PONG"):
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.02)
+    return False
+
+
+def require_redis() -> None:
+    """Skip where redis-server is missing, but fail in CI, which must install it."""
+    if shutil.which("redis-server") is None:
+        if os.environ.get("CI"):
+            pytest.fail("redis-server is missing in CI: .ci/run must install it")
+        pytest.skip("redis-server is missing: apt-get install redis-server")
+
+
+# -- stores --------------------------------------------------------------------
+
+TS = "2026-01-02T03:04:05.678Z"
+
+
+class Mirror:
+    """A core session and the deltas it hands over, as the engine hands them."""
+
+    def __init__(self, session_id: str, limit: int = 256) -> None:
+        self.session = Session(session_id, limit)
+
+    def record(self, text: str, key: str | None = None, handler: str = "on-message") -> int:
+        return self.session.record(handler, text, TS, key).seq
+
+    def delta(self) -> Delta:
+        return self.session.take_delta()
+
+    def snapshot(self) -> Snapshot:
+        return self.session.snapshot()
+
+
+# -- repl, as a user runs it -----------------------------------------------------
+
+SCRIPT = Path(sys.executable).with_name("repl")
+RUN_TIMEOUT = 30
+
+
+_ids = count(1)
+
+
+def repl_argv(*args: str) -> list[str]:
+    """``repl`` and its arguments: the console script next to this interpreter, or -m."""
+    if SCRIPT.exists():
+        return [str(SCRIPT), *args]
+    return [sys.executable, "-m", "repl_cli", *args]
+
+
+def repl_shell() -> str:
+    """The command to type in a shell for ``repl``."""
+    return shlex.join(repl_argv())
+
+
+class Repl:
+    """``repl`` pointed at one daemon."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.env = daemon.env()
+        self.env.pop("COLUMNS", None)
+        self.env.pop("PYTHONDONTWRITEBYTECODE", None)
+
+    def run(
+        self,
+        *args: str,
+        input: str | bytes | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float = RUN_TIMEOUT,
+    ) -> subprocess.CompletedProcess[str]:
+        data = input.encode() if isinstance(input, str) else input
+        done = subprocess.run(
+            repl_argv(*args),
+            input=data if data is not None else b"",
+            capture_output=True,
+            env=env or self.env,
+            timeout=timeout,
+        )
+        return subprocess.CompletedProcess(
+            done.args,
+            done.returncode,
+            done.stdout.decode("utf-8", "replace"),
+            done.stderr.decode("utf-8", "replace"),
+        )
+
+    def ok(self, *args: str, input: str | bytes | None = None) -> str:
+        """Run, insist on exit 0 and a quiet stderr, and return stdout."""
+        done = self.run(*args, input=input)
+        assert done.returncode == 0, (args, done.returncode, done.stderr)
+        assert done.stderr == "", (args, done.stderr)
+        return done.stdout
+
+    def fails(self, status: int, *args: str, input: str | None = None) -> str:
+        """Run, insist on ``status`` and one line on stderr without a traceback; return it."""
+        done = self.run(*args, input=input)
+        assert done.returncode == status, (args, done.returncode, done.stdout, done.stderr)
+        assert_one_error_line(done.stderr)
+        return done.stderr
+
+    def popen(self, *args: str, **kwargs: Any) -> subprocess.Popen[bytes]:
+        kwargs.setdefault("stdout", subprocess.PIPE)
+        kwargs.setdefault("stderr", subprocess.PIPE)
+        kwargs.setdefault("stdin", subprocess.DEVNULL)
+        return subprocess.Popen(repl_argv(*args), env=self.env, **kwargs)
+
+    def shell(self, script: str) -> subprocess.CompletedProcess[str]:
+        """Run ``script`` in bash, with ``$REPL`` the command for repl."""
+        env = {**self.env, "REPL": repl_shell()}
+        done = subprocess.run(
+            ["bash", "-c", f"set -o pipefail; {script}"],
+            capture_output=True,
+            env=env,
+            timeout=RUN_TIMEOUT,
+        )
+        return subprocess.CompletedProcess(
+            done.args, done.returncode, done.stdout.decode(), done.stderr.decode()
+        )
+
+    # -- looking at the daemon directly ------------------------------------
+
+    def ask(self, *requests: dict[str, Any]) -> list[dict[str, Any]]:
+        """Answers to ``requests`` over a connection of their own, each insisted ok."""
+        client = Client(self.daemon.port, self.daemon.token)
+        try:
+            return [client.ok(request) for request in requests]
+        finally:
+            client.close()
+
+    def session(self, prefix: str = "s", *texts: str) -> str:
+        """A new session of its own, with ``texts`` sent to it; its id."""
+        session = f"{prefix}{next(_ids)}"
+        self.ask({"op": "start", "session": session})
+        self.send(session, *texts)
+        return session
+
+    def cursor(self, session: str, name: str) -> int | None:
+        """Where cursor ``name`` is, None when the session has no such cursor."""
+        (with_cursors,) = self.ask({"op": "cursors", "session": session})
+        for cursor in with_cursors["cursors"]:
+            if cursor["name"] == name:
+                seq: int = cursor["seq"]
+                return seq
+        return None
+
+    def waiters(self, session: str) -> int:
+        (listed,) = self.ask({"op": "sessions"})
+        for row in listed["sessions"]:
+            if row["id"] == session:
+                count: int = row["waiters"]
+                return count
+        raise AssertionError(f"no session {session}")
+
+    def send(self, session: str, *texts: str, handler: str = "on-message") -> None:
+        self.ask(
+            *({"op": "send", "session": session, "text": t, "handler": handler} for t in texts)
+        )
+
+
+def assert_one_error_line(stderr: str) -> None:
+    assert stderr.startswith("repl: "), stderr
+    assert stderr.endswith("\n") and stderr.count("\n") == 1, stderr
+    assert "Traceback" not in stderr
+
+
+def eventually(check: Callable[[], bool], timeout: float = 15, what: str = "condition") -> None:
+    """Poll ``check`` until it holds; a bounded wait, not a timing assertion."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def read_line(proc: subprocess.Popen[bytes], timeout: float = 15) -> bytes:
+    """One line from a child's stdout, read straight from the pipe (no read-ahead).
+
+    Reading byte by byte takes exactly one line out of the pipe, so the
+    child sees precisely what we have taken.
+    """
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    os.set_blocking(fd, False)
+    got = b""
+    deadline = time.monotonic() + timeout
+    while not got.endswith(b"\n"):
+        try:
+            byte = os.read(fd, 1)
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no line from {proc.args!r} (got {got!r})") from None
+            time.sleep(0.005)
+            continue
+        if not byte:
+            raise AssertionError(f"{proc.args!r} closed stdout after {got!r}")
+        got += byte
+    return got
+
+
+def unread(proc: subprocess.Popen[bytes]) -> int:
+    """Bytes the child wrote to its stdout pipe that we have not read yet."""
+    assert proc.stdout is not None
+    count = array.array("i", [0])
+    fcntl.ioctl(proc.stdout.fileno(), termios.FIONREAD, count, True)
+    return count[0]
