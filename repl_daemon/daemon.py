@@ -25,6 +25,7 @@ from repl_daemon.engine import Engine, open_engine
 from repl_daemon.server import serve
 from repl_daemon.stores.base import Store
 from repl_daemon.stores.memory import MemoryStore
+from repl_daemon.stores.redis import RedisStore
 from session.errors import CannotListen, ConfigError, StoreFailed
 
 log = logging.getLogger("repl.daemon")
@@ -53,7 +54,7 @@ def ensure_token(home: Path) -> str:
     return token
 
 
-def open_store(config: Config) -> Store:
+def open_store(config: Config) -> Store | RedisStore:
     """The store a config names; ``ConfigError`` (one line) when it cannot be opened."""
     if config.memory:
         return MemoryStore()
@@ -67,41 +68,39 @@ def open_store(config: Config) -> Store:
         raise ConfigError(exc.message) from None
 
 
-def _open_redis(url: str) -> Store:
-    if not url.startswith("redis://"):
+def _open_redis(url: str) -> RedisStore:
+    if not url.startswith(("redis://", "rediss://", "redis+cluster://", "rediss+cluster://")):
         raise ConfigError(
-            f"store {url!r} is not supported: give redis://HOST:PORT/DB, "
-            "or leave --store out for the default store"
+            "--store takes redis://HOST:PORT/DB, rediss://... or "
+            "redis+cluster://HOST:PORT[,HOST:PORT...]; leave it out for the default store"
         )
-    try:
-        from repl_daemon.stores.redis import RedisStore
-    except ImportError:
-        raise ConfigError(
-            "--store redis:// needs the redis client: pip install 'repl[redis]'"
-        ) from None
     return RedisStore(url)
 
 
 async def serve_daemon(
     config: Config,
     *,
-    store: Store | None = None,
+    store: Store | RedisStore | None = None,
     stop: anyio.Event | None = None,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the daemon until ``stop`` is set (a clean shutdown) or it is cancelled."""
     token = ensure_token(config.home)
     store = store or open_store(config)
+    engine = open_engine(store, settle=config.settle, max_sessions=config.max_sessions)
     try:
-        engine = open_engine(store, settle=config.settle, max_sessions=config.max_sessions)
         try:
-            count = engine.load()
+            count = await engine.load()
         except StoreFailed as exc:
             raise ConfigError(exc.message) from None
         log.info("loaded %d session(s) from %s", count, store.name)
         await serve_engine(engine, config, token, stop=stop, task_status=task_status)
     finally:
-        store.close()
+        if isinstance(store, RedisStore):
+            with anyio.CancelScope(shield=True):
+                await store.close()
+        else:
+            store.close()
 
 
 async def serve_engine(
@@ -115,6 +114,7 @@ async def serve_engine(
     """Serve a loaded engine on ``config``'s address until ``stop`` is set; closes no store."""
     async with anyio.create_task_group() as tg:
         tg.start_soon(engine.run)
+        await anyio.lowlevel.checkpoint()  # the committer runs before the first request
         port = await tg.start(serve, engine, config.host, config.port, token, config.limits)
         log.info("listening on %s:%d (home %s)", config.host, port, config.home)
         if config.announce:
@@ -138,7 +138,7 @@ async def _drain(engine: Engine) -> None:
     await anyio.sleep(0.05)
 
 
-async def _run(config: Config, store: Store) -> None:
+async def _run(config: Config, store: Store | RedisStore) -> None:
     stop = anyio.Event()
     async with anyio.create_task_group() as tg:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -169,7 +169,8 @@ def run(config: Config) -> None:
     try:
         anyio.run(_run, config, store, backend_options={"use_uvloop": use_uvloop})
     except* CannotListen as group:
-        store.close()
+        if not isinstance(store, RedisStore):  # a Redis store is closed by its daemon
+            store.close()
         raise ConfigError(str(_first(group))) from None
 
 

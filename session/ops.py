@@ -8,7 +8,10 @@ operation itself (a script inside Redis, say) can be checked against
 ``run`` on the same values.
 
 ``visible`` caps what a reader may see at a seq below the head (the daemon
-shows only what its store has made durable). ``durable`` says whether the
+shows only what its store has made durable). ``check`` raises what ``run``
+would raise for the operation's own values, before any session is looked
+at: a store that applies the operation itself checks it with ``check``
+first, and is left only the checks that need the session's state. ``durable`` says whether the
 answer to an operation that changed the session must wait until the change
 is durable: true for everything a client is told it did (a send, an ack, a
 poll's ack, a new limit), false for a read's touch of its cursor, which is
@@ -22,8 +25,17 @@ from typing import ClassVar, Protocol, TypeVar
 
 import msgspec
 
+from session.errors import BadSeq
 from session.firing import Batch, CursorInfo
-from session.session import Recorded, Session, Summary, check_cursor_name
+from session.ring import check_limit
+from session.session import (
+    Recorded,
+    Session,
+    Summary,
+    check_cursor_name,
+    check_handler,
+    check_key,
+)
 
 R_co = TypeVar("R_co", covariant=True)
 
@@ -33,7 +45,15 @@ class Op(Protocol[R_co]):
 
     durable: ClassVar[bool]
 
+    def check(self) -> None: ...
+
     def run(self, session: Session, visible: int | None) -> R_co: ...
+
+
+def check_seq(seq: int) -> int:
+    if seq < 0:
+        raise BadSeq(f"seq {seq} is negative")
+    return seq
 
 
 class Record(msgspec.Struct, frozen=True):
@@ -45,6 +65,11 @@ class Record(msgspec.Struct, frozen=True):
     ts: str
     key: str | None = None
 
+    def check(self) -> None:
+        check_handler(self.handler)
+        if self.key is not None:
+            check_key(self.key)
+
     def run(self, session: Session, visible: int | None) -> Recorded:
         return session.record(self.handler, self.text, self.ts, self.key)
 
@@ -55,6 +80,9 @@ class ReadAfter(msgspec.Struct, frozen=True):
     durable: ClassVar[bool] = False
     after: int
     max: int | None = None
+
+    def check(self) -> None:
+        check_seq(self.after)  # the head and ``max`` are checked against the session
 
     def run(self, session: Session, visible: int | None) -> Batch:
         return session.read_after(self.after, self.max, visible)
@@ -68,6 +96,9 @@ class ReadCursor(msgspec.Struct, frozen=True):
     max: int | None = None
     touch: bool = True
 
+    def check(self) -> None:
+        check_cursor_name(self.cursor)
+
     def run(self, session: Session, visible: int | None) -> Batch:
         return session.read(self.cursor, self.max, visible, touch=self.touch)
 
@@ -79,6 +110,10 @@ class Ack(msgspec.Struct, frozen=True):
     cursor: str
     seq: int
 
+    def check(self) -> None:
+        check_cursor_name(self.cursor)
+        check_seq(self.seq)
+
     def run(self, session: Session, visible: int | None) -> int:
         return session.ack(self.cursor, self.seq, visible)
 
@@ -88,6 +123,9 @@ class Poll(msgspec.Struct, frozen=True):
 
     durable: ClassVar[bool] = True
     max: int | None = None
+
+    def check(self) -> None:
+        pass  # ``max`` is checked after the head, as the core does
 
     def run(self, session: Session, visible: int | None) -> Batch:
         return session.poll(self.max, visible)
@@ -99,6 +137,9 @@ class SetLimit(msgspec.Struct, frozen=True):
     durable: ClassVar[bool] = True
     limit: int
 
+    def check(self) -> None:
+        check_limit(self.limit)
+
     def run(self, session: Session, visible: int | None) -> int:
         return session.set_limit(self.limit)
 
@@ -108,6 +149,9 @@ class CursorTable(msgspec.Struct, frozen=True):
 
     durable: ClassVar[bool] = False
 
+    def check(self) -> None:
+        pass
+
     def run(self, session: Session, visible: int | None) -> list[CursorInfo]:
         return session.cursor_table(visible)
 
@@ -116,6 +160,9 @@ class Describe(msgspec.Struct, frozen=True):
     """The figures ``sessions`` and ``stats`` list; not an evaluation."""
 
     durable: ClassVar[bool] = False
+
+    def check(self) -> None:
+        pass
 
     def run(self, session: Session, visible: int | None) -> Summary:
         return session.summary(visible)

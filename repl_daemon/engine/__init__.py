@@ -11,25 +11,32 @@ from repl_daemon.engine.committer import Committer
 from repl_daemon.engine.engine import Engine, utc_now
 from repl_daemon.engine.outcome import Outcome, Ticket
 from repl_daemon.stores.base import Store
+from repl_daemon.stores.redis import RedisStore
 
 __all__ = ["Committer", "Engine", "Outcome", "Ticket", "open_engine", "utc_now"]
 
 
-def open_engine(store: Store, *, settle: float = 0.1, max_sessions: int = 10_000) -> Engine:
-    """An engine over ``store``, with the committer that the store calls for."""
-    if store.shared:
-        from repl_daemon.engine.shared import SharedCommitter
-        from repl_daemon.stores.redis import RedisStore
+def open_engine(
+    store: Store | RedisStore, *, settle: float = 0.1, max_sessions: int = 10_000
+) -> Engine:
+    """An engine over ``store``, with the committer that the store calls for.
 
-        assert isinstance(store, RedisStore)
+    ``max_sessions`` bounds what this daemon holds in memory; with Redis it
+    holds no session, so the bound is Redis's own (its ``maxmemory``).
+    """
+    if isinstance(store, RedisStore):
+        from repl_daemon.engine.shared import SharedCommitter
+
         shared = store
 
         def make(engine: Engine) -> Committer:
-            return SharedCommitter(shared, engine, max_sessions=max_sessions)
+            return SharedCommitter(shared, engine)
     else:
         from repl_daemon.engine.local import LocalCommitter
 
+        local = store
+
         def make(engine: Engine) -> Committer:
-            return LocalCommitter(store, engine, max_sessions=max_sessions)
+            return LocalCommitter(local, engine, max_sessions=max_sessions)
 
     return Engine(make, settle=settle)

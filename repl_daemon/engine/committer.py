@@ -21,6 +21,7 @@ import msgspec
 
 from repl_daemon.engine.outcome import Outcome
 from repl_daemon.stores.base import Store
+from repl_daemon.stores.redis import RedisStore
 from session.errors import StoreFailed
 from session.ops import Op
 from session.session import Summary
@@ -50,11 +51,11 @@ class Listener(Protocol):
 
 class Committer(Protocol):
     @property
-    def store(self) -> Store:
+    def store(self) -> Store | RedisStore:
         """Where the sessions are kept (``stats`` names it)."""
 
-    def load(self) -> int:
-        """Take over what the store holds; returns how many sessions it has."""
+    async def load(self) -> int:
+        """Take over (or connect to) what the store holds; returns how many sessions it has."""
 
     async def run(self) -> None:
         """The committer's own work, until cancelled (group commit, or a wake listener)."""
@@ -82,5 +83,15 @@ class Committer(Protocol):
     def summaries(self, session_id: str | None) -> Outcome[list[Summary]]:
         """One session's figures, or every session's, sorted by id."""
 
-    def totals(self) -> Totals:
-        """The daemon-wide figures, from what the committer holds now (no I/O)."""
+    def totals(self) -> Outcome[Totals]:
+        """The daemon-wide figures of ``stats``."""
+
+    def watch(self, session_id: str) -> Outcome[None]:
+        """A waiter here is about to read the session: be told of its new firings.
+
+        Called by every waiter before its first read; done once the outcome
+        is, and from then on a firing recorded in the session wakes it.
+        """
+
+    def unwatch(self, session_id: str) -> None:
+        """The session's last waiter on this daemon is gone."""

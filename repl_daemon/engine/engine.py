@@ -26,7 +26,7 @@ from typing import Never, NoReturn, TypeVar
 import anyio
 
 from repl_daemon import protocol as p
-from repl_daemon.engine.committer import Committer
+from repl_daemon.engine.committer import Committer, Totals
 from repl_daemon.engine.outcome import Outcome
 from session.errors import (
     BadMax,
@@ -102,8 +102,8 @@ class Engine:
 
     # -- life --------------------------------------------------------------
 
-    def load(self) -> int:
-        return self.committer.load()
+    async def load(self) -> int:
+        return await self.committer.load()
 
     async def run(self) -> None:
         await self.committer.run()
@@ -179,7 +179,7 @@ class Engine:
             case p.Sessions():
                 return committer.summaries(None).then(self._listing(rid))
             case p.Stats():
-                return committer.summaries(req.session).then(self._stats(req))
+                return self._stats(req)
             case p.Ping():
                 return Outcome.now(self.ping(req))
             case p.Auth():  # already authenticated: a second auth changes nothing
@@ -220,38 +220,44 @@ class Engine:
 
         return listing
 
-    def _stats(self, req: p.Stats) -> Callable[[list[Summary]], p.StatsReply]:
-        def stats(rows: list[Summary]) -> p.StatsReply:
-            totals = self.committer.totals()
-            daemon = p.DaemonStats(
-                version=p.VERSION,
-                uptime_s=round(self.uptime(), 3),
-                store=self.committer.store.name,
-                sessions=totals.sessions,
-                firings=self.firings,
-                lost=totals.lost,
-                evaluations=totals.evaluations,
-                waiters=self.waiting,
-                connections=self.connections,
-                requests=self.requests,
-            )
-            sessions = [
-                p.SessionStats(
-                    id=s.id,
-                    head=s.head,
-                    retained=s.retained,
-                    limit=s.limit,
-                    firings=s.recorded,
-                    lost=s.lost,
-                    evaluations=s.evaluations,
-                    waiters=self._waiters_of(s.id),
-                    cursors=s.cursors,
-                )
-                for s in rows
-            ]
-            return p.StatsReply(id=req.id, daemon=daemon, sessions=sessions)
+    def _stats(self, req: p.Stats) -> Outcome[p.Response]:
+        rows, totals = self.committer.summaries(req.session), self.committer.totals()
+        if rows.job is None and totals.job is None:
+            return Outcome.now(self._stats_reply(req, rows.value, totals.value))
 
-        return stats
+        async def stats() -> p.Response:
+            return self._stats_reply(req, await rows.result(), await totals.result())
+
+        return Outcome.later(stats)
+
+    def _stats_reply(self, req: p.Stats, rows: list[Summary], totals: Totals) -> p.StatsReply:
+        daemon = p.DaemonStats(
+            version=p.VERSION,
+            uptime_s=round(self.uptime(), 3),
+            store=self.committer.store.name,
+            sessions=totals.sessions,
+            firings=self.firings,
+            lost=totals.lost,
+            evaluations=totals.evaluations,
+            waiters=self.waiting,
+            connections=self.connections,
+            requests=self.requests,
+        )
+        sessions = [
+            p.SessionStats(
+                id=s.id,
+                head=s.head,
+                retained=s.retained,
+                limit=s.limit,
+                firings=s.recorded,
+                lost=s.lost,
+                evaluations=s.evaluations,
+                waiters=self._waiters_of(s.id),
+                cursors=s.cursors,
+            )
+            for s in rows
+        ]
+        return p.StatsReply(id=req.id, daemon=daemon, sessions=sessions)
 
     # -- waits -------------------------------------------------------------
 
@@ -292,14 +298,18 @@ class Engine:
 
     async def _wait(self, req: p.Wait, ids: list[str]) -> p.Woken:
         waiter = Waiter()
+        self.waiting += 1
         for session_id in ids:
             self.waiters.setdefault(session_id, set()).add(waiter)
-        self.waiting += 1
         # the timeout bounds the blocking, not the reads: a wait whose firings
         # are there returns them even with timeout 0, even when reading them
         # takes a round trip to a shared store
         deadline = None if req.timeout_ms is None else anyio.current_time() + req.timeout_ms / 1000
         try:
+            for session_id in ids:  # be told of new firings before the first read
+                watched = self.committer.watch(session_id)
+                if watched.job is not None:
+                    await watched.result()
             while True:
                 # subscribe before reading: a firing in between still sets this event
                 waiter.event = event = anyio.Event()
@@ -325,6 +335,7 @@ class Engine:
                     waiters.discard(waiter)
                     if not waiters:
                         del self.waiters[session_id]
+                        self.committer.unwatch(session_id)
             if self.closing and not self.waiting:
                 self.no_waiters.set()
 
@@ -343,8 +354,10 @@ class Engine:
         for session_id in ids:
             try:
                 batch: Batch = await self.committer.execute(session_id, look).result()
-            except NoSuchSession:  # it existed when the wait began
-                raise SessionStopped(f"session {session_id!r} stopped") from None
+            except NoSuchSession:  # it existed when the wait began, and vanished unseen
+                raise NoSuchSession(
+                    f"session {session_id!r} is gone: stopped, or lost by its store"
+                ) from None
             if batch.firings or batch.lost:
                 batches.append(p.SessionBatch(session_id, batch.next, batch.lost, batch.firings))
         return batches

@@ -95,7 +95,7 @@ class LocalCommitter:
 
     # -- life --------------------------------------------------------------
 
-    def load(self) -> int:
+    async def load(self) -> int:
         for snapshot in self.store.load():
             self._host(Session.restore(snapshot))
         return len(self.sessions)
@@ -283,10 +283,21 @@ class LocalCommitter:
         rows.sort(key=lambda row: row.id)
         return Outcome.now(rows)
 
-    def totals(self) -> Totals:
+    def totals(self) -> Outcome[Totals]:
         hosted = self.sessions.values()
-        return Totals(
-            sessions=len(self.sessions),
-            lost=sum(h.session.ring.dropped for h in hosted),
-            evaluations=self.retired_evaluations + sum(h.session.evaluations for h in hosted),
+        return Outcome.now(
+            Totals(
+                sessions=len(self.sessions),
+                lost=sum(h.session.ring.dropped for h in hosted),
+                evaluations=self.retired_evaluations + sum(h.session.evaluations for h in hosted),
+            )
         )
+
+    def watch(self, session_id: str) -> Outcome[None]:
+        return _WATCHED  # every change here is seen here: nothing to subscribe to
+
+    def unwatch(self, session_id: str) -> None:
+        pass
+
+
+_WATCHED: Outcome[None] = Outcome.now(None)

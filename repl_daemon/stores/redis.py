@@ -1,326 +1,607 @@
-"""The Redis store: several daemons share sessions through one Redis.
+"""The Redis store: several daemons share sessions, and Redis is the only copy.
 
-Each session lives under keys with the hash tag ``{ID}`` (so one session's
-keys share a hash slot and the design runs on Redis Cluster):
+Each session lives under keys with the hash tag ``{ID}`` (one hash slot, so
+the same layout runs on one Redis and on a Redis Cluster; the keys are
+listed in ``repl_daemon.stores.redis_scripts``), and every operation on a
+session is one Lua script on those keys: one round trip, one atomic step,
+no version check and no retry. The daemon keeps no copy: every answer is
+what Redis holds at that moment.
 
-- ``repl:{ID}:meta``     hash: version, limit, head, uses
-- ``repl:{ID}:ring``     list: the retained firings, oldest first (JSON)
-- ``repl:{ID}:cursors``  hash: name -> "seq:last_use"
-- ``repl:{ID}:keys``     hash: dedup key -> seq
-- ``repl:{ID}:keyorder`` list: dedup keys, oldest first (the newest 1,024)
+Wakes go over sharded pub/sub: each new firing is published, inside the
+script that records it, on the session's own shard channel
+(``repl:{ID}:wake``). A channel a script publishes on must hash to the
+script's own slot, so the finest partition, the session, is also the only
+one that keeps the publish atomic with the change; a daemon subscribes to
+the channels of the sessions it has waiters on, one subscriber connection
+per node, and an idle waiter costs it no work and Redis no command.
 
-plus one set ``repl:sessions`` that lists the ids. The scripts keep it in
-the same atomic step as the session's own keys, so a change that Redis
-took is never answered ``store_failed`` for the set's sake. (That set lies
-outside every session's hash slot, so this layout needs one Redis, not a
-Cluster.)
+The client is redis-py's asyncio one (``redis.asyncio``), in the daemon's
+event loop. URLs (SPEC §7):
 
-Every change of a session is one Lua script (``COMMIT``): it checks the
-session's ``version`` against the one the daemon's copy came from, writes
-the whole delta, bumps the version and publishes ``ID HEAD`` on the channel
-``repl:wake``; if another daemon changed the session first it writes nothing
-and answers with the current version, and the daemon reloads and runs the
-operation again. So no interleaving of daemons can break a rule of SPEC §3:
-each rule is checked by the core on a copy that is exactly the stored state.
+- ``redis://[USER:PASSWORD@]HOST:PORT/DB``, ``rediss://...`` (TLS): one Redis,
+  or its primary;
+- ``redis+cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]`` (and
+  ``rediss+cluster://``): a Redis Cluster, found from any of its nodes;
+- ``?replicas=N`` on either: a change is answered only once N replicas
+  have it (Redis ``WAIT``), so a failover loses nothing that was answered.
 
-The client is redis-py's blocking one; the daemon calls it from worker
-threads, as it does the SQLite store. Durability is Redis's own: see GUIDE.md.
+A password never appears in ``name``, in a log line or in an error.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import secrets
-import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
-import msgspec
+import anyio
 
-from session.delta import CursorState, Delta
-from session.errors import StoreFailed
-from session.firing import Firing
-from session.session import Snapshot
+from repl_daemon.stores import redis_scripts as lua
+from session.errors import (
+    AckAfterHead,
+    BadMax,
+    CursorAfterHead,
+    NoSuchSession,
+    ReplError,
+    StoreFailed,
+)
+from session.firing import Batch, CursorInfo, Firing
+from session.rules import MAX_CURSORS, MAX_KEYS
+from session.session import Recorded, Summary
 
 log = logging.getLogger("repl.daemon")
 
-CHANNEL = "repl:wake"
-SESSIONS = "repl:sessions"
+#: how long a change waits for its replicas (``?replicas=N``) before it fails
+REPLICA_TIMEOUT_MS = 2000
+#: how long a subscription to a session's wakes may take to be confirmed
+SUBSCRIBE_TIMEOUT = 2.0
 
-_COMMIT = """
-local version = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
-if ARGV[1] ~= '' and tonumber(ARGV[1]) ~= version then
-  return {0, version}
-end
-local reset = ARGV[2] == '1'
-if not reset and version == 0 then
-  return {-1, 'the session is not stored (it was stopped, or never started)'}
-end
--- first the listing, so a refusal here leaves nothing half written
-if reset then
-  redis.call('SADD', KEYS[6], ARGV[9])
-end
-local limit, head, uses, retained = ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
-local first, count = tonumber(ARGV[7]), tonumber(ARGV[8])
-local stored = tonumber(redis.call('HGET', KEYS[1], 'head') or '0')
--- new firings continue the stored ones, or start where the ring now starts
-if count > 0 and not reset and first ~= stored + 1 and first > tonumber(head) - retained + 1 then
-  return {-1, 'the new firings do not continue the stored ring (stored head '
-    .. stored .. ', first new ' .. first .. ')'}
-end
-if reset then
-  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
-end
-local i = 11
-for _ = 1, count do
-  redis.call('RPUSH', KEYS[2], ARGV[i])
-  i = i + 1
-end
-if retained == 0 then
-  redis.call('DEL', KEYS[2])
-else
-  redis.call('LTRIM', KEYS[2], -retained, -1)
-end
-count = tonumber(ARGV[i])
-i = i + 1
-if count >= 0 then
-  redis.call('DEL', KEYS[3])
-  for _ = 1, count do
-    redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1])
-    i = i + 2
-  end
-end
-count = tonumber(ARGV[i])
-i = i + 1
-for _ = 1, count do
-  -- a key can come back once the core forgot it: keep one place in the order
-  if redis.call('HEXISTS', KEYS[4], ARGV[i]) == 1 then
-    redis.call('LREM', KEYS[5], 1, ARGV[i])
-  end
-  redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1])
-  redis.call('RPUSH', KEYS[5], ARGV[i])
-  i = i + 2
-end
-local max_keys = tonumber(ARGV[10])
-while redis.call('LLEN', KEYS[5]) > max_keys do
-  redis.call('HDEL', KEYS[4], redis.call('LPOP', KEYS[5]))
-end
-version = version + 1
-redis.call('HSET', KEYS[1], 'version', version, 'limit', limit, 'head', head, 'uses', uses)
-redis.call('PUBLISH', ARGV[i], ARGV[i + 1] .. ' ' .. head .. ' ' .. ARGV[i + 2])
-return {1, version}
-"""
-
-_STOP = """
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  return 0
-end
-redis.call('SREM', KEYS[6], ARGV[2])
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
-redis.call('PUBLISH', ARGV[1], ARGV[2] .. ' stop ' .. ARGV[3])
-return 1
-"""
-
-
-class Conflict(Exception):
-    """Another daemon changed the session since this daemon's copy was loaded."""
-
-    def __init__(self, version: int) -> None:
-        super().__init__(f"session changed elsewhere (now version {version})")
-        self.version = version
+_ERRORS: dict[str, type[ReplError]] = {
+    "no_such_session": NoSuchSession,
+    "cursor_after_head": CursorAfterHead,
+    "ack_after_head": AckAfterHead,
+    "bad_max": BadMax,
+}
 
 
 def session_keys(session_id: str) -> list[str]:
-    """A session's keys, and last the set of every session's id."""
+    """A session's keys, in the order every script takes them."""
     tag = f"repl:{{{session_id}}}"
-    keys = [f"{tag}:meta", f"{tag}:ring", f"{tag}:cursors", f"{tag}:keys", f"{tag}:keyorder"]
-    return [*keys, SESSIONS]
+    return [f"{tag}:{part}" for part in ("meta", "ring", "cursors", "keys", "keyorder", "wake")]
 
 
-_encode_firing = msgspec.json.Encoder().encode
-_decode_firing = msgspec.json.Decoder(Firing).decode
+def wake_channel(session_id: str) -> str:
+    return f"repl:{{{session_id}}}:wake"
+
+
+def channel_session(channel: str) -> str | None:
+    """The session id a wake channel belongs to; None for any other channel."""
+    if channel.startswith("repl:{") and channel.endswith("}:wake"):
+        return channel[len("repl:{") : -len("}:wake")]
+    return None
+
+
+class Target:
+    """What a ``--store`` URL names, with the password kept out of ``name``."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        scheme = parts.scheme
+        if scheme not in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
+            raise StoreFailed(
+                f"store URL scheme {scheme!r} is not one of redis://, rediss://, "
+                "redis+cluster:// (see `repl daemon --help`)"
+            )
+        self.cluster = scheme.endswith("+cluster")
+        self.tls = scheme.startswith("rediss")
+        self.username = unquote(parts.username) if parts.username else None
+        self.password = unquote(parts.password) if parts.password else None
+        query = parse_qs(parts.query)
+        replicas = query.pop("replicas", ["0"])[-1]
+        if not replicas.isdigit():
+            raise StoreFailed(f"?replicas={replicas} in the store URL is not a number")
+        self.replicas = int(replicas)
+        if query:
+            raise StoreFailed(
+                f"the store URL has options repl does not know: {', '.join(sorted(query))}"
+            )
+        hostports = parts.netloc.rpartition("@")[2]
+        self.nodes: list[tuple[str, int]] = []
+        for hostport in hostports.split(","):
+            host, _, port = hostport.rpartition(":")
+            if not host or not port.isdigit():
+                raise StoreFailed(f"{hostport!r} in the store URL is not HOST:PORT")
+            self.nodes.append((host.strip("[]"), int(port)))
+        if not self.cluster and len(self.nodes) != 1:
+            raise StoreFailed("a redis:// URL names one HOST:PORT; redis+cluster:// takes several")
+        path = parts.path.strip("/") or "0"
+        if not path.isdigit():
+            raise StoreFailed(f"the database {path!r} in the store URL is not a number")
+        self.db = int(path)
+        if self.cluster and self.db != 0:
+            raise StoreFailed("a Redis Cluster has database 0 only: leave /DB out of the URL")
+        user = f"{quote(self.username)}:***@" if self.username else ":***@" if self.password else ""
+        where = ",".join(f"{h}:{p}" for h, p in self.nodes)
+        tail = "" if self.cluster else f"/{self.db}"
+        extra = f"?replicas={self.replicas}" if self.replicas else ""
+        #: the URL as logs, ``ping`` and ``stats`` show it: never with the password
+        self.name = f"{scheme}://{user}{where}{tail}{extra}"
+
+    def client_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {
+            "username": self.username,
+            "password": self.password,
+            "socket_keepalive": True,
+            "socket_connect_timeout": 2,
+            "decode_responses": False,
+        }
+        if self.tls:
+            options["ssl"] = True
+        return options
 
 
 class RedisStore:
-    """Sessions shared by every daemon that points at the same Redis."""
+    """Sessions in Redis, shared by every daemon pointed at the same Redis or Cluster."""
 
     durable = True
     shared = True
 
     def __init__(self, url: str) -> None:
-        import redis
-
-        self._redis_module = redis
-        self.url = url
-        self.name = f"redis:{url}"
+        """Check the URL; ``open`` connects. ``StoreFailed`` for a URL that is not one."""
         try:
-            self.client = redis.Redis.from_url(
-                url, socket_timeout=5, socket_connect_timeout=2, decode_responses=False
-            )
-            self.client.ping()
-        except redis.RedisError as exc:
-            raise StoreFailed(f"cannot reach Redis at {url}: {exc}") from None
-        except ValueError as exc:
-            raise StoreFailed(f"bad Redis URL {url!r}: {exc}") from None
-        self._commit = self.client.register_script(_COMMIT)
-        self._stop = self.client.register_script(_STOP)
-        self._pubsub: Any = None
-        # names this daemon in what it publishes, so it can skip its own changes
+            import redis.asyncio  # noqa: F401 - the extra must be there before anything else
+        except ImportError:
+            raise StoreFailed(
+                "--store redis:// needs the redis client: pip install 'repl[redis]'"
+            ) from None
+        self.target = Target(url)
+        self.name = f"redis:{self.target.name}"
+        # names this daemon in what it publishes, so it can skip its own wakes
         self.origin = secrets.token_hex(8)
-        self._closing = threading.Event()
+        self.client: Any = None
+        self._scripts: dict[str, Any] = {}
 
-    def _failed(self, exc: Exception) -> StoreFailed:
-        return StoreFailed(f"redis at {self.url} failed: {exc}")
+    # -- connecting -------------------------------------------------------------
 
-    # -- the Store interface ----------------------------------------------
+    async def open(self) -> None:
+        """Connect and check that Redis answers; ``StoreFailed`` (one line) when it does not."""
+        import redis.asyncio as aioredis
+        from redis.asyncio.cluster import ClusterNode, RedisCluster
 
-    def load(self) -> list[Snapshot]:
-        snapshots = []
-        for session_id in self.ids():
-            loaded = self.load_versioned(session_id)
-            if loaded is not None:
-                snapshots.append(loaded[0])
-        return snapshots
-
-    def load_session(self, session_id: str) -> Snapshot | None:
-        loaded = self.load_versioned(session_id)
-        return None if loaded is None else loaded[0]
-
-    def write(self, batch: list[Delta]) -> None:
-        """Write each session's delta atomically (not the batch as a whole: see store.py)."""
-        for delta in batch:
-            if delta.gone:
-                self.stop(delta.id)
-            else:
-                self.commit(delta, None)
-
-    def close(self) -> None:
-        self._closing.set()
-        if self._pubsub is not None:
-            # closing a broken connection may fail; it is closed anyway
-            with contextlib.suppress(Exception):
-                self._pubsub.close()
-        self.client.close()
-
-    # -- what sharing needs -------------------------------------------------
-
-    def ids(self) -> list[str]:
+        target = self.target
+        options = target.client_options()
         try:
-            members = self.client.smembers(SESSIONS)
-        except self._redis_module.RedisError as exc:
-            raise self._failed(exc) from None
-        return sorted(m.decode() if isinstance(m, bytes) else str(m) for m in members)
-
-    def version(self, session_id: str) -> int:
-        """The stored version of a session; 0 when it does not exist."""
-        try:
-            value = self.client.hget(session_keys(session_id)[0], "version")
-        except self._redis_module.RedisError as exc:
-            raise self._failed(exc) from None
-        return int(value or 0)
-
-    def load_versioned(self, session_id: str) -> tuple[Snapshot, int] | None:
-        meta_key, ring_key, cursors_key, keys_key, order_key, _ = session_keys(session_id)
-        try:
-            with self.client.pipeline(transaction=True) as pipe:
-                pipe.hgetall(meta_key)
-                pipe.lrange(ring_key, 0, -1)
-                pipe.hgetall(cursors_key)
-                pipe.lrange(order_key, 0, -1)
-                pipe.hgetall(keys_key)
-                meta, ring, cursors, order, keys = pipe.execute()
-        except self._redis_module.RedisError as exc:
-            raise self._failed(exc) from None
-        if not meta:
-            return None
-        cursor_states = []
-        for name, value in cursors.items():
-            seq, _, use = value.decode().partition(":")
-            cursor_states.append(CursorState(name.decode(), int(seq), int(use)))
-        snapshot = Snapshot(
-            id=session_id,
-            limit=int(meta[b"limit"]),
-            head=int(meta[b"head"]),
-            firings=[_decode_firing(raw) for raw in ring],
-            cursors=cursor_states,
-            uses=int(meta[b"uses"]),
-            keys=[(k.decode(), int(keys[k])) for k in order if k in keys],
-        )
-        return snapshot, int(meta[b"version"])
-
-    def commit(self, delta: Delta, expected: int | None) -> int:
-        """Write ``delta`` if the stored version is ``expected``; the new version.
-
-        ``expected`` None writes whatever is stored. Raises ``Conflict`` when
-        another daemon got there first, ``StoreFailed`` when Redis fails.
-        """
-        retained = delta.limit if delta.retained is None else delta.retained
-        args: list[Any] = ["" if expected is None else expected, "1" if delta.reset else "0"]
-        first = delta.firings[0].seq if delta.firings else 0
-        args += [delta.limit, delta.head, delta.uses, retained, first, len(delta.firings)]
-        args += [delta.id, delta.max_keys]
-        args += [_encode_firing(f) for f in delta.firings]
-        if delta.cursors is None:
-            args.append(-1)
-        else:
-            args.append(len(delta.cursors))
-            for cursor in delta.cursors:
-                args += [cursor.name, f"{cursor.seq}:{cursor.last_use}"]
-        args.append(len(delta.keys))
-        for key, seq in delta.keys:
-            args += [key, seq]
-        args += [CHANNEL, delta.id, self.origin]
-        try:
-            done, version = self._commit(keys=session_keys(delta.id), args=args)
-        except self._redis_module.RedisError as exc:
-            raise self._failed(exc) from None
-        if done == -1:
-            reason = version.decode() if isinstance(version, bytes) else str(version)
-            raise StoreFailed(f"redis refused the change to {delta.id!r}: {reason}")
-        if not done:
-            raise Conflict(int(version))
-        return int(version)
-
-    def stop(self, session_id: str) -> bool:
-        """Delete a session everywhere; False when it did not exist."""
-        try:
-            done = self._stop(
-                keys=session_keys(session_id), args=[CHANNEL, session_id, self.origin]
-            )
-        except self._redis_module.RedisError as exc:
-            raise self._failed(exc) from None
-        return bool(done)
-
-    def listen(
-        self, on_change: Callable[[str, int | None], None], on_link: Callable[[bool], None]
-    ) -> None:
-        """Deliver every change any daemon publishes, until ``close``; runs in a thread.
-
-        ``on_change(id, head)`` (head None: stopped) for each change;
-        ``on_link(False)`` when the subscription breaks, ``on_link(True)``
-        once it is back (after which every waiter must read again, since
-        changes made meanwhile were not delivered).
-        """
-        backoff = 0.05
-        while not self._closing.is_set():
-            try:
-                self._pubsub = self.client.pubsub(  # type: ignore[no-untyped-call]
-                    ignore_subscribe_messages=True
+            if target.cluster:
+                self.client = RedisCluster(
+                    startup_nodes=[ClusterNode(h, p) for h, p in target.nodes],
+                    socket_timeout=5,
+                    **options,
                 )
-                self._pubsub.subscribe(CHANNEL)
-                on_link(True)
-                backoff = 0.05
-                for message in self._pubsub.listen():
-                    if message["type"] != "message":
-                        continue
-                    session_id, what, origin = message["data"].decode().split(" ")
-                    if origin != self.origin:  # this daemon woke its own waiters already
-                        on_change(session_id, None if what == "stop" else int(what))
-            except Exception as exc:  # the link broke; tell the waiters and retry
-                if self._closing.is_set():
-                    return
-                log.warning("redis subscription lost: %s", exc)
-                on_link(False)
-                self._closing.wait(backoff)
-                backoff = min(backoff * 2, 2.0)
+                await self.client.initialize()
+            else:
+                host, port = target.nodes[0]
+                self.client = aioredis.Redis(
+                    host=host, port=port, db=target.db, socket_timeout=5, **options
+                )
+            await self.client.ping()
+        except Exception as exc:
+            await self.close()
+            raise StoreFailed(f"cannot reach Redis at {target.name}: {_reason(exc)}") from None
+        for name in ("RECORD", "READ", "ACK", "CHECK_ACK", "SET_LIMIT", "DESCRIBE"):
+            self._scripts[name] = self.client.register_script(getattr(lua, name))
+        for name in ("START", "STOP"):
+            self._scripts[name] = self.client.register_script(getattr(lua, name))
+
+    async def close(self) -> None:
+        client, self.client = self.client, None
+        if client is not None:
+            try:
+                await client.aclose()
+            except Exception as exc:  # closing a broken connection may fail; it is closed
+                log.debug("closing the Redis client: %s", exc)
+
+    def subscriber_options(self) -> tuple[bool, dict[str, Any]]:
+        """How a wake subscriber connects: no socket timeout, it waits as long as its waiters."""
+        return self.target.cluster, self.target.client_options()
+
+    # -- running one script ---------------------------------------------------------
+
+    async def _run(self, script: str, session_id: str, *args: object, change: bool) -> list[Any]:
+        keys = session_keys(session_id)
+        try:
+            if change and self.target.replicas:
+                answer = await self._run_replicated(script, keys, args)
+            else:
+                answer = await self._scripts[script](keys=keys, args=list(args))
+        except ReplError:
+            raise
+        except Exception as exc:
+            raise StoreFailed(f"redis at {self.target.name} failed: {_reason(exc)}") from None
+        if answer[0] == b"err":
+            code, message = answer[1].decode(), answer[2].decode()
+            error = _ERRORS.get(code, StoreFailed)
+            if error is NoSuchSession:
+                message = f"no session {session_id!r}: start it with `repl start {session_id}`"
+            raise error(message)
+        return list(answer[1:])
+
+    async def _run_replicated(self, script: str, keys: list[str], args: tuple[object, ...]) -> Any:
+        """The script, then ``WAIT`` for the replicas on the same connection."""
+        replicas = self.target.replicas
+        if self.target.cluster:
+            node = self.client.get_node_from_key(keys[0])
+            answer, acked = await _on_node(node, self._scripts[script], keys, args, replicas)
+        else:
+            pipe = self.client.pipeline(transaction=False)
+            self._scripts[script](keys=keys, args=list(args), client=pipe)
+            pipe.execute_command("WAIT", replicas, REPLICA_TIMEOUT_MS)
+            answer, acked = await pipe.execute()
+        if answer[0] == b"ok" and int(acked) < replicas:
+            raise StoreFailed(
+                f"only {acked} of {replicas} replicas confirmed the change within "
+                f"{REPLICA_TIMEOUT_MS} ms: it may be lost in a failover (?replicas={replicas})"
+            )
+        return answer
+
+    # -- the operations -------------------------------------------------------------
+
+    async def record(
+        self, session_id: str, handler: str, text: str, handled: bool, ts: str, key: str | None
+    ) -> Recorded:
+        seq, duplicate = await self._run(
+            "RECORD",
+            session_id,
+            handler,
+            text,
+            "1" if handled else "0",
+            ts,
+            key or "",
+            MAX_KEYS,
+            self.origin,
+            change=True,
+        )
+        return Recorded(int(seq), duplicate=bool(duplicate))
+
+    async def read(
+        self, session_id: str, mode: str, start: str | int, max: int | None, touch: bool
+    ) -> Batch:
+        """``mode`` "after" (``start`` a seq), "cursor" or "poll" (``start`` a cursor's name)."""
+        change = mode == "poll" or (mode == "cursor" and touch)
+        next, lost, entries = await self._run(
+            "READ",
+            session_id,
+            mode,
+            start,
+            "" if max is None else max,
+            "1" if touch else "0",
+            MAX_CURSORS,
+            change=change,
+        )
+        return Batch(int(next), int(lost), [_firing(entry) for entry in entries])
+
+    async def ack(self, session_id: str, cursor: str, seq: int) -> int:
+        (moved,) = await self._run("ACK", session_id, cursor, seq, MAX_CURSORS, change=True)
+        return int(moved)
+
+    async def check_ack(self, session_id: str, seq: int) -> None:
+        await self._run("CHECK_ACK", session_id, seq, change=False)
+
+    async def set_limit(self, session_id: str, limit: int) -> int:
+        (trimmed,) = await self._run("SET_LIMIT", session_id, limit, change=True)
+        return int(trimmed)
+
+    async def describe(self, session_id: str) -> tuple[Summary, list[CursorInfo]]:
+        """The session's figures and its cursor table (most recently used first)."""
+        head, limit, evals, retained, flat = await self._run("DESCRIBE", session_id, change=False)
+        rows = []
+        for i in range(0, len(flat), 2):
+            seq, _, use = flat[i + 1].decode().partition(":")
+            rows.append((int(use), flat[i].decode(), int(seq)))
+        rows.sort(reverse=True)
+        head = int(head)
+        cursors = [CursorInfo(name, seq, max(0, head - seq)) for _, name, seq in rows]
+        summary = Summary(
+            id=session_id,
+            head=head,
+            retained=int(retained),
+            limit=int(limit),
+            cursors=len(cursors),
+            recorded=head,
+            lost=head - int(retained),
+            evaluations=int(evals or 0),
+        )
+        return summary, cursors
+
+    async def start(self, session_id: str, limit: int) -> bool:
+        """Create the session; False when it exists already."""
+        (created,) = await self._run("START", session_id, limit, change=True)
+        return bool(created)
+
+    async def stop(self, session_id: str) -> None:
+        await self._run("STOP", session_id, self.origin, change=True)
+
+    async def exists(self, session_id: str) -> bool:
+        try:
+            return bool(await self.client.exists(session_keys(session_id)[0]))
+        except Exception as exc:
+            raise StoreFailed(f"redis at {self.target.name} failed: {_reason(exc)}") from None
+
+    async def ids(self) -> list[str]:
+        """Every session's id: a scan of every primary for ``repl:{*}:meta`` keys.
+
+        The keys themselves are the listing, so no crash can leave a session
+        listed that is not there, or hide one that is.
+        """
+        found = set()
+        try:
+            async for raw in self.client.scan_iter(match="repl:{*}:meta", count=1000):
+                key = raw.decode()
+                found.add(key[len("repl:{") : -len("}:meta")])
+        except Exception as exc:
+            raise StoreFailed(f"redis at {self.target.name} failed: {_reason(exc)}") from None
+        return sorted(found)
+
+
+async def _on_node(
+    node: Any, script: Any, keys: list[str], args: tuple[object, ...], replicas: int
+) -> tuple[Any, Any]:
+    """The script and ``WAIT`` on one connection of a cluster node.
+
+    ``WAIT`` counts the writes of its own connection, so both must go on
+    the one connection: a cluster client would route a keyless WAIT anywhere.
+    """
+    connection = node.acquire_connection()
+    try:
+        await connection.connect()
+        await connection.send_packed_command(
+            connection.pack_commands(
+                [
+                    ("EVAL", script.script, len(keys), *keys, *args),
+                    ("WAIT", replicas, REPLICA_TIMEOUT_MS),
+                ]
+            )
+        )
+        replies = []
+        for _ in range(2):
+            try:
+                replies.append(await connection.read_response())
+            except Exception as exc:  # a script error is a reply too; a broken link is not
+                if type(exc).__name__ != "ResponseError":
+                    await connection.disconnect()
+                    raise
+                replies.append(exc)
+        answer, acked = replies
+        if isinstance(answer, Exception):
+            raise answer
+        return answer, acked
+    finally:
+        node.release(connection)
+
+
+def _firing(entry: Any) -> Firing:
+    raw_id, fields = entry  # from a script the fields are flat; redis-py's XRANGE makes a dict
+    seq = int(raw_id.split(b"-", 1)[0])
+    values = (
+        fields if isinstance(fields, dict) else dict(zip(fields[::2], fields[1::2], strict=True))
+    )
+    result = values.get(b"r")
+    event = values.get(b"e")
+    return Firing(
+        seq,
+        values[b"h"].decode(),
+        None if result is None else result.decode(),
+        None if event is None else event.decode(),
+        values[b"t"].decode(),
+    )
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text.splitlines()[0]
+
+
+class _Subscriber:
+    """One subscriber connection to one node, read by one task: no polling.
+
+    redis-py's own reconnect is off on this connection: after a broken link
+    the subscriptions must be made again *and confirmed* before waiters read
+    again, or a firing in between would wake nobody, so ``Wakes`` does that.
+    Subscribing and unsubscribing go out in order under one lock, and an
+    unsubscribe that finds its channel wanted again by then sends nothing.
+    """
+
+    def __init__(self, host: str, port: int, options: dict[str, Any]) -> None:
+        import redis.asyncio as aioredis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        self.name = f"{host}:{port}"
+        self.client = aioredis.Redis(
+            host=host, port=port, socket_timeout=None, retry=Retry(NoBackoff(), 0), **options
+        )
+        self.pubsub = self.client.pubsub()
+        #: the channels this connection should hold
+        self.channels: set[str] = set()
+        self.confirmed: dict[str, anyio.Event] = {}
+        #: channels with our own SUNSUBSCRIBE on its way (its echo is no slot move)
+        self.leaving: set[str] = set()
+        self.lock = anyio.Lock()
+        self.reading = False
+
+    async def send_subscribe(self, channel: str) -> anyio.Event:
+        """Ask for ``channel``; the event is set once the node confirmed it."""
+        self.channels.add(channel)
+        confirmed = self.confirmed.get(channel)
+        if confirmed is not None:
+            return confirmed  # subscribed already, or on its way
+        confirmed = self.confirmed[channel] = anyio.Event()
+        async with self.lock:
+            await self.pubsub.ssubscribe(channel)  # sends only: the reader sees the answer
+        return confirmed
+
+    async def unsubscribe(self, channel: str) -> None:
+        async with self.lock:
+            if channel in self.channels:
+                return  # wanted again meanwhile
+            self.confirmed.pop(channel, None)
+            self.leaving.add(channel)
+            await self.pubsub.sunsubscribe(channel)
+
+    async def read(self, on_message: Callable[[str, bytes], None]) -> None:
+        """Hand every message to ``on_message`` until the link breaks (then raise)."""
+        while True:
+            message = await self.pubsub.get_message(timeout=None)
+            if message is None:
+                continue
+            kind = _text(message["type"])
+            channel = _text(message["channel"])
+            if kind == "smessage":
+                on_message(channel, message["data"])
+            elif kind == "ssubscribe":
+                event = self.confirmed.get(channel)
+                if event is not None:
+                    event.set()
+            elif kind == "sunsubscribe":
+                if channel in self.leaving:
+                    self.leaving.discard(channel)
+                elif channel in self.channels:
+                    # the node gave the channel's slot away (a resharding, a failover)
+                    raise ConnectionError(f"{self.name} dropped {channel}: its slot moved")
+
+    async def close(self) -> None:
+        try:
+            await self.pubsub.aclose()  # type: ignore[no-untyped-call]
+            await self.client.aclose()
+        except Exception as exc:
+            log.debug("closing a subscriber: %s", exc)
+
+
+class Wakes:
+    """This daemon's subscriptions to the wake channels of the sessions it has waiters on.
+
+    ``on_wake(session_id, payload)`` gets each message; ``on_restored()`` is
+    called once every subscription of a broken link is made again and
+    confirmed, so that every waiter reads again (a firing recorded while the
+    link was down woke nobody). A broken link is never an error for a
+    waiter: it goes on waiting, and reads again once the link is back.
+    """
+
+    def __init__(
+        self,
+        store: RedisStore,
+        on_wake: Callable[[str, bytes], None],
+        on_restored: Callable[[], None],
+    ) -> None:
+        self.store = store
+        self.on_wake = on_wake
+        self.on_restored = on_restored
+        self.subscribers: dict[str, _Subscriber] = {}
+        #: the sessions whose wakes this daemon wants (it has waiters on them)
+        self.wanted: set[str] = set()
+        self._tg: Any = None
+
+    async def run(self) -> None:
+        """Hold the readers' task group until cancelled."""
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            try:
+                await anyio.sleep_forever()
+            finally:
+                self._tg = None
+                with anyio.CancelScope(shield=True):
+                    for subscriber in list(self.subscribers.values()):
+                        await subscriber.close()
+                self.subscribers.clear()
+
+    def _node_for(self, channel: str) -> tuple[str, int]:
+        if self.store.target.cluster:
+            node = self.store.client.get_node_from_key(channel)
+            return node.host, node.port
+        return self.store.target.nodes[0]
+
+    def _subscriber(self, host: str, port: int) -> _Subscriber:
+        name = f"{host}:{port}"
+        subscriber = self.subscribers.get(name)
+        if subscriber is None:
+            _, options = self.store.subscriber_options()
+            subscriber = self.subscribers[name] = _Subscriber(host, port, options)
+        return subscriber
+
+    async def _subscribe(self, channel: str) -> None:
+        subscriber = self._subscriber(*self._node_for(channel))
+        confirmed = await subscriber.send_subscribe(channel)
+        self._start_reading(subscriber)
+        with anyio.fail_after(SUBSCRIBE_TIMEOUT):
+            await confirmed.wait()
+
+    async def subscribe(self, session_id: str) -> None:
+        """Subscribe to the session's wakes; returns once Redis confirmed it."""
+        self.wanted.add(session_id)
+        try:
+            await self._subscribe(wake_channel(session_id))
+        except Exception as exc:
+            self.unsubscribe(session_id)
+            reason = "no answer" if isinstance(exc, TimeoutError) else _reason(exc)
+            raise StoreFailed(
+                f"cannot subscribe to the wakes of {session_id!r} on Redis: {reason}"
+            ) from None
+
+    def unsubscribe(self, session_id: str) -> None:
+        self.wanted.discard(session_id)
+        channel = wake_channel(session_id)
+        for subscriber in self.subscribers.values():
+            if channel in subscriber.channels:
+                subscriber.channels.discard(channel)
+                if self._tg is not None:
+                    self._tg.start_soon(self._quietly, subscriber.unsubscribe(channel))
+
+    async def _quietly(self, work: Awaitable[None]) -> None:
+        try:
+            await work
+        except Exception as exc:  # the reader sees a broken link and repairs it
+            log.debug("unsubscribing: %s", exc)
+
+    def _start_reading(self, subscriber: _Subscriber) -> None:
+        if subscriber.reading or self._tg is None:
+            return
+        subscriber.reading = True
+        self._tg.start_soon(self._read, subscriber)
+
+    async def _read(self, subscriber: _Subscriber) -> None:
+        try:
+            await subscriber.read(self._message)
+        except Exception as exc:
+            log.warning("redis wake link %s lost: %s", subscriber.name, _reason(exc))
+        subscriber.reading = False
+        if self.subscribers.get(subscriber.name) is subscriber:
+            del self.subscribers[subscriber.name]
+        await subscriber.close()
+        await self._repair()
+
+    def _message(self, channel: str, data: bytes) -> None:
+        session_id = channel_session(channel)
+        if session_id is not None:
+            self.on_wake(session_id, data)
+
+    async def _repair(self) -> None:
+        """Subscribe every wanted session again wherever its slot now lives, then wake all."""
+        delay = 0.05
+        while True:
+            try:
+                if self.store.target.cluster:
+                    await self.store.client.nodes_manager.initialize()
+                for session_id in sorted(self.wanted):
+                    await self._subscribe(wake_channel(session_id))
+                break
+            except Exception as exc:
+                log.info("redis wakes not back yet (%s); trying again", _reason(exc))
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        log.info("redis wake link is back")
+        self.on_restored()
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,9 +1,8 @@
-"""The shared committer in-process, on a real redis-server: the defects the engine rework fixed.
+"""The shared committer in-process, on a real redis-server: what the engine keeps, and refusals.
 
-Each test here failed before the rework: the per-session lock table grew by
-one entry for every id a client named (valid or not), and a start whose
-change Redis had taken was answered ``store_failed`` when the separate
-update of the session set failed after it.
+The daemon keeps no session of a shared store: after any number of
+operations, on real, missing and malformed ids, and after waits, nothing is
+left in the daemon but the subscriptions its current waiters need.
 """
 
 from __future__ import annotations
@@ -26,70 +25,79 @@ async def call(engine: Engine, req: p.AnyRequest) -> p.Response:
     return await engine.handle(req).result()
 
 
-async def test_naming_ids_leaves_no_lock_behind(redis_server: RedisProc) -> None:
-    store = RedisStore(redis_server.url)
-    try:
-        engine = open_engine(store, settle=0)
-        committer = engine.committer
-        assert isinstance(committer, SharedCommitter)
-        await call(engine, p.Start(session="real"))
-        await call(engine, p.Send(session="real", text="one"))
-        for n in range(50):
-            for session_id, error in (
-                (f"missing-{n}", NoSuchSession),
-                (f"bad id {n}", BadSessionId),
-            ):
-                for req in (
-                    p.Send(session=session_id, text="x"),
-                    p.Read(session=session_id),
-                    p.Ack(session=session_id, seq=0),
-                    p.Stats(session=session_id),
-                ):
-                    with pytest.raises(error):
-                        await call(engine, req)
-        woken = await call(engine, p.Wait(sessions=["real"], timeout_ms=0))
-        assert isinstance(woken, p.Woken) and woken.batches
-        assert committer._locks == {} and committer._queues == {}
-    finally:
-        store.close()
+async def opened(url: str) -> tuple[Engine, SharedCommitter]:
+    engine = open_engine(RedisStore(url), settle=0)
+    committer = engine.committer
+    assert isinstance(committer, SharedCommitter)
+    await engine.load()
+    return engine, committer
 
 
-async def test_a_change_redis_refused_is_not_half_written(redis_server: RedisProc) -> None:
-    """A user that may not SADD: the start fails whole, so nothing is answered wrongly.
+async def test_the_daemon_keeps_nothing_of_the_sessions_it_serves(redis_server: RedisProc) -> None:
+    engine, committer = await opened(redis_server.url)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.run)
+        try:
+            await call(engine, p.Start(session="real"))
+            await call(engine, p.Send(session="real", text="one"))
+            for n in range(50):
+                named = ((f"missing-{n}", NoSuchSession), (f"bad id {n}", BadSessionId))
+                for session_id, error in named:
+                    for req in (
+                        p.Send(session=session_id, text="x"),
+                        p.Read(session=session_id),
+                        p.Ack(session=session_id, seq=0),
+                        p.Stats(session=session_id),
+                    ):
+                        with pytest.raises(error):
+                            await call(engine, req)
+            woken = await call(engine, p.Wait(sessions=["real"], timeout_ms=0))
+            assert isinstance(woken, p.Woken) and woken.batches  # timeout 0, firings there
+            timed = await call(
+                engine, p.Wait(sessions=["real"], cursor="c", ack={"real": 1}, timeout_ms=10)
+            )
+            assert isinstance(timed, p.Woken) and timed.timed_out
+            await anyio.sleep(0.05)  # the unsubscribe goes out in the background
+            assert committer.wakes.wanted == set()
+            assert all(not s.channels for s in committer.wakes.subscribers.values())
+            assert engine.waiters == {}
+        finally:
+            tg.cancel_scope.cancel()
+    await committer.close()
 
-    Before the rework the session's keys were written by the script and the
-    set was updated after it, so this start was answered ``store_failed``
-    although its session existed in Redis.
-    """
+
+async def test_a_user_redis_refuses_scripts_gets_store_failed_and_nothing_is_written(
+    redis_server: RedisProc,
+) -> None:
     admin = redis.Redis(port=redis_server.port)
-    admin.execute_command("ACL", "SETUSER", "nosadd", "on", ">pw", "~*", "&*", "+@all", "-sadd")
-    store = RedisStore(f"redis://nosadd:pw@127.0.0.1:{redis_server.port}/0")
+    admin.execute_command(
+        "ACL", "SETUSER", "noscripts", "on", ">pw", "~*", "&*", "+@all", "-evalsha", "-eval"
+    )
     try:
-        engine = open_engine(store, settle=0)
-        with pytest.raises(StoreFailed, match="sadd"):
+        engine, committer = await opened(f"redis://noscripts:pw@127.0.0.1:{redis_server.port}/0")
+        with pytest.raises(StoreFailed, match=r"redis at .*noscripts:\*\*\*@"):
             await call(engine, p.Start(session="x"))
-        assert admin.exists(*session_keys("x")[:5]) == 0
-        with pytest.raises(NoSuchSession):
-            await call(engine, p.Send(session="x", text="lost?"))
+        assert admin.exists(*session_keys("x")) == 0
+        await committer.close()
     finally:
-        store.close()
         admin.close()
 
 
 async def test_every_refusal_is_a_repl_error(redis_server: RedisProc) -> None:
-    store = RedisStore(redis_server.url)
-    try:
-        engine = open_engine(store, settle=0)
-        await call(engine, p.Start(session="a"))
-        with anyio.fail_after(5):
-            for req in (
-                p.Wait(sessions=["a"], ack={"a": -1}),
-                p.Wait(sessions=["a", "nope"], timeout_ms=0),
-                p.Ack(session="a", seq=9),
-            ):
-                with pytest.raises(ReplError):
-                    await call(engine, req)
-        listed = await call(engine, p.Cursors(session="a"))
+    engine, committer = await opened(redis_server.url)
+    await call(engine, p.Start(session="a"))
+    await call(engine, p.Start(session="b"))
+    await call(engine, p.Send(session="b", text="one"))
+    with anyio.fail_after(5):
+        for req in (
+            p.Wait(sessions=["a"], ack={"a": -1}),
+            p.Wait(sessions=["b", "a"], ack={"b": 1, "a": 1}),  # a has no seq 1: b not acked
+            p.Wait(sessions=["a", "nope"], timeout_ms=0),
+            p.Ack(session="a", seq=9),
+        ):
+            with pytest.raises(ReplError):
+                await call(engine, req)
+    for session_id in ("a", "b"):
+        listed = await call(engine, p.Cursors(session=session_id))
         assert isinstance(listed, p.CursorList) and listed.cursors == []
-    finally:
-        store.close()
+    await committer.close()

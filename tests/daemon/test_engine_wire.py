@@ -48,9 +48,9 @@ class InProcess:
         self.token = token
         config = Config(home=home, port=0, settle=0.0, limits=Limits(idle_timeout=30.0))
 
-        def build() -> tuple[Engine, anyio.Event]:
+        async def build() -> tuple[Engine, anyio.Event]:
             engine = Engine(lambda e: LocalCommitter(store, e), settle=0.0)
-            engine.load()
+            await engine.load()
             return engine, anyio.Event()
 
         self.engine, self._stop = self.portal.call(build)

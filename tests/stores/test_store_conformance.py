@@ -1,4 +1,4 @@
-"""What every durable store must do, checked against real files (SQLite today).
+"""What every store of deltas must do, checked against real files (SQLite).
 
 A store is handed :class:`Delta` batches and must give back, through
 ``load`` and ``load_session``, exactly what the core's ``Session.snapshot()``
@@ -8,12 +8,13 @@ core's own (``Session.take_delta``, through ``Mirror`` in tests/helpers.py,
 proven against a model in tests/core/test_session_delta.py); the last tests
 drive the real engine.
 
-To hold another store to the same contract, add it to ``STORES``.
+To hold another store to the same contract, add it to ``STORES``. The Redis
+store is no store of deltas (Redis applies each operation itself): its
+contract is to agree with the core, tests/stores/test_redis_differential.py.
 """
 
 from __future__ import annotations
 
-import atexit
 import random
 import tempfile
 from collections.abc import Callable, Iterator
@@ -29,36 +30,17 @@ from repl_daemon.engine import Engine, Outcome
 from repl_daemon.engine.local import LocalCommitter
 from repl_daemon.stores.base import Store
 from repl_daemon.stores.memory import MemoryStore
-from repl_daemon.stores.redis import RedisStore
 from repl_daemon.stores.sqlite import SqliteStore
 from session.delta import Delta
 from session.errors import StoreFailed
 from session.rules import MAX_KEYS
 from session.session import Session, Snapshot
-from tests.helpers import Mirror, RedisProc, require_redis
+from tests.helpers import Mirror
 
 OpenStore = Callable[[], Store]
 
-_redis: list[RedisProc] = []
-
-
-def _redis_store(home: Path) -> Store:
-    """A RedisStore on one redis-server for the whole run, emptied for each test."""
-    require_redis()
-    if not _redis:
-        _redis.append(RedisProc(Path(tempfile.mkdtemp()) / "redis"))
-        atexit.register(_redis[0].stop)
-    store = RedisStore(_redis[0].url)
-    fresh = home / ".redis-emptied"
-    if not fresh.exists():
-        store.client.flushall()
-        fresh.touch()
-    return store
-
-
 STORES: dict[str, Callable[[Path], Store]] = {
     "sqlite": lambda home: SqliteStore(home / "repl.db"),
-    "redis": _redis_store,
 }
 
 
@@ -316,8 +298,6 @@ def test_an_unknown_session_loads_as_none(open_store: OpenStore) -> None:
 
 def test_a_failed_batch_writes_nothing_and_the_store_goes_on(open_store: OpenStore) -> None:
     store = open_store()
-    if isinstance(store, RedisStore):
-        pytest.skip("a shared store is atomic per session, not per batch (see store.py)")
     a = Mirror("a")
     a.record("kept")
     store.write([a.delta()])
