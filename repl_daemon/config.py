@@ -51,7 +51,8 @@ OPTIONS: tuple[Option, ...] = (
         "--store",
         str,
         None,
-        "redis://HOST:PORT/DB to share sessions with other daemons "
+        "Share sessions with other daemons: redis://HOST:PORT/DB, rediss://... (TLS) or "
+        "redis+cluster://HOST:PORT[,HOST:PORT...]; ?replicas=N waits for N replicas "
         "(default: repl.db in the state directory).",
         metavar="URL",
     ),
