@@ -26,7 +26,7 @@ from repl_daemon.server import serve
 from repl_daemon.stores.base import Store
 from repl_daemon.stores.memory import MemoryStore
 from repl_daemon.stores.redis import RedisStore
-from session.errors import CannotListen, ConfigError, StoreFailed
+from session.errors import ConfigError, StoreFailed
 
 log = logging.getLogger("repl.daemon")
 
@@ -168,7 +168,7 @@ def run(config: Config) -> None:
     log.info("event loop: %s", "uvloop" if use_uvloop else "asyncio")
     try:
         anyio.run(_run, config, store, backend_options={"use_uvloop": use_uvloop})
-    except* CannotListen as group:
+    except* ConfigError as group:  # an address it cannot bind, a store it cannot reach
         if not isinstance(store, RedisStore):  # a Redis store is closed by its daemon
             store.close()
         raise ConfigError(str(_first(group))) from None
@@ -192,7 +192,7 @@ def choose_loop(loop: str) -> bool:
     return True
 
 
-def _first(group: BaseExceptionGroup[CannotListen]) -> BaseException:
+def _first(group: BaseExceptionGroup[ConfigError]) -> BaseException:
     """The first exception inside (possibly nested) exception groups."""
     first: BaseException = group
     while isinstance(first, BaseExceptionGroup):

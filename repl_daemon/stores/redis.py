@@ -188,7 +188,10 @@ class RedisStore:
             await self.client.ping()
         except Exception as exc:
             await self.close()
-            raise StoreFailed(f"cannot reach Redis at {target.name}: {_reason(exc)}") from None
+            raise StoreFailed(
+                f"cannot reach Redis at {target.name}: {_reason(exc)} "
+                "(check that it runs and that --store names it)"
+            ) from None
         for name in ("RECORD", "READ", "ACK", "CHECK_ACK", "SET_LIMIT", "DESCRIBE"):
             self._scripts[name] = self.client.register_script(getattr(lua, name))
         for name in ("START", "STOP"):
