@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,22 @@ def test_a_store_url_that_cannot_work_ends_the_start_with_one_line(
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith("repl daemon: ") and says in lines[0], lines[0]
     assert "Traceback" not in done.stderr and "hunter2" not in done.stderr + done.stdout
+
+
+def test_without_the_redis_extra_the_start_says_which_pip_install_brings_it(
+    tmp_path: Path,
+) -> None:
+    # ``sys.modules["redis"] = None`` makes ``import redis`` fail as where it is not installed
+    probe = (
+        "import sys\n"
+        "sys.modules['redis'] = None\n"
+        "from repl_cli.main import main\n"
+        f"sys.exit(main(['--addr', '127.0.0.1:{free_port()}', '--home', {str(tmp_path)!r},\n"
+        "                'daemon', '--store', 'redis://127.0.0.1:6379/0']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1, done
+    lines = [line for line in done.stderr.splitlines() if " INFO " not in line]
+    assert lines == [
+        "repl daemon: --store redis:// needs the redis client: pip install 'repl[redis]'"
+    ]
