@@ -52,12 +52,13 @@ class Sizes:
     cli_runs: int = 20
     restart_sessions: int = 1_000
     restart_firings: int = 256
-    # several daemons on one Redis (bench/scaleout.py)
+    # several daemons on one Redis, and on a Redis Cluster (bench/scaleout.py)
     scale_wakes: int = 1_000
     scale_clients: int = 6  # split evenly over 1, 2 or 3 daemons
-    scale_sends: int = 6_000  # in all, per configuration (the Redis path does ~1-3k/s)
+    scale_sends: int = 24_000  # in all, per configuration
     scale_batch: int = 100  # requests each client writes before reading their answers
-    scale_redis_sends: int = 60_000  # XADDs in all for the Redis-alone reference
+    scale_redis_sends: int = 60_000  # XADDs in all for the redis-py reference
+    scale_reads: int = 6_000  # pipelined reads from one client, for the commands per read
     deadline_s: float = 600.0
 
 
@@ -85,6 +86,7 @@ QUICK = Sizes(
     scale_sends=300,
     scale_batch=25,
     scale_redis_sends=1_200,
+    scale_reads=100,
     deadline_s=60.0,
 )
 
@@ -99,7 +101,7 @@ class Setup:
     store_missing: bool
     cli: Path | None
     notes: list[str]
-    # the second table's rows (bench/scaleout.py), by key
+    # the scale-out tables' rows (bench/scaleout.py): table key -> row key -> Row
     scale: dict[str, Any] = field(default_factory=dict)
 
     def dir(self, name: str) -> Path:

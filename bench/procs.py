@@ -22,6 +22,7 @@ from typing import Self
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 HOST = "127.0.0.1"
+CLUSTER_BUS_OFFSET = 10_000  # a cluster node also listens on its port + 10000
 FLOOR_SCRIPT = Path(__file__).with_name("floor.py")
 
 
@@ -215,16 +216,36 @@ class Floor(Child):
         return self
 
 
+def free_cluster_port() -> int:
+    """A free loopback port whose cluster bus port (the port + 10000) is free too."""
+    for _attempt in range(100):
+        port = free_port()
+        if port + CLUSTER_BUS_OFFSET > 65535:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind((HOST, port + CLUSTER_BUS_OFFSET))
+            except OSError:
+                continue
+        return port
+    raise BenchError("no free pair of loopback ports for a cluster node")
+
+
 class RedisServer(Child):
-    """redis-server on a free loopback port, persistence off or AOF with fsync always."""
+    """redis-server on a free loopback port, persistence off or AOF with fsync always.
+
+    With ``cluster`` it is a Redis Cluster node (``--cluster-enabled yes``),
+    not yet part of a cluster: ``RedisClusterNodes`` joins three of them.
+    """
 
     name = "redis"
     MAX_CLIENTS = 10_200
 
-    def __init__(self, exe: str, workdir: Path, *, durable: bool) -> None:
+    def __init__(self, exe: str, workdir: Path, *, durable: bool, cluster: bool = False) -> None:
         super().__init__(workdir)
         self.exe = exe
         self.durable = durable
+        self.cluster = cluster
         self.data = workdir / "data"
         self.data.mkdir(exist_ok=True)
 
@@ -235,6 +256,9 @@ class RedisServer(Child):
             argv += ["--appendonly", "yes", "--appendfsync", "always"]
         else:
             argv += ["--appendonly", "no"]
+        if self.cluster:
+            argv += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
+            argv += ["--cluster-node-timeout", "5000"]
         return argv
 
     @property
@@ -245,7 +269,7 @@ class RedisServer(Child):
     def start(self) -> Self:
         """Start on a free port and wait for PONG (a few tries: the port may be taken)."""
         for _attempt in range(5):
-            self.spawn(free_port())
+            self.spawn(free_cluster_port() if self.cluster else free_port())
             if self._wait_ready(10.0):
                 return self
             self.kill()
@@ -275,3 +299,67 @@ class RedisServer(Child):
     def version(self) -> str:
         out = subprocess.run([self.exe, "--version"], capture_output=True, text=True, timeout=10)
         return out.stdout.strip()
+
+
+class RedisClusterNodes:
+    """A Redis Cluster of ``primaries`` nodes with no replicas, on loopback; stops them all.
+
+    Each node is a ``RedisServer`` with ``--cluster-enabled yes`` in a
+    directory of its own; ``redis-cli --cluster create`` splits the 16,384
+    slots between them, and ``start`` returns once every node reports
+    ``cluster_state:ok`` and knows all the others.
+    """
+
+    def __init__(self, exe: str, cli: str, workdir: Path, primaries: int = 3) -> None:
+        self.cli = cli
+        self.nodes = [
+            RedisServer(exe, workdir / f"node-{i}", durable=False, cluster=True)
+            for i in range(primaries)
+        ]
+
+    @property
+    def ports(self) -> list[int]:
+        return [node.port for node in self.nodes]
+
+    @property
+    def url(self) -> str:
+        """The daemons' ``--store``: ``redis+cluster://`` with every node."""
+        return "redis+cluster://" + ",".join(f"{HOST}:{port}" for port in self.ports)
+
+    def start(self, deadline_s: float = 60.0) -> Self:
+        for node in self.nodes:
+            node.start()
+        argv = [self.cli, "--cluster", "create", *(f"{HOST}:{p}" for p in self.ports)]
+        argv += ["--cluster-replicas", "0", "--cluster-yes"]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=deadline_s)
+        except subprocess.TimeoutExpired:
+            raise BenchError(f"redis-cli --cluster create took over {deadline_s:g} s") from None
+        if done.returncode != 0:
+            raise BenchError(f"redis-cli --cluster create failed: {done.stdout[-500:]}")
+        end = time.monotonic() + deadline_s
+        while not all(self._ok(port) for port in self.ports):
+            if time.monotonic() > end:
+                raise BenchError(f"the cluster was not ok after {deadline_s:g} s")
+            time.sleep(0.1)
+        return self
+
+    def _ok(self, port: int) -> bool:
+        argv = [self.cli, "-h", HOST, "-p", str(port), "cluster", "info"]
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=10).stdout
+        return "cluster_state:ok" in out and f"cluster_known_nodes:{len(self.nodes)}" in out
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

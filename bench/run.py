@@ -1,8 +1,8 @@
 """Run the benchmark and print its tables: ``python -m bench [--quick] [--only GROUPS]``.
 
 The main table compares one daemon with Redis Streams and the floor; the
-``scaleout`` group prints a second one, several daemons sharing sessions
-through one Redis (bench/scaleout.py).
+``scaleout`` group prints two more, several daemons sharing sessions
+through one Redis and through a 3-primary Redis Cluster (bench/scaleout.py).
 
 Also runs as a script, ``python bench/run.py``, with the project's Python
 (the one that has repl installed). Each figure group starts its own
@@ -36,7 +36,7 @@ from bench.measure import FULL, QUICK, Setup
 from bench.procs import raise_nofile
 from bench.table import render
 
-# the main table's groups, then the scale-out group, whose rows are a second table
+# the main table's groups, then the scale-out group, whose rows are tables of their own
 ALL_GROUPS = [*GROUPS, "scaleout"]
 ALL_RUNNERS = {name: group.run for name, group in GROUPS.items()} | {"scaleout": scaleout.scaleout}
 
@@ -173,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     table = blank_rows(sizes)
     by_key = {row.key: row for rows in table.values() for row in rows}
-    scale_rows = scaleout.blank_rows(sizes)
-    setup.scale.update((row.key, row) for row in scale_rows)
+    scale_tables = scaleout.blank_tables(sizes)
+    setup.scale.update((key, {row.key: row for row in rows}) for key, rows in scale_tables.items())
     failed = []
     header = machine(redis_exe, workdir)
     started = time.monotonic()
@@ -192,9 +192,8 @@ def main(argv: list[str] | None = None) -> int:
                     if row.repl is None and row.missing is None:
                         row.missing = "error"
                 if group == "scaleout":
-                    for scale_row in scale_rows:
-                        if 1 not in scale_row.values and scale_row.missing is None:
-                            scale_row.missing = "error"
+                    for scale_rows in scale_tables.values():
+                        scaleout.mark_missing(scale_rows, "error")
             print(f"    {group}: {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
     finally:
         if not args.keep:
@@ -209,13 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         print(render(shown))
         print()
     if "scaleout" in groups:
-        print(
-            "scale-out: daemons sharing sessions through one Redis (persistence off, "
-            "settle 0); ratios are N daemons / 1 daemon"
-        )
-        print()
-        print(scaleout.render(scale_rows))
-        print()
+        print(scaleout.render_all(scale_tables))
     notes.append("load average at end: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     if setup.store_missing:
         notes.append("durable rows: repl_daemon.stores.sqlite does not exist yet")

@@ -194,14 +194,22 @@ async def timed_rounds(
 
 
 async def repl_rounds(
-    daemon: Daemon, session: str, waiters: int, rounds: int, *, on: Daemon | None = None
+    daemon: Daemon,
+    session: str,
+    waiters: int,
+    rounds: int,
+    *,
+    on: Daemon | None = None,
+    polls: list[int] | None = None,
 ) -> list[int]:
     """Wakes of ``waiters`` blocked on one session, each round by one send through ``daemon``.
 
     The waiters block on ``on`` when it is given (a daemon sharing the
     session through Redis), which is then polled for their readiness on a
     connection of its own; otherwise on ``daemon``, polled on the sender's
-    connection.
+    connection. The session may exist already. ``polls``, when given, gets
+    one entry per readiness poll (a ``stats`` request), so that what the
+    polls cost can be told apart from what the waits cost.
     """
     control = await LineClient.connect(daemon.port, daemon.token)
     connections = [control]
@@ -210,10 +218,12 @@ async def repl_rounds(
         if on is not None:
             target, probe = on, await LineClient.connect(on.port, on.token)
             connections.append(probe)
-        await control.ok({"op": "start", "session": session})
+        await control.ok({"op": "start", "session": session, "exist_ok": True})
         send = send_request(session)
 
         async def blocked() -> bool:
+            if polls is not None:
+                polls.append(1)
             row = (await stats(probe, session))["sessions"][0]
             return bool(row["waiters"] == waiters)
 
