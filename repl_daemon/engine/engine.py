@@ -281,9 +281,10 @@ class Engine:
         if strays:
             raise BadRequest(f"ack names {', '.join(strays)}, which the wait is not on")
         acks = [(session_id, req.ack[session_id]) for session_id in ids if session_id in req.ack]
-        # every session must exist before any is acked (or read: a read is an evaluation)
+        # every session must exist before any is acked (or read: a read is an evaluation);
+        # a wait on one session learns it from its first read, or its ack's check
         committer = self.committer
-        required = committer.require(ids)
+        required = committer.require(ids) if len(ids) > 1 else _PRESENT
         acked = committer.ack_all(req.cursor, acks) if acks else None
 
         async def job() -> p.Response:
@@ -305,6 +306,7 @@ class Engine:
         # are there returns them even with timeout 0, even when reading them
         # takes a round trip to a shared store
         deadline = None if req.timeout_ms is None else anyio.current_time() + req.timeout_ms / 1000
+        first = True
         try:
             for session_id in ids:  # be told of new firings before the first read
                 watched = self.committer.watch(session_id)
@@ -314,7 +316,8 @@ class Engine:
                 # subscribe before reading: a firing in between still sets this event
                 waiter.event = event = anyio.Event()
                 self._check_open(waiter)
-                batches = await self._ready(ids, req)
+                batches = await self._ready(ids, req, first)
+                first = False
                 if batches:
                     return p.Woken(id=req.id, batches=batches)
                 if deadline is None:  # no cancel scope: it would cost memory per waiter
@@ -347,20 +350,26 @@ class Engine:
         if self.link_error is not None:
             raise self.link_error
 
-    async def _ready(self, ids: list[str], req: p.Wait) -> list[p.SessionBatch]:
+    async def _ready(self, ids: list[str], req: p.Wait, first: bool) -> list[p.SessionBatch]:
         """The sessions with firings (or a loss) after the cursor; a look moves no cursor."""
         look = ReadCursor(req.cursor, req.max, touch=False)
         batches = []
         for session_id in ids:
             try:
                 batch: Batch = await self.committer.execute(session_id, look).result()
-            except NoSuchSession:  # it existed when the wait began, and vanished unseen
+            except NoSuchSession:
+                if first:
+                    raise
+                # it existed when the wait began, and vanished unseen
                 raise NoSuchSession(
                     f"session {session_id!r} is gone: stopped, or lost by its store"
                 ) from None
             if batch.firings or batch.lost:
                 batches.append(p.SessionBatch(session_id, batch.next, batch.lost, batch.firings))
         return batches
+
+
+_PRESENT: Outcome[None] = Outcome.now(None)
 
 
 def _unknown(req: Never) -> NoReturn:

@@ -57,6 +57,9 @@ log = logging.getLogger("repl.daemon")
 REPLICA_TIMEOUT_MS = 2000
 #: how long a subscription to a session's wakes may take to be confirmed
 SUBSCRIBE_TIMEOUT = 2.0
+#: how long a session's wakes stay subscribed after its last waiter left: a
+#: monitor runs ``repl wait`` again at once, and then pays no SSUBSCRIBE
+LINGER = 5.0
 
 _ERRORS: dict[str, type[ReplError]] = {
     "no_such_session": NoSuchSession,
@@ -64,6 +67,36 @@ _ERRORS: dict[str, type[ReplError]] = {
     "ack_after_head": AckAfterHead,
     "bad_max": BadMax,
 }
+
+
+SCRIPTS = ("RECORD", "READ", "ACK", "CHECK_ACK", "SET_LIMIT", "DESCRIBE", "START", "STOP")
+#: the most operations one pipeline carries
+MAX_BATCH = 512
+
+
+class _Call:
+    """One operation on its way to Redis in a pipeline."""
+
+    __slots__ = ("change", "command", "done", "error", "event", "lead", "result", "script")
+
+    def __init__(self, script: str, command: tuple[object, ...], change: bool) -> None:
+        self.script = script
+        self.command = command
+        self.change = change
+        self.event = anyio.Event()
+        self.lead = False
+        self.done = False
+        self.result: Any = None
+        self.error: Exception | None = None
+
+    def finish(self, result: Any = None, error: Exception | None = None) -> None:
+        self.done, self.result, self.error = True, result, error
+        self.event.set()
+
+    def outcome(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.result
 
 
 def session_keys(session_id: str) -> list[str]:
@@ -162,6 +195,9 @@ class RedisStore:
         self.origin = secrets.token_hex(8)
         self.client: Any = None
         self._scripts: dict[str, Any] = {}
+        # the operations waiting for the next pipeline, and whether one is on its way
+        self._queue: list[_Call] = []
+        self._leading = False
 
     # -- connecting -------------------------------------------------------------
 
@@ -192,10 +228,20 @@ class RedisStore:
                 f"cannot reach Redis at {target.name}: {_reason(exc)} "
                 "(check that it runs and that --store names it)"
             ) from None
-        for name in ("RECORD", "READ", "ACK", "CHECK_ACK", "SET_LIMIT", "DESCRIBE"):
+        for name in SCRIPTS:
             self._scripts[name] = self.client.register_script(getattr(lua, name))
-        for name in ("START", "STOP"):
-            self._scripts[name] = self.client.register_script(getattr(lua, name))
+        try:
+            await self._load_scripts()
+        except Exception as exc:
+            await self.close()
+            raise StoreFailed(
+                f"redis at {target.name} refused the scripts: {_reason(exc)}"
+            ) from None
+
+    async def _load_scripts(self) -> None:
+        """SCRIPT LOAD every script (on every primary of a cluster), so EVALSHA finds them."""
+        for script in self._scripts.values():
+            await self.client.script_load(script.script)
 
     async def close(self) -> None:
         client, self.client = self.client, None
@@ -214,10 +260,11 @@ class RedisStore:
     async def _run(self, script: str, session_id: str, *args: object, change: bool) -> list[Any]:
         keys = session_keys(session_id)
         try:
-            if change and self.target.replicas:
+            if change and self.target.replicas and self.target.cluster:
                 answer = await self._run_replicated(script, keys, args)
             else:
-                answer = await self._scripts[script](keys=keys, args=list(args))
+                command = ("EVALSHA", self._scripts[script].sha, len(keys), *keys, *args)
+                answer = await self._pipelined(_Call(script, command, change))
         except ReplError:
             raise
         except Exception as exc:
@@ -230,17 +277,90 @@ class RedisStore:
             raise error(message)
         return list(answer[1:])
 
+    async def _pipelined(self, call: _Call) -> Any:
+        """Run ``call`` in the next pipeline: every operation in flight shares one round trip.
+
+        No task of its own: the first caller leads (sends the pipeline of
+        everything queued, up to ``MAX_BATCH``) and hands the lead to the
+        first call still queued when it is done. The whole of it is shielded
+        from cancellation: a pipeline is one round trip, and a lead that
+        was handed over must be taken up, or the queue would stall.
+        """
+        queue = self._queue
+        queue.append(call)
+        with anyio.CancelScope(shield=True):
+            if self._leading:
+                await call.event.wait()
+                if not call.lead:
+                    return call.outcome()
+            self._leading = True
+            batch = queue[:MAX_BATCH]
+            del queue[:MAX_BATCH]
+            try:
+                await self._flush(batch)
+            finally:
+                if queue:
+                    queue[0].lead = True
+                    queue[0].event.set()
+                else:
+                    self._leading = False
+        return call.outcome()
+
+    async def _flush(self, batch: list[_Call]) -> None:
+        """One pipeline for ``batch`` (a cluster client splits it by node, in parallel)."""
+        from redis.exceptions import NoScriptError
+
+        waits = bool(self.target.replicas) and any(call.change for call in batch)
+        try:
+            results = await self._send(batch, waits)
+            missing = [
+                c for c, r in zip(batch, results, strict=False) if isinstance(r, NoScriptError)
+            ]
+            if missing:  # Redis lost its scripts (a restart, SCRIPT FLUSH): load them, once
+                await self._load_scripts()
+                again = await self._send(missing, waits)
+                for call, result in zip(missing, again, strict=False):
+                    results[batch.index(call)] = result
+        except Exception as exc:
+            failure = StoreFailed(f"redis at {self.target.name} failed: {_reason(exc)}")
+            for call in batch:
+                call.finish(error=failure)
+            return
+        if waits:
+            acked = results[len(batch)]
+            if isinstance(acked, Exception) or int(acked) < self.target.replicas:
+                replicas = self.target.replicas
+                failure = StoreFailed(
+                    f"only {acked} of {replicas} replicas confirmed the change within "
+                    f"{REPLICA_TIMEOUT_MS} ms: it may be lost in a failover (?replicas={replicas})"
+                )
+                for call in batch:
+                    if call.change:
+                        call.finish(error=failure)
+        for call, result in zip(batch, results, strict=False):
+            if call.done:
+                continue
+            if isinstance(result, Exception):
+                call.finish(
+                    error=StoreFailed(f"redis at {self.target.name} failed: {_reason(result)}")
+                )
+            else:
+                call.finish(result=result)
+
+    async def _send(self, batch: list[_Call], waits: bool) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for call in batch:
+            pipe.execute_command(*call.command)
+        if waits:  # WAIT counts every write before it on the pipeline's one connection
+            pipe.execute_command("WAIT", self.target.replicas, REPLICA_TIMEOUT_MS)
+        results: list[Any] = await pipe.execute(raise_on_error=False)
+        return results
+
     async def _run_replicated(self, script: str, keys: list[str], args: tuple[object, ...]) -> Any:
-        """The script, then ``WAIT`` for the replicas on the same connection."""
+        """On a cluster: the script, then ``WAIT`` for the replicas on the same connection."""
         replicas = self.target.replicas
-        if self.target.cluster:
-            node = self.client.get_node_from_key(keys[0])
-            answer, acked = await _on_node(node, self._scripts[script], keys, args, replicas)
-        else:
-            pipe = self.client.pipeline(transaction=False)
-            self._scripts[script](keys=keys, args=list(args), client=pipe)
-            pipe.execute_command("WAIT", replicas, REPLICA_TIMEOUT_MS)
-            answer, acked = await pipe.execute()
+        node = self.client.get_node_from_key(keys[0])
+        answer, acked = await _on_node(node, self._scripts[script], keys, args, replicas)
         if answer[0] == b"ok" and int(acked) < replicas:
             raise StoreFailed(
                 f"only {acked} of {replicas} replicas confirmed the change within "
@@ -503,6 +623,8 @@ class Wakes:
         self.subscribers: dict[str, _Subscriber] = {}
         #: the sessions whose wakes this daemon wants (it has waiters on them)
         self.wanted: set[str] = set()
+        #: sessions no waiter wants, still subscribed for ``LINGER`` seconds
+        self.lingering: set[str] = set()
         self._tg: Any = None
 
     async def run(self) -> None:
@@ -551,14 +673,28 @@ class Wakes:
                 f"cannot subscribe to the wakes of {session_id!r} on Redis: {reason}"
             ) from None
 
-    def unsubscribe(self, session_id: str) -> None:
+    def unsubscribe(self, session_id: str, linger: float | None = None) -> None:
+        """The session's last waiter here left: unsubscribe, after ``linger`` seconds."""
+        linger = LINGER if linger is None else linger
         self.wanted.discard(session_id)
+        if self._tg is None:
+            return
+        if linger > 0:
+            if session_id not in self.lingering:
+                self.lingering.add(session_id)
+                self._tg.start_soon(self._linger, session_id, linger)
+            return
         channel = wake_channel(session_id)
         for subscriber in self.subscribers.values():
             if channel in subscriber.channels:
                 subscriber.channels.discard(channel)
-                if self._tg is not None:
-                    self._tg.start_soon(self._quietly, subscriber.unsubscribe(channel))
+                self._tg.start_soon(self._quietly, subscriber.unsubscribe(channel))
+
+    async def _linger(self, session_id: str, linger: float) -> None:
+        await anyio.sleep(linger)
+        self.lingering.discard(session_id)
+        if session_id not in self.wanted:
+            self.unsubscribe(session_id, linger=0)
 
     async def _quietly(self, work: Awaitable[None]) -> None:
         try:

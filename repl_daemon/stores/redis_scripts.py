@@ -70,17 +70,19 @@ end
 RECORD = (
     _PRELUDE
     + """
-if redis.call('EXISTS', meta) == 0 then return missing() end
+local m = redis.call('HMGET', meta, 'head', 'limit', 'evals')
+if not m[1] then return missing() end
+local evals = tonumber(m[3]) + 1
 local key = ARGV[5]
 if key ~= '' then
   local seq = redis.call('HGET', keys, key)
   if seq then
-    redis.call('HINCRBY', meta, 'evals', 1)
+    redis.call('HSET', meta, 'evals', evals)
     return {'ok', tonumber(seq), 1}
   end
 end
-local head = redis.call('HINCRBY', meta, 'head', 1)
-local limit = tonumber(redis.call('HGET', meta, 'limit'))
+local head = tonumber(m[1]) + 1
+local limit = tonumber(m[2])
 if limit > 0 then
   local field = 'e'
   if ARGV[3] == '1' then field = 'r' end
@@ -93,7 +95,7 @@ if key ~= '' then
     redis.call('HDEL', keys, redis.call('LPOP', keyorder))
   end
 end
-redis.call('HINCRBY', meta, 'evals', 1)
+redis.call('HSET', meta, 'head', head, 'evals', evals)
 redis.call('SPUBLISH', wake, string.format('%d %s', head, ARGV[7]))
 return {'ok', head, 0}
 """
@@ -104,9 +106,10 @@ return {'ok', head, 0}
 READ = (
     _PRELUDE
     + """
-if redis.call('EXISTS', meta) == 0 then return missing() end
+local h = redis.call('HGET', meta, 'head')
+if not h then return missing() end
 local mode, touch, max_cursors = ARGV[1], ARGV[4] == '1', tonumber(ARGV[5])
-local head = tonumber(redis.call('HGET', meta, 'head'))
+local head = tonumber(h)
 local after
 if mode == 'after' then
   after = tonumber(ARGV[2])
@@ -149,9 +152,10 @@ return {'ok', next, lost, entries}
 ACK = (
     _PRELUDE
     + """
-if redis.call('EXISTS', meta) == 0 then return missing() end
+local h = redis.call('HGET', meta, 'head')
+if not h then return missing() end
 local seq = tonumber(ARGV[2])
-local head = tonumber(redis.call('HGET', meta, 'head'))
+local head = tonumber(h)
 if seq > head then
   return {'err', 'ack_after_head', string.format('cannot ack %d: head is %d', seq, head)}
 end
@@ -167,9 +171,10 @@ return {'ok', moved}
 CHECK_ACK = (
     _PRELUDE
     + """
-if redis.call('EXISTS', meta) == 0 then return missing() end
+local h = redis.call('HGET', meta, 'head')
+if not h then return missing() end
 local seq = tonumber(ARGV[1])
-local head = tonumber(redis.call('HGET', meta, 'head'))
+local head = tonumber(h)
 if seq > head then
   return {'err', 'ack_after_head', string.format('cannot ack %d: head is %d', seq, head)}
 end

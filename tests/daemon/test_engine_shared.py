@@ -14,6 +14,7 @@ import redis
 from repl_daemon import protocol as p
 from repl_daemon.engine import Engine, open_engine
 from repl_daemon.engine.shared import SharedCommitter
+from repl_daemon.stores import redis as redis_store
 from repl_daemon.stores.redis import RedisStore, session_keys
 from session.errors import BadSessionId, NoSuchSession, ReplError, StoreFailed
 from tests.helpers import RedisProc
@@ -33,7 +34,10 @@ async def opened(url: str) -> tuple[Engine, SharedCommitter]:
     return engine, committer
 
 
-async def test_the_daemon_keeps_nothing_of_the_sessions_it_serves(redis_server: RedisProc) -> None:
+async def test_the_daemon_keeps_nothing_of_the_sessions_it_serves(
+    redis_server: RedisProc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(redis_store, "LINGER", 0.2)
     engine, committer = await opened(redis_server.url)
     async with anyio.create_task_group() as tg:
         tg.start_soon(engine.run)
@@ -57,8 +61,10 @@ async def test_the_daemon_keeps_nothing_of_the_sessions_it_serves(redis_server: 
                 engine, p.Wait(sessions=["real"], cursor="c", ack={"real": 1}, timeout_ms=10)
             )
             assert isinstance(timed, p.Woken) and timed.timed_out
-            await anyio.sleep(0.05)  # the unsubscribe goes out in the background
-            assert committer.wakes.wanted == set()
+            # the subscription lingers a moment for the next wait, then goes
+            assert committer.wakes.wanted == set() and committer.wakes.lingering == {"real"}
+            await anyio.sleep(0.4)
+            assert committer.wakes.wanted == set() and committer.wakes.lingering == set()
             assert all(not s.channels for s in committer.wakes.subscribers.values())
             assert engine.waiters == {}
         finally:
