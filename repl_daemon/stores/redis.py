@@ -30,6 +30,7 @@ A password never appears in ``name``, in a log line or in an error.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
@@ -75,28 +76,30 @@ MAX_BATCH = 512
 
 
 class _Call:
-    """One operation on its way to Redis in a pipeline."""
+    """One operation on its way to Redis in a pipeline; ``future`` gets its reply.
 
-    __slots__ = ("change", "command", "done", "error", "event", "lead", "result", "script")
+    The future may instead be given ``LEAD``: its caller then sends the next
+    pipeline. (redis.asyncio runs on asyncio, so the store does too: a
+    future is the cheapest thing to wait on.)
+    """
 
-    def __init__(self, script: str, command: tuple[object, ...], change: bool) -> None:
-        self.script = script
+    __slots__ = ("change", "command", "future")
+
+    def __init__(self, command: tuple[object, ...], change: bool) -> None:
         self.command = command
         self.change = change
-        self.event = anyio.Event()
-        self.lead = False
-        self.done = False
-        self.result: Any = None
-        self.error: Exception | None = None
+        self.future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
     def finish(self, result: Any = None, error: Exception | None = None) -> None:
-        self.done, self.result, self.error = True, result, error
-        self.event.set()
+        if self.future.done():  # its caller went away
+            return
+        if error is not None:
+            self.future.set_exception(error)
+        else:
+            self.future.set_result(result)
 
-    def outcome(self) -> Any:
-        if self.error is not None:
-            raise self.error
-        return self.result
+
+LEAD = object()
 
 
 def session_keys(session_id: str) -> list[str]:
@@ -264,7 +267,7 @@ class RedisStore:
                 answer = await self._run_replicated(script, keys, args)
             else:
                 command = ("EVALSHA", self._scripts[script].sha, len(keys), *keys, *args)
-                answer = await self._pipelined(_Call(script, command, change))
+                answer = await self._pipelined(_Call(command, change))
         except ReplError:
             raise
         except Exception as exc:
@@ -282,29 +285,44 @@ class RedisStore:
 
         No task of its own: the first caller leads (sends the pipeline of
         everything queued, up to ``MAX_BATCH``) and hands the lead to the
-        first call still queued when it is done. The whole of it is shielded
-        from cancellation: a pipeline is one round trip, and a lead that
-        was handed over must be taken up, or the queue would stall.
+        first call still queued when it is done. A caller that went away
+        before its pipeline left is dropped from it (nothing of it was
+        sent); once a pipeline is on its way it completes (shielded), so a
+        lead is always handed on.
         """
         queue = self._queue
         queue.append(call)
-        with anyio.CancelScope(shield=True):
-            if self._leading:
-                await call.event.wait()
-                if not call.lead:
-                    return call.outcome()
-            self._leading = True
-            batch = queue[:MAX_BATCH]
-            del queue[:MAX_BATCH]
+        if self._leading:
             try:
+                answer = await call.future
+            except BaseException:
+                # cancelled, perhaps just after the lead was handed to it: hand it on
+                led = call.future.done() and not call.future.cancelled()
+                if led and call.future.exception() is None and call.future.result() is LEAD:
+                    self._hand_on()
+                raise
+            if answer is not LEAD:
+                return answer
+            call.future = asyncio.get_running_loop().create_future()
+        self._leading = True
+        try:
+            batch = [c for c in queue[:MAX_BATCH] if not c.future.cancelled()]
+            del queue[:MAX_BATCH]
+            with anyio.CancelScope(shield=True):
                 await self._flush(batch)
-            finally:
-                if queue:
-                    queue[0].lead = True
-                    queue[0].event.set()
-                else:
-                    self._leading = False
-        return call.outcome()
+        finally:
+            self._hand_on()
+        return call.future.result()
+
+    def _hand_on(self) -> None:
+        """Give the lead to the first queued call whose caller still waits, if any."""
+        queue = self._queue
+        while queue and queue[0].future.done():  # cancelled: its caller went away
+            del queue[0]
+        if queue:
+            queue[0].future.set_result(LEAD)
+        else:
+            self._leading = False
 
     async def _flush(self, batch: list[_Call]) -> None:
         """One pipeline for ``batch`` (a cluster client splits it by node, in parallel)."""
@@ -338,7 +356,7 @@ class RedisStore:
                     if call.change:
                         call.finish(error=failure)
         for call, result in zip(batch, results, strict=False):
-            if call.done:
+            if call.future.done():
                 continue
             if isinstance(result, Exception):
                 call.finish(

@@ -107,3 +107,30 @@ async def test_every_refusal_is_a_repl_error(redis_server: RedisProc) -> None:
         listed = await call(engine, p.Cursors(session=session_id))
         assert isinstance(listed, p.CursorList) and listed.cursors == []
     await committer.close()
+
+
+async def test_callers_that_go_away_never_stall_the_pipeline(redis_server: RedisProc) -> None:
+    """Operations share pipelines; cancelled callers are dropped, and the lead is handed on."""
+    engine, committer = await opened(redis_server.url)
+    await call(engine, p.Start(session="a"))
+    answered: list[int] = []
+
+    async def send(n: int) -> None:
+        with anyio.move_on_after(0 if n % 3 == 0 else 5):
+            sent = await call(engine, p.Send(session="a", text=f"m{n}"))
+            assert isinstance(sent, p.Sent)
+            answered.append(sent.seq)
+
+    for _ in range(5):
+        async with anyio.create_task_group() as tg:
+            for n in range(300):
+                tg.start_soon(send, n)
+    assert len(answered) >= 5 * 200 and len(set(answered)) == len(answered)
+    with anyio.fail_after(5):  # nothing stalled: the next one goes through at once
+        last = await call(engine, p.Send(session="a", text="last"))
+    assert isinstance(last, p.Sent) and last.seq > max(answered)
+    described = await call(engine, p.Stats(session="a"))
+    assert isinstance(described, p.StatsReply)
+    # a cancelled caller's send either never left, or was recorded: never half
+    assert described.sessions[0].head == last.seq
+    await committer.close()
