@@ -9,9 +9,13 @@ status to tell what happened, and a closed stdin is one line, sending nothing.
 
 from __future__ import annotations
 
+import array
+import fcntl
 import os
 import pty
 import subprocess
+import termios
+from typing import IO
 
 from tests.helpers import Repl, assert_one_error_line, eventually, repl_argv
 
@@ -116,12 +120,22 @@ def test_text_that_is_not_utf8_is_refused_naming_where(repl: Repl, s: str) -> No
     assert head(repl, s) == 0  # a chunk is checked whole before any of it is sent
 
 
+def in_pipe(pipe: IO[bytes]) -> int:
+    """Bytes written to ``pipe`` that its reader has not taken yet."""
+    count = array.array("i", [0])
+    fcntl.ioctl(pipe.fileno(), termios.FIONREAD, count, True)
+    return count[0]
+
+
 def test_send_lines_joins_a_line_that_arrives_in_pieces(repl: Repl, s: str) -> None:
     with repl.popen("send", s, "--lines", stdin=subprocess.PIPE) as proc:
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-        proc.stdin.write(b"first\nhalf a ")  # one write: the child reads it in one piece
+        proc.stdin.write(b"first\nhalf")  # one write: the child reads it in one piece
         proc.stdin.flush()
         eventually(lambda: head(repl, s) == 1, what="the first line to be sent")
+        proc.stdin.write(b" a ")  # a piece with no end of line at all
+        proc.stdin.flush()
+        eventually(lambda: in_pipe(proc.stdin) == 0, what="the child to read the piece")
         proc.stdin.write(b"line\n")
         proc.stdin.close()
         assert proc.wait(30) == 0
