@@ -75,11 +75,12 @@ def _open_redis(url: str) -> Store:
         )
     try:
         from repl_daemon.stores.redis import RedisStore
+
+        return RedisStore(url)  # it imports the redis client itself
     except ImportError:
         raise ConfigError(
             "--store redis:// needs the redis client: pip install 'repl[redis]'"
         ) from None
-    return RedisStore(url)
 
 
 async def serve_daemon(
@@ -168,7 +169,7 @@ def run(config: Config) -> None:
     log.info("event loop: %s", "uvloop" if use_uvloop else "asyncio")
     try:
         anyio.run(_run, config, store, backend_options={"use_uvloop": use_uvloop})
-    except* CannotListen as group:
+    except* (CannotListen, ConfigError) as group:  # the task groups wrap what serving raised
         store.close()
         raise ConfigError(str(_first(group))) from None
 
@@ -178,10 +179,9 @@ def choose_loop(loop: str) -> bool:
 
     uvloop roughly halves the daemon's round trip here (docs/benchmarks.md);
     it is an optional extra, ``pip install 'repl[uvloop]'``, so the default
-    install stays pure Python.
+    install stays pure Python. ``loop`` is one of ``config.LOOPS``:
+    ``build_config`` checked it.
     """
-    if loop not in ("auto", "asyncio", "uvloop"):
-        raise ConfigError(f"--loop {loop!r} is not one of auto, asyncio, uvloop")
     if loop == "asyncio":
         return False
     if find_spec("uvloop") is None:
@@ -191,7 +191,7 @@ def choose_loop(loop: str) -> bool:
     return True
 
 
-def _first(group: BaseExceptionGroup[CannotListen]) -> BaseException:
+def _first(group: BaseExceptionGroup[CannotListen | ConfigError]) -> BaseException:
     """The first exception inside (possibly nested) exception groups."""
     first: BaseException = group
     while isinstance(first, BaseExceptionGroup):
