@@ -320,11 +320,11 @@ class Engine:
         finally:
             self.waiting -= 1
             for session_id in ids:
-                waiters = self.waiters.get(session_id)
-                if waiters is not None:
-                    waiters.discard(waiter)
-                    if not waiters:
-                        del self.waiters[session_id]
+                # the entry is there: only this loop removes one, once it is empty
+                waiters = self.waiters[session_id]
+                waiters.discard(waiter)
+                if not waiters:
+                    del self.waiters[session_id]
             if self.closing and not self.waiting:
                 self.no_waiters.set()
 
