@@ -58,7 +58,7 @@ class Relay:
         return f"127.0.0.1:{self.port}"
 
     def cut(self) -> None:
-        """Reset every connection's client side (an RST), and take no new ones."""
+        """Reset every connection's client side (an RST), and refuse new ones."""
         self._cut.set()
         self._wake_w.send(b"x")
         assert self._done.wait(10), "the relay did not cut"
@@ -111,6 +111,7 @@ class Relay:
             client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             client.close()
             server.close()
+        self.listener.close()  # a reconnect is refused at once, not left unanswered
         self._done.set()
 
 
@@ -153,7 +154,9 @@ def test_a_reset_between_printing_and_acking_loses_nothing(
         stdout, stderr = proc.communicate(timeout=15)
     assert (proc.returncode, stdout) == (1, b"")
     assert_one_error_line(stderr.decode())
-    assert "closed the connection" in stderr.decode()
+    # on a machine slow enough that the connection was quiet past REFRESH_AFTER,
+    # the CLI reconnects for the ack instead, and the relay refuses it
+    assert "closed the connection" in stderr.decode() or "no daemon at" in stderr.decode()
     assert repl.cursor(s, "read") == 0  # acknowledged nothing: the next reader gets both
     assert repl.ok("read", s) == "on-message: one\non-message: two\n"
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import anyio
 import msgspec
 import pytest
 
 from repl_daemon import protocol as p
-from repl_daemon.engine import Engine, local, open_engine, utc_now
+from repl_daemon.engine import Engine, Ticket, local, open_engine, utc_now
 from repl_daemon.engine.local import LocalCommitter
 from repl_daemon.stores.memory import MemoryStore
 from session.errors import (
@@ -25,6 +26,7 @@ from session.errors import (
     BadSeq,
     NoSuchSession,
     SessionStopped,
+    StoreFailed,
     UnknownOp,
 )
 from session.session import Snapshot
@@ -237,8 +239,28 @@ async def test_a_made_up_session_id_is_never_one_already_taken(
 ) -> None:
     engine = await started()
     draws = iter(["0000beef", "0000beef", "0000beef", "00c0ffee"])
-    monkeypatch.setattr(local.secrets, "token_hex", lambda n: next(draws))
+    monkeypatch.setattr(local, "secrets", SimpleNamespace(token_hex=lambda n: next(draws)))
     first = await call(engine, p.Start())
     second = await call(engine, p.Start())
     assert isinstance(first, p.Started) and isinstance(second, p.Started)
     assert (first.session, second.session) == ("s-0000beef", "s-00c0ffee")
+
+
+def test_a_commit_callback_that_fails_keeps_the_others_and_the_committer_going(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One connection's trouble with its answer must not stop the others' (or the committer)."""
+    told: list[object] = []
+
+    def broken(error: StoreFailed | None) -> None:
+        raise RuntimeError("a connection in trouble")
+
+    ticket = Ticket()
+    ticket.add_done_callback(broken)
+    ticket.add_done_callback(told.append)
+    failure = StoreFailed("the disk is full")
+    ticket.resolve(failure)  # must not raise
+    assert told == [failure]
+    assert [r.getMessage() for r in caplog.records] == ["a commit callback failed"]
+    ticket.add_done_callback(told.append)  # once resolved, a callback is called at once
+    assert told == [failure, failure]
