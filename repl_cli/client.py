@@ -177,8 +177,7 @@ class Client:
 
     def _fill(self, deadline: float | None, watch: int | None) -> None:
         sock = self._sock
-        if sock is None:
-            raise CliError(f"not connected to the daemon at {self.addr}")  # a bug: send first
+        assert sock is not None, "receive before send"  # send_raw connects; _lost raises
         poller = select.poll()
         poller.register(sock, select.POLLIN)
         if watch is not None:

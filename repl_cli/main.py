@@ -464,6 +464,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fail(message: str, status: int) -> int:
+    if sys.stderr is None:  # started with stderr closed (`2>&-`): the status must tell
+        return status
     try:
         sys.stderr.write(f"repl: {message}\n")
         sys.stderr.flush()

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from repl_cli.sink import write_text
 from session.firing import Firing
 
 if TYPE_CHECKING:
@@ -176,8 +177,7 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, title: str =
         return
     lines = ["\t".join(columns)]
     lines.extend("\t".join(str(cell) for cell in row) for row in rows)
-    sys.stdout.write("\n".join(lines) + "\n")
-    sys.stdout.flush()
+    write_text("\n".join(lines) + "\n")
 
 
 SESSION_COLUMNS = ("id", "head", "retained", "limit", "cursors", "waiters")
@@ -237,11 +237,9 @@ def duration(seconds: float) -> str:
 
 def print_json(value: Any) -> None:
     """A whole answer as one JSON document (``sessions``, ``cursors``, ``stats`` ``--json``)."""
-    sys.stdout.write(json_line(msgspec.to_builtins(value)) + "\n")
-    sys.stdout.flush()
+    write_text(json_line(msgspec.to_builtins(value)) + "\n")
 
 
 def line(text: str) -> None:
     """One plain line of output (an id, a seq, a ping)."""
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
+    write_text(text + "\n")

@@ -17,6 +17,7 @@ import click
 
 from repl_cli.client import Client
 from repl_cli.errors import CliError
+from repl_cli.sink import write_text
 from repl_daemon import protocol as p
 
 # how many sends `send --lines` keeps on the wire before reading answers
@@ -25,9 +26,21 @@ SEND_WINDOW = 256
 
 def stdin_text() -> str:
     """All of stdin, less one trailing newline (``repl send ID -``)."""
-    if sys.stdin.isatty():
+    stdin = _stdin("give the TEXT as an argument, or pipe it in")
+    if stdin.isatty():
         click.echo("repl: reading the text from the terminal: end it with Ctrl-D", err=True)
-    return utf8(sys.stdin.buffer.read(), "stdin").removesuffix("\n")
+    return utf8(stdin.buffer.read(), "stdin").removesuffix("\n")
+
+
+def _stdin(hint: str) -> TextIO:
+    """``sys.stdin``, or a CliError when the process started with it closed (``<&-``).
+
+    Then fd 0 may be another file of ours by now (the daemon's socket): it
+    must not be read.
+    """
+    if sys.stdin is None:
+        raise CliError(f"stdin is closed: {hint}")
+    return sys.stdin
 
 
 def send_lines(client: Client, session: str, handler: str) -> None:
@@ -36,31 +49,27 @@ def send_lines(client: Client, session: str, handler: str) -> None:
     Each chunk of stdin is answered in full before the next is read, so a
     slow writer (``tail -f``) sees its seqs as its lines go.
     """
-    out = sys.stdout
     step = SEND_WINDOW // 4
     for chunk in stdin_lines():
         outstanding = 0
+        seqs: list[str] = []
         for first in range(0, len(chunk), step):
             piece = chunk[first : first + step]
             while outstanding + len(piece) > SEND_WINDOW:
-                _print_sent(out, client.receive(p.Sent))
+                seqs.append(f"{client.receive(p.Sent).seq}\n")
                 outstanding -= 1
             requests = (p.Send(session=session, text=text, handler=handler) for text in piece)
             client.send_raw(b"".join(p.encode(r) for r in requests))
             outstanding += len(piece)
         while outstanding:
-            _print_sent(out, client.receive(p.Sent))
+            seqs.append(f"{client.receive(p.Sent).seq}\n")
             outstanding -= 1
-        out.flush()
-
-
-def _print_sent(out: TextIO, sent: p.Sent) -> None:
-    out.write(f"{sent.seq}\n")
+        write_text("".join(seqs))
 
 
 def stdin_lines() -> Iterator[list[str]]:
     """Stdin's lines, a chunk at a time as they arrive (so a slow writer is not stalled)."""
-    fd = sys.stdin.fileno()
+    fd = _stdin("--lines sends the lines of stdin: pipe them in").fileno()
     rest = b""
     number = 0
     while True:

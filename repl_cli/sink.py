@@ -10,7 +10,10 @@ pipe unread, and the pipe reports an error on our end (no reader left):
 ``ReaderGone``, and the second is not acknowledged.
 
 A write that fails because the reader closed the pipe (``EPIPE``) is
-``ReaderGone`` too. Python ignores SIGPIPE already, so we are not killed.
+``ReaderGone`` too, and so is a stdout closed from the start (``>&-``).
+Python ignores SIGPIPE already, so we are not killed. Any other failure (a
+full disk under ``> file``) is one ``CliError`` line. ``write_text`` is the
+same for the plain lines of the other commands (a seq, a listing).
 """
 
 from __future__ import annotations
@@ -24,38 +27,63 @@ import stat
 import sys
 import termios
 import time
+from typing import TextIO
 
-from repl_cli.errors import ReaderGone
+from repl_cli.errors import CliError, ReaderGone
 
 # back off from 0.1 ms to 5 ms while the reader has not taken a line yet
 _FIRST_PAUSE = 0.0001
 _LONGEST_PAUSE = 0.005
+# what a write to stdout fails with once its reader is gone
+_GONE = (errno.EPIPE, errno.EBADF, errno.ECONNRESET)
+
+
+def stdout() -> TextIO:
+    """``sys.stdout``; ReaderGone when the process started with it closed (``>&-``).
+
+    Then nobody can read what we print, and fd 1 may be another file of ours
+    by now (the daemon's socket): it must not be written.
+    """
+    if sys.stdout is None:
+        raise ReaderGone()
+    return sys.stdout
+
+
+def write_text(text: str) -> None:
+    """Write ``text`` to stdout and flush it (a seq, a listing, a ping)."""
+    out = stdout()
+    try:
+        out.write(text)
+        out.flush()
+    except OSError as exc:
+        raise _failed(exc) from None
+
+
+def _failed(exc: OSError) -> ReaderGone | CliError:
+    if exc.errno in _GONE:
+        return ReaderGone()
+    silence_stdout()  # what is still buffered must not fail again at exit
+    return CliError(f"cannot write to stdout ({exc.strerror or exc})")
 
 
 class Sink:
     """Stdout for firings: ``put`` returns once the line is delivered."""
 
     def __init__(self, fd: int | None = None) -> None:
-        self.fd = sys.stdout.fileno() if fd is None else fd
-        try:
-            mode = os.fstat(self.fd).st_mode
-        except OSError:
-            mode = 0
-        self.pipe = stat.S_ISFIFO(mode)
+        self.fd = stdout().fileno() if fd is None else fd
+        self.pipe = stat.S_ISFIFO(os.fstat(self.fd).st_mode)
         self._unread = array.array("i", [0])
 
     def put(self, line: str) -> None:
         """Write one line (without its newline) and wait until it is delivered."""
-        sys.stdout.flush()  # anything echoed before goes first
         data = (line + "\n").encode("utf-8", "surrogateescape")
         view = memoryview(data)
         try:
+            stdout().flush()  # anything echoed before goes first
             while view:
                 view = view[os.write(self.fd, view) :]
         except OSError as exc:
-            if exc.errno in (errno.EPIPE, errno.EBADF, errno.ECONNRESET):
-                raise ReaderGone() from None
-            raise
+            raise _failed(exc) from None
         if self.pipe:
             self._until_taken()
 
@@ -79,6 +107,8 @@ class Sink:
 
 def silence_stdout() -> None:
     """Point stdout at /dev/null, so the exit-time flush cannot fail on a closed pipe."""
+    if sys.stdout is None:
+        return  # closed from the start: nothing to flush, and fd 1 is not ours to take
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())

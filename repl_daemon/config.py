@@ -104,14 +104,15 @@ def to_argv(values: Mapping[str, Any]) -> list[str]:
     """Option values (keyed by ``Option.dest``) as ``python -m repl_daemon``'s arguments.
 
     A flag is written only when true, an option only when it has a value
-    (None is left to the daemon's default).
+    (None is left to the daemon's default). A value is joined to its flag
+    (``--store=URL``), so one that starts with ``-`` is not taken for a flag.
     """
     argv: list[str] = []
     for option in OPTIONS:
         value = values.get(option.dest)
         if value is None or value is False:
             continue
-        argv += [option.flag] if option.kind is bool else [option.flag, str(value)]
+        argv.append(option.flag if option.kind is bool else f"{option.flag}={value}")
     return argv
 
 

@@ -179,10 +179,9 @@ def choose_loop(loop: str) -> bool:
 
     uvloop roughly halves the daemon's round trip here (docs/benchmarks.md);
     it is an optional extra, ``pip install 'repl[uvloop]'``, so the default
-    install stays pure Python.
+    install stays pure Python. ``loop`` is one of ``config.LOOPS``:
+    ``build_config`` checked it.
     """
-    if loop not in ("auto", "asyncio", "uvloop"):
-        raise ConfigError(f"--loop {loop!r} is not one of auto, asyncio, uvloop")
     if loop == "asyncio":
         return False
     if find_spec("uvloop") is None:

@@ -9,8 +9,6 @@ See docs/protocol.md for every op and error code.
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
 from session.errors import BadRequest, ReplError, UnknownOp
@@ -268,7 +266,3 @@ def encode(message: msgspec.Struct) -> bytes:
 
 def error(exc: ReplError, rid: RequestId = msgspec.UNSET) -> Error:
     return Error(id=rid, code=exc.code.value, message=exc.message)
-
-
-def to_builtins(message: msgspec.Struct) -> Any:
-    return msgspec.to_builtins(message)

@@ -228,12 +228,11 @@ class Connection:
             if self.drained is not None:
                 self.drained.set()
 
-    def _ready(self, pending: _Answer, data: bytes | None) -> None:
+    def _ready(self, pending: _Answer, data: bytes) -> None:
         """An answer that was waiting is ready: flush it, from a task if need be."""
         pending.data = data
         pending.ready = True
-        if data is not None:
-            self.queued_bytes += len(data)
+        self.queued_bytes += len(data)
         if self.ops is None:
             return
         if self.answers and self.answers[0] is pending and not self.flush_soon:

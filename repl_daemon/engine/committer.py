@@ -22,7 +22,7 @@ import msgspec
 from repl_daemon.engine.outcome import Outcome
 from repl_daemon.stores.base import Store
 from repl_daemon.stores.redis import RedisStore
-from session.errors import StoreFailed
+from session.errors import ReplError, StoreFailed
 from session.ops import Op
 from session.session import Summary
 
@@ -95,3 +95,6 @@ class Committer(Protocol):
 
     def unwatch(self, session_id: str) -> None:
         """The session's last waiter on this daemon is gone."""
+
+    def vanished(self, session_id: str) -> ReplError:
+        """What a wait is answered when a session it holds is found gone."""

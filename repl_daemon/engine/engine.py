@@ -281,10 +281,9 @@ class Engine:
         if strays:
             raise BadRequest(f"ack names {', '.join(strays)}, which the wait is not on")
         acks = [(session_id, req.ack[session_id]) for session_id in ids if session_id in req.ack]
-        # every session must exist before any is acked (or read: a read is an evaluation);
-        # a wait on one session learns it from its first read, or its ack's check
+        # every session must exist before any is acked (or read: a read is an evaluation)
         committer = self.committer
-        required = committer.require(ids) if len(ids) > 1 else _PRESENT
+        required = committer.require(ids)
         acked = committer.ack_all(req.cursor, acks) if acks else None
 
         async def job() -> p.Response:
@@ -306,7 +305,6 @@ class Engine:
         # are there returns them even with timeout 0, even when reading them
         # takes a round trip to a shared store
         deadline = None if req.timeout_ms is None else anyio.current_time() + req.timeout_ms / 1000
-        first = True
         try:
             for session_id in ids:  # be told of new firings before the first read
                 watched = self.committer.watch(session_id)
@@ -316,8 +314,7 @@ class Engine:
                 # subscribe before reading: a firing in between still sets this event
                 waiter.event = event = anyio.Event()
                 self._check_open(waiter)
-                batches = await self._ready(ids, req, first)
-                first = False
+                batches = await self._ready(ids, req)
                 if batches:
                     return p.Woken(id=req.id, batches=batches)
                 if deadline is None:  # no cancel scope: it would cost memory per waiter
@@ -333,12 +330,12 @@ class Engine:
         finally:
             self.waiting -= 1
             for session_id in ids:
-                waiters = self.waiters.get(session_id)
-                if waiters is not None:
-                    waiters.discard(waiter)
-                    if not waiters:
-                        del self.waiters[session_id]
-                        self.committer.unwatch(session_id)
+                # the entry is there: only this loop removes one, once it is empty
+                waiters = self.waiters[session_id]
+                waiters.discard(waiter)
+                if not waiters:
+                    del self.waiters[session_id]
+                    self.committer.unwatch(session_id)
             if self.closing and not self.waiting:
                 self.no_waiters.set()
 
@@ -350,26 +347,18 @@ class Engine:
         if self.link_error is not None:
             raise self.link_error
 
-    async def _ready(self, ids: list[str], req: p.Wait, first: bool) -> list[p.SessionBatch]:
+    async def _ready(self, ids: list[str], req: p.Wait) -> list[p.SessionBatch]:
         """The sessions with firings (or a loss) after the cursor; a look moves no cursor."""
         look = ReadCursor(req.cursor, req.max, touch=False)
         batches = []
         for session_id in ids:
             try:
                 batch: Batch = await self.committer.execute(session_id, look).result()
-            except NoSuchSession:
-                if first:
-                    raise
-                # it existed when the wait began, and vanished unseen
-                raise NoSuchSession(
-                    f"session {session_id!r} is gone: stopped, or lost by its store"
-                ) from None
+            except NoSuchSession:  # it existed when the wait began
+                raise self.committer.vanished(session_id) from None
             if batch.firings or batch.lost:
                 batches.append(p.SessionBatch(session_id, batch.next, batch.lost, batch.firings))
         return batches
-
-
-_PRESENT: Outcome[None] = Outcome.now(None)
 
 
 def _unknown(req: Never) -> NoReturn:

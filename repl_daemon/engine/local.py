@@ -34,7 +34,14 @@ from repl_daemon.engine.committer import Listener, Totals
 from repl_daemon.engine.outcome import Outcome, Ticket
 from repl_daemon.stores.base import Store
 from session.delta import Delta
-from session.errors import NoSuchSession, SessionExists, StoreFailed, TooMany
+from session.errors import (
+    NoSuchSession,
+    ReplError,
+    SessionExists,
+    SessionStopped,
+    StoreFailed,
+    TooMany,
+)
 from session.ops import Op, ack_all
 from session.session import Session, Snapshot, Summary, check_session_id
 
@@ -298,6 +305,9 @@ class LocalCommitter:
 
     def unwatch(self, session_id: str) -> None:
         pass
+
+    def vanished(self, session_id: str) -> ReplError:
+        return SessionStopped(f"session {session_id!r} stopped")  # only a stop removes one
 
 
 _WATCHED: Outcome[None] = Outcome.now(None)

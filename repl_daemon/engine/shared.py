@@ -30,7 +30,7 @@ from repl_daemon.engine.committer import Listener, Totals
 from repl_daemon.engine.local import exists, made_up_id
 from repl_daemon.engine.outcome import Outcome
 from repl_daemon.stores.redis import RedisStore, Wakes
-from session.errors import NoSuchSession
+from session.errors import NoSuchSession, ReplError
 from session.firing import Batch
 from session.ops import (
     Ack,
@@ -212,3 +212,8 @@ class SharedCommitter:
 
     def unwatch(self, session_id: str) -> None:
         self.wakes.unsubscribe(session_id)
+
+    def vanished(self, session_id: str) -> ReplError:
+        return NoSuchSession(
+            f"session {session_id!r} is gone: stopped on another daemon, or lost by Redis"
+        )

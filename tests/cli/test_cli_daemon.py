@@ -6,12 +6,20 @@ import os
 import re
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from tests.helpers import InProcDaemon, assert_one_error_line, eventually, repl_argv
+from repl_cli.launch import _last_words
+from repl_cli.main import daemon as daemon_command
+from repl_daemon.__main__ import parser as daemon_parser
+from repl_daemon.config import DEFAULTS, OPTIONS, Option, to_argv
+from tests.helpers import InProcDaemon, assert_one_error_line, eventually, free_port, repl_argv
 
 
 def run(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -129,3 +137,95 @@ def test_daemon_limit_options_are_checked(env: dict[str, str]) -> None:
     done = run("daemon", "--memory", "--max-connections", "0", env=env)
     assert done.returncode == 64
     assert_one_error_line(done.stderr)
+
+
+def option_values(option: Option) -> st.SearchStrategy[Any]:
+    """Values ``repl daemon`` accepts for one option of the table."""
+    if option.kind is bool:
+        return st.booleans()
+    if isinstance(option.kind, tuple):
+        return st.sampled_from(option.kind)
+    if option.kind is int:
+        least = int(option.minimum or 0) + (1 if option.above else 0)
+        return st.integers(min_value=least, max_value=10**12)
+    if option.kind is float:
+        return st.floats(
+            min_value=option.minimum,
+            exclude_min=option.above,
+            max_value=1e9,
+            allow_nan=False,
+        )
+    # any text, and what looks like an option of its own
+    shaped = st.sampled_from(["redis://127.0.0.1:6379/0", "-x", "--memory", "", "a b"])
+    return shaped | st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"))
+
+
+#: a value for some of the options (None: not given, so the default)
+GIVEN = st.fixed_dictionaries(
+    {option.dest: st.none() | option_values(option) for option in OPTIONS}
+)
+
+
+@given(GIVEN)
+def test_repl_daemon_hands_every_option_on_as_it_was_given(values: dict[str, Any]) -> None:
+    """`repl daemon`'s options, written by to_argv, parse back the same in python -m repl_daemon."""
+    expected = {k: DEFAULTS[k] if v is None else v for k, v in values.items()}
+    argv = to_argv(values)
+    parsed = vars(daemon_parser().parse_args(["--addr", "127.0.0.1:0", *argv]))
+    assert parsed.pop("addr") == "127.0.0.1:0" and parsed.pop("home") is None
+    assert parsed == expected
+    # and the click side reads the same argv as the same values
+    clicked = daemon_command.make_context("daemon", list(argv)).params
+    assert clicked.pop("detach") is False
+    assert clicked == expected
+
+
+def test_no_option_given_hands_on_nothing() -> None:
+    assert to_argv({}) == []
+    assert to_argv({option.dest: None for option in OPTIONS}) == []
+
+
+def test_memory_and_store_together_is_a_usage_error(env: dict[str, str]) -> None:
+    done = run("daemon", "--memory", "--store", "redis://127.0.0.1:1/0", env=env)
+    assert done.returncode == 64
+    assert_one_error_line(done.stderr)
+    assert "give --memory or --store, not both" in done.stderr
+
+
+def test_a_foreground_daemon_that_cannot_start_says_why_in_one_line(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    env = {**env, "REPL_HOME": str(blocker / "home")}
+    done = run("--addr", f"127.0.0.1:{free_port()}", "daemon", "--memory", env=env)
+    assert done.returncode == 1
+    assert done.stderr.startswith("repl daemon: cannot start: Not a directory")
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
+def test_a_failed_detached_start_is_told_by_its_last_words() -> None:
+    traceback = [
+        "Traceback (most recent call last):",
+        '  File "x.py", line 1, in <module>',
+        "  + Exception Group Traceback (most recent call last):",
+        "  | ValueError: the reason",
+        "  +------------------------------------",
+        "",
+    ]
+    assert _last_words(traceback) == "ValueError: the reason"
+    assert _last_words(["repl daemon: cannot listen on 127.0.0.1:1", ""]) == (
+        "cannot listen on 127.0.0.1:1"
+    )
+    assert _last_words(["", "  +---", " | "]) == "it wrote nothing"
+
+
+def test_python_m_repl_cli_is_repl(env: dict[str, str]) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "repl_cli", "--version"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "repl 0.1.0\n", "")

@@ -10,6 +10,7 @@ import subprocess
 
 import pytest
 
+from repl_cli import output
 from tests.helpers import Repl, read_line, repl_argv
 
 AWKWARD = 'say "hi"\\ \ttab\nnewline é 日本'
@@ -142,3 +143,16 @@ def test_listings_are_aligned_tables_on_a_terminal(repl: Repl, a: str) -> None:
     rows = [line.split() for line in table.splitlines()]
     assert ["id", "head", "retained", "limit", "cursors", "waiters"] in rows
     assert [a, "3", "3", "256", "0", "0"] in rows
+
+
+@pytest.mark.parametrize(
+    ("seconds", "reads"),
+    [
+        (12.54, "12.5 s"),
+        (200.9, "3m 20s"),
+        (2 * 3600 + 5 * 60, "2h 5m 0s"),
+        (4 * 86400 + 3600 + 30 * 60 + 59, "4d 1h 30m"),
+    ],
+)
+def test_a_pings_uptime_reads_as_people_read_it(seconds: float, reads: str) -> None:
+    assert output.duration(seconds) == reads

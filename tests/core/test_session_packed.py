@@ -277,6 +277,28 @@ def test_a_rebuilt_table_keeps_every_held_firings_handler_and_kind() -> None:
     assert len(slots(ring)) <= 2 * 8 + 64 + 1
 
 
+def test_held_firings_that_share_a_handler_share_one_slot_once_rebuilt() -> None:
+    ring = Ring(8)
+    for n in range(79):  # 79 names for a ring of 8: the next new one rebuilds the table
+        ring.append(f"h{n}", f"m{n}", None, TS)
+    for n in range(3):
+        ring.append("dup", f"d{n}", None, TS)
+    ring.append("new", "x", None, TS)
+    # rebuilt from what the ring held: h74 (on its way out) to h78, and one slot for dup
+    assert slots(ring) == [
+        *((f"h{n}", False) for n in range(74, 79)),
+        ("dup", False),
+        ("new", False),
+    ]
+    assert [(f.handler, f.result) for f in ring.firings()] == [
+        *((f"h{n}", f"m{n}") for n in range(75, 79)),
+        ("dup", "d0"),
+        ("dup", "d1"),
+        ("dup", "d2"),
+        ("new", "x"),
+    ]
+
+
 def test_a_table_rebuilt_while_the_ring_holds_a_firing_kept_as_given_keeps_it() -> None:
     ring = Ring(100)
     for n in range(99):

@@ -7,15 +7,26 @@ import os
 import stat
 import subprocess
 import sys
+import threading
 import time
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
 from repl_daemon.config import Limits
-from tests.helpers import Client, DaemonProc, InProcDaemon, daemon_config, inproc_daemon
+from repl_daemon.engine.local import LocalCommitter
+from repl_daemon.stores.sqlite import SqliteStore
+from session.delta import Delta
+from tests.helpers import (
+    Client,
+    DaemonProc,
+    InProcDaemon,
+    daemon_config,
+    eventually,
+    inproc_daemon,
+)
 
 
 def state(c: Client) -> dict[str, Any]:
@@ -66,6 +77,7 @@ BAD_LINES: list[tuple[bytes, str, str]] = [
         "bad_request",
         "",
     ),
+    (b'{"op": "ping", "extra": ' + DEEP + b"}", "bad_request", "JSON nested too deeply"),
     (b'{"op": "ack", "session": "a", "seq": 1e400}', "bad_request", ""),
     (b'{"op": "ack", "session": "a", "seq": 99999999999999999999999}', "ack_after_head", ""),
 ]
@@ -300,3 +312,64 @@ def test_a_home_that_cannot_be_made_ends_the_start_with_one_clear_line(tmp_path:
     assert proc.returncode == 1
     assert proc.stderr.decode().startswith("repl daemon: cannot start: Not a directory")
     assert b"Traceback" not in proc.stderr
+
+
+def test_a_second_auth_on_a_connection_changes_nothing(inproc: InProcDaemon) -> None:
+    c = inproc.client()
+    c.ok({"op": "start", "session": "a"})
+    assert c.ok({"op": "auth", "token": inproc.token, "id": 7}) == {"ok": True, "id": 7}
+    assert c.ok({"op": "send", "session": "a", "text": "still served"})["seq"] == 1
+
+
+def test_a_bug_in_the_engine_is_answered_internal_logged_and_the_connection_goes_on(
+    inproc: InProcDaemon, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(self: LocalCommitter, session_id: str | None) -> NoReturn:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(LocalCommitter, "summaries", broken)
+    c = inproc.client()
+    answer = c.call({"op": "sessions", "id": 1})
+    assert answer == {
+        "ok": False,
+        "id": 1,
+        "code": "internal",
+        "message": "internal error: RuntimeError: a bug",
+    }
+    assert c.ok({"op": "ping"})["version"]
+    (logged,) = [r for r in caplog.records if r.getMessage() == "internal error"]
+    assert logged.levelname == "ERROR" and logged.exc_info is not None
+
+
+@pytest.mark.parametrize("inproc", ["durable"], indirect=True)
+def test_a_send_whose_client_left_before_its_commit_is_still_recorded(
+    inproc: InProcDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    observer = inproc.client()
+    observer.ok({"op": "start", "session": "a"})
+    gate = threading.Event()
+    write = SqliteStore.write
+
+    def held(self: SqliteStore, batch: list[Delta]) -> None:
+        assert gate.wait(15), "the test did not open the gate"
+        write(self, batch)
+
+    monkeypatch.setattr(SqliteStore, "write", held)
+    try:
+        sender = Client(inproc.port, inproc.token)
+        sender.send({"op": "send", "session": "a", "text": "left behind"})
+        sender.close()  # gone before its send is durable: the answer has nowhere to go
+
+        def connections() -> int:
+            count: int = observer.ok({"op": "stats"})["daemon"]["connections"]
+            return count
+
+        eventually(lambda: connections() == 1, what="the daemon to see the sender go")
+    finally:
+        gate.set()
+    eventually(
+        lambda: observer.ok({"op": "sessions"})["sessions"][0]["head"] == 1,
+        what="the send to be committed",
+    )
+    firings = observer.ok({"op": "read", "session": "a", "after": 0})["firings"]
+    assert [f["result"] for f in firings] == ["left behind"]

@@ -9,16 +9,26 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import anyio
 import msgspec
 import pytest
 
 from repl_daemon import protocol as p
-from repl_daemon.engine import Engine, open_engine, utc_now
+from repl_daemon.engine import Engine, Ticket, local, open_engine, utc_now
 from repl_daemon.engine.local import LocalCommitter
 from repl_daemon.stores.memory import MemoryStore
-from session.errors import AckAfterHead, BadMax, BadRequest, BadSeq, NoSuchSession, UnknownOp
+from session.errors import (
+    AckAfterHead,
+    BadMax,
+    BadRequest,
+    BadSeq,
+    NoSuchSession,
+    SessionStopped,
+    StoreFailed,
+    UnknownOp,
+)
 from session.session import Snapshot
 
 pytestmark = pytest.mark.anyio
@@ -211,3 +221,46 @@ async def test_a_firing_that_wakes_a_wait_near_its_timeout_is_still_returned() -
     woken = results[0]
     assert isinstance(woken, p.Woken) and not woken.timed_out
     assert [f.result for f in woken.batches[0].firings] == ["late"]
+
+
+async def test_a_session_stopped_before_its_wait_first_looks_answers_session_stopped() -> None:
+    """A stop that lands between a wait's request and its first read (pipelined behind it)."""
+    engine = await started("a")
+    outcome = engine.handle(p.Wait(sessions=["a"]))
+    assert outcome.job is not None  # the wait runs as its own task, later
+    await call(engine, p.Stop(session="a"))
+    with pytest.raises(SessionStopped, match="session 'a' stopped"):
+        await outcome.job()
+    assert engine.waiting == 0 and not engine.waiters
+
+
+async def test_a_made_up_session_id_is_never_one_already_taken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    engine = await started()
+    draws = iter(["0000beef", "0000beef", "0000beef", "00c0ffee"])
+    monkeypatch.setattr(local, "secrets", SimpleNamespace(token_hex=lambda n: next(draws)))
+    first = await call(engine, p.Start())
+    second = await call(engine, p.Start())
+    assert isinstance(first, p.Started) and isinstance(second, p.Started)
+    assert (first.session, second.session) == ("s-0000beef", "s-00c0ffee")
+
+
+def test_a_commit_callback_that_fails_keeps_the_others_and_the_committer_going(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One connection's trouble with its answer must not stop the others' (or the committer)."""
+    told: list[object] = []
+
+    def broken(error: StoreFailed | None) -> None:
+        raise RuntimeError("a connection in trouble")
+
+    ticket = Ticket()
+    ticket.add_done_callback(broken)
+    ticket.add_done_callback(told.append)
+    failure = StoreFailed("the disk is full")
+    ticket.resolve(failure)  # must not raise
+    assert told == [failure]
+    assert [r.getMessage() for r in caplog.records] == ["a commit callback failed"]
+    ticket.add_done_callback(told.append)  # once resolved, a callback is called at once
+    assert told == [failure, failure]

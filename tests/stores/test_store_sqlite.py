@@ -7,6 +7,7 @@ the other program where one is needed (a lock holder, a hand edit).
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import time
 from pathlib import Path
@@ -210,3 +211,56 @@ def test_a_closed_store_writes_nothing_more(tmp_path: Path) -> None:
     reopened = SqliteStore(tmp_path / "repl.db")
     assert reopened.load() == []
     reopened.close()
+
+
+def edited(db: Path, *statements: str) -> None:
+    """Another program changes the file behind the store's back."""
+    with sqlite3.connect(db) as conn:
+        for statement in statements:
+            conn.execute(statement)
+    conn.close()
+
+
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        ("UPDATE sessions SET id = '../etc' WHERE id = 's1'", "session id '../etc'"),
+        ("UPDATE sessions SET \"limit\" = 70000 WHERE id = 's1'", "70000"),
+        (
+            "UPDATE sessions SET \"limit\" = 10 WHERE id = 's1'",
+            "session 's1' holds 50 firing(s) under limit 10 and head 50",
+        ),
+    ],
+)
+def test_a_session_the_core_could_not_host_is_refused_at_open(
+    tmp_path: Path, edit: str, why: str
+) -> None:
+    db = tmp_path / "repl.db"
+    filled(db).close()
+    edited(db, edit)
+    with pytest.raises(StoreFailed) as refused:
+        SqliteStore(db)
+    assert f"{db} is not consistent: " in refused.value.message
+    assert why in refused.value.message
+    assert refused.value.message.endswith(
+        "restore it from a backup, or move it away to start with no sessions"
+    )
+
+
+def test_a_file_changed_under_the_store_fails_its_reads_and_says_so(tmp_path: Path) -> None:
+    db = tmp_path / "repl.db"
+    store = filled(db)
+    assert len(store.load()) == 3  # what it read at open
+    edited(db, "DROP TABLE keys")
+    for read in (store.load, lambda: store.load_session("s1")):
+        with pytest.raises(StoreFailed, match=rf"^cannot read {db}: no such table: keys$"):
+            read()
+    store.close()
+
+
+def test_a_home_that_does_not_exist_cannot_hold_the_lock(tmp_path: Path) -> None:
+    db = tmp_path / "gone" / "repl.db"
+    lock = re.escape(f"{db}.lock")
+    with pytest.raises(StoreFailed, match=rf"^cannot create the lock file {lock}: No such file"):
+        SqliteStore(db)
+    assert not db.parent.exists()

@@ -1,0 +1,163 @@
+"""The engine over a store that fails: a change that cannot be written is undone, and said so.
+
+The store is the real SQLite store behind a switch (``Flaky``) that makes
+its writes, or its reads of one session, fail while the test says so, as a
+full disk or a vanished file would. After a failed write the engine reloads
+the sessions of the batch from the store, so what it serves is what the
+file holds; when even that reload fails, it keeps what it has and writes
+the whole session again with the next batch. Either way the caller was told
+``store_failed``, and what the daemon serves next is what the file holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from repl_daemon import protocol as p
+from repl_daemon.engine import Engine, open_engine
+from repl_daemon.engine.local import LocalCommitter
+from repl_daemon.stores.sqlite import SqliteStore
+from session.delta import Delta
+from session.errors import StoreFailed
+from session.session import Snapshot
+
+pytestmark = pytest.mark.anyio
+
+
+class Flaky:
+    """The SQLite store, with writes and reloads that fail while ``writes`` / ``reloads`` say."""
+
+    durable = True
+    shared = False
+
+    def __init__(self, path: Path) -> None:
+        self.inner = SqliteStore(path)
+        self.name = self.inner.name
+        self.writes = True
+        self.reloads = True
+
+    def load(self) -> list[Snapshot]:
+        return self.inner.load()
+
+    def load_session(self, session_id: str) -> Snapshot | None:
+        if not self.reloads:
+            raise StoreFailed(f"cannot read {self.inner.path}: the disk is gone")
+        return self.inner.load_session(session_id)
+
+    def write(self, batch: list[Delta]) -> None:
+        if not self.writes:
+            raise StoreFailed(f"cannot write {self.inner.path}: the disk is full")
+        self.inner.write(batch)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Flaky:
+    return Flaky(tmp_path / "repl.db")
+
+
+@contextlib.asynccontextmanager
+async def running(store: Flaky) -> AsyncIterator[Engine]:
+    """An engine over ``store`` with its committer at work; the store closed at the end."""
+    engine = open_engine(store, settle=0)
+    await engine.load()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(engine.run)
+            yield engine
+            tg.cancel_scope.cancel()
+    finally:
+        store.close()
+
+
+async def call(engine: Engine, req: p.AnyRequest) -> p.Response:
+    return await engine.handle(req).result()
+
+
+def served(engine: Engine) -> dict[str, Snapshot]:
+    committer = engine.committer
+    assert isinstance(committer, LocalCommitter)
+    return {sid: h.session.snapshot() for sid, h in committer.sessions.items()}
+
+
+def on_file(path: Path) -> dict[str, Snapshot]:
+    """What a daemon started on the file now would load."""
+    reopened = SqliteStore(path)
+    try:
+        return {s.id: s for s in reopened.load()}
+    finally:
+        reopened.close()
+
+
+def results(snapshot: Snapshot) -> list[str | None]:
+    return [f.result for f in snapshot.firings]
+
+
+async def test_a_stop_that_cannot_be_written_is_undone(store: Flaky) -> None:
+    async with running(store) as engine:
+        await call(engine, p.Start(session="a"))
+        await call(engine, p.Send(session="a", text="one"))
+        store.writes = False
+        with pytest.raises(StoreFailed, match="the disk is full"):
+            await call(engine, p.Stop(session="a"))
+        assert results(served(engine)["a"]) == ["one"]  # back, as the file holds it
+        store.writes = True
+        sent = await call(engine, p.Send(session="a", text="two"))
+        assert isinstance(sent, p.Sent) and sent.seq == 2
+    assert results(on_file(store.inner.path)["a"]) == ["one", "two"]
+
+
+async def test_a_start_and_its_stop_in_one_failed_batch_leave_no_session(store: Flaky) -> None:
+    async with running(store) as engine:
+        store.writes = False
+        started = engine.handle(p.Start(session="b"))
+        stopped = engine.handle(p.Stop(session="b"))  # in the same batch as the start
+        for outcome in (started, stopped):
+            with pytest.raises(StoreFailed):
+                await outcome.result()
+        assert served(engine) == {}
+        store.writes = True
+        again = await call(engine, p.Start(session="b"))
+        assert isinstance(again, p.Started) and again.created
+    assert list(on_file(store.inner.path)) == ["b"]
+
+
+async def test_a_failed_write_whose_reload_fails_too_is_written_whole_with_the_next(
+    store: Flaky,
+) -> None:
+    async with running(store) as engine:
+        await call(engine, p.Start(session="a"))
+        await call(engine, p.Send(session="a", text="one"))
+        store.writes = store.reloads = False
+        with pytest.raises(StoreFailed, match="the disk is full"):
+            await call(engine, p.Send(session="a", text="two"))
+        # nothing to go back to: the session goes on as it is, to be written whole
+        assert results(served(engine)["a"]) == ["one", "two"]
+        store.writes = store.reloads = True
+        await call(engine, p.Send(session="a", text="three"))
+        assert store.inner.load_session("a") == served(engine)["a"]
+    assert results(on_file(store.inner.path)["a"]) == ["one", "two", "three"]
+
+
+async def test_a_waits_ack_that_cannot_be_made_durable_fails_and_moves_no_cursor(
+    store: Flaky,
+) -> None:
+    async with running(store) as engine:
+        await call(engine, p.Start(session="a"))
+        await call(engine, p.Send(session="a", text="one"))
+        await call(engine, p.Send(session="a", text="two"))
+        store.writes = False
+        with pytest.raises(StoreFailed, match="the disk is full"):
+            await call(engine, p.Wait(sessions=["a"], ack={"a": 1}, timeout_ms=0))
+        assert served(engine)["a"].cursors == []
+        store.writes = True
+        woken = await call(engine, p.Wait(sessions=["a"], timeout_ms=0))
+        assert isinstance(woken, p.Woken)
+        assert [f.result for f in woken.batches[0].firings] == ["one", "two"]
