@@ -1,22 +1,25 @@
-"""The shared committer in-process, on a real redis-server: what the engine keeps, and refusals.
+"""The shared committer in-process, on a real Redis: what the engine keeps, and refusals.
 
 The daemon keeps no session of a shared store: after any number of
 operations, on real, missing and malformed ids, and after waits, nothing is
-left in the daemon but the subscriptions its current waiters need.
+left in the daemon but the subscriptions its current waiters need. Each
+test runs on one redis-server, on a Redis Cluster of 3 primaries, and on
+one with a replica each (through ``?replicas=1``): ``redis_any``.
 """
 
 from __future__ import annotations
 
 import anyio
 import pytest
-import redis
 
 from repl_daemon import protocol as p
 from repl_daemon.engine import Engine, open_engine
 from repl_daemon.engine.shared import SharedCommitter
-from repl_daemon.stores.redis import RedisStore, session_keys
+from repl_daemon.stores.redis import RedisStore
 from session.errors import BadSessionId, NoSuchSession, ReplError, StoreFailed
-from tests.helpers import RedisProc
+from tests.helpers import RedisClusterProcs, RedisProc, store_url
+
+AnyRedis = RedisProc | RedisClusterProcs
 
 pytestmark = pytest.mark.anyio
 
@@ -33,8 +36,8 @@ async def opened(url: str) -> tuple[Engine, SharedCommitter]:
     return engine, committer
 
 
-async def test_the_daemon_keeps_nothing_of_the_sessions_it_serves(redis_server: RedisProc) -> None:
-    engine, committer = await opened(redis_server.url)
+async def test_the_daemon_keeps_nothing_of_the_sessions_it_serves(redis_any: AnyRedis) -> None:
+    engine, committer = await opened(store_url(redis_any))
     async with anyio.create_task_group() as tg:
         tg.start_soon(engine.run)
         try:
@@ -67,24 +70,27 @@ async def test_the_daemon_keeps_nothing_of_the_sessions_it_serves(redis_server: 
 
 
 async def test_a_user_redis_refuses_scripts_gets_store_failed_and_nothing_is_written(
-    redis_server: RedisProc,
+    redis_any: AnyRedis,
 ) -> None:
-    admin = redis.Redis(port=redis_server.port)
-    admin.execute_command(
-        "ACL", "SETUSER", "noscripts", "on", ">pw", "~*", "&*", "+@all", "-evalsha", "-eval"
-    )
+    for server in redis_any.servers:  # ACLs are each node's own
+        with server.admin() as admin:
+            admin.execute_command(
+                "ACL", "SETUSER", "noscripts", "on", ">pw", "~*", "&*", "+@all", "-evalsha", "-eval"
+            )
     try:
-        engine, committer = await opened(f"redis://noscripts:pw@127.0.0.1:{redis_server.port}/0")
-        with pytest.raises(StoreFailed, match=r"redis at .*noscripts:\*\*\*@"):
+        engine, committer = await opened(store_url(redis_any).replace("://", "://noscripts:pw@"))
+        with pytest.raises(StoreFailed, match=r"redis.* at .*noscripts:\*\*\*@"):
             await call(engine, p.Start(session="x"))
-        assert admin.exists(*session_keys("x")) == 0
+        assert redis_any.dbsize() == 0
         await committer.close()
     finally:
-        admin.close()
+        for server in redis_any.servers:
+            with server.admin() as admin:
+                admin.execute_command("ACL", "DELUSER", "noscripts")
 
 
-async def test_every_refusal_is_a_repl_error(redis_server: RedisProc) -> None:
-    engine, committer = await opened(redis_server.url)
+async def test_every_refusal_is_a_repl_error(redis_any: AnyRedis) -> None:
+    engine, committer = await opened(store_url(redis_any))
     await call(engine, p.Start(session="a"))
     await call(engine, p.Start(session="b"))
     await call(engine, p.Send(session="b", text="one"))
@@ -101,3 +107,4 @@ async def test_every_refusal_is_a_repl_error(redis_server: RedisProc) -> None:
         listed = await call(engine, p.Cursors(session=session_id))
         assert isinstance(listed, p.CursorList) and listed.cursors == []
     await committer.close()
+
