@@ -228,14 +228,19 @@ class RedisStore:
         return list(answer[1:])
 
     async def _run_replicated(self, script: str, keys: list[str], args: tuple[object, ...]) -> Any:
-        """The script, then ``WAIT`` for the replicas on the same connection."""
+        """The script, then ``WAIT`` for the replicas on the same connection.
+
+        Both paths send the script's text (``EVAL``): one round trip, and no
+        ``NOSCRIPT`` to recover from on a primary that never ran it (a promoted
+        replica has no scripts: Redis does not replicate its script cache).
+        """
         replicas = self.target.replicas
         if self.target.cluster:
             node = self.client.get_node_from_key(keys[0])
             answer, acked = await _on_node(node, self._scripts[script], keys, args, replicas)
         else:
             pipe = self.client.pipeline(transaction=False)
-            self._scripts[script](keys=keys, args=list(args), client=pipe)
+            pipe.execute_command("EVAL", self._scripts[script].script, len(keys), *keys, *args)
             pipe.execute_command("WAIT", replicas, REPLICA_TIMEOUT_MS)
             answer, acked = await pipe.execute()
         if answer[0] == b"ok" and int(acked) < replicas:

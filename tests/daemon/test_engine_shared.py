@@ -15,6 +15,7 @@ import pytest
 from repl_daemon import protocol as p
 from repl_daemon.engine import Engine, open_engine
 from repl_daemon.engine.shared import SharedCommitter
+from repl_daemon.stores import redis as redis_store
 from repl_daemon.stores.redis import RedisStore
 from session.errors import BadSessionId, NoSuchSession, ReplError, StoreFailed
 from tests.helpers import RedisClusterProcs, RedisProc, store_url
@@ -108,3 +109,22 @@ async def test_every_refusal_is_a_repl_error(redis_any: AnyRedis) -> None:
         assert isinstance(listed, p.CursorList) and listed.cursors == []
     await committer.close()
 
+
+async def test_a_change_its_replicas_do_not_confirm_is_refused_and_a_read_is_not(
+    redis_any: AnyRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``?replicas=N`` asks for more replicas than there are: no change is answered as stored
+    (on one server through a pipeline, on a cluster on the session's primary's connection)."""
+    monkeypatch.setattr(redis_store, "REPLICA_TIMEOUT_MS", 50)
+    plain, plain_committer = await opened(redis_any.url)
+    await call(plain, p.Start(session="a"))
+    await plain_committer.close()
+    engine, committer = await opened(f"{redis_any.url}?replicas=2")
+    with pytest.raises(
+        StoreFailed, match=r"only [01] of 2 replicas confirmed the change within 50 ms"
+    ):
+        await call(engine, p.Send(session="a", text="unconfirmed"))
+    read = await call(engine, p.Read(session="a", after=0))
+    assert isinstance(read, p.Firings)  # the refused send was made: only a replica is missing
+    assert [f.result for f in read.firings] == ["unconfirmed"]
+    await committer.close()
