@@ -236,8 +236,7 @@ class RedisStore:
         """
         replicas = self.target.replicas
         if self.target.cluster:
-            node = self.client.get_node_from_key(keys[0])
-            answer, acked = await _on_node(node, self._scripts[script], keys, args, replicas)
+            answer, acked = await self._on_primary(self._scripts[script], keys, args)
         else:
             pipe = self.client.pipeline(transaction=False)
             pipe.execute_command("EVAL", self._scripts[script].script, len(keys), *keys, *args)
@@ -249,6 +248,50 @@ class RedisStore:
                 f"{REPLICA_TIMEOUT_MS} ms: it may be lost in a failover (?replicas={replicas})"
             )
         return answer
+
+    async def _on_primary(
+        self, script: Any, keys: list[str], args: tuple[object, ...]
+    ) -> tuple[Any, Any]:
+        """``_on_node`` on the primary of the session's slot, as the cluster's table says.
+
+        This path goes around the cluster client, so it refreshes the table itself:
+        after a broken link, a refused write or a cluster that is down (a failover)
+        the table is read again before the error is raised, so the next change goes
+        to the new primary; a MOVED, which ran nothing, is tried once more at once.
+        """
+        from redis.exceptions import (
+            AskError,
+            ClusterDownError,
+            MovedError,
+            ReadOnlyError,
+            ResponseError,
+            TryAgainError,
+        )
+
+        for attempt in (1, 2):
+            try:
+                node = self.client.get_node_from_key(keys[0])
+                return await _on_node(node, script, keys, args, self.target.replicas)
+            except MovedError:
+                await self._refresh()
+                if attempt == 2:
+                    raise
+            except (AskError, ClusterDownError, ReadOnlyError, TryAgainError):
+                await self._refresh()
+                raise
+            except ResponseError:
+                raise  # the script's own refusal (a missing permission, out of memory)
+            except Exception:
+                await self._refresh()
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _refresh(self) -> None:
+        """Read the cluster's slot table again (best effort: it may be down)."""
+        try:
+            await self.client.nodes_manager.initialize()
+        except Exception as exc:
+            log.debug("refreshing the cluster's slots: %s", _reason(exc))
 
     # -- the operations -------------------------------------------------------------
 
@@ -357,6 +400,8 @@ async def _on_node(
     ``WAIT`` counts the writes of its own connection, so both must go on
     the one connection: a cluster client would route a keyless WAIT anywhere.
     """
+    from redis.exceptions import ResponseError
+
     connection = node.acquire_connection()
     try:
         await connection.connect()
@@ -372,11 +417,11 @@ async def _on_node(
         for _ in range(2):
             try:
                 replies.append(await connection.read_response())
-            except Exception as exc:  # a script error is a reply too; a broken link is not
-                if type(exc).__name__ != "ResponseError":
-                    await connection.disconnect()
-                    raise
+            except ResponseError as exc:  # an error reply (MOVED too) is a reply
                 replies.append(exc)
+            except BaseException:  # a broken link or a cancel: the replies are unread
+                await connection.disconnect(nowait=True)  # does not yield, even cancelled
+                raise
         answer, acked = replies
         if isinstance(answer, Exception):
             raise answer

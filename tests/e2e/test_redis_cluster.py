@@ -16,12 +16,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from repl_daemon.stores.redis import session_keys
-from tests.helpers import Client, RedisClusterProcs, SharedDaemons, answered
+from tests.helpers import Client, RedisClusterProcs, SharedDaemons, answered, store_url
 
 #: the sessions of these tests: their slots are on all three primaries
 SESSIONS = [f"s{n}" for n in range(24)]
@@ -240,3 +241,35 @@ def test_waiters_blocked_on_every_daemon_cost_the_cluster_no_command(
 
 def _channel(session: str) -> str:
     return session_keys(session)[5]
+
+
+def test_a_session_whose_slot_moves_is_followed_by_its_changes_and_its_waiters(
+    tmp_path: Path, redis_cluster_replicated: RedisClusterProcs
+) -> None:
+    """Resharding under ``?replicas=1`` (3 primaries, a replica each): the session's slot and
+    keys move to another primary. The daemon that sends next still has the old table: its
+    change is refused with MOVED (nothing ran), and it reads the table again and sends it
+    there. The waiter's daemon is told by the old node that the channel left (SUNSUBSCRIBE):
+    it subscribes where the slot now is, and the send wakes it."""
+    cluster = redis_cluster_replicated
+    cluster.flush()
+    group = SharedDaemons(tmp_path, store_url(cluster), 2)
+    slot = cluster.keyslot(session_keys("m")[0])
+    home = cluster.primary_of_slot(slot)
+    try:
+        sender, reader = group.client(0), group.client(1)
+        sender.ok({"op": "start", "session": "m"})
+        sender.ok({"op": "send", "session": "m", "text": "before"})
+        waiter = group.client(1)
+        waiter.send({"op": "wait", "sessions": ["m"], "ack": {"m": 1}})
+        assert not answered([waiter])
+        cluster.move_slot(slot, next(p for p in cluster.primaries() if p != home))
+        assert sender.ok({"op": "send", "session": "m", "text": "after"})["seq"] == 2
+        woken = waiter.recv()
+        assert [f["result"] for f in woken["batches"][0]["firings"]] == ["after"], woken
+        got = reader.ok({"op": "read", "session": "m", "after": 0})
+        assert [f["result"] for f in got["firings"]] == ["before", "after"]
+    finally:
+        group.close()
+        if cluster.primary_of_slot(slot) != home:
+            cluster.move_slot(slot, home)
