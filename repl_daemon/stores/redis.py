@@ -532,10 +532,11 @@ class Wakes:
     """This daemon's subscriptions to the wake channels of the sessions it has waiters on.
 
     ``on_wake(session_id, payload)`` gets each message; ``on_restored()`` is
-    called once every subscription of a broken link is made again and
-    confirmed, so that every waiter reads again (a firing recorded while the
-    link was down woke nobody). A broken link is never an error for a
-    waiter: it goes on waiting, and reads again once the link is back.
+    called once every subscription of a broken link is made again (on the
+    node that holds its slot now) and confirmed, and those nodes serve reads,
+    so that every waiter reads again (a firing recorded while the link was
+    down woke nobody). A broken link is never an error for a waiter: it goes
+    on waiting, and reads again once the link is back.
     """
 
     def __init__(
@@ -551,6 +552,9 @@ class Wakes:
         #: the sessions whose wakes this daemon wants (it has waiters on them)
         self.wanted: set[str] = set()
         self._tg: Any = None
+        #: a repair is running; a link broke since the repair's last round began
+        self._repairing = False
+        self._broken = False
 
     async def run(self) -> None:
         """Hold the readers' task group until cancelled."""
@@ -581,10 +585,21 @@ class Wakes:
 
     async def _subscribe(self, channel: str) -> None:
         subscriber = self._subscriber(*self._node_for(channel))
-        confirmed = await subscriber.send_subscribe(channel)
-        self._start_reading(subscriber)
-        with anyio.fail_after(SUBSCRIBE_TIMEOUT):
-            await confirmed.wait()
+        try:
+            confirmed = await subscriber.send_subscribe(channel)
+            self._start_reading(subscriber)
+            with anyio.fail_after(SUBSCRIBE_TIMEOUT):
+                await confirmed.wait()
+        except Exception:
+            # a link that cannot subscribe is broken: the next attempt makes a new one
+            # (and its reader, if it had one, repairs the channels it held)
+            await self._drop(subscriber)
+            raise
+
+    async def _drop(self, subscriber: _Subscriber) -> None:
+        if self.subscribers.get(subscriber.name) is subscriber:
+            del self.subscribers[subscriber.name]
+        await subscriber.close()
 
     async def subscribe(self, session_id: str) -> None:
         """Subscribe to the session's wakes; returns once Redis confirmed it."""
@@ -625,9 +640,7 @@ class Wakes:
         except Exception as exc:
             log.warning("redis wake link %s lost: %s", subscriber.name, _reason(exc))
         subscriber.reading = False
-        if self.subscribers.get(subscriber.name) is subscriber:
-            del self.subscribers[subscriber.name]
-        await subscriber.close()
+        await self._drop(subscriber)
         await self._repair()
 
     def _message(self, channel: str, data: bytes) -> None:
@@ -636,21 +649,49 @@ class Wakes:
             self.on_wake(session_id, data)
 
     async def _repair(self) -> None:
-        """Subscribe every wanted session again wherever its slot now lives, then wake all."""
+        """Subscribe every wanted session again wherever its slot now lives, then wake all.
+
+        One repair runs at a time: a link that breaks while one runs makes it go
+        round once more, so waiters are woken once every link is back, not once a
+        link. Until then they sleep on: a broken link is no error for a waiter.
+        """
+        self._broken = True
+        if self._repairing:
+            return
+        self._repairing = True
         delay = 0.05
-        while True:
-            try:
-                if self.store.target.cluster:
-                    await self.store.client.nodes_manager.initialize()
-                for session_id in sorted(self.wanted):
-                    await self._subscribe(wake_channel(session_id))
-                break
-            except Exception as exc:
-                log.info("redis wakes not back yet (%s); trying again", _reason(exc))
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+        try:
+            while self._broken:
+                self._broken = False
+                try:
+                    if self.store.target.cluster:
+                        await self.store.client.nodes_manager.initialize()
+                    for session_id in sorted(self.wanted):
+                        await self._subscribe(wake_channel(session_id))
+                    await self._serving()
+                except Exception as exc:
+                    self._broken = True
+                    log.info("redis wakes not back yet (%s); trying again", _reason(exc))
+                    await anyio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+        finally:
+            self._repairing = False
         log.info("redis wake link is back")
         self.on_restored()
+
+    async def _serving(self) -> None:
+        """One read of a session key on each node the waiters' sessions live on.
+
+        A node takes subscriptions before it serves keys (a cluster that is not
+        yet ``ok`` after a restart or a failover still takes SSUBSCRIBE; a Redis
+        loading its data too): the waiters read only once their reads can work,
+        so a repair does not turn into a ``store_failed`` for each of them.
+        """
+        nodes: dict[tuple[str, int], str] = {}
+        for session_id in sorted(self.wanted):
+            nodes.setdefault(self._node_for(wake_channel(session_id)), session_id)
+        for session_id in nodes.values():
+            await self.store.exists(session_id)
 
 
 def _text(value: Any) -> str:
