@@ -16,7 +16,9 @@ comes in two kinds with one face (``port``, ``home``, ``token``, ``addr``,
 see exactly the bytes a user's program would. It is used from test threads
 only, never from inside an in-process daemon's event loop. ``Repl`` runs
 the installed ``repl`` against a test daemon, with REPL_ADDR and REPL_HOME
-in its environment. ``RedisProc`` is a redis-server of the test's own.
+in its environment. ``RedisProc`` is a redis-server of the test's own,
+``RedisClusterProcs`` a Redis Cluster of them on loopback, and
+``SharedDaemons`` daemon processes that share one ``--store`` URL.
 
 No tests and no fixtures live here: the fixtures are declared once, in
 ``tests/conftest.py`` or in the conftest of the one folder that uses them.
