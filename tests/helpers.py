@@ -54,6 +54,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from repl_daemon.config import DEFAULTS, Config, Limits
 from repl_daemon.daemon import serve_daemon
 from repl_daemon.stores.base import Store
+from repl_daemon.stores.redis import session_keys
 from session.delta import Delta
 from session.session import Session, Snapshot
 
@@ -623,6 +624,14 @@ class RedisClusterProcs:
             return True
 
         eventually(moved, 15, f"every node to see slot {slot} on {to}")
+
+    def by_primary(self, sessions: list[str]) -> dict[int, list[str]]:
+        """The sessions by the port of the primary that holds their slot (their keys' tag)."""
+        spread: dict[int, list[str]] = {}
+        for session in sessions:
+            slot = self.keyslot(session_keys(session)[0])
+            spread.setdefault(self.primary_of_slot(slot), []).append(session)
+        return spread
 
     def keyslot(self, key: str) -> int:
         with self.node(self.ports[0]).admin() as admin:

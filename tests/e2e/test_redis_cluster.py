@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from repl_daemon.stores.redis import session_keys
+from repl_daemon.stores.redis import session_keys, wake_channel
 from tests.helpers import Client, RedisClusterProcs, SharedDaemons, answered, store_url
 
 #: the sessions of these tests: their slots are on all three primaries
@@ -49,17 +49,8 @@ def daemons(
         d.close_clients()
 
 
-def by_primary(cluster: RedisClusterProcs, sessions: list[str]) -> dict[int, list[str]]:
-    """The sessions by the port of the primary that holds their slot."""
-    spread: dict[int, list[str]] = {}
-    for session in sessions:
-        slot = cluster.keyslot(session_keys(session)[0])
-        spread.setdefault(cluster.primary_of_slot(slot), []).append(session)
-    return spread
-
-
 def one_per_primary(cluster: RedisClusterProcs) -> list[str]:
-    return [sessions[0] for sessions in by_primary(cluster, SESSIONS).values()]
+    return [sessions[0] for sessions in cluster.by_primary(SESSIONS).values()]
 
 
 def start_all(group: SharedDaemons, sessions: list[str], buffer: int = 256) -> None:
@@ -79,7 +70,7 @@ def test_the_sessions_spread_over_every_primary_and_every_daemon_lists_them_alik
     daemons: SharedDaemons, redis_cluster: RedisClusterProcs
 ) -> None:
     start_all(daemons, SESSIONS)
-    spread = by_primary(redis_cluster, SESSIONS)
+    spread = redis_cluster.by_primary(SESSIONS)
     assert sorted(spread) == sorted(redis_cluster.primaries())
     for port in spread:  # the keys are where CLUSTER NODES says their slot is
         with redis_cluster.node(port).admin() as admin:
@@ -210,7 +201,7 @@ def test_waiters_blocked_on_every_daemon_cost_the_cluster_no_command(
             counts: dict[str, int] = {}
             for admin in admins.values():
                 for channel, n in admin.execute_command(
-                    "PUBSUB SHARDNUMSUB", *map(_channel, SESSIONS)
+                    "PUBSUB SHARDNUMSUB", *map(wake_channel, SESSIONS)
                 ):
                     counts[channel] = counts.get(channel, 0) + n
             return all(n == 3 for n in counts.values()) and len(counts) == len(SESSIONS)
@@ -237,10 +228,6 @@ def test_waiters_blocked_on_every_daemon_cost_the_cluster_no_command(
     daemons.client(0).ok({"op": "send", "session": singles[-1], "text": "wake"})
     for w in waits[0::4] + waits[3::4]:  # the waits on every session and on that one
         assert w.recv()["batches"][0]["session"] == singles[-1]
-
-
-def _channel(session: str) -> str:
-    return session_keys(session)[5]
 
 
 def test_a_session_whose_slot_moves_is_followed_by_its_changes_and_its_waiters(

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from repl_daemon.stores.redis import session_keys
+from repl_daemon.stores.redis import wake_channel
 from tests.helpers import (
     Client,
     RedisClusterProcs,
@@ -35,14 +35,6 @@ from tests.helpers import (
 )
 
 SESSIONS = [f"s{n}" for n in range(12)]
-
-
-def by_primary(cluster: RedisClusterProcs, sessions: list[str]) -> dict[int, list[str]]:
-    spread: dict[int, list[str]] = {}
-    for session in sessions:
-        slot = cluster.keyslot(session_keys(session)[0])
-        spread.setdefault(cluster.primary_of_slot(slot), []).append(session)
-    return spread
 
 
 class Senders:
@@ -181,7 +173,7 @@ class Failover:
 
     def _set_up(self) -> None:
         group = self.group
-        spread = by_primary(self.cluster, SESSIONS)
+        spread = self.cluster.by_primary(SESSIONS)
         assert len(spread) == 3
         self.victim = next(iter(spread))
         self.victim_sessions = set(spread[self.victim])
@@ -189,7 +181,7 @@ class Failover:
             port for port, row in self.cluster.topology().items() if row["primary"] == self.victim
         )
         # waited on, and sent to only after the failover: one per primary
-        waitable = by_primary(self.cluster, [f"w{n}" for n in range(12)])
+        waitable = self.cluster.by_primary([f"w{n}" for n in range(12)])
         self.waited = [waitable[port][0] for port in spread]
         assert self.waited[0] in waitable[self.victim]
         starter = group.client(0)
@@ -249,7 +241,7 @@ class Failover:
         The failover cost each of them one read, once its daemon's wake links were
         all back: never a read per broken link or per attempt to repair one.
         """
-        channel = session_keys(self.waited[0])[5]  # on the victim's shard, now the replica's
+        channel = wake_channel(self.waited[0])  # on the victim's shard, now the replica's
         with self.cluster.node(self.replica).admin() as admin:
             eventually(
                 lambda: admin.execute_command("PUBSUB SHARDNUMSUB", channel)[0][1] == 2,
@@ -344,7 +336,7 @@ def test_the_cluster_restarted_empty_ends_every_session_on_every_daemon_at_once(
     cluster = RedisClusterProcs(tmp_path / "cluster", primaries=3)
     group = SharedDaemons(tmp_path, cluster.url, 2)
     try:
-        spread = by_primary(cluster, SESSIONS)
+        spread = cluster.by_primary(SESSIONS)
         waited = [sessions[0] for sessions in spread.values()]
         for s in SESSIONS:
             group.client(0).ok({"op": "start", "session": s})
