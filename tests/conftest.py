@@ -7,6 +7,13 @@ indirect=True)``. ``daemon`` / ``durable_daemon`` are real daemon processes
 (``DaemonProc``), for tests that signal, kill or restart the daemon or read
 its stderr. Each is on a port the OS chose and a fresh home, and is stopped
 when the test ends.
+
+Redis: ``redis_server`` is a redis-server of the test's own (to kill or
+restart). ``redis_single``, ``redis_cluster`` (3 primaries) and
+``redis_cluster_replicated`` (3 primaries, a replica each) are started once
+per test session, on first use, and shared; ``redis_any`` is one of the
+three per parameter (``REDIS_KINDS``), emptied before its test (FLUSHALL on
+every primary).
 """
 
 from __future__ import annotations
@@ -18,8 +25,10 @@ import pytest
 
 from tests.helpers import (
     DAEMON_STORES,
+    REDIS_KINDS,
     DaemonProc,
     InProcDaemon,
+    RedisClusterProcs,
     RedisProc,
     daemon_config,
     inproc_daemon,
@@ -71,3 +80,52 @@ def redis_server(tmp_path: Path) -> Iterator[RedisProc]:
     server = RedisProc(tmp_path / "redis")
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_single(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProc]:
+    """One redis-server for the whole test session (tests flush it: ``redis_any``)."""
+    require_redis()
+    server = RedisProc(tmp_path_factory.mktemp("redis-single"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterProcs]:
+    """A Redis Cluster of 3 primaries on loopback, for the whole test session."""
+    require_redis(cluster=True)
+    cluster = RedisClusterProcs(tmp_path_factory.mktemp("redis-cluster"), primaries=3)
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_replicated(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[RedisClusterProcs]:
+    """A Redis Cluster of 3 primaries with a replica each, for the whole test session."""
+    require_redis(cluster=True)
+    cluster = RedisClusterProcs(
+        tmp_path_factory.mktemp("redis-cluster-replicated"), primaries=3, replicas=1
+    )
+    yield cluster
+    cluster.stop()
+
+
+_REDIS_FIXTURES = {
+    "single": "redis_single",
+    "cluster": "redis_cluster",
+    "cluster+replicas": "redis_cluster_replicated",
+}
+
+
+@pytest.fixture(params=REDIS_KINDS)
+def redis_any(request: pytest.FixtureRequest) -> RedisProc | RedisClusterProcs:
+    """Each kind of Redis in turn (one redis-server, a cluster, a cluster with replicas), empty.
+
+    Its ``--store`` URL is ``tests.helpers.store_url(redis_any)``.
+    """
+    server: RedisProc | RedisClusterProcs = request.getfixturevalue(_REDIS_FIXTURES[request.param])
+    server.flush()
+    return server

@@ -16,7 +16,9 @@ comes in two kinds with one face (``port``, ``home``, ``token``, ``addr``,
 see exactly the bytes a user's program would. It is used from test threads
 only, never from inside an in-process daemon's event loop. ``Repl`` runs
 the installed ``repl`` against a test daemon, with REPL_ADDR and REPL_HOME
-in its environment. ``RedisProc`` is a redis-server of the test's own.
+in its environment. ``RedisProc`` is a redis-server of the test's own,
+``RedisClusterProcs`` a Redis Cluster of them on loopback, and
+``SharedDaemons`` daemon processes that share one ``--store`` URL.
 
 No tests and no fixtures live here: the fixtures are declared once, in
 ``tests/conftest.py`` or in the conftest of the one folder that uses them.
@@ -52,6 +54,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from repl_daemon.config import DEFAULTS, Config, Limits
 from repl_daemon.daemon import serve_daemon
 from repl_daemon.stores.base import Store
+from repl_daemon.stores.redis import session_keys
 from session.delta import Delta
 from session.session import Session, Snapshot
 
@@ -125,6 +128,12 @@ class Client:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def answered(clients: list[Client], seconds: float = 0.2) -> list[Client]:
+    """The clients that have an answer waiting after ``seconds`` (one wait for them all)."""
+    time.sleep(seconds)
+    return [c for c in clients if c.pending(0)]
 
 
 def pipelined(c: Client, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -344,6 +353,32 @@ class DaemonProc(Daemon):
         self.start()
 
 
+class SharedDaemons:
+    """``count`` daemon processes sharing one store (``--store URL``, settle 0), each its own home.
+
+    ``extra`` options go to every daemon. ``close`` stops the ones still running.
+    """
+
+    def __init__(self, tmp: Path, url: str, count: int, *extra: str) -> None:
+        options = ("--store", url, "--settle-ms", "0", "--idle-timeout", "30", *extra)
+        self.daemons: list[DaemonProc] = []
+        try:
+            for i in range(count):
+                self.daemons.append(DaemonProc(tmp / f"d{i}", *options))
+        except BaseException:
+            self.close()
+            raise
+
+    def client(self, i: int) -> Client:
+        return self.daemons[i].client()
+
+    def close(self) -> None:
+        for d in self.daemons:
+            d.close_clients()
+            if d.proc is not None and d.proc.poll() is None:
+                d.stop()
+
+
 class LoggedElsewhere(DaemonProc):
     """A durable daemon whose log lives outside its home (the home is the disk on trial)."""
 
@@ -379,19 +414,45 @@ def small_disk(path: Path, size: str) -> Iterator[Path]:
 
 
 class RedisProc:
-    """A redis-server child on a free loopback port, in its own directory."""
+    """A redis-server child on a free loopback port, in its own directory.
 
-    def __init__(self, workdir: Path, *, appendonly: bool = False) -> None:
+    ``cluster=True`` makes it a Redis Cluster node (``--cluster-enabled yes``,
+    its ``nodes.conf`` in its directory, its bus on a second free port, node
+    timeout ``node_timeout_ms``): ``RedisClusterProcs`` joins several into a
+    cluster. A restart keeps the ports (and a cluster node its ``nodes.conf``,
+    so it comes back as the same node of the same cluster).
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        appendonly: bool = False,
+        cluster: bool = False,
+        node_timeout_ms: int = 1000,
+    ) -> None:
         self.dir = workdir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.appendonly = appendonly
+        self.cluster = cluster
+        self.node_timeout_ms = node_timeout_ms
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
+        self.bus_port = 0
         self.start()
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def servers(self) -> list[RedisProc]:
+        """Every server of this store (itself), as for a cluster."""
+        return [self]
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def start(self) -> None:
         binary = shutil.which("redis-server")
@@ -404,9 +465,18 @@ class RedisProc:
                 args += ["--appendonly", "yes", "--appendfsync", "always"]
             else:
                 args += ["--appendonly", "no"]
+            if self.cluster:
+                bus = self.bus_port or free_port()
+                args += ["--cluster-enabled", "yes", "--cluster-port", str(bus)]
+                args += ["--cluster-config-file", str(self.dir / "nodes.conf")]
+                args += ["--cluster-node-timeout", str(self.node_timeout_ms)]
+                # a replica's first sync starts at once, not after the default 5 s
+                args += ["--repl-diskless-sync-delay", "0"]
             self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             if _wait_for_port(port, self.proc):
                 self.port = port
+                if self.cluster:
+                    self.bus_port = bus
                 return
             self.proc.wait(5)
         raise RuntimeError(f"redis-server did not start: {(self.dir / 'redis.log').read_text()}")
@@ -420,6 +490,220 @@ class RedisProc:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(10)
+
+    def admin(self) -> Any:
+        """A plain redis-py client of this server, for the test's own looks (close it)."""
+        import redis
+
+        return redis.Redis(port=self.port, socket_timeout=5)
+
+    def flush(self) -> None:
+        """Empty the store: what one test wrote is not there for the next."""
+        with self.admin() as admin:
+            admin.flushall()
+
+    def dbsize(self) -> int:
+        """How many keys the store holds."""
+        with self.admin() as admin:
+            size: int = admin.dbsize()
+            return size
+
+
+class RedisClusterProcs:
+    """A Redis Cluster on loopback: ``primaries`` nodes, each with ``replicas`` of its own.
+
+    Every node is a ``RedisProc(cluster=True)`` in a directory of its own;
+    ``redis-cli --cluster create`` joins them and spreads the 16,384 slots,
+    and the cluster is ready once every node says ``cluster_state:ok``,
+    knows every other node, and every replica's link to its primary is up
+    and synced. ``url`` names two of the nodes, as a user would (the rest
+    are found from them).
+    """
+
+    def __init__(
+        self, workdir: Path, *, primaries: int = 3, replicas: int = 0, node_timeout_ms: int = 1000
+    ) -> None:
+        cli = shutil.which("redis-cli")
+        assert cli, "redis-cli is missing: apt-get install redis-tools"
+        self.replicas = replicas
+        self.nodes: list[RedisProc] = []
+        try:
+            for n in range(primaries * (1 + replicas)):
+                self.nodes.append(
+                    RedisProc(workdir / f"node{n}", cluster=True, node_timeout_ms=node_timeout_ms)
+                )
+            nodes = [f"127.0.0.1:{node.port}" for node in self.nodes]
+            options = ["--cluster-replicas", str(replicas), "--cluster-yes"]
+            created = subprocess.run(
+                [cli, "--cluster", "create", *nodes, *options],
+                capture_output=True,
+                timeout=60,
+            )
+            if created.returncode:
+                raise RuntimeError(f"redis-cli --cluster create failed: {created.stdout!r}")
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def url(self) -> str:
+        first, second = self.nodes[0].port, self.nodes[1].port
+        return f"redis+cluster://127.0.0.1:{first},127.0.0.1:{second}"
+
+    @property
+    def servers(self) -> list[RedisProc]:
+        """Every node that runs, primaries and replicas."""
+        return [node for node in self.nodes if node.running]
+
+    @property
+    def ports(self) -> list[int]:
+        return [node.port for node in self.servers]
+
+    def node(self, port: int) -> RedisProc:
+        return next(node for node in self.nodes if node.port == port)
+
+    def topology(self) -> dict[int, dict[str, Any]]:
+        """What the first running node says of each node, by port: ``id``, ``role``,
+        ``primary`` (a replica's primary), ``slots`` (a primary's ranges) and ``flags``."""
+        with self.node(self.ports[0]).admin() as admin:
+            nodes: dict[str, dict[str, Any]] = admin.cluster("NODES")
+        port_of = {row["node_id"]: int(addr.rsplit(":", 1)[1]) for addr, row in nodes.items()}
+        return {
+            port_of[row["node_id"]]: {
+                "id": row["node_id"],
+                "role": "primary" if "master" in row["flags"] else "replica",
+                "primary": port_of.get(row["master_id"]),
+                "slots": [(int(r[0]), int(r[-1])) for r in row["slots"]],
+                "flags": row["flags"].split(","),
+            }
+            for row in nodes.values()
+        }
+
+    def primaries(self) -> list[int]:
+        """The ports of the primaries that hold slots (and are not failed), in slot order."""
+        rows = self.topology()
+        held = [
+            (min(r["slots"]), port)
+            for port, r in rows.items()
+            if r["role"] == "primary" and r["slots"] and "fail" not in r["flags"]
+        ]
+        return [port for _, port in sorted(held)]
+
+    def primary_of_slot(self, slot: int) -> int:
+        for port, row in self.topology().items():
+            held = any(low <= slot <= high for low, high in row["slots"])
+            if held and row["role"] == "primary" and "fail" not in row["flags"]:
+                return port
+        raise AssertionError(f"no primary holds slot {slot}")
+
+    def move_slot(self, slot: int, to: int) -> None:
+        """Reshard: ``slot`` and its keys moved to the primary on port ``to``, as
+        ``redis-cli --cluster reshard`` does it (IMPORTING, MIGRATING, MIGRATE, NODE on every
+        primary), until every running node says so."""
+        rows = self.topology()
+        source = self.primary_of_slot(slot)
+        with self.node(to).admin() as target, self.node(source).admin() as admin:
+            target.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", rows[source]["id"])
+            admin.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", rows[to]["id"])
+            while keys := admin.execute_command("CLUSTER GETKEYSINSLOT", slot, 100):
+                admin.execute_command("MIGRATE", "127.0.0.1", to, "", 0, 5000, "KEYS", *keys)
+        for port in self.primaries():
+            with self.node(port).admin() as admin:
+                admin.execute_command("CLUSTER SETSLOT", slot, "NODE", rows[to]["id"])
+
+        def seen(admin: Any) -> bool:
+            row = next(r for r in admin.cluster("NODES").values() if r["node_id"] == rows[to]["id"])
+            return any(int(r[0]) <= slot <= int(r[-1]) for r in row["slots"])
+
+        def moved() -> bool:
+            for server in self.servers:
+                with server.admin() as admin:
+                    if not seen(admin):
+                        return False
+            return True
+
+        eventually(moved, 15, f"every node to see slot {slot} on {to}")
+
+    def by_primary(self, sessions: list[str]) -> dict[int, list[str]]:
+        """The sessions by the port of the primary that holds their slot (their keys' tag)."""
+        spread: dict[int, list[str]] = {}
+        for session in sessions:
+            slot = self.keyslot(session_keys(session)[0])
+            spread.setdefault(self.primary_of_slot(slot), []).append(session)
+        return spread
+
+    def keyslot(self, key: str) -> int:
+        with self.node(self.ports[0]).admin() as admin:
+            slot: int = admin.execute_command("CLUSTER KEYSLOT", key)
+            return slot
+
+    def wait_ready(self, timeout: float = 30) -> None:
+        """Until every running node says the cluster is ok and every replica is synced."""
+        deadline = time.monotonic() + timeout
+        expected = len(self.ports)
+        while True:
+            problems = [p for p in (self._problem(port, expected) for port in self.ports) if p]
+            if not problems:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the cluster is not ready: {problems}")
+            time.sleep(0.05)
+
+    def _problem(self, port: int, expected: int) -> str | None:
+        import redis
+
+        try:
+            with self.node(port).admin() as admin:
+                state = admin.cluster("INFO")["cluster_state"]
+                if state != "ok":
+                    return f"{port}: cluster_state {state}"
+                known = sum(
+                    1
+                    for row in admin.cluster("NODES").values()
+                    if not {"fail", "fail?", "handshake"} & set(row["flags"].split(","))
+                )
+                if known < expected:
+                    return f"{port}: knows {known} of {expected} nodes"
+                replication = admin.info("replication")
+                if replication["role"] == "slave" and (
+                    replication.get("master_link_status") != "up"
+                    or replication.get("master_sync_in_progress")
+                ):
+                    return f"{port}: replica not synced"
+        except redis.RedisError as exc:
+            return f"{port}: {exc}"
+        return None
+
+    def flush(self) -> None:
+        """FLUSHALL on every primary (the replicas follow)."""
+        for port in self.primaries():
+            with self.node(port).admin() as admin:
+                admin.flushall()
+
+    def dbsize(self) -> int:
+        """How many keys the cluster holds (over its primaries)."""
+        total = 0
+        for port in self.primaries():
+            with self.node(port).admin() as admin:
+                total += admin.dbsize()
+        return total
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+
+#: the Redis stores the shared committer's tests run on (``redis_any`` in tests/conftest.py)
+REDIS_KINDS = ("single", "cluster", "cluster+replicas")
+
+
+def store_url(server: RedisProc | RedisClusterProcs) -> str:
+    """The ``--store`` URL a test uses for ``server``: a cluster with replicas is used with
+    ``?replicas=N``, so every change also goes through ``WAIT`` on its primary's connection."""
+    if isinstance(server, RedisClusterProcs) and server.replicas:
+        return f"{server.url}?replicas={server.replicas}"
+    return server.url
 
 
 def free_port() -> int:
@@ -445,12 +729,16 @@ def _wait_for_port(port: int, proc: subprocess.Popen[bytes]) -> bool:
     return False
 
 
-def require_redis() -> None:
-    """Skip where redis-server is missing, but fail in CI, which must install it."""
-    if shutil.which("redis-server") is None:
+def require_redis(*, cluster: bool = False) -> None:
+    """Skip where redis-server (or, for a cluster, redis-cli) is missing; fail in CI,
+    which must install them (``.ci/run``)."""
+    needed = ["redis-server", "redis-cli"] if cluster else ["redis-server"]
+    missing = [name for name in needed if shutil.which(name) is None]
+    if missing:
+        what = f"{' and '.join(missing)} missing"
         if os.environ.get("CI"):
-            pytest.fail("redis-server is missing in CI: .ci/run must install it")
-        pytest.skip("redis-server is missing: apt-get install redis-server")
+            pytest.fail(f"{what} in CI: .ci/run must install redis-server and redis-tools")
+        pytest.skip(f"{what}: apt-get install redis-server redis-tools")
 
 
 # -- stores --------------------------------------------------------------------

@@ -73,6 +73,8 @@ _ERRORS: dict[str, type[ReplError]] = {
 SCRIPTS = ("RECORD", "READ", "ACK", "CHECK_ACK", "SET_LIMIT", "DESCRIBE", "START", "STOP")
 #: the most operations one pipeline carries
 MAX_BATCH = 512
+#: the most changes on their way at once on a cluster with ``?replicas=N``
+REPLICATED_IN_FLIGHT = 64
 
 
 class _Call:
@@ -201,6 +203,7 @@ class RedisStore:
         # the operations waiting for the next pipeline, and whether one is on its way
         self._queue: list[_Call] = []
         self._leading = False
+        self._replicated: anyio.CapacityLimiter | None = None  # made in the loop, by ``open``
 
     # -- connecting -------------------------------------------------------------
 
@@ -211,6 +214,7 @@ class RedisStore:
 
         target = self.target
         options = target.client_options()
+        self._replicated = anyio.CapacityLimiter(REPLICATED_IN_FLIGHT)
         try:
             if target.cluster:
                 self.client = RedisCluster(
@@ -375,16 +379,69 @@ class RedisStore:
         return results
 
     async def _run_replicated(self, script: str, keys: list[str], args: tuple[object, ...]) -> Any:
-        """On a cluster: the script, then ``WAIT`` for the replicas on the same connection."""
+        """On a cluster: the script, then ``WAIT`` for the replicas on the same connection.
+
+        It sends the script's text (``EVAL``): one round trip, and no
+        ``NOSCRIPT`` to recover from on a primary that never ran it (a promoted
+        replica has no scripts: Redis does not replicate its script cache).
+        One Redis takes the pipeline's path instead, with one WAIT a batch.
+        """
         replicas = self.target.replicas
-        node = self.client.get_node_from_key(keys[0])
-        answer, acked = await _on_node(node, self._scripts[script], keys, args, replicas)
+        # each change takes a connection of its own here (WAIT counts its writes): at most
+        # REPLICATED_IN_FLIGHT at once, so a burst waits for one rather than being refused
+        assert self._replicated is not None, "open() makes it"
+        async with self._replicated:
+            answer, acked = await self._on_primary(self._scripts[script], keys, args)
         if answer[0] == b"ok" and int(acked) < replicas:
             raise StoreFailed(
                 f"only {acked} of {replicas} replicas confirmed the change within "
                 f"{REPLICA_TIMEOUT_MS} ms: it may be lost in a failover (?replicas={replicas})"
             )
         return answer
+
+    async def _on_primary(
+        self, script: Any, keys: list[str], args: tuple[object, ...]
+    ) -> tuple[Any, Any]:
+        """``_on_node`` on the primary of the session's slot, as the cluster's table says.
+
+        This path goes around the cluster client, so it refreshes the table itself:
+        after a broken link, a refused write or a cluster that is down (a failover)
+        the table is read again before the error is raised, so the next change goes
+        to the new primary; a MOVED, which ran nothing, is tried once more at once.
+        """
+        from redis.exceptions import (
+            AskError,
+            ClusterDownError,
+            MovedError,
+            ReadOnlyError,
+            ResponseError,
+            TryAgainError,
+        )
+
+        for attempt in (1, 2):
+            try:
+                node = self.client.get_node_from_key(keys[0])
+                return await _on_node(node, script, keys, args, self.target.replicas)
+            except MovedError:
+                await self._refresh()
+                if attempt == 2:
+                    raise
+            except (AskError, ClusterDownError, ReadOnlyError, TryAgainError):
+                await self._refresh()
+                raise
+            except ResponseError:
+                raise  # the script's own refusal (a missing permission, out of memory)
+            except Exception:
+                await self._refresh()
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _refresh(self) -> None:
+        """Read the cluster's slot table again (best effort: it may be down)."""
+        try:
+            await self.client.nodes_manager.initialize()
+        except Exception as exc:
+            log.debug("refreshing the cluster's slots: %s", _reason(exc))
 
     # -- the operations -------------------------------------------------------------
 
@@ -493,6 +550,8 @@ async def _on_node(
     ``WAIT`` counts the writes of its own connection, so both must go on
     the one connection: a cluster client would route a keyless WAIT anywhere.
     """
+    from redis.exceptions import ResponseError
+
     connection = node.acquire_connection()
     try:
         await connection.connect()
@@ -508,11 +567,11 @@ async def _on_node(
         for _ in range(2):
             try:
                 replies.append(await connection.read_response())
-            except Exception as exc:  # a script error is a reply too; a broken link is not
-                if type(exc).__name__ != "ResponseError":
-                    await connection.disconnect()
-                    raise
+            except ResponseError as exc:  # an error reply (MOVED too) is a reply
                 replies.append(exc)
+            except BaseException:  # a broken link or a cancel: the replies are unread
+                await connection.disconnect(nowait=True)  # does not yield, even cancelled
+                raise
         answer, acked = replies
         if isinstance(answer, Exception):
             raise answer
@@ -623,10 +682,11 @@ class Wakes:
     """This daemon's subscriptions to the wake channels of the sessions it has waiters on.
 
     ``on_wake(session_id, payload)`` gets each message; ``on_restored()`` is
-    called once every subscription of a broken link is made again and
-    confirmed, so that every waiter reads again (a firing recorded while the
-    link was down woke nobody). A broken link is never an error for a
-    waiter: it goes on waiting, and reads again once the link is back.
+    called once every subscription of a broken link is made again (on the
+    node that holds its slot now) and confirmed, and those nodes serve reads,
+    so that every waiter reads again (a firing recorded while the link was
+    down woke nobody). A broken link is never an error for a waiter: it goes
+    on waiting, and reads again once the link is back.
     """
 
     def __init__(
@@ -644,6 +704,9 @@ class Wakes:
         #: sessions no waiter wants, still subscribed for ``LINGER`` seconds
         self.lingering: set[str] = set()
         self._tg: Any = None
+        #: a repair is running; a link broke since the repair's last round began
+        self._repairing = False
+        self._broken = False
 
     async def run(self) -> None:
         """Hold the readers' task group until cancelled."""
@@ -674,10 +737,21 @@ class Wakes:
 
     async def _subscribe(self, channel: str) -> None:
         subscriber = self._subscriber(*self._node_for(channel))
-        confirmed = await subscriber.send_subscribe(channel)
-        self._start_reading(subscriber)
-        with anyio.fail_after(SUBSCRIBE_TIMEOUT):
-            await confirmed.wait()
+        try:
+            confirmed = await subscriber.send_subscribe(channel)
+            self._start_reading(subscriber)
+            with anyio.fail_after(SUBSCRIBE_TIMEOUT):
+                await confirmed.wait()
+        except Exception:
+            # a link that cannot subscribe is broken: the next attempt makes a new one
+            # (and its reader, if it had one, repairs the channels it held)
+            await self._drop(subscriber)
+            raise
+
+    async def _drop(self, subscriber: _Subscriber) -> None:
+        if self.subscribers.get(subscriber.name) is subscriber:
+            del self.subscribers[subscriber.name]
+        await subscriber.close()
 
     async def subscribe(self, session_id: str) -> None:
         """Subscribe to the session's wakes; returns once Redis confirmed it."""
@@ -732,9 +806,7 @@ class Wakes:
         except Exception as exc:
             log.warning("redis wake link %s lost: %s", subscriber.name, _reason(exc))
         subscriber.reading = False
-        if self.subscribers.get(subscriber.name) is subscriber:
-            del self.subscribers[subscriber.name]
-        await subscriber.close()
+        await self._drop(subscriber)
         await self._repair()
 
     def _message(self, channel: str, data: bytes) -> None:
@@ -743,21 +815,49 @@ class Wakes:
             self.on_wake(session_id, data)
 
     async def _repair(self) -> None:
-        """Subscribe every wanted session again wherever its slot now lives, then wake all."""
+        """Subscribe every wanted session again wherever its slot now lives, then wake all.
+
+        One repair runs at a time: a link that breaks while one runs makes it go
+        round once more, so waiters are woken once every link is back, not once a
+        link. Until then they sleep on: a broken link is no error for a waiter.
+        """
+        self._broken = True
+        if self._repairing:
+            return
+        self._repairing = True
         delay = 0.05
-        while True:
-            try:
-                if self.store.target.cluster:
-                    await self.store.client.nodes_manager.initialize()
-                for session_id in sorted(self.wanted):
-                    await self._subscribe(wake_channel(session_id))
-                break
-            except Exception as exc:
-                log.info("redis wakes not back yet (%s); trying again", _reason(exc))
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+        try:
+            while self._broken:
+                self._broken = False
+                try:
+                    if self.store.target.cluster:
+                        await self.store.client.nodes_manager.initialize()
+                    for session_id in sorted(self.wanted):
+                        await self._subscribe(wake_channel(session_id))
+                    await self._serving()
+                except Exception as exc:
+                    self._broken = True
+                    log.info("redis wakes not back yet (%s); trying again", _reason(exc))
+                    await anyio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+        finally:
+            self._repairing = False
         log.info("redis wake link is back")
         self.on_restored()
+
+    async def _serving(self) -> None:
+        """One read of a session key on each node the waiters' sessions live on.
+
+        A node takes subscriptions before it serves keys (a cluster that is not
+        yet ``ok`` after a restart or a failover still takes SSUBSCRIBE; a Redis
+        loading its data too): the waiters read only once their reads can work,
+        so a repair does not turn into a ``store_failed`` for each of them.
+        """
+        nodes: dict[tuple[str, int], str] = {}
+        for session_id in sorted(self.wanted):
+            nodes.setdefault(self._node_for(wake_channel(session_id)), session_id)
+        for session_id in nodes.values():
+            await self.store.exists(session_id)
 
 
 def _text(value: Any) -> str:

@@ -1,23 +1,26 @@
-"""The shared committer in-process, on a real redis-server: what the engine keeps, and refusals.
+"""The shared committer in-process, on a real Redis: what the engine keeps, and refusals.
 
 The daemon keeps no session of a shared store: after any number of
 operations, on real, missing and malformed ids, and after waits, nothing is
-left in the daemon but the subscriptions its current waiters need.
+left in the daemon but the subscriptions its current waiters need. Each
+test runs on one redis-server, on a Redis Cluster of 3 primaries, and on
+one with a replica each (through ``?replicas=1``): ``redis_any``.
 """
 
 from __future__ import annotations
 
 import anyio
 import pytest
-import redis
 
 from repl_daemon import protocol as p
 from repl_daemon.engine import Engine, open_engine
 from repl_daemon.engine.shared import SharedCommitter
 from repl_daemon.stores import redis as redis_store
-from repl_daemon.stores.redis import RedisStore, session_keys
+from repl_daemon.stores.redis import RedisStore
 from session.errors import BadSessionId, NoSuchSession, ReplError, StoreFailed
-from tests.helpers import RedisProc
+from tests.helpers import RedisClusterProcs, RedisProc, store_url
+
+AnyRedis = RedisProc | RedisClusterProcs
 
 pytestmark = pytest.mark.anyio
 
@@ -35,10 +38,10 @@ async def opened(url: str) -> tuple[Engine, SharedCommitter]:
 
 
 async def test_the_daemon_keeps_nothing_of_the_sessions_it_serves(
-    redis_server: RedisProc, monkeypatch: pytest.MonkeyPatch
+    redis_any: AnyRedis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(redis_store, "LINGER", 0.2)
-    engine, committer = await opened(redis_server.url)
+    engine, committer = await opened(store_url(redis_any))
     async with anyio.create_task_group() as tg:
         tg.start_soon(engine.run)
         try:
@@ -73,24 +76,27 @@ async def test_the_daemon_keeps_nothing_of_the_sessions_it_serves(
 
 
 async def test_a_user_redis_refuses_scripts_gets_store_failed_and_nothing_is_written(
-    redis_server: RedisProc,
+    redis_any: AnyRedis,
 ) -> None:
-    admin = redis.Redis(port=redis_server.port)
-    admin.execute_command(
-        "ACL", "SETUSER", "noscripts", "on", ">pw", "~*", "&*", "+@all", "-evalsha", "-eval"
-    )
+    for server in redis_any.servers:  # ACLs are each node's own
+        with server.admin() as admin:
+            admin.execute_command(
+                "ACL", "SETUSER", "noscripts", "on", ">pw", "~*", "&*", "+@all", "-evalsha", "-eval"
+            )
     try:
-        engine, committer = await opened(f"redis://noscripts:pw@127.0.0.1:{redis_server.port}/0")
-        with pytest.raises(StoreFailed, match=r"redis at .*noscripts:\*\*\*@"):
+        engine, committer = await opened(store_url(redis_any).replace("://", "://noscripts:pw@"))
+        with pytest.raises(StoreFailed, match=r"redis.* at .*noscripts:\*\*\*@"):
             await call(engine, p.Start(session="x"))
-        assert admin.exists(*session_keys("x")) == 0
+        assert redis_any.dbsize() == 0
         await committer.close()
     finally:
-        admin.close()
+        for server in redis_any.servers:
+            with server.admin() as admin:
+                admin.execute_command("ACL", "DELUSER", "noscripts")
 
 
-async def test_every_refusal_is_a_repl_error(redis_server: RedisProc) -> None:
-    engine, committer = await opened(redis_server.url)
+async def test_every_refusal_is_a_repl_error(redis_any: AnyRedis) -> None:
+    engine, committer = await opened(store_url(redis_any))
     await call(engine, p.Start(session="a"))
     await call(engine, p.Start(session="b"))
     await call(engine, p.Send(session="b", text="one"))
@@ -109,9 +115,9 @@ async def test_every_refusal_is_a_repl_error(redis_server: RedisProc) -> None:
     await committer.close()
 
 
-async def test_callers_that_go_away_never_stall_the_pipeline(redis_server: RedisProc) -> None:
+async def test_callers_that_go_away_never_stall_the_pipeline(redis_any: AnyRedis) -> None:
     """Operations share pipelines; cancelled callers are dropped, and the lead is handed on."""
-    engine, committer = await opened(redis_server.url)
+    engine, committer = await opened(store_url(redis_any))
     await call(engine, p.Start(session="a"))
     answered: list[int] = []
 
@@ -133,4 +139,24 @@ async def test_callers_that_go_away_never_stall_the_pipeline(redis_server: Redis
     assert isinstance(described, p.StatsReply)
     # a cancelled caller's send either never left, or was recorded: never half
     assert described.sessions[0].head == last.seq
+    await committer.close()
+
+
+async def test_a_change_its_replicas_do_not_confirm_is_refused_and_a_read_is_not(
+    redis_any: AnyRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``?replicas=N`` asks for more replicas than there are: no change is answered as stored
+    (on one server through a pipeline, on a cluster on the session's primary's connection)."""
+    monkeypatch.setattr(redis_store, "REPLICA_TIMEOUT_MS", 50)
+    plain, plain_committer = await opened(redis_any.url)
+    await call(plain, p.Start(session="a"))
+    await plain_committer.close()
+    engine, committer = await opened(f"{redis_any.url}?replicas=2")
+    with pytest.raises(
+        StoreFailed, match=r"only [01] of 2 replicas confirmed the change within 50 ms"
+    ):
+        await call(engine, p.Send(session="a", text="unconfirmed"))
+    read = await call(engine, p.Read(session="a", after=0))
+    assert isinstance(read, p.Firings)  # the refused send was made: only a replica is missing
+    assert [f.result for f in read.firings] == ["unconfirmed"]
     await committer.close()

@@ -15,23 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import Client, DaemonProc, RedisProc, require_redis
+from tests.helpers import Client, RedisProc, SharedDaemons, require_redis
 
 
-class Cluster:
+class Cluster(SharedDaemons):
+    """Three daemons on one redis-server (``redis``: the server, to kill and restart)."""
+
     def __init__(self, tmp: Path, redis: RedisProc, count: int) -> None:
+        super().__init__(tmp, redis.url, count)
         self.redis = redis
-        options = ("--store", redis.url, "--settle-ms", "0", "--idle-timeout", "30")
-        self.daemons = [DaemonProc(tmp / f"d{i}", *options) for i in range(count)]
-
-    def client(self, i: int) -> Client:
-        return self.daemons[i].client()
-
-    def close(self) -> None:
-        for d in self.daemons:
-            d.close_clients()
-            if d.proc is not None and d.proc.poll() is None:
-                d.stop()
 
 
 @pytest.fixture

@@ -5,21 +5,25 @@ so each rule of the core that a script restates (the read after N of rule
 3, the ring's bound, monotonic acks, the LRU of cursors, the dedup window,
 the evaluation count) is checked here against ``session/``: hypothesis runs
 random sequences of operations through a core ``Session`` and through the
-shared committer on a real redis-server, and requires every answer (value or
+shared committer on a real Redis, and requires every answer (value or
 error, message included) and the final state to be equal. The bounds are
 made small (3 cursors, 4 dedup keys) so that random runs reach them; the
 scripts are handed whatever the core has, so they agree for any bound.
+
+Each test runs on one redis-server, on a Redis Cluster of 3 primaries, and
+on one of 3 primaries with a replica each through ``?replicas=1`` (every
+change followed by ``WAIT`` on its primary's connection). The session is
+``a``, ``b`` or ``c``, whose slots are on the three different primaries of
+the clusters: every primary runs the scripts, each loading them itself.
 """
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
+from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -42,7 +46,7 @@ from session.ops import (
     SetLimit,
 )
 from session.session import Session, Snapshot
-from tests.helpers import RedisProc, require_redis
+from tests.helpers import RedisClusterProcs, RedisProc, store_url
 
 TS = "2026-12-01T06:00:00.000Z"
 
@@ -60,12 +64,15 @@ class Quiet:
         pass
 
 
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    require_redis()
-    server = RedisProc(Path(tempfile.mkdtemp()) / "redis")
-    yield server.url
-    server.stop()
+#: sessions whose slots are on the three primaries of a 3-primary cluster (checked below)
+SESSIONS = ("a", "b", "c")
+
+
+@pytest.fixture
+def redis_url(redis_any: RedisProc | RedisClusterProcs) -> str:
+    if isinstance(redis_any, RedisClusterProcs):
+        assert len(redis_any.by_primary(list(SESSIONS))) == 3
+    return store_url(redis_any)
 
 
 @pytest.fixture(autouse=True)
@@ -109,17 +116,17 @@ def answer_of(run: Any) -> Any:
         return ("error", exc.code.value, exc.message)
 
 
-async def redis_answer(committer: SharedCommitter, op: Op[Any]) -> Any:
+async def redis_answer(committer: SharedCommitter, session_id: str, op: Op[Any]) -> Any:
     try:
-        return ("ok", await committer.execute("s", op).result())
+        return ("ok", await committer.execute(session_id, op).result())
     except ReplError as exc:
         return ("error", exc.code.value, exc.message)
 
 
-async def stored(store: RedisStore) -> tuple[Snapshot, int]:
+async def stored(store: RedisStore, session_id: str) -> tuple[Snapshot, int]:
     """The session as Redis holds it, in the core's snapshot form."""
     client = store.client
-    meta_key, ring_key, cursors_key, keys_key, order_key, _ = session_keys("s")
+    meta_key, ring_key, cursors_key, keys_key, order_key, _ = session_keys(session_id)
     meta = await client.hgetall(meta_key)
     entries = await client.xrange(ring_key)
     firings = [redis_store._firing(entry) for entry in entries]
@@ -131,28 +138,52 @@ async def stored(store: RedisStore) -> tuple[Snapshot, int]:
     order = await client.lrange(order_key, 0, -1)
     keys = [(k.decode(), int(await client.hget(keys_key, k))) for k in order]
     snapshot = Snapshot(
-        "s", int(meta[b"limit"]), int(meta[b"head"]), firings, cursors, int(meta[b"uses"]), keys
+        session_id,
+        int(meta[b"limit"]),
+        int(meta[b"head"]),
+        firings,
+        cursors,
+        int(meta[b"uses"]),
+        keys,
     )
     return snapshot, int(meta[b"evals"])
 
 
-async def run_both(url: str, limit: int, script: list[Op[Any]]) -> None:
-    core = Session("s", limit)
-    store = RedisStore(url)
-    committer = SharedCommitter(store, Quiet())
-    await committer.load()
-    try:
-        await store.client.delete(*session_keys("s")[:5])
-        assert (await committer.start("s", limit, False).result()) == ("s", True)
+class Both:
+    """The committer of a test, open on an event loop thread of its own for all its examples
+    (connecting to a cluster costs more than an example); ``run`` runs a script on both."""
+
+    def __init__(self, portal: BlockingPortal, committer: SharedCommitter) -> None:
+        self.portal = portal
+        self.committer = committer
+
+    def run(self, session_id: str, limit: int, script: list[Op[Any]]) -> None:
+        self.portal.call(self._run, session_id, limit, script)
+
+    async def _run(self, session_id: str, limit: int, script: list[Op[Any]]) -> None:
+        core = Session(session_id, limit)
+        committer = self.committer
+        await committer.store.client.delete(*session_keys(session_id)[:5])
+        started = await committer.start(session_id, limit, False).result()
+        assert started == (session_id, True)
         for step, op in enumerate(script):
             expected = answer_of(lambda op=op: op.run(core, None))
-            got = await redis_answer(committer, op)
+            got = await redis_answer(committer, session_id, op)
             assert got == expected, (step, op)
-        snapshot, evaluations = await stored(store)
+        snapshot, evaluations = await stored(committer.store, session_id)
         assert snapshot == core.snapshot()
         assert evaluations == core.evaluations
-    finally:
-        await store.close()
+
+
+@pytest.fixture
+def both(redis_url: str) -> Iterator[Both]:
+    with start_blocking_portal("asyncio") as portal:
+        committer = SharedCommitter(RedisStore(redis_url), Quiet())
+        portal.call(committer.load)
+        try:
+            yield Both(portal, committer)
+        finally:
+            portal.call(committer.close)
 
 
 @settings(
@@ -160,12 +191,18 @@ async def run_both(url: str, limit: int, script: list[Op[Any]]) -> None:
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(limit=st.integers(0, 4), script=st.lists(ops, min_size=15, max_size=60))
-def test_redis_answers_as_the_core_does(redis_url: str, limit: int, script: list[Op[Any]]) -> None:
-    anyio.run(run_both, redis_url, limit, script)
+@given(
+    session_id=st.sampled_from(SESSIONS),
+    limit=st.integers(0, 4),
+    script=st.lists(ops, min_size=15, max_size=60),
+)
+def test_redis_answers_as_the_core_does(
+    both: Both, session_id: str, limit: int, script: list[Op[Any]]
+) -> None:
+    both.run(session_id, limit, script)
 
 
-def test_a_long_run_reaches_every_bound(redis_url: str) -> None:
+def test_a_long_run_reaches_every_bound(both: Both) -> None:
     """More than 4 keys, more than 3 cursors, limits lowered and raised, in one run."""
     script: list[Op[Any]] = []
     for n in range(60):
@@ -177,13 +214,14 @@ def test_a_long_run_reaches_every_bound(redis_url: str) -> None:
         if n % 11 == 0:
             script.append(Poll(max=2))
     script += [ReadAfter(0), CursorTable(), Describe()]
-    anyio.run(run_both, redis_url, 3, script)
+    for session_id in SESSIONS:
+        both.run(session_id, 3, script)
 
 
-def test_firing_text_comes_back_exactly(redis_url: str) -> None:
+def test_firing_text_comes_back_exactly(both: Both) -> None:
     texts = ["", "a\nb", "é ☃ \U0001f600", "\x00 nul", "x" * 5000, '{"json": true}']
     script: list[Op[Any]] = [Record("on-message", t, TS) for t in texts]
     script += [Record("on-tick", t, TS) for t in texts]
     script.append(ReadAfter(0))
-    anyio.run(run_both, redis_url, 20, script)
+    both.run("a", 20, script)
     assert Firing(1, "on-message", "", None, TS).result == ""
