@@ -245,8 +245,8 @@ class Connection(asyncio.Protocol):
 
     def _process(self) -> None:
         """Handle every whole line in the buffer, unless the answers are backed up."""
-        if self.processing:
-            return  # a resume from inside the loop below: the loop goes on by itself
+        if self.processing or self.closed:
+            return
         self.processing = True
         try:
             max_line = self.limits.max_line
@@ -297,7 +297,10 @@ class Connection(asyncio.Protocol):
             self.paused = False
             assert self.transport is not None
             self.transport.resume_reading()
-            self._process()  # the lines that came before the pause
+            if not self.processing:
+                # the lines that came before the pause; from a callback of its own, as
+                # this may run in another connection's turn (a wake that answered here)
+                self.loop.call_soon(self._process)
 
     def _idle(self) -> None:
         self.timer = None
