@@ -54,13 +54,12 @@ CLOSE_GRACE_S = 1.0
 
 
 class _Answer:
-    """One answer in a connection's queue: its bytes, or a place for them until ready."""
+    """One answer in a connection's queue: its bytes, or a place for them (None) until ready."""
 
-    __slots__ = ("data", "ready")
+    __slots__ = ("data",)
 
     def __init__(self, data: bytes | None = None) -> None:
         self.data = data
-        self.ready = data is not None
 
 
 class _JobAnswer(_Answer):
@@ -141,7 +140,7 @@ class Connection(asyncio.Protocol):
     Whoever makes the answer at the front of the queue ready flushes every
     ready answer in one write, so a pipelining client costs one system call
     per batch. A blocked wait exempts its connection from the idle timeout:
-    the idle timer, once due, is not armed again until the last job is done.
+    its connection has no timer until the last job is done.
     """
 
     __slots__ = (
@@ -305,7 +304,7 @@ class Connection(asyncio.Protocol):
     def _idle(self) -> None:
         self.timer = None
         if self.in_flight:
-            return  # a blocked wait exempts its connection; its end arms the timer again
+            return  # a job in flight exempts its connection; its end arms the timer again
         due = self.seen + self.limits.idle_timeout
         if due > self.loop.time():
             self.timer = self.loop.call_at(due, self._idle)
@@ -363,6 +362,10 @@ class Connection(asyncio.Protocol):
         self.answers.append(waiting)
         self.in_flight += 1
         job.start(waiting.done)  # it may answer before this returns
+        if self.in_flight and self.timer is not None:
+            # a blocked wait exempts its connection: no timer at all until it ends
+            self.timer.cancel()
+            self.timer = None
         return True
 
     def _report(self, exc: BaseException) -> ReplError:
@@ -378,10 +381,6 @@ class Connection(asyncio.Protocol):
             return  # cancelled: its connection is gone
         answer.job = None
         self.in_flight -= 1
-        if not self.in_flight and not self.closed:
-            self.seen = self.loop.time()
-            if self.timer is None:
-                self.timer = self.loop.call_at(self.seen + self.limits.idle_timeout, self._idle)
         if error is None and value is None:
             error = Internal("internal error: a job answered nothing")
         try:
@@ -393,6 +392,11 @@ class Connection(asyncio.Protocol):
         except Exception as exc:  # an answer that cannot be encoded is an internal error
             data = p.encode(p.error(self._report(exc), answer.rid))
         self._ready(answer, data)
+        # after the write: a woken waiter's answer is on its way before the timer is set
+        if not self.in_flight and not self.closed:
+            self.seen = self.loop.time()
+            if self.timer is None:
+                self.timer = self.loop.call_at(self.seen + self.limits.idle_timeout, self._idle)
 
     def _cancel_jobs(self) -> None:
         for answer in self.answers:
@@ -414,7 +418,6 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return
         pending.data = data
-        pending.ready = True
         self.queued_bytes += len(data)
         if not self.answers or self.answers[0] is not pending or self.processing:
             return  # written with the answer ahead of it, or at the end of the reading
@@ -431,20 +434,23 @@ class Connection(asyncio.Protocol):
     def _flush(self) -> None:
         """Write every ready answer at the front of the queue, in one write."""
         answers, transport = self.answers, self.transport
-        if not answers or not answers[0].ready or transport is None or self.closed:
+        if not answers or answers[0].data is None or transport is None or self.closed:
             return
-        taken = 0
-        for answer in answers:
-            if not answer.ready:
-                break
-            taken += 1
-        ready = [a.data for a in answers[:taken] if a.data is not None]
-        del answers[:taken]
-        out = ready[0] if len(ready) == 1 else b"".join(ready)
+        if len(answers) == 1:  # the usual case: one answer, and nothing behind it
+            out = answers[0].data
+            answers.clear()
+        else:
+            ready = []
+            for answer in answers:
+                if answer.data is None:
+                    break
+                ready.append(answer.data)
+            del answers[: len(ready)]
+            out = b"".join(ready)
         self.queued_bytes -= len(out)
-        if out:
-            transport.write(out)
-        self._resume_if_drained()
+        transport.write(out)
+        if self.paused:
+            self._resume_if_drained()
 
     def close(self) -> None:
         """Write what is ready, then close; the client has a moment to take it."""
