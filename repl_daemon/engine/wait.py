@@ -101,12 +101,21 @@ class Wait(Job[p.Response]):
 
     def wake(self) -> None:
         """One of the wait's sessions changed (or stopped, or the daemon is closing)."""
-        if self.state is _State.LOOKING:
+        state = self.state
+        if state is _State.BLOCKED:
+            try:
+                self._woken()
+            except Exception as exc:
+                self._finish(None, exc)
+        elif state is _State.LOOKING:
             self.again = True
-        elif self.state is _State.BLOCKED:
-            self._guarded(self._woken)
 
     # -- the steps --------------------------------------------------------------
+    #
+    # The common turn, a wake with settle 0 on this daemon's own sessions, is
+    # wake -> _woken -> _read -> _have_read -> _finish, all in the pass of the
+    # event loop that recorded the firing: the waiter's answer is written
+    # before the sender's, and before the daemon does anything else.
 
     def _next_first(self) -> None:
         if self.first:
@@ -128,18 +137,68 @@ class Wait(Job[p.Response]):
             assert self.loop is not None
             self.deadline = self.loop.time() + self.req.timeout_ms / 1000
 
-    def _read(self) -> None:
+    def _woken(self) -> None:
+        settle = self.engine.settle
+        if not settle:  # read at once: the answer goes out in this same pass of the loop
+            self._read()
+            return
         self._check_open()
+        self.state = _State.SETTLING
+        if self.timer is not None:
+            self.timer.cancel()  # the timeout bounds only the blocking; it is checked after
+        assert self.loop is not None
+        self.timer = self.loop.call_later(settle, self._settled)
+
+    def _settled(self) -> None:
+        self.timer = None
+        self._guarded(self._read)
+
+    def _read(self) -> None:
+        """Read every session of the wait (a look moves no cursor); answer, or block again."""
+        self._check_open()
+        committer, look = self.engine.committer, self.look
+        batches: list[p.SessionBatch] = []
+        for index, session_id in enumerate(self.ids):
+            try:
+                read = committer.execute(session_id, look)
+            except NoSuchSession:  # it existed when the wait began
+                raise _stopped(session_id) from None
+            if read.job is not None or read.ticket is not None:
+                self._read_later(index, read, batches)  # a shared store's round trip
+                return
+            batch = read.value
+            if batch.firings or batch.lost:
+                batches.append(p.SessionBatch(session_id, batch.next, batch.lost, batch.firings))
+        self._have_read(batches)
+
+    def _read_later(self, index: int, read: Outcome[Batch], batches: list[p.SessionBatch]) -> None:
+        """The read from the session at ``index`` on, in a task (a wake meanwhile counts)."""
+        committer, look, ids = self.engine.committer, self.look, self.ids
+
+        async def read_rest() -> list[p.SessionBatch]:
+            for at in range(index, len(ids)):
+                session_id = ids[at]
+                try:
+                    current = read if at == index else committer.execute(session_id, look)
+                    batch = await current.result()
+                except NoSuchSession:
+                    raise _stopped(session_id) from None
+                if batch.firings or batch.lost:
+                    batches.append(
+                        p.SessionBatch(session_id, batch.next, batch.lost, batch.firings)
+                    )
+            return batches
+
         self.state = _State.LOOKING
         self.again = False
-        self._after(self._ready(), self._have_read)
+        self._after(Outcome.later(read_rest), self._have_read)
 
     def _have_read(self, batches: list[p.SessionBatch]) -> None:
         if batches:
             self._finish(p.Woken(id=self.req.id, batches=batches), None)
             return
         if self.again:  # a firing came while the read was on its way
-            self.state = _State.BLOCKED
+            self.again = False
             self._woken()
             return
         deadline = self.deadline
@@ -150,22 +209,6 @@ class Wait(Job[p.Response]):
         self.state = _State.BLOCKED
         if deadline is not None and self.timer is None:
             self.timer = self.loop.call_at(deadline, self._timed_out)
-
-    def _woken(self) -> None:
-        self._check_open()
-        settle = self.engine.settle
-        if not settle:  # read at once: the answer goes out in this same pass of the loop
-            self._read()
-            return
-        self.state = _State.SETTLING
-        if self.timer is not None:
-            self.timer.cancel()  # the timeout bounds only the blocking; it is checked after
-        assert self.loop is not None
-        self.timer = self.loop.call_later(settle, self._settled)
-
-    def _settled(self) -> None:
-        self.timer = None
-        self._guarded(self._read)
 
     def _timed_out(self) -> None:
         self.timer = None
@@ -180,36 +223,6 @@ class Wait(Job[p.Response]):
             raise SessionStopped(f"session {self.stopped!r} stopped")
         if engine.link_error is not None:
             raise engine.link_error
-
-    def _ready(self) -> Outcome[list[p.SessionBatch]]:
-        """The sessions with firings (or a loss) after the cursor; a look moves no cursor."""
-        committer = self.engine.committer
-        reads = []
-        for session_id in self.ids:
-            try:
-                reads.append(committer.execute(session_id, self.look))
-            except NoSuchSession:  # it existed when the wait began
-                raise _stopped(session_id) from None
-        if all(read.job is None and read.ticket is None for read in reads):
-            return Outcome.now(self._batches([read.value for read in reads]))
-
-        async def read_all() -> list[p.SessionBatch]:
-            values = []
-            for session_id, read in zip(self.ids, reads, strict=True):
-                try:
-                    values.append(await read.result())
-                except NoSuchSession:
-                    raise _stopped(session_id) from None
-            return self._batches(values)
-
-        return Outcome.later(read_all)
-
-    def _batches(self, batches: list[Batch]) -> list[p.SessionBatch]:
-        return [
-            p.SessionBatch(session_id, batch.next, batch.lost, batch.firings)
-            for session_id, batch in zip(self.ids, batches, strict=True)
-            if batch.firings or batch.lost
-        ]
 
     # -- going from one step to the next ------------------------------------------
 
