@@ -26,6 +26,7 @@ import asyncio
 import errno
 import hmac
 import logging
+import math
 import os
 from typing import cast
 
@@ -77,13 +78,67 @@ class _JobAnswer(_Answer):
         self.connection._job_done(self, value, error)
 
 
+class _IdleClock:
+    """Every connection's idle deadline on one loop timer: arming or lifting one is a set operation.
+
+    A deadline is kept in the bucket of its tick (a tenth of the idle timeout,
+    at most a second), and the loop's timer is set for the earliest bucket
+    only, so a connection is closed at most one tick after its deadline. With
+    a timer of the loop's own per connection, every wait that blocked and
+    woke cancelled one and made another: 1.4-1.8 µs a waiter (a fifth of a
+    fan-out's work in the daemon).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, idle_timeout: float) -> None:
+        self.loop = loop
+        self.tick = min(1.0, idle_timeout / 10)
+        self.buckets: dict[int, set[Connection]] = {}
+        self.due = math.inf  # the bucket the timer is set for
+        self.timer: asyncio.TimerHandle | None = None
+
+    def add(self, connection: Connection, deadline: float) -> int:
+        """Call ``connection._idle()`` once ``deadline`` is past; returns its bucket."""
+        key = math.ceil(deadline / self.tick)
+        bucket = self.buckets.get(key)
+        if bucket is None:
+            bucket = self.buckets[key] = set()
+            if key < self.due:
+                self._set(key)
+        bucket.add(connection)
+        return key
+
+    def discard(self, connection: Connection, key: int) -> None:
+        bucket = self.buckets.get(key)
+        if bucket is not None:
+            bucket.discard(connection)  # an empty bucket goes when it is due
+
+    def _set(self, key: int) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.due = key
+        self.timer = self.loop.call_at(key * self.tick, self._fire)
+
+    def _fire(self) -> None:
+        # every bucket up to the one the timer was set for (a timer may fire a hair early:
+        # a connection that is not quite due yet goes into a bucket again)
+        limit = max(self.due, math.floor(self.loop.time() / self.tick))
+        self.timer, self.due = None, -math.inf  # no timer is set while the buckets are called
+        for key in sorted(k for k in self.buckets if k <= limit):
+            for connection in self.buckets.pop(key):
+                connection._idle()
+        self.due = math.inf
+        if self.buckets:
+            self._set(min(self.buckets))
+
+
 class _Connections:
     """The open connections, so that the end of the server can close them all."""
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, idle_timeout: float) -> None:
         self.open: set[Connection] = set()
         self.stopping = False
         self.ended = anyio.Event()
+        self.idle = _IdleClock(loop, idle_timeout)
 
     def discard(self, connection: Connection) -> None:
         self.open.discard(connection)
@@ -103,8 +158,8 @@ async def serve(
     """Accept connections until cancelled; reports the bound port through ``task_status``."""
     limits = limits or Limits()
     secret = token.encode()
-    connections = _Connections()
     loop = asyncio.get_running_loop()
+    connections = _Connections(loop, limits.idle_timeout)
     try:
         server = await loop.create_server(
             lambda: Connection(engine, secret, limits, connections),
@@ -140,7 +195,7 @@ class Connection(asyncio.Protocol):
     Whoever makes the answer at the front of the queue ready flushes every
     ready answer in one write, so a pipelining client costs one system call
     per batch. A blocked wait exempts its connection from the idle timeout:
-    its connection has no timer until the last job is done.
+    its connection leaves the idle clock until the last job is done.
     """
 
     __slots__ = (
@@ -152,6 +207,7 @@ class Connection(asyncio.Protocol):
         "counted",
         "engine",
         "flush_soon",
+        "idle_key",
         "in_flight",
         "limits",
         "loop",
@@ -159,7 +215,6 @@ class Connection(asyncio.Protocol):
         "processing",
         "queued_bytes",
         "seen",
-        "timer",
         "token",
         "transport",
         "write_paused",
@@ -187,7 +242,7 @@ class Connection(asyncio.Protocol):
         self.flush_soon = False
         self.write_paused = False
         self.seen = 0.0  # loop time of the last bytes received (or of the last job's end)
-        self.timer: asyncio.TimerHandle | None = None
+        self.idle_key: int | None = None  # its bucket in the idle clock, while it is in one
 
     # -- the transport's callbacks ------------------------------------------
 
@@ -206,7 +261,7 @@ class Connection(asyncio.Protocol):
         # past this much unsent, the transport says so (pause_writing) and reading stops
         transport.set_write_buffer_limits(high=limits.max_queued_bytes)
         self.seen = self.loop.time()
-        self.timer = self.loop.call_at(self.seen + limits.idle_timeout, self._idle)
+        self.idle_key = self.connections.idle.add(self, self.seen + limits.idle_timeout)
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
@@ -223,9 +278,7 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._cancel_jobs()
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self._leave_idle_clock()
         self.answers.clear()
         self.transport = None
         if self.counted:
@@ -302,18 +355,24 @@ class Connection(asyncio.Protocol):
                 self.loop.call_soon(self._process)
 
     def _idle(self) -> None:
-        self.timer = None
-        if self.in_flight:
-            return  # a job in flight exempts its connection; its end arms the timer again
+        """The idle clock's call: close the connection if nothing came for the idle timeout."""
+        self.idle_key = None
+        if self.in_flight or self.closed:
+            return  # a job in flight exempts its connection; its end sets the clock again
         due = self.seen + self.limits.idle_timeout
         if due > self.loop.time():
-            self.timer = self.loop.call_at(due, self._idle)
+            self.idle_key = self.connections.idle.add(self, due)
             return
         err = IdleTimeout(
             f"nothing received for {self.limits.idle_timeout:g} s: closing the connection"
         )
         self._queue(p.encode(p.error(err)))
         self.close()
+
+    def _leave_idle_clock(self) -> None:
+        if self.idle_key is not None:
+            self.connections.idle.discard(self, self.idle_key)
+            self.idle_key = None
 
     # -- answering --------------------------------------------------------------
 
@@ -362,10 +421,8 @@ class Connection(asyncio.Protocol):
         self.answers.append(waiting)
         self.in_flight += 1
         job.start(waiting.done)  # it may answer before this returns
-        if self.in_flight and self.timer is not None:
-            # a blocked wait exempts its connection: no timer at all until it ends
-            self.timer.cancel()
-            self.timer = None
+        if self.in_flight:
+            self._leave_idle_clock()  # a blocked wait exempts its connection
         return True
 
     def _report(self, exc: BaseException) -> ReplError:
@@ -392,11 +449,9 @@ class Connection(asyncio.Protocol):
         except Exception as exc:  # an answer that cannot be encoded is an internal error
             data = p.encode(p.error(self._report(exc), answer.rid))
         self._ready(answer, data)
-        # after the write: a woken waiter's answer is on its way before the timer is set
-        if not self.in_flight and not self.closed:
+        if not self.in_flight and not self.closed and self.idle_key is None:
             self.seen = self.loop.time()
-            if self.timer is None:
-                self.timer = self.loop.call_at(self.seen + self.limits.idle_timeout, self._idle)
+            self.idle_key = self.connections.idle.add(self, self.seen + self.limits.idle_timeout)
 
     def _cancel_jobs(self) -> None:
         for answer in self.answers:
@@ -459,9 +514,7 @@ class Connection(asyncio.Protocol):
         self._cancel_jobs()
         self._flush()
         self.closed = True
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self._leave_idle_clock()
         transport = self.transport
         if transport is None:
             return
