@@ -8,6 +8,7 @@ engine a test built itself (so it can look at the engine's sessions).
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import secrets
@@ -166,6 +167,10 @@ def run(config: Config) -> None:
     ensure_token(config.home)
     store = open_store(config)
     log.info("event loop: %s", "uvloop" if use_uvloop else "asyncio")
+    # what start-up made (modules, functions, the config) lives as long as the
+    # process: out of the collector's sight, a full collection while many
+    # waits are in flight takes 1.7 ms instead of 7.5-15 ms
+    gc.freeze()
     try:
         anyio.run(_run, config, store, backend_options={"use_uvloop": use_uvloop})
     except* ConfigError as group:  # an address it cannot bind, a store it cannot reach

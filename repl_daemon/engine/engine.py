@@ -11,29 +11,27 @@ applied: a wait's acks on several sessions go through ``ack_all``, which
 applies all of them or none, and every other part of a wait (its cursor,
 its ``max``, its timeout, its sessions) is checked before those acks.
 
-Waits are the engine's own: a waiter subscribes to its sessions before it
-reads, so a firing recorded between the read and the sleep still wakes it,
-and a blocked waiter does no work at all until the committer says that one
-of its sessions changed.
+Waits are the engine's own (``repl_daemon.engine.wait``): a waiter
+subscribes to its sessions before it reads, so a firing recorded between
+the read and the sleep still wakes it, and a blocked waiter does no work at
+all until the committer says that one of its sessions changed.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Never, NoReturn, TypeVar
+from typing import Any, Never, NoReturn, TypeVar
 
 import anyio
 
 from repl_daemon import protocol as p
 from repl_daemon.engine.committer import Committer, Totals
 from repl_daemon.engine.outcome import Outcome
+from repl_daemon.engine.wait import Wait
 from session.errors import (
     BadMax,
     BadRequest,
-    NoSuchSession,
-    SessionStopped,
-    ShuttingDown,
     StoreFailed,
     UnknownOp,
 )
@@ -69,17 +67,6 @@ def utc_now() -> str:
     return f"{prefix}.{int((now - second) * 1000):03d}Z"
 
 
-class Waiter:
-    """One blocked wait: ``event`` is replaced before every read (subscribe first)."""
-
-    __slots__ = ("event", "stopped")
-
-    def __init__(self) -> None:
-        self.event = anyio.Event()
-        #: the id of a session of this wait that was stopped, once one is
-        self.stopped: str | None = None
-
-
 class Engine:
     """Every op of the protocol but auth, over one committer."""
 
@@ -96,8 +83,8 @@ class Engine:
         self.closing = False
         #: set once the daemon is closing and the last waiter has been answered
         self.no_waiters = anyio.Event()
-        #: the waiters of each session; an entry lives only while it has waiters
-        self.waiters: dict[str, set[Waiter]] = {}
+        #: the waits blocked on each session; an entry lives only while it has waits
+        self.waiters: dict[str, set[Wait]] = {}
         self.link_error: StoreFailed | None = None
 
     # -- life --------------------------------------------------------------
@@ -113,9 +100,7 @@ class Engine:
         self.closing = True
         if not self.waiting:
             self.no_waiters.set()
-        for waiters in self.waiters.values():
-            for waiter in waiters:
-                waiter.event.set()
+        self._wake_all()
         await self.committer.close()
 
     def uptime(self) -> float:
@@ -123,20 +108,26 @@ class Engine:
 
     # -- what the committer tells (the Listener) ---------------------------
 
+    # a woken wait may answer, and leave the table, at once: each loop runs over a copy
+
     def changed(self, session_id: str) -> None:
-        for waiter in self.waiters.get(session_id, ()):
-            waiter.event.set()
+        waiters = self.waiters.get(session_id)
+        if waiters:
+            for waiter in list(waiters):
+                waiter.wake()
 
     def stopped(self, session_id: str) -> None:
-        for waiter in self.waiters.get(session_id, ()):
+        for waiter in list(self.waiters.get(session_id, ())):
             waiter.stopped = session_id
-            waiter.event.set()
+            waiter.wake()
 
     def link(self, error: StoreFailed | None) -> None:
         self.link_error = error
-        for waiters in self.waiters.values():
-            for waiter in waiters:
-                waiter.event.set()
+        self._wake_all()
+
+    def _wake_all(self) -> None:
+        for waiter in {w for waiters in self.waiters.values() for w in waiters}:
+            waiter.wake()
 
     # -- requests ----------------------------------------------------------
 
@@ -283,82 +274,10 @@ class Engine:
         acks = [(session_id, req.ack[session_id]) for session_id in ids if session_id in req.ack]
         # every session must exist before any is acked (or read: a read is an evaluation)
         committer = self.committer
-        required = committer.require(ids)
-        acked = committer.ack_all(req.cursor, acks) if acks else None
-
-        async def job() -> p.Response:
-            await required.result()
-            if acked is not None:
-                await acked.result()
-            return await self._wait(req, ids)
-
-        if required.job is None and acked is None:
-            return Outcome.later(lambda: self._wait(req, ids))
-        return Outcome.later(job)
-
-    async def _wait(self, req: p.Wait, ids: list[str]) -> p.Woken:
-        waiter = Waiter()
-        self.waiting += 1
-        for session_id in ids:
-            self.waiters.setdefault(session_id, set()).add(waiter)
-        # the timeout bounds the blocking, not the reads: a wait whose firings
-        # are there returns them even with timeout 0, even when reading them
-        # takes a round trip to a shared store
-        deadline = None if req.timeout_ms is None else anyio.current_time() + req.timeout_ms / 1000
-        try:
-            for session_id in ids:  # be told of new firings before the first read
-                watched = self.committer.watch(session_id)
-                if watched.job is not None:
-                    await watched.result()
-            while True:
-                # subscribe before reading: a firing in between still sets this event
-                waiter.event = event = anyio.Event()
-                self._check_open(waiter)
-                batches = await self._ready(ids, req)
-                if batches:
-                    return p.Woken(id=req.id, batches=batches)
-                if deadline is None:  # no cancel scope: it would cost memory per waiter
-                    await event.wait()
-                else:
-                    with anyio.move_on_at(deadline):
-                        await event.wait()
-                    if not event.is_set():
-                        return p.Woken(id=req.id, batches=[], timed_out=True)
-                self._check_open(waiter)
-                if self.settle:
-                    await anyio.sleep(self.settle)
-        finally:
-            self.waiting -= 1
-            for session_id in ids:
-                # the entry is there: only this loop removes one, once it is empty
-                waiters = self.waiters[session_id]
-                waiters.discard(waiter)
-                if not waiters:
-                    del self.waiters[session_id]
-                    self.committer.unwatch(session_id)
-            if self.closing and not self.waiting:
-                self.no_waiters.set()
-
-    def _check_open(self, waiter: Waiter) -> None:
-        if self.closing:
-            raise ShuttingDown("the daemon is shutting down: run the command again once it is back")
-        if waiter.stopped is not None:
-            raise SessionStopped(f"session {waiter.stopped!r} stopped")
-        if self.link_error is not None:
-            raise self.link_error
-
-    async def _ready(self, ids: list[str], req: p.Wait) -> list[p.SessionBatch]:
-        """The sessions with firings (or a loss) after the cursor; a look moves no cursor."""
-        look = ReadCursor(req.cursor, req.max, touch=False)
-        batches = []
-        for session_id in ids:
-            try:
-                batch: Batch = await self.committer.execute(session_id, look).result()
-            except NoSuchSession:  # it existed when the wait began
-                raise self.committer.vanished(session_id) from None
-            if batch.firings or batch.lost:
-                batches.append(p.SessionBatch(session_id, batch.next, batch.lost, batch.firings))
-        return batches
+        first: list[Outcome[Any]] = [committer.require(ids)]
+        if acks:
+            first.append(committer.ack_all(req.cursor, acks))
+        return Outcome.of(Wait(self, req, ids, first))
 
 
 def _unknown(req: Never) -> NoReturn:

@@ -1,16 +1,19 @@
-"""What an operation answers: a value now, a value once a commit is durable, or work to await.
+"""What an operation answers: a value now, a value once a commit is durable, or a job.
 
 The engine never blocks the connection loop: an operation applied in memory
 answers at once (``Outcome.now``); one whose change must be durable first
 answers with the value and the commit it waits for (``Outcome.after``: no
-task, the commit calls back); one that must wait on something else (a wait
-for firings, a shared store's round trip) answers with a coroutine function
-(``Outcome.later``) that the caller runs as a task, so that cancelling it
-(the client went away) cancels the wait.
+task, the commit calls back); one that must wait on something else answers
+with a ``Job``, which the caller starts with a callback and cancels when
+nobody wants the answer any more (the client went away). A job is either a
+coroutine run as a task of its own (``Outcome.later``: a shared store's
+round trip) or the engine's wait, which needs no task at all: it is driven
+by the callbacks that wake it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar, cast
@@ -23,6 +26,9 @@ log = logging.getLogger("repl.daemon")
 
 T = TypeVar("T")
 U = TypeVar("U")
+
+#: how a job answers: ``done(value, None)``, or ``done(None, error)``
+Done = Callable[[T | None, Exception | None], None]
 
 
 class Ticket:
@@ -58,17 +64,111 @@ class Ticket:
             raise StoreFailed(self.error.message)
 
 
+class Job(Generic[T]):
+    """Work that answers later through a callback; ``start`` it once."""
+
+    __slots__ = ()
+
+    def start(self, done: Done[T]) -> None:
+        """Begin; ``done`` is called once with the answer (perhaps before this returns)."""
+        raise NotImplementedError
+
+    def cancel(self) -> None:
+        """Nobody wants the answer: stop, changing nothing more; ``done`` is not called."""
+        raise NotImplementedError
+
+    async def run(self) -> T:
+        """The answer, awaited in the calling task; cancelling that cancels the job."""
+        answered = anyio.Event()
+        answer: list[tuple[T | None, Exception | None]] = []
+
+        def done(value: T | None, error: Exception | None) -> None:
+            answer.append((value, error))
+            answered.set()
+
+        self.start(done)
+        try:
+            await answered.wait()
+        finally:
+            if not answer:
+                self.cancel()
+        value, error = answer[0]
+        if error is not None:
+            raise error
+        return cast(T, value)
+
+
+class _Task(Job[T]):
+    """A coroutine function run as a task of its own; cancelling the job cancels the task.
+
+    A bare asyncio task rather than one in a task group: a job is started
+    from a connection's callbacks, where no task group can be entered, and
+    whoever started it cancels it.
+    """
+
+    __slots__ = ("fn", "task")
+
+    def __init__(self, fn: Callable[[], Awaitable[T]]) -> None:
+        self.fn = fn
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self, done: Done[T]) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._run(done))
+
+    async def _run(self, done: Done[T]) -> None:
+        try:
+            value = await self.fn()
+        except Exception as exc:
+            done(None, exc)
+        else:
+            done(value, None)
+
+    def cancel(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+    async def run(self) -> T:
+        return await self.fn()  # in the caller's task: no task of its own is needed
+
+
+class _Mapped(Job[U], Generic[T, U]):
+    """Another job's answer with a function applied to it."""
+
+    __slots__ = ("fn", "inner")
+
+    def __init__(self, inner: Job[T], fn: Callable[[T], U]) -> None:
+        self.inner = inner
+        self.fn = fn
+
+    def start(self, done: Done[U]) -> None:
+        fn = self.fn
+
+        def mapped(value: T | None, error: Exception | None) -> None:
+            if error is not None:
+                done(None, error)
+                return
+            try:
+                result = fn(cast(T, value))
+            except Exception as exc:
+                done(None, exc)
+            else:
+                done(result, None)
+
+        self.inner.start(mapped)
+
+    def cancel(self) -> None:
+        self.inner.cancel()
+
+    async def run(self) -> U:
+        return self.fn(await self.inner.run())
+
+
 class Outcome(Generic[T]):
-    """One of: ``value`` now; ``value`` once ``ticket`` is durable; or ``job`` to await."""
+    """One of: ``value`` now; ``value`` once ``ticket`` is durable; or ``job``'s answer."""
 
     __slots__ = ("job", "ticket", "value")
 
-    def __init__(
-        self,
-        value: T,
-        ticket: Ticket | None = None,
-        job: Callable[[], Awaitable[T]] | None = None,
-    ) -> None:
+    def __init__(self, value: T, ticket: Ticket | None = None, job: Job[T] | None = None) -> None:
         self.value = value  # meaningless when there is a job
         self.ticket = ticket
         self.job = job
@@ -83,24 +183,25 @@ class Outcome(Generic[T]):
         return cls(value, ticket)
 
     @classmethod
-    def later(cls, job: Callable[[], Awaitable[T]]) -> Outcome[T]:
+    def later(cls, fn: Callable[[], Awaitable[T]]) -> Outcome[T]:
+        """The value of ``fn()``, awaited in a task of its own."""
+        return cls.of(_Task(fn))
+
+    @classmethod
+    def of(cls, job: Job[T]) -> Outcome[T]:
         return cls(cast(T, None), job=job)
 
     def then(self, fn: Callable[[T], U]) -> Outcome[U]:
         """The same outcome with ``fn`` applied to its value (at once, when it is known)."""
-        job = self.job
-        if job is None:
+        if self.job is None:
             return Outcome(fn(self.value), self.ticket)
-
-        async def mapped() -> U:
-            return fn(await job())
-
-        return Outcome.later(mapped)
+        mapped: _Mapped[T, U] = _Mapped(self.job, fn)
+        return Outcome.of(mapped)
 
     async def result(self) -> T:
-        """The value, once durable: for code that runs in a task anyway (a wait)."""
+        """The value, once durable: for code that runs in a task anyway (tests, a shared store)."""
         if self.job is not None:
-            return await self.job()
+            return await self.job.run()
         if self.ticket is not None:
             await self.ticket.wait()
         return self.value

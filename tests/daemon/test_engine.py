@@ -230,7 +230,7 @@ async def test_a_session_stopped_before_its_wait_first_looks_answers_session_sto
     assert outcome.job is not None  # the wait runs as its own task, later
     await call(engine, p.Stop(session="a"))
     with pytest.raises(SessionStopped, match="session 'a' stopped"):
-        await outcome.job()
+        await outcome.job.run()
     assert engine.waiting == 0 and not engine.waiters
 
 

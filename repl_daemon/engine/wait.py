@@ -1,0 +1,313 @@
+"""One wait, driven by callbacks: no task of its own, not even while it blocks.
+
+A wait (SPEC rules 8, 10, 11, 14) is a ``Job``: the connection starts it
+with a callback and cancels it when its client goes away. It subscribes to
+its sessions before its first read and stays subscribed until it ends, so
+a firing recorded between a read and the block still wakes it. Blocked, it
+is an entry in the engine's table of waiters and, with a timeout, one
+timer: no task, no event, no work. ``wake`` (the committer told the engine
+that one of its sessions changed) reads again, at once when the settle time
+is 0, so the waiter's answer is written in the same pass of the event loop
+as the send that made it.
+
+A step that must wait on something (the acks' commit, or a shared store's
+round trip for a read) goes on from that step's callback; only a shared
+store's round trips run as tasks, one per step, and none while the wait is
+blocked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from enum import Enum
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from repl_daemon import protocol as p
+from repl_daemon.engine.outcome import Done, Job, Outcome
+from session.errors import NoSuchSession, SessionStopped, ShuttingDown, StoreFailed
+from session.firing import Batch
+from session.ops import ReadCursor
+
+if TYPE_CHECKING:
+    from repl_daemon.engine.engine import Engine
+
+log = logging.getLogger("repl.daemon")
+
+T = TypeVar("T")
+
+
+class _State(Enum):
+    STARTING = "starting"  # the sessions are checked and the acks applied; not yet subscribed
+    LOOKING = "looking"  # a read is on its way (a shared store's round trip)
+    BLOCKED = "blocked"  # nothing to return: waiting for a wake or the timeout
+    SETTLING = "settling"  # woken: waiting the settle time before reading
+    OVER = "over"  # answered, or cancelled
+
+
+class Wait(Job[p.Response]):
+    """A wait's whole life: its checks and acks first, then reads until it has an answer."""
+
+    __slots__ = (
+        "again",
+        "deadline",
+        "done",
+        "engine",
+        "first",
+        "ids",
+        "look",
+        "loop",
+        "req",
+        "state",
+        "step",
+        "stopped",
+        "timer",
+    )
+
+    def __init__(
+        self, engine: Engine, req: p.Wait, ids: list[str], first: list[Outcome[Any]]
+    ) -> None:
+        self.engine = engine
+        self.req = req
+        self.ids = ids
+        #: what must be done before the first read: every session required, then the acks
+        self.first = first
+        self.look = ReadCursor(req.cursor, req.max, touch=False)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.state = _State.STARTING
+        self.done: Done[p.Response] | None = None
+        #: loop time past which the wait no longer blocks (None: no timeout)
+        self.deadline: float | None = None
+        self.timer: asyncio.TimerHandle | None = None  # the timeout's, or the settle's
+        self.step: Job[Any] | None = None  # a round trip on its way, to cancel with the wait
+        self.again = False  # woken while a read was on its way: read once more
+        #: the id of a session of this wait that was stopped, once one is
+        self.stopped: str | None = None
+
+    # -- the Job interface ----------------------------------------------------
+
+    def start(self, done: Done[p.Response]) -> None:
+        self.done = done
+        self.loop = asyncio.get_running_loop()
+        self._guarded(self._next_first)
+
+    def cancel(self) -> None:
+        """The client went away: end without an answer, having moved no cursor."""
+        if self.state is not _State.OVER:
+            self._end()
+
+    # -- what the engine tells ------------------------------------------------
+
+    def wake(self) -> None:
+        """One of the wait's sessions changed (or stopped, or the daemon is closing)."""
+        state = self.state
+        if state is _State.BLOCKED:
+            try:
+                self._woken()
+            except Exception as exc:
+                self._finish(None, exc)
+        elif state is _State.LOOKING:
+            self.again = True
+
+    # -- the steps --------------------------------------------------------------
+    #
+    # The common turn, a wake with settle 0 on this daemon's own sessions, is
+    # wake -> _woken -> _read -> _have_read -> _finish, all in the pass of the
+    # event loop that recorded the firing: the waiter's answer is written
+    # before the sender's, and before the daemon does anything else.
+
+    def _next_first(self) -> None:
+        if self.first:
+            self._after(self.first.pop(0), lambda _: self._next_first())
+            return
+        self._subscribe()
+        self._watch(0)
+
+    def _watch(self, index: int) -> None:
+        """Have the committer tell of new firings in every session, then read them.
+
+        On this daemon's own store that is at once; on a shared one it is a
+        subscription that Redis must confirm before the first read, or a
+        firing recorded between the two would wake nobody.
+        """
+        committer, ids = self.engine.committer, self.ids
+        while index < len(ids):
+            watched = committer.watch(ids[index])
+            index += 1
+            if watched.job is not None:
+                self._after(watched, lambda _, after=index: self._watch(after))  # type: ignore[misc]
+                return
+        self._read()
+
+    def _subscribe(self) -> None:
+        self.state = _State.LOOKING  # from here on, its end unsubscribes it
+        engine = self.engine
+        for session_id in self.ids:
+            engine.waiters.setdefault(session_id, set()).add(self)
+        engine.waiting += 1
+        # the timeout bounds the blocking, not the reads: a wait whose firings
+        # are there returns them even with timeout 0, even when reading them
+        # takes a round trip to a shared store
+        if self.req.timeout_ms is not None:
+            assert self.loop is not None
+            self.deadline = self.loop.time() + self.req.timeout_ms / 1000
+
+    def _woken(self) -> None:
+        settle = self.engine.settle
+        if not settle:  # read at once: the answer goes out in this same pass of the loop
+            self._read()
+            return
+        self._check_open()
+        self.state = _State.SETTLING
+        if self.timer is not None:
+            self.timer.cancel()  # the timeout bounds only the blocking; it is checked after
+        assert self.loop is not None
+        self.timer = self.loop.call_later(settle, self._settled)
+
+    def _settled(self) -> None:
+        self.timer = None
+        self._guarded(self._read)
+
+    def _read(self) -> None:
+        """Read every session of the wait (a look moves no cursor); answer, or block again."""
+        self._check_open()
+        committer, look = self.engine.committer, self.look
+        batches: list[p.SessionBatch] = []
+        for index, session_id in enumerate(self.ids):
+            try:
+                read = committer.execute(session_id, look)
+            except NoSuchSession:  # it existed when the wait began
+                raise committer.vanished(session_id) from None
+            if read.job is not None or read.ticket is not None:
+                self._read_later(index, read, batches)  # a shared store's round trip
+                return
+            batch = read.value
+            if batch.firings or batch.lost:
+                batches.append(p.SessionBatch(session_id, batch.next, batch.lost, batch.firings))
+        self._have_read(batches)
+
+    def _read_later(self, index: int, read: Outcome[Batch], batches: list[p.SessionBatch]) -> None:
+        """The read from the session at ``index`` on, in a task (a wake meanwhile counts)."""
+        committer, look, ids = self.engine.committer, self.look, self.ids
+
+        async def read_rest() -> list[p.SessionBatch]:
+            for at in range(index, len(ids)):
+                session_id = ids[at]
+                try:
+                    current = read if at == index else committer.execute(session_id, look)
+                    batch = await current.result()
+                except NoSuchSession:  # it existed when the wait began
+                    raise committer.vanished(session_id) from None
+                if batch.firings or batch.lost:
+                    batches.append(
+                        p.SessionBatch(session_id, batch.next, batch.lost, batch.firings)
+                    )
+            return batches
+
+        self.state = _State.LOOKING
+        self.again = False
+        self._after(Outcome.later(read_rest), self._have_read)
+
+    def _have_read(self, batches: list[p.SessionBatch]) -> None:
+        if batches:
+            self._finish(p.Woken(id=self.req.id, batches=batches), None)
+            return
+        if self.again:  # a firing came while the read was on its way
+            self.again = False
+            self._woken()
+            return
+        deadline = self.deadline
+        assert self.loop is not None
+        if deadline is not None and self.loop.time() >= deadline:
+            self._finish(p.Woken(id=self.req.id, batches=[], timed_out=True), None)
+            return
+        self.state = _State.BLOCKED
+        if deadline is not None and self.timer is None:
+            self.timer = self.loop.call_at(deadline, self._timed_out)
+
+    def _timed_out(self) -> None:
+        self.timer = None
+        if self.state is _State.BLOCKED:
+            self._finish(p.Woken(id=self.req.id, batches=[], timed_out=True), None)
+
+    def _check_open(self) -> None:
+        engine = self.engine
+        if engine.closing:
+            raise ShuttingDown("the daemon is shutting down: run the command again once it is back")
+        if self.stopped is not None:
+            raise SessionStopped(f"session {self.stopped!r} stopped")
+        if engine.link_error is not None:
+            raise engine.link_error
+
+    # -- going from one step to the next ------------------------------------------
+
+    def _after(self, outcome: Outcome[T], then: Callable[[T], None]) -> None:
+        """Go on with ``outcome``'s value: now, once its commit is durable, or once it is read."""
+        job, ticket = outcome.job, outcome.ticket
+        if job is not None:
+            self.step = job
+
+            def answered(value: T | None, error: Exception | None) -> None:
+                self.step = None
+                self._resume(then, value, error)
+
+            job.start(answered)
+        elif ticket is not None:
+            value = outcome.value
+
+            def committed(error: StoreFailed | None) -> None:
+                failure = None if error is None else StoreFailed(error.message)
+                self._resume(then, value, failure)
+
+            ticket.add_done_callback(committed)
+        else:
+            then(outcome.value)
+
+    def _resume(self, then: Callable[[T], None], value: T | None, error: Exception | None) -> None:
+        if self.state is _State.OVER:
+            return  # cancelled while the step was on its way
+        if error is not None:
+            self._finish(None, error)
+            return
+        self._guarded(lambda: then(cast(T, value)))
+
+    def _guarded(self, step: Callable[[], None]) -> None:
+        """Run a step; whatever it raises is the wait's answer."""
+        try:
+            step()
+        except Exception as exc:
+            self._finish(None, exc)
+
+    def _finish(self, value: p.Response | None, error: Exception | None) -> None:
+        if self.state is _State.OVER:
+            return
+        self._end()
+        assert self.done is not None
+        try:
+            self.done(value, error)
+        except Exception:  # the waiter's connection must not fail whoever woke it
+            log.exception("a wait's answer could not be given")
+
+    def _end(self) -> None:
+        subscribed = self.state is not _State.STARTING
+        self.state = _State.OVER
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.step is not None:
+            step, self.step = self.step, None
+            step.cancel()
+        if not subscribed:
+            return
+        engine = self.engine
+        engine.waiting -= 1
+        for session_id in self.ids:
+            waiters = engine.waiters.get(session_id)
+            if waiters is not None:
+                waiters.discard(self)
+                if not waiters:
+                    del engine.waiters[session_id]
+                    engine.committer.unwatch(session_id)
+        if engine.closing and not engine.waiting:
+            engine.no_waiters.set()
