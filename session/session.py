@@ -172,6 +172,11 @@ class Session:
         if key is not None:
             self._keys[key] = seq
             self._new_keys.append((key, seq))
+            if len(self._new_keys) > MAX_KEYS:
+                # more new keys than a store keeps: a rewrite hands over the same keys,
+                # and a session no store takes deltas from (--memory) stays bounded
+                self._new_keys = []
+                self._reset = True
             if len(self._keys) > MAX_KEYS:
                 self._keys.popitem(last=False)
         self.evaluations += 1
@@ -318,6 +323,7 @@ class Session:
     def mark_reset(self) -> None:
         """Make the next delta rewrite the whole session (after a store lost track of it)."""
         self._reset = self.dirty = True
+        self._new_keys = []
 
     # -- persistence ------------------------------------------------------
 

@@ -285,3 +285,18 @@ def test_a_read_with_a_bad_max_is_refused_before_it_counts() -> None:
         ReadCursor("r", max=0).run(session, None)
     assert session.evaluations == 0 and session.cursor_table() == []
     assert isinstance(BadMax("x"), ReplError)
+
+
+def test_new_keys_never_pile_up_where_no_store_takes_deltas() -> None:
+    """--memory takes no delta: past the dedup window the next delta is a rewrite instead."""
+    session = Session("s")
+    session.take_delta()
+    for n in range(MAX_KEYS + 1):
+        session.record("on-message", str(n), TS, key=f"k{n}")
+    assert len(session._new_keys) <= MAX_KEYS
+    delta = session.take_delta()
+    assert delta.reset and len(delta.keys) == MAX_KEYS
+    assert delta.keys[-1] == (f"k{MAX_KEYS}", MAX_KEYS + 1)
+    store = ModelStore()
+    store.apply(delta)
+    assert Session.restore(store.snapshot("s")).snapshot() == session.snapshot()
