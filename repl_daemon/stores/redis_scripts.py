@@ -60,6 +60,16 @@ local function use(name, max_cursors)
   end
   return cursor_seq(value), uses
 end
+-- the head, or nil when the session is missing; an ack past it is refused (rule 5)
+local function head_for_ack(seq)
+  local h = redis.call('HGET', meta, 'head')
+  if not h then return nil, missing() end
+  local head = tonumber(h)
+  if seq > head then
+    return nil, {'err', 'ack_after_head', string.format('cannot ack %d: head is %d', seq, head)}
+  end
+  return head, nil
+end
 local function set_cursor(name, seq, uses)
   redis.call('HSET', cursors, name, string.format('%d:%d', seq, uses))
 end
@@ -152,13 +162,9 @@ return {'ok', next, lost, entries}
 ACK = (
     _PRELUDE
     + """
-local h = redis.call('HGET', meta, 'head')
-if not h then return missing() end
 local seq = tonumber(ARGV[2])
-local head = tonumber(h)
-if seq > head then
-  return {'err', 'ack_after_head', string.format('cannot ack %d: head is %d', seq, head)}
-end
+local _, refused = head_for_ack(seq)
+if refused then return refused end
 local current, uses = use(ARGV[1], tonumber(ARGV[3]))
 local moved = math.max(current, seq)
 set_cursor(ARGV[1], moved, uses)
@@ -171,13 +177,8 @@ return {'ok', moved}
 CHECK_ACK = (
     _PRELUDE
     + """
-local h = redis.call('HGET', meta, 'head')
-if not h then return missing() end
-local seq = tonumber(ARGV[1])
-local head = tonumber(h)
-if seq > head then
-  return {'err', 'ack_after_head', string.format('cannot ack %d: head is %d', seq, head)}
-end
+local _, refused = head_for_ack(tonumber(ARGV[1]))
+if refused then return refused end
 return {'ok'}
 """
 )
