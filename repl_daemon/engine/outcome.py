@@ -6,8 +6,9 @@ answers with the value and the commit it waits for (``Outcome.after``: no
 task, the commit calls back); one that must wait on something else answers
 with a ``Job``, which the caller starts with a callback and cancels when
 nobody wants the answer any more (the client went away). A job is either a
-coroutine run as a task of its own (``Outcome.later``: a shared store's
-round trip) or the engine's wait, which needs no task at all: it is driven
+coroutine run as a task of its own (``Outcome.later``), a future's answer
+(``Outcome.pending``: a shared store's call, answered by its pipeline), or
+the engine's wait, which needs no task at all: it is driven
 by the callbacks that wake it.
 """
 
@@ -131,6 +132,95 @@ class _Task(Job[T]):
         return await self.fn()  # in the caller's task: no task of its own is needed
 
 
+class _Pending(Job[T]):
+    """A future made on ``start`` (a shared store's call): no task, its callback answers."""
+
+    __slots__ = ("future", "make")
+
+    def __init__(self, make: Callable[[], asyncio.Future[T]]) -> None:
+        self.make = make
+        self.future: asyncio.Future[T] | None = None
+
+    def start(self, done: Done[T]) -> None:
+        try:
+            future = self.future = self.make()
+        except Exception as exc:  # refused before it was sent
+            done(None, exc)
+            return
+
+        def answered(future: asyncio.Future[T]) -> None:
+            if future.cancelled():
+                return  # cancelled by ``cancel``: nobody wants the answer
+            error = future.exception()
+            if error is not None:
+                done(None, cast(Exception, error))
+            else:
+                done(future.result(), None)
+
+        future.add_done_callback(answered)
+
+    def cancel(self) -> None:
+        if self.future is not None:
+            self.future.cancel()
+
+    async def run(self) -> T:
+        return await self.make()
+
+
+#: what one of several jobs answered: (value, None) or (None, error)
+Settled = tuple[T | None, Exception | None]
+
+
+class _Settled(Job[list[Settled[T]]]):
+    """Several outcomes at once, answered together once each has its answer or error."""
+
+    __slots__ = ("outcomes", "started")
+
+    def __init__(self, outcomes: list[Outcome[T]]) -> None:
+        self.outcomes = outcomes
+        self.started: list[Job[T]] = []
+
+    def start(self, done: Done[list[Settled[T]]]) -> None:
+        answers: list[Settled[T] | None] = [None] * len(self.outcomes)
+        left = len(self.outcomes)
+
+        def one(index: int) -> Callable[[T | None, Exception | None], None]:
+            def answered(value: T | None, error: Exception | None) -> None:
+                nonlocal left
+                answers[index] = (value, error)
+                left -= 1
+                if not left:
+                    done(cast(list[Settled[T]], answers), None)
+
+            return answered
+
+        for index, outcome in enumerate(self.outcomes):
+            answered = one(index)
+            if outcome.job is not None:
+                self.started.append(outcome.job)
+                outcome.job.start(answered)
+            elif outcome.ticket is not None:
+                outcome.ticket.add_done_callback(_committed(outcome.value, answered))
+            else:
+                answered(outcome.value, None)
+
+    def cancel(self) -> None:
+        for job in self.started:
+            job.cancel()
+
+
+def _committed(value: T, answered: Done[T]) -> Callable[[StoreFailed | None], None]:
+    """A commit's callback that answers ``value``, or the commit's failure."""
+
+    def committed(error: StoreFailed | None) -> None:
+        if error is None:
+            answered(value, None)
+        else:
+            answered(None, StoreFailed(error.message))
+
+    return committed
+
+
 class _Mapped(Job[U], Generic[T, U]):
     """Another job's answer with a function applied to it."""
 
@@ -188,8 +278,24 @@ class Outcome(Generic[T]):
         return cls.of(_Task(fn))
 
     @classmethod
+    def pending(cls, make: Callable[[], asyncio.Future[T]]) -> Outcome[T]:
+        """The answer of the future ``make()`` returns, told by its callback (no task)."""
+        return cls.of(_Pending(make))
+
+    @classmethod
     def of(cls, job: Job[T]) -> Outcome[T]:
         return cls(cast(T, None), job=job)
+
+    @classmethod
+    def settle_all(cls, outcomes: list[Outcome[U]]) -> Outcome[list[Settled[U]]]:
+        """Every outcome's ``(value, None)`` or ``(None, error)``, in order, once all have one.
+
+        No task: each job is started with a callback (a shared store's calls
+        all join the next pipeline); a ticket's commit calls back.
+        """
+        if all(o.job is None and o.ticket is None for o in outcomes):
+            return Outcome.now([(o.value, None) for o in outcomes])
+        return Outcome.of(_Settled(outcomes))
 
     def then(self, fn: Callable[[T], U]) -> Outcome[U]:
         """The same outcome with ``fn`` applied to its value (at once, when it is known)."""

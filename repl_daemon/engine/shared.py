@@ -23,15 +23,16 @@ back every waiter reads again: a lost wake never leaves a waiter asleep.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import TypeVar, cast
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 from repl_daemon.engine.committer import Listener, Totals
 from repl_daemon.engine.local import exists, made_up_id
-from repl_daemon.engine.outcome import Outcome
+from repl_daemon.engine.outcome import Outcome, Settled
 from repl_daemon.stores.redis import RedisStore, Wakes
 from session.errors import NoSuchSession, ReplError
-from session.firing import Batch
 from session.ops import (
     Ack,
     CursorTable,
@@ -46,7 +47,7 @@ from session.ops import (
 )
 from session.ring import check_limit
 from session.rules import HANDLERS, POLL_CURSOR
-from session.session import Summary, check_cursor_name, check_session_id
+from session.session import Recorded, Summary, check_cursor_name, check_session_id
 
 log = logging.getLogger("repl.daemon")
 
@@ -92,35 +93,39 @@ class SharedCommitter:
     def execute(self, session_id: str, op: Op[R]) -> Outcome[R]:
         check_session_id(session_id)
         op.check()
-        return Outcome.later(lambda: self._run(session_id, op))
+        return Outcome.pending(lambda: self._call(session_id, op))
 
-    async def _run(self, session_id: str, op: Op[R]) -> R:
+    def _call(self, session_id: str, op: Op[R]) -> asyncio.Future[R]:
         store = self.store
+        future: asyncio.Future[Any]
         match op:
             case Record():
                 handled = op.handler in HANDLERS
-                recorded = await store.record(
-                    session_id, op.handler, op.text, handled, op.ts, op.key
-                )
-                if not recorded.duplicate:
-                    self.listener.changed(session_id)
-                return cast(R, recorded)
+                future = store.record(session_id, op.handler, op.text, handled, op.ts, op.key)
+
+                def recorded(future: asyncio.Future[Recorded]) -> None:
+                    ok = not future.cancelled() and future.exception() is None
+                    if ok and not future.result().duplicate:
+                        self.listener.changed(session_id)
+
+                future.add_done_callback(recorded)  # before the caller's: waiters first
             case ReadAfter():
-                return cast(R, await store.read(session_id, "after", op.after, op.max, False))
+                future = store.read(session_id, "after", op.after, op.max, False)
             case ReadCursor():
-                batch: Batch = await store.read(session_id, "cursor", op.cursor, op.max, op.touch)
-                return cast(R, batch)
+                future = store.read(session_id, "cursor", op.cursor, op.max, op.touch)
             case Ack():
-                return cast(R, await store.ack(session_id, op.cursor, op.seq))
+                future = store.ack(session_id, op.cursor, op.seq)
             case Poll():
-                return cast(R, await store.read(session_id, "poll", POLL_CURSOR, op.max, True))
+                future = store.read(session_id, "poll", POLL_CURSOR, op.max, True)
             case SetLimit():
-                return cast(R, await store.set_limit(session_id, op.limit))
+                future = store.set_limit(session_id, op.limit)
             case CursorTable():
-                return cast(R, (await store.describe(session_id))[1])
+                future = store.cursors(session_id)
             case Describe():
-                return cast(R, (await store.describe(session_id))[0])
-        raise AssertionError(f"no script for {op!r}")  # pragma: no cover
+                future = store.summary(session_id)
+            case _:  # pragma: no cover
+                raise AssertionError(f"no script for {op!r}")
+        return cast("asyncio.Future[R]", future)
 
     def ack_all(self, cursor: str, acks: list[tuple[str, int]]) -> Outcome[list[int]]:
         check_cursor_name(cursor)
@@ -139,14 +144,21 @@ class SharedCommitter:
         for session_id in session_ids:
             check_session_id(session_id)
 
-        async def require() -> None:
-            for session_id in session_ids:
-                if not await self.store.exists(session_id):
+        def make(session_id: str) -> Callable[[], asyncio.Future[bool]]:
+            return lambda: self.store.exists(session_id)
+
+        asked = [Outcome.pending(make(session_id)) for session_id in session_ids]
+
+        def required(answers: list[Settled[bool]]) -> None:
+            for session_id, (there, error) in zip(session_ids, answers, strict=True):
+                if error is not None:
+                    raise error
+                if not there:
                     raise NoSuchSession(
                         f"no session {session_id!r}: start it with `repl start {session_id}`"
                     )
 
-        return Outcome.later(require)
+        return Outcome.settle_all(asked).then(required)
 
     def start(
         self, session_id: str | None, limit: int, exist_ok: bool
@@ -186,14 +198,20 @@ class SharedCommitter:
 
     async def _summaries(self, session_id: str | None) -> list[Summary]:
         ids = [session_id] if session_id is not None else await self.store.ids()
+        asked = [self.store.summary(one) for one in ids]  # one pipeline for them all
         rows = []
-        for one in ids:
-            try:
-                rows.append((await self.store.describe(one))[0])
-            except NoSuchSession:
-                if session_id is not None:
-                    raise
-                # stopped between the scan and its look: not there, so not listed
+        try:
+            for future in asked:
+                try:
+                    rows.append(await future)
+                except NoSuchSession:
+                    if session_id is not None:
+                        raise
+                    # stopped between the scan and its look: not there, so not listed
+        finally:
+            for future in asked:  # after a failure: the rest are not wanted
+                if not future.cancel() and not future.cancelled():
+                    future.exception()
         return rows
 
     def totals(self) -> Outcome[Totals]:

@@ -11,9 +11,9 @@ is 0, so the waiter's answer is written in the same pass of the event loop
 as the send that made it.
 
 A step that must wait on something (the acks' commit, or a shared store's
-round trip for a read) goes on from that step's callback; only a shared
-store's round trips run as tasks, one per step, and none while the wait is
-blocked.
+round trip for a read) goes on from that step's callback: a wait's reads
+of several sessions on a shared store all join the next pipeline, and
+none of it is a task.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from repl_daemon import protocol as p
-from repl_daemon.engine.outcome import Done, Job, Outcome
+from repl_daemon.engine.outcome import Done, Job, Outcome, Settled
 from session.errors import NoSuchSession, SessionStopped, ShuttingDown, StoreFailed
 from session.firing import Batch
 from session.ops import ReadCursor
@@ -188,26 +188,31 @@ class Wait(Job[p.Response]):
         self._have_read(batches)
 
     def _read_later(self, index: int, read: Outcome[Batch], batches: list[p.SessionBatch]) -> None:
-        """The read from the session at ``index`` on, in a task (a wake meanwhile counts)."""
-        committer, look, ids = self.engine.committer, self.look, self.ids
+        """The reads from the session at ``index`` on, all at once (a wake meanwhile counts)."""
+        committer, look, ids = self.engine.committer, self.look, self.ids[index:]
+        reads = [read]
+        for session_id in ids[1:]:
+            try:
+                reads.append(committer.execute(session_id, look))
+            except NoSuchSession:  # it existed when the wait began
+                raise committer.vanished(session_id) from None
 
-        async def read_rest() -> list[p.SessionBatch]:
-            for at in range(index, len(ids)):
-                session_id = ids[at]
-                try:
-                    current = read if at == index else committer.execute(session_id, look)
-                    batch = await current.result()
-                except NoSuchSession:  # it existed when the wait began
-                    raise committer.vanished(session_id) from None
+        def have_read(answers: list[Settled[Batch]]) -> None:
+            for session_id, (batch, error) in zip(ids, answers, strict=True):
+                if isinstance(error, NoSuchSession):  # it existed when the wait began
+                    raise committer.vanished(session_id)
+                if error is not None:
+                    raise error
+                assert batch is not None
                 if batch.firings or batch.lost:
                     batches.append(
                         p.SessionBatch(session_id, batch.next, batch.lost, batch.firings)
                     )
-            return batches
+            self._have_read(batches)
 
         self.state = _State.LOOKING
         self.again = False
-        self._after(Outcome.later(read_rest), self._have_read)
+        self._after(Outcome.settle_all(reads), have_read)
 
     def _have_read(self, batches: list[p.SessionBatch]) -> None:
         if batches:

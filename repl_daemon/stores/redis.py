@@ -31,10 +31,12 @@ A password never appears in ``name``, in a log line or in an error.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
 import secrets
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar, cast
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import anyio
@@ -54,8 +56,12 @@ from session.session import Recorded, Summary
 
 log = logging.getLogger("repl.daemon")
 
+T = TypeVar("T")
+
 #: how long a change waits for its replicas (``?replicas=N``) before it fails
 REPLICA_TIMEOUT_MS = 2000
+#: how long one pipeline's round trip may take before the store fails it
+PIPELINE_TIMEOUT = 5.0
 #: how long a subscription to a session's wakes may take to be confirmed
 SUBSCRIBE_TIMEOUT = 2.0
 #: how long a session's wakes stay subscribed after its last waiter left: a
@@ -73,35 +79,74 @@ _ERRORS: dict[str, type[ReplError]] = {
 SCRIPTS = ("RECORD", "READ", "ACK", "CHECK_ACK", "SET_LIMIT", "DESCRIBE", "START", "STOP")
 #: the most operations one pipeline carries
 MAX_BATCH = 512
+#: how often one call is sent again where a cluster redirects it (MOVED, ASK, TRYAGAIN)
+MAX_REDIRECTS = 5
+#: how long before a call answered TRYAGAIN is sent again
+REDIRECT_PAUSE = 0.05
+#: the most (script, session) command starts kept packed
+MAX_HEADS = 4096
 #: the most changes on their way at once on a cluster with ``?replicas=N``
 REPLICATED_IN_FLIGHT = 64
 
 
 class _Call:
-    """One operation on its way to Redis in a pipeline; ``future`` gets its reply.
+    """One operation on its way to Redis; ``future`` gets its answer, ``then(reply)``.
 
-    The future may instead be given ``LEAD``: its caller then sends the next
-    pipeline. (redis.asyncio runs on asyncio, so the store does too: a
-    future is the cheapest thing to wait on.)
+    ``command`` is already packed (RESP bytes), so a value Redis cannot take
+    fails that one call when it is made, never the pipeline it would ride.
+    On a cluster ``slot`` is the hash slot of its keys (the node it goes to
+    is looked up in the cluster client's table when it is sent), and
+    ``redirects`` counts the MOVED, ASK and TRYAGAIN answers it had.
     """
 
-    __slots__ = ("change", "command", "future")
+    __slots__ = ("change", "command", "future", "redirects", "slot", "then")
 
-    def __init__(self, command: tuple[object, ...], change: bool) -> None:
+    def __init__(
+        self, command: bytes, change: bool, then: Callable[[Any], Any], slot: int = 0
+    ) -> None:
         self.command = command
         self.change = change
+        self.then = then
+        self.slot = slot
+        self.redirects = 0
         self.future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
     def finish(self, result: Any = None, error: Exception | None = None) -> None:
-        if self.future.done():  # its caller went away
+        """Answer the caller (``then(result)``, or ``error``); nothing if it went away."""
+        future = self.future
+        if future.done():  # cancelled: its caller went away
             return
+        if error is None:
+            try:
+                result = self.then(result)
+            except Exception as exc:  # the script's refusal, or a reply that is not one
+                error = exc
         if error is not None:
-            self.future.set_exception(error)
+            future.set_exception(error)
         else:
-            self.future.set_result(result)
+            future.set_result(result)
 
 
-LEAD = object()
+def _pack(command: tuple[object, ...], count: int | None = None) -> bytes:
+    """``command`` as RESP, the form every Redis takes: an array of bulk strings.
+
+    What redis-py's encoder does, without its per-argument machinery (a
+    fifth of a daemon's CPU on the send path). Arguments are str (UTF-8),
+    bytes or int. ``count``: the array's length when ``command`` is only its
+    start (the rest packed later, ``_pack_tail``).
+    """
+    head = b"*%d\r\n" % (len(command) if count is None else count)
+    return head + _pack_tail(command)
+
+
+def _pack_tail(args: tuple[object, ...]) -> bytes:
+    parts = []
+    for arg in args:
+        raw = cast(
+            bytes, arg.encode() if type(arg) is str else b"%d" % arg if type(arg) is int else arg
+        )
+        parts.append(b"$%d\r\n%b\r\n" % (len(raw), raw))
+    return b"".join(parts)
 
 
 def session_keys(session_id: str) -> list[str]:
@@ -200,9 +245,19 @@ class RedisStore:
         self.origin = secrets.token_hex(8)
         self.client: Any = None
         self._scripts: dict[str, Any] = {}
-        # the operations waiting for the next pipeline, and whether one is on its way
+        self._heads: dict[tuple[str, str], tuple[bytes, int]] = {}
+        # the operations waiting for the next pipeline, those on their way, and the
+        # one task that sends them (from ``open`` to ``close``), asleep on ``_idle``
         self._queue: list[_Call] = []
-        self._leading = False
+        self._in_flight: list[_Call] = []
+        self._sender: asyncio.Task[None] | None = None
+        self._idle: asyncio.Future[None] | None = None
+        # the pipelines' own connections, with no timeout per reply: one Redis's, or
+        # one a cluster node (by name)
+        self._line: Any = None
+        self._lines: dict[str, Any] = {}
+        # a cluster with ``?replicas=N``: the changes on their way, a task each
+        self._replicating: set[asyncio.Task[Any]] = set()
         self._replicated: anyio.CapacityLimiter | None = None  # made in the loop, by ``open``
 
     # -- connecting -------------------------------------------------------------
@@ -244,6 +299,12 @@ class RedisStore:
             raise StoreFailed(
                 f"redis at {target.name} refused the scripts: {_reason(exc)}"
             ) from None
+        if not target.cluster:
+            # a connection of the client's own kind (TCP or TLS, same credentials), but
+            # with no timeout on each reply: a pipeline has one timeout in all
+            pool = self.client.connection_pool
+            self._line = pool.connection_class(**{**pool.connection_kwargs, "socket_timeout": None})
+        self._sender = asyncio.get_running_loop().create_task(self._send_all())
 
     async def _load_scripts(self) -> None:
         """SCRIPT LOAD every script (on every primary of a cluster), so EVALSHA finds them."""
@@ -251,6 +312,23 @@ class RedisStore:
             await self.client.script_load(script.script)
 
     async def close(self) -> None:
+        """Disconnect; an operation still queued or on its way fails with ``StoreFailed``."""
+        sender, self._sender = self._sender, None
+        if sender is not None:
+            sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sender
+        closed = StoreFailed(f"the connection to redis at {self.target.name} was closed")
+        for call in [*self._in_flight, *self._queue]:
+            call.finish(error=closed)
+        self._queue.clear()
+        for task in list(self._replicating):
+            task.cancel()
+        lines = [self._line, *self._lines.values()]
+        self._line, self._lines = None, {}
+        for line in lines:
+            if line is not None:
+                await line.disconnect(nowait=True)
         client, self.client = self.client, None
         if client is not None:
             try:
@@ -264,69 +342,78 @@ class RedisStore:
 
     # -- running one script ---------------------------------------------------------
 
-    async def _run(self, script: str, session_id: str, *args: object, change: bool) -> list[Any]:
-        keys = session_keys(session_id)
-        try:
-            if change and self.target.replicas and self.target.cluster:
-                answer = await self._run_replicated(script, keys, args)
-            else:
-                command = ("EVALSHA", self._scripts[script].sha, len(keys), *keys, *args)
-                answer = await self._pipelined(_Call(command, change))
-        except ReplError:
-            raise
-        except Exception as exc:
-            raise StoreFailed(f"redis at {self.target.name} failed: {_reason(exc)}") from None
-        if answer[0] == b"err":
-            code, message = answer[1].decode(), answer[2].decode()
-            error = _ERRORS.get(code, StoreFailed)
-            if error is NoSuchSession:
-                message = f"no session {session_id!r}: start it with `repl start {session_id}`"
-            raise error(message)
-        return list(answer[1:])
+    def _script(
+        self,
+        script: str,
+        session_id: str,
+        args: tuple[object, ...],
+        *,
+        change: bool,
+        then: Callable[[list[Any]], T],
+    ) -> asyncio.Future[T]:
+        """Run ``script`` on the session's keys; the future answers ``then(its answer)``.
 
-    async def _pipelined(self, call: _Call) -> Any:
-        """Run ``call`` in the next pipeline: every operation in flight shares one round trip.
-
-        No task of its own: the first caller leads (sends the pipeline of
-        everything queued, up to ``MAX_BATCH``) and hands the lead to the
-        first call still queued when it is done. A caller that went away
-        before its pipeline left is dropped from it (nothing of it was
-        sent); once a pipeline is on its way it completes (shielded), so a
-        lead is always handed on.
+        No task of its own: the call joins the next pipeline, and the store's
+        one sending task answers it. ``then`` gets the script's answer after
+        its status; a refusal (``err CODE MESSAGE``) raises the core's error.
         """
-        queue = self._queue
-        queue.append(call)
-        if self._leading:
-            try:
-                answer = await call.future
-            except BaseException:
-                # cancelled, perhaps just after the lead was handed to it: hand it on
-                led = call.future.done() and not call.future.cancelled()
-                if led and call.future.exception() is None and call.future.result() is LEAD:
-                    self._hand_on()
-                raise
-            if answer is not LEAD:
-                return answer
-            call.future = asyncio.get_running_loop().create_future()
-        self._leading = True
-        try:
-            batch = [c for c in queue[:MAX_BATCH] if not c.future.cancelled()]
-            del queue[:MAX_BATCH]
-            with anyio.CancelScope(shield=True):
-                await self._flush(batch)
-        finally:
-            self._hand_on()
-        return call.future.result()
 
-    def _hand_on(self) -> None:
-        """Give the lead to the first queued call whose caller still waits, if any."""
+        def answer(reply: Any) -> T:
+            if reply[0] == b"err":
+                code, message = reply[1].decode(), reply[2].decode()
+                error = _ERRORS.get(code, StoreFailed)
+                if error is NoSuchSession:
+                    message = f"no session {session_id!r}: start it with `repl start {session_id}`"
+                raise error(message)
+            return then(reply[1:])
+
+        # the same start for every call of a script on a session: packed once
+        known = self._heads.get((script, session_id))
+        if known is None:
+            if len(self._heads) >= MAX_HEADS:
+                self._heads.clear()
+            keys = session_keys(session_id)
+            start = ("EVALSHA", self._scripts[script].sha, len(keys), *keys)
+            slot = self.client.keyslot(keys[0]) if self.target.cluster else 0
+            known = self._heads[script, session_id] = (_pack(start, len(start) + len(args)), slot)
+        head, slot = known
+        call = _Call(head + _pack_tail(args), change, answer, slot)
+        if change and self.target.replicas and self.target.cluster:
+            self._replicate(call, script, session_keys(session_id), args)
+            return call.future
+        self._queued(call)
+        return call.future
+
+    def _queued(self, call: _Call) -> None:
+        """Queue ``call`` for the next pipeline, waking the sender if it sleeps."""
+        if self._sender is None:
+            raise StoreFailed(f"redis at {self.target.name} is not connected")
+        self._queue.append(call)
+        idle = self._idle
+        if idle is not None and not idle.done():
+            idle.set_result(None)
+
+    async def _send_all(self) -> None:
+        """The store's sending task: every operation queued meanwhile shares one pipeline.
+
+        While one pipeline is on its way the next fills up, so under load a
+        round trip carries up to ``MAX_BATCH`` operations; alone, one goes at
+        once. A caller that went away before its pipeline left is dropped
+        from it (nothing of it is sent).
+        """
+        loop = asyncio.get_running_loop()
         queue = self._queue
-        while queue and queue[0].future.done():  # cancelled: its caller went away
-            del queue[0]
-        if queue:
-            queue[0].future.set_result(LEAD)
-        else:
-            self._leading = False
+        while True:
+            if not queue:
+                self._idle = loop.create_future()
+                await self._idle
+                self._idle = None
+            batch = [call for call in queue[:MAX_BATCH] if not call.future.done()]
+            del queue[:MAX_BATCH]
+            if batch:
+                self._in_flight = batch
+                await self._flush(batch)
+                self._in_flight = []
 
     async def _flush(self, batch: list[_Call]) -> None:
         """One pipeline for ``batch`` (a cluster client splits it by node, in parallel)."""
@@ -360,23 +447,166 @@ class RedisStore:
                     if call.change:
                         call.finish(error=failure)
         for call, result in zip(batch, results, strict=False):
-            if call.future.done():
-                continue
             if isinstance(result, Exception):
                 call.finish(
                     error=StoreFailed(f"redis at {self.target.name} failed: {_reason(result)}")
                 )
             else:
-                call.finish(result=result)
+                call.finish(result)
 
     async def _send(self, batch: list[_Call], waits: bool) -> list[Any]:
-        pipe = self.client.pipeline(transaction=False)
-        for call in batch:
-            pipe.execute_command(*call.command)
+        """The replies to ``batch`` (an error reply as its exception), then ``WAIT``'s."""
+        if self.target.cluster:
+            return await self._send_cluster(batch)
+        packed = [call.command for call in batch]
         if waits:  # WAIT counts every write before it on the pipeline's one connection
-            pipe.execute_command("WAIT", self.target.replicas, REPLICA_TIMEOUT_MS)
-        results: list[Any] = await pipe.execute(raise_on_error=False)
+            packed.append(_pack(("WAIT", self.target.replicas, REPLICA_TIMEOUT_MS)))
+        with anyio.fail_after(PIPELINE_TIMEOUT):
+            return await _exchange(self._line, packed)
+
+    async def _send_cluster(self, batch: list[_Call]) -> list[Any]:
+        """``batch`` split by node, each part one pipeline on that node's connection.
+
+        Every part is written before any reply is read, so the round trips
+        overlap. A part whose node fails (a broken link, a timeout) answers
+        its calls with that error, and the others keep theirs: nothing is
+        sent twice. The nodes come from the cluster client's slot table; a
+        MOVED, ASK or TRYAGAIN answer (nothing was run) sends the call again
+        where the cluster says, up to ``MAX_REDIRECTS`` times, after reading
+        the table again (a MOVED, a failover) or with ASKING (a slot on the move).
+        """
+        from redis.exceptions import (
+            AskError,
+            ClusterDownError,
+            MovedError,
+            ReadOnlyError,
+            ResponseError,
+            TryAgainError,
+        )
+
+        results: list[Any] = [None] * len(batch)
+        todo = list(range(len(batch)))
+        asking: dict[int, tuple[str, int]] = {}
+        while todo:
+            parts: dict[str, tuple[Any, list[int]]] = {}
+            for i in todo:
+                try:
+                    node = self._node(batch[i].slot, asking.get(i))
+                except Exception as exc:  # no node serves the slot: the cluster is down
+                    results[i] = exc
+                    continue
+                parts.setdefault(node.name, (node, []))[1].append(i)
+            await self._exchange_parts(batch, parts, asking, results)
+            todo, asking, refresh = [], {}, False
+            for i, call in enumerate(batch):
+                result = results[i]
+                if isinstance(result, (MovedError, AskError, TryAgainError)):
+                    call.redirects += 1
+                    if call.redirects > MAX_REDIRECTS:
+                        continue  # answered with the redirect, as a failure
+                    todo.append(i)
+                    if isinstance(result, AskError):
+                        asking[i] = (result.host, result.port)
+                    else:
+                        refresh = True
+                elif isinstance(result, (ClusterDownError, ReadOnlyError)) or (
+                    isinstance(result, Exception) and not isinstance(result, ResponseError)
+                ):
+                    refresh = True  # perhaps a failover: the next call goes to the new primary
+            if refresh:
+                await self._refresh()
+            if todo and not asking:
+                await anyio.sleep(REDIRECT_PAUSE)  # TRYAGAIN: a slot's keys are on the move
         return results
+
+    def _node(self, slot: int, ask: tuple[str, int] | None) -> Any:
+        """The node for ``slot``: its primary in the client's table, or where ASK points."""
+        manager = self.client.nodes_manager
+        if ask is None:
+            return manager.get_node_from_slot(slot)
+        host, port = ask
+        node = manager.get_node(host, port)
+        if node is None:  # a node the table does not know yet
+            from redis.asyncio.cluster import ClusterNode
+
+            node = ClusterNode(host, port, **manager.connection_kwargs)
+        return node
+
+    async def _exchange_parts(
+        self,
+        batch: list[_Call],
+        parts: dict[str, tuple[Any, list[int]]],
+        asking: dict[int, tuple[str, int]],
+        results: list[Any],
+    ) -> None:
+        """Write every node's part, then read each node's replies into ``results``."""
+        asking_command = _pack(("ASKING",))
+        sent: list[tuple[Any, list[int], list[bytes]]] = []
+        with anyio.move_on_after(PIPELINE_TIMEOUT) as scope:
+            for name, (node, indexes) in parts.items():
+                line = self._lines.get(name)
+                if line is None:
+                    kwargs = {**node.connection_kwargs, "socket_timeout": None}
+                    line = self._lines[name] = node.connection_class(**kwargs)
+                packed = []
+                for i in indexes:
+                    if i in asking:  # its reply is not the call's: skipped below
+                        packed.append(asking_command)
+                    packed.append(batch[i].command)
+                try:
+                    await line.send_packed_command(packed, check_health=False)
+                except Exception as exc:
+                    await line.disconnect(nowait=True)
+                    for i in indexes:
+                        results[i] = exc
+                    continue
+                sent.append((line, indexes, packed))
+            for line, indexes, packed in sent:
+                try:
+                    replies = await _read_replies(line, len(packed))
+                except Exception as exc:
+                    await line.disconnect(nowait=True)
+                    for i in indexes:
+                        results[i] = exc
+                    continue
+                answers = iter(replies)
+                for i in indexes:
+                    if i in asking:
+                        next(answers)  # ASKING's OK
+                    results[i] = next(answers)
+        if scope.cancelled_caught:  # the node being read is not answering: every line is
+            failure = TimeoutError(f"no answer within {PIPELINE_TIMEOUT} s")
+            for line, indexes, _ in sent:
+                if any(results[i] is None for i in indexes):
+                    await line.disconnect(nowait=True)
+                    for i in indexes:
+                        results[i] = failure
+
+    def _replicate(
+        self, call: _Call, script: str, keys: list[str], args: tuple[object, ...]
+    ) -> None:
+        """A change on a cluster with ``?replicas=N``: on its own connection, in a task."""
+        if self._sender is None:
+            raise StoreFailed(f"redis at {self.target.name} is not connected")
+        task = asyncio.get_running_loop().create_task(self._run_replicated(script, keys, args))
+        self._replicating.add(task)
+
+        def replicated(task: asyncio.Task[Any]) -> None:
+            self._replicating.discard(task)
+            if task.cancelled():
+                call.finish(error=StoreFailed(f"the connection to {self.target.name} was closed"))
+                return
+            error = task.exception()
+            if error is None:
+                call.finish(task.result())
+            elif isinstance(error, ReplError):
+                call.finish(error=error)
+            else:
+                call.finish(
+                    error=StoreFailed(f"redis at {self.target.name} failed: {_reason(error)}")
+                )
+
+        task.add_done_callback(replicated)
 
     async def _run_replicated(self, script: str, keys: list[str], args: tuple[object, ...]) -> Any:
         """On a cluster: the script, then ``WAIT`` for the replicas on the same connection.
@@ -444,87 +674,63 @@ class RedisStore:
             log.debug("refreshing the cluster's slots: %s", _reason(exc))
 
     # -- the operations -------------------------------------------------------------
+    #
+    # Each returns a future (await it, or give it a callback): its answer, or the
+    # core's error for a refusal, or ``StoreFailed``.
 
-    async def record(
+    def record(
         self, session_id: str, handler: str, text: str, handled: bool, ts: str, key: str | None
-    ) -> Recorded:
-        seq, duplicate = await self._run(
-            "RECORD",
-            session_id,
-            handler,
-            text,
-            "1" if handled else "0",
-            ts,
-            key or "",
-            MAX_KEYS,
-            self.origin,
-            change=True,
-        )
-        return Recorded(int(seq), duplicate=bool(duplicate))
+    ) -> asyncio.Future[Recorded]:
+        args = (handler, text, "1" if handled else "0", ts, key or "", MAX_KEYS, self.origin)
+        return self._script("RECORD", session_id, args, change=True, then=_recorded)
 
-    async def read(
+    def read(
         self, session_id: str, mode: str, start: str | int, max: int | None, touch: bool
-    ) -> Batch:
+    ) -> asyncio.Future[Batch]:
         """``mode`` "after" (``start`` a seq), "cursor" or "poll" (``start`` a cursor's name)."""
         change = mode == "poll" or (mode == "cursor" and touch)
-        next, lost, entries = await self._run(
-            "READ",
-            session_id,
-            mode,
-            start,
-            "" if max is None else max,
-            "1" if touch else "0",
-            MAX_CURSORS,
-            change=change,
-        )
-        return Batch(int(next), int(lost), [_firing(entry) for entry in entries])
+        args = (mode, start, "" if max is None else max, "1" if touch else "0", MAX_CURSORS)
+        return self._script("READ", session_id, args, change=change, then=_batch)
 
-    async def ack(self, session_id: str, cursor: str, seq: int) -> int:
-        (moved,) = await self._run("ACK", session_id, cursor, seq, MAX_CURSORS, change=True)
-        return int(moved)
+    def ack(self, session_id: str, cursor: str, seq: int) -> asyncio.Future[int]:
+        args = (cursor, seq, MAX_CURSORS)
+        return self._script("ACK", session_id, args, change=True, then=_number)
 
-    async def check_ack(self, session_id: str, seq: int) -> None:
-        await self._run("CHECK_ACK", session_id, seq, change=False)
+    def check_ack(self, session_id: str, seq: int) -> asyncio.Future[None]:
+        return self._script("CHECK_ACK", session_id, (seq,), change=False, then=_nothing)
 
-    async def set_limit(self, session_id: str, limit: int) -> int:
-        (trimmed,) = await self._run("SET_LIMIT", session_id, limit, change=True)
-        return int(trimmed)
+    def set_limit(self, session_id: str, limit: int) -> asyncio.Future[int]:
+        return self._script("SET_LIMIT", session_id, (limit,), change=True, then=_number)
 
-    async def describe(self, session_id: str) -> tuple[Summary, list[CursorInfo]]:
-        """The session's figures and its cursor table (most recently used first)."""
-        head, limit, evals, retained, flat = await self._run("DESCRIBE", session_id, change=False)
-        rows = []
-        for i in range(0, len(flat), 2):
-            seq, _, use = flat[i + 1].decode().partition(":")
-            rows.append((int(use), flat[i].decode(), int(seq)))
-        rows.sort(reverse=True)
-        head = int(head)
-        cursors = [CursorInfo(name, seq, max(0, head - seq)) for _, name, seq in rows]
-        summary = Summary(
-            id=session_id,
-            head=head,
-            retained=int(retained),
-            limit=int(limit),
-            cursors=len(cursors),
-            recorded=head,
-            lost=head - int(retained),
-            evaluations=int(evals or 0),
-        )
-        return summary, cursors
+    def summary(self, session_id: str) -> asyncio.Future[Summary]:
+        """The session's figures."""
 
-    async def start(self, session_id: str, limit: int) -> bool:
+        def summary(answer: list[Any]) -> Summary:
+            return _description(session_id, answer)[0]
+
+        return self._script("DESCRIBE", session_id, (), change=False, then=summary)
+
+    def cursors(self, session_id: str) -> asyncio.Future[list[CursorInfo]]:
+        """The session's cursor table, most recently used first."""
+
+        def cursors(answer: list[Any]) -> list[CursorInfo]:
+            return _description(session_id, answer)[1]
+
+        return self._script("DESCRIBE", session_id, (), change=False, then=cursors)
+
+    def start(self, session_id: str, limit: int) -> asyncio.Future[bool]:
         """Create the session; False when it exists already."""
-        (created,) = await self._run("START", session_id, limit, change=True)
-        return bool(created)
+        return self._script("START", session_id, (limit,), change=True, then=_yes)
 
-    async def stop(self, session_id: str) -> None:
-        await self._run("STOP", session_id, self.origin, change=True)
+    def stop(self, session_id: str) -> asyncio.Future[None]:
+        return self._script("STOP", session_id, (self.origin,), change=True, then=_nothing)
 
-    async def exists(self, session_id: str) -> bool:
-        try:
-            return bool(await self.client.exists(session_keys(session_id)[0]))
-        except Exception as exc:
-            raise StoreFailed(f"redis at {self.target.name} failed: {_reason(exc)}") from None
+    def exists(self, session_id: str) -> asyncio.Future[bool]:
+        key = session_keys(session_id)[0]
+        slot = self.client.keyslot(key) if self.target.cluster else 0
+        call = _Call(_pack(("EXISTS", key)), False, bool, slot)
+        self._queued(call)
+        return call.future
 
     async def ids(self) -> list[str]:
         """Every session's id: a scan of every primary for ``repl:{*}:meta`` keys.
@@ -597,6 +803,73 @@ def _firing(entry: Any) -> Firing:
     )
 
 
+async def _exchange(line: Any, packed: list[bytes]) -> list[Any]:
+    """Send ``packed`` on ``line`` and read one reply each; on a failure the line is dropped."""
+    try:
+        await line.send_packed_command(packed, check_health=False)
+        return await _read_replies(line, len(packed))
+    except BaseException:  # a broken link, a timeout: the rest is unread, start afresh
+        await line.disconnect(nowait=True)
+        raise
+
+
+async def _read_replies(line: Any, count: int) -> list[Any]:
+    """``count`` replies from ``line``; an error reply is a reply (its exception)."""
+    from redis.exceptions import ResponseError
+
+    replies: list[Any] = []
+    for _ in range(count):
+        try:
+            replies.append(await line.read_response(timeout=math.inf))
+        except ResponseError as exc:
+            replies.append(exc)
+    return replies
+
+
+def _recorded(answer: list[Any]) -> Recorded:
+    seq, duplicate = answer
+    return Recorded(int(seq), duplicate=bool(duplicate))
+
+
+def _batch(answer: list[Any]) -> Batch:
+    next, lost, entries = answer
+    return Batch(int(next), int(lost), [_firing(entry) for entry in entries])
+
+
+def _number(answer: list[Any]) -> int:
+    return int(answer[0])
+
+
+def _yes(answer: list[Any]) -> bool:
+    return bool(answer[0])
+
+
+def _nothing(answer: list[Any]) -> None:
+    return None
+
+
+def _description(session_id: str, answer: list[Any]) -> tuple[Summary, list[CursorInfo]]:
+    head, limit, evals, retained, flat = answer
+    rows = []
+    for i in range(0, len(flat), 2):
+        seq, _, use = flat[i + 1].decode().partition(":")
+        rows.append((int(use), flat[i].decode(), int(seq)))
+    rows.sort(reverse=True)
+    head = int(head)
+    cursors = [CursorInfo(name, seq, max(0, head - seq)) for _, name, seq in rows]
+    summary = Summary(
+        id=session_id,
+        head=head,
+        retained=int(retained),
+        limit=int(limit),
+        cursors=len(cursors),
+        recorded=head,
+        lost=head - int(retained),
+        evaluations=int(evals or 0),
+    )
+    return summary, cursors
+
+
 def _reason(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     return text.splitlines()[0]
@@ -634,8 +907,10 @@ class _Subscriber:
         """Ask for ``channel``; the event is set once the node confirmed it."""
         self.channels.add(channel)
         confirmed = self.confirmed.get(channel)
-        if confirmed is not None:
-            return confirmed  # subscribed already, or on its way
+        if confirmed is not None:  # subscribed already, or on its way
+            async with self.lock:
+                pass  # on its way: once it is sent, the connection is there to be read
+            return confirmed
         confirmed = self.confirmed[channel] = anyio.Event()
         async with self.lock:
             await self.pubsub.ssubscribe(channel)  # sends only: the reader sees the answer
@@ -795,8 +1070,8 @@ class Wakes:
             log.debug("unsubscribing: %s", exc)
 
     def _start_reading(self, subscriber: _Subscriber) -> None:
-        if subscriber.reading or self._tg is None:
-            return
+        if subscriber.reading or self._tg is None or subscriber.pubsub.connection is None:
+            return  # reading, closing, or its first SSUBSCRIBE failed (its caller drops it)
         subscriber.reading = True
         self._tg.start_soon(self._read, subscriber)
 

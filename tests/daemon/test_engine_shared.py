@@ -10,6 +10,7 @@ one with a replica each (through ``?replicas=1``): ``redis_any``.
 from __future__ import annotations
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from repl_daemon import protocol as p
@@ -116,7 +117,7 @@ async def test_every_refusal_is_a_repl_error(redis_any: AnyRedis) -> None:
 
 
 async def test_callers_that_go_away_never_stall_the_pipeline(redis_any: AnyRedis) -> None:
-    """Operations share pipelines; cancelled callers are dropped, and the lead is handed on."""
+    """Operations share pipelines; cancelled callers are dropped, and the sender goes on."""
     engine, committer = await opened(store_url(redis_any))
     await call(engine, p.Start(session="a"))
     answered: list[int] = []
@@ -160,3 +161,100 @@ async def test_a_change_its_replicas_do_not_confirm_is_refused_and_a_read_is_not
     assert isinstance(read, p.Firings)  # the refused send was made: only a replica is missing
     assert [f.result for f in read.firings] == ["unconfirmed"]
     await committer.close()
+
+
+async def test_a_redis_that_stops_answering_fails_the_pipeline_and_the_next_one_reconnects(
+    redis_single: RedisProc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One Redis: the pipelines' connection has one timeout a round trip, not one a reply.
+
+    A Redis paused past it fails what was on its way (``store_failed``, the
+    connection dropped with its unread replies), and the next operation
+    goes out on a new connection and is answered.
+    """
+    redis_single.flush()
+    monkeypatch.setattr(redis_store, "PIPELINE_TIMEOUT", 0.3)
+    engine, committer = await opened(redis_single.url)
+    await call(engine, p.Start(session="a"))
+    await call(engine, p.Send(session="a", text="before"))
+    with redis_single.admin() as admin:
+        admin.execute_command("CLIENT", "PAUSE", 1500, "ALL")
+        try:
+            with anyio.fail_after(5), pytest.raises(StoreFailed, match="failed"):
+                await call(engine, p.Read(session="a", after=0))
+        finally:
+            admin.execute_command("CLIENT", "UNPAUSE")
+    # a reply left unread on the old connection would answer this send: it is not there
+    sent = await call(engine, p.Send(session="a", text="after"))
+    assert isinstance(sent, p.Sent) and sent.seq == 2
+    read = await call(engine, p.Read(session="a", after=0))
+    assert isinstance(read, p.Firings)
+    assert [f.result for f in read.firings] == ["before", "after"]
+    await committer.close()
+
+
+async def test_closing_the_store_answers_every_operation_still_on_its_way(
+    redis_any: AnyRedis,
+) -> None:
+    """Nothing waits forever on a closed store: each is answered, or fails with store_failed."""
+    engine, committer = await opened(store_url(redis_any))
+    await call(engine, p.Start(session="a"))
+    store = committer.store
+    futures = [store.record("a", "on-message", f"m{n}", True, "t", None) for n in range(200)]
+    await anyio.lowlevel.checkpoint()  # the first pipeline leaves
+    await committer.close()
+    answered = failed = 0
+    with anyio.fail_after(5):
+        for future in futures:
+            try:
+                await future
+                answered += 1
+            except StoreFailed:
+                failed += 1
+    assert answered + failed == 200 and failed > 0
+    with pytest.raises(StoreFailed, match="not connected"):
+        store.record("a", "on-message", "after", True, "t", None)
+
+
+async def test_two_waiters_subscribing_to_one_session_at_once_both_get_its_wakes(
+    redis_any: AnyRedis,
+) -> None:
+    """The second subscribe of a channel on its way waits for the first to be sent.
+
+    It used to start the connection's reader at once, before the first
+    SSUBSCRIBE had made the connection: the reader failed ("pubsub
+    connection not set"), the link was dropped, and the first waiter got
+    store_failed.
+    """
+    url = store_url(redis_any)
+    sender, sender_committer = await opened(url)
+    await call(sender, p.Start(session="a"))
+    woken: list[str] = []
+    came = anyio.Event()
+
+    def wake(session_id: str, _: bytes) -> None:
+        woken.append(session_id)
+        came.set()
+
+    store = RedisStore(url)
+    await store.open()
+    wakes = redis_store.Wakes(store, wake, lambda: None)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wakes.run)
+        await anyio.sleep(0.05)
+        for _ in range(20):
+            with anyio.fail_after(5):
+                async with anyio.create_task_group() as both:
+                    both.start_soon(wakes.subscribe, "a")
+                    both.start_soon(wakes.subscribe, "a")
+            wakes.unsubscribe("a", linger=0)
+            wakes.unsubscribe("a", linger=0)
+            await anyio.sleep(0.02)
+        await wakes.subscribe("a")
+        await call(sender, p.Send(session="a", text="wake"))
+        with anyio.fail_after(5):
+            await came.wait()
+        tg.cancel_scope.cancel()
+    assert woken == ["a"]
+    await store.close()
+    await sender_committer.close()

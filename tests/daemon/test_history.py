@@ -21,13 +21,14 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from session.rules import MAX_KEYS
 from tests.helpers import Client, Daemon, DaemonProc
 
 SESSIONS = ("h0", "h1", "h2")
@@ -66,7 +67,9 @@ class Actor:
         self.position: dict[str, int] = dict.fromkeys(SESSIONS, 0)
         self.client: Client | None = None
         self.count = 0
-        self.my_keys: list[tuple[str, str]] = []
+        # the keys it retries: only its newest, well inside every session's dedup window
+        # however long the run (12 actors x 40 keys < MAX_KEYS)
+        self.my_keys: deque[tuple[str, str]] = deque(maxlen=40)
         # acks whose answer was lost with the daemon: they may or may not have happened
         self.unsure: dict[str, int] = {}
         self.resync = False
@@ -94,9 +97,10 @@ class Actor:
             self.resync = True
             return None
 
-    def run(self, ops: int) -> None:
+    def run(self, ops: int, chaos_over: threading.Event) -> None:
+        """``ops`` steps, and on until the restarts are all made (a fast machine is done first)."""
         try:
-            for _ in range(ops):
+            while self.count < ops or not chaos_over.is_set():
                 if time.monotonic() > self.deadline:
                     break
                 self.step()
@@ -270,16 +274,21 @@ class Actor:
             self.log.seen[(session, "shared")].append((start, time.monotonic(), answer["seq"]))
 
 
-def chaos(daemon: DaemonProc, stop: threading.Event, restarts: int, log: Log) -> None:
-    for i in range(restarts):
-        if stop.wait(0.3):
-            return
-        try:
-            daemon.restart(crash=i % 2 == 0)
-        except Exception as exc:
-            log.fail(f"restart failed: {exc}")
-            return
-        log.restarts += 1
+def chaos(
+    daemon: DaemonProc, stop: threading.Event, over: threading.Event, restarts: int, log: Log
+) -> None:
+    try:
+        for i in range(restarts):
+            if stop.wait(0.3):
+                return
+            try:
+                daemon.restart(crash=i % 2 == 0)
+            except Exception as exc:
+                log.fail(f"restart failed: {exc}")
+                return
+            log.restarts += 1
+    finally:
+        over.set()
 
 
 def run_history(daemon: Daemon, *, actors: int, ops: int, restarts: int, seed: int) -> Log:
@@ -292,9 +301,9 @@ def run_history(daemon: Daemon, *, actors: int, ops: int, restarts: int, seed: i
     setup.close()
     deadline = time.monotonic() + 40
     crew = [Actor(n, daemon, log, seed * 1000 + n, deadline) for n in range(actors)]
-    threads = [threading.Thread(target=a.run, args=(ops,)) for a in crew]
-    stop = threading.Event()
-    monkey = threading.Thread(target=chaos, args=(daemon, stop, restarts, log))
+    stop, chaos_over = threading.Event(), threading.Event()
+    threads = [threading.Thread(target=a.run, args=(ops, chaos_over)) for a in crew]
+    monkey = threading.Thread(target=chaos, args=(daemon, stop, chaos_over, restarts, log))
     for t in threads:
         t.start()
     monkey.start()
@@ -329,11 +338,14 @@ def check_final(c: Client, log: Log, crew: list[Actor]) -> None:
                 log.fail(f"{session}: stored seq {seq} is after the head {head}")
             elif seq >= first and by_seq.get(seq) != text:
                 log.fail(f"{session}: seq {seq} is {by_seq.get(seq)!r}, was told {text!r}")
-        for (s, key), seq in log.keys.items():
-            if s == session:
-                again = c.ok({"op": "send", "session": session, "text": "x", "key": key})
-                if not again["duplicate"] or again["seq"] != seq:
-                    log.fail(f"{session}: key {key} gave {again}, first {seq}")
+        # the session remembers its newest MAX_KEYS keys: each of the newest half of those
+        # the log knows must be a duplicate (the other half leaves room for the keys whose
+        # answers a restart lost, which the session has and the log does not)
+        keyed = sorted((seq, key) for (s, key), seq in log.keys.items() if s == session)
+        for seq, key in keyed[-MAX_KEYS // 2 :]:
+            again = c.ok({"op": "send", "session": session, "text": "x", "key": key})
+            if not again["duplicate"] or again["seq"] != seq:
+                log.fail(f"{session}: key {key} gave {again}, first {seq}")
         cursors = {
             r["name"]: r["seq"] for r in c.ok({"op": "cursors", "session": session})["cursors"]
         }
