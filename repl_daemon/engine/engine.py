@@ -274,9 +274,13 @@ class Engine:
         acks = [(session_id, req.ack[session_id]) for session_id in ids if session_id in req.ack]
         # every session must exist before any is acked (or read: a read is an evaluation)
         committer = self.committer
-        first: list[Outcome[Any]] = [committer.require(ids)]
-        if acks:
-            first.append(committer.ack_all(req.cursor, acks))
+        first: list[Outcome[Any]]
+        if len(ids) == 1 and acks:  # the ack checks that its one session exists, in one step
+            first = [committer.ack_all(req.cursor, acks)]
+        else:
+            first = [committer.require(ids)]
+            if acks:
+                first.append(committer.ack_all(req.cursor, acks))
         return Outcome.of(Wait(self, req, ids, first))
 
 

@@ -132,6 +132,11 @@ class SharedCommitter:
         for session_id, _ in acks:
             check_session_id(session_id)
 
+        if len(acks) == 1:  # the script checks the ack and makes it in one atomic step
+            ((session_id, seq),) = acks
+            check_seq(seq)
+            return Outcome.pending(lambda: self.store.ack(session_id, cursor, seq)).then(_listed)
+
         async def ack() -> list[int]:
             for session_id, seq in acks:  # every ack checked, in order, before one is made
                 check_seq(seq)
@@ -226,6 +231,8 @@ class SharedCommitter:
         return Outcome.later(totals)
 
     def watch(self, session_id: str) -> Outcome[None]:
+        if self.wakes.holds(session_id):  # a waiter here, or one that just left: no round trip
+            return Outcome.now(None)
         return Outcome.later(lambda: self.wakes.subscribe(session_id))
 
     def unwatch(self, session_id: str) -> None:
@@ -235,3 +242,7 @@ class SharedCommitter:
         return NoSuchSession(
             f"session {session_id!r} is gone: stopped on another daemon, or lost by Redis"
         )
+
+
+def _listed(moved: int) -> list[int]:
+    return [moved]

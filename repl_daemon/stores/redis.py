@@ -1028,6 +1028,21 @@ class Wakes:
             del self.subscribers[subscriber.name]
         await subscriber.close()
 
+    def holds(self, session_id: str) -> bool:
+        """Whether the session's wakes are subscribed and confirmed: if so, it is wanted now.
+
+        The link it is on must still be read (a broken one is being
+        repaired, and its waiters read again once it is back).
+        """
+        channel = wake_channel(session_id)
+        for subscriber in self.subscribers.values():
+            confirmed = subscriber.confirmed.get(channel)
+            held = confirmed is not None and confirmed.is_set() and subscriber.reading
+            if held and channel in subscriber.channels:
+                self.wanted.add(session_id)
+                return True
+        return False
+
     async def subscribe(self, session_id: str) -> None:
         """Subscribe to the session's wakes; returns once Redis confirmed it."""
         self.wanted.add(session_id)

@@ -258,3 +258,50 @@ async def test_two_waiters_subscribing_to_one_session_at_once_both_get_its_wakes
     assert woken == ["a"]
     await store.close()
     await sender_committer.close()
+
+
+def _commands(redis: AnyRedis) -> dict[str, int]:
+    """The calls of every command so far, summed over the nodes (scripts' own inside)."""
+    total: dict[str, int] = {}
+    for server in redis.servers:
+        with server.admin() as admin:
+            for name, row in admin.info("commandstats").items():
+                command = name.removeprefix("cmdstat_")
+                total[command] = total.get(command, 0) + int(row["calls"])
+    return total
+
+
+async def test_a_monitors_wait_with_its_ack_is_one_script_then_one_read(
+    redis_any: AnyRedis,
+) -> None:
+    """``repl wait ID --ack N`` in a loop: the ack checks the session and the seq and moves
+    the cursor in one script; its wakes are still subscribed from the turn before (they
+    linger); then one read. No EXISTS, no separate check, no SSUBSCRIBE."""
+    engine, committer = await opened(store_url(redis_any))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.run)
+        await call(engine, p.Start(session="a"))
+        await call(engine, p.Send(session="a", text="one"))
+        first = await call(engine, p.Wait(sessions=["a"], cursor="mon"))
+        assert isinstance(first, p.Woken) and first.batches[0].next == 1
+        await call(engine, p.Send(session="a", text="two"))
+        before = _commands(redis_any)
+        turn = await call(engine, p.Wait(sessions=["a"], cursor="mon", ack={"a": 1}))
+        after = _commands(redis_any)
+        assert isinstance(turn, p.Woken)
+        assert [f.result for f in turn.batches[0].firings] == ["two"]
+        spent = {c: n - before.get(c, 0) for c, n in after.items() if n != before.get(c, 0)}
+        spent.pop("info", None)  # our own look
+        # the ack, then the read (with ?replicas=1 on a cluster the ack is an EVAL and a WAIT)
+        assert spent.get("evalsha", 0) + spent.get("eval", 0) == 2, spent
+        assert "exists" not in spent and "ssubscribe" not in spent, spent
+        # a refused ack changes nothing, and is the error a separate check would give
+        with pytest.raises(ReplError, match="cannot ack 9: head is 2"):
+            await call(engine, p.Wait(sessions=["a"], cursor="mon", ack={"a": 9}))
+        with pytest.raises(NoSuchSession):
+            await call(engine, p.Wait(sessions=["missing"], cursor="mon", ack={"missing": 1}))
+        table = await call(engine, p.Cursors(session="a"))
+        assert isinstance(table, p.CursorList)
+        assert [(c.name, c.seq) for c in table.cursors] == [("mon", 1)]
+        tg.cancel_scope.cancel()
+    await committer.close()
