@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from repl_cli.errors import USAGE, CliError, ReaderGone, from_wire
+from repl_cli.errors import USAGE, CliError, ReaderGone, from_wire, unavailable
 from repl_daemon import protocol as p
 from repl_daemon.locations import DEFAULT_ADDR, default_home, split_addr
 
@@ -37,10 +37,13 @@ _decode_any = msgspec.json.Decoder().decode
 __all__ = ["DEFAULT_ADDR", "Client", "default_home", "parse_addr"]
 
 
-def parse_addr(addr: str) -> tuple[str, int]:
+def parse_addr(addr: str, where: str = "") -> tuple[str, int]:
+    """``HOST:PORT``; ``where`` names where it came from (" (from REPL_ADDR)") in the error."""
     split = split_addr(addr)
     if split is None:
-        raise CliError(f"address {addr!r} is not HOST:PORT (for example {DEFAULT_ADDR})", USAGE)
+        raise CliError(
+            f"address {addr!r}{where} is not HOST:PORT (for example {DEFAULT_ADDR})", USAGE
+        )
     return split
 
 
@@ -65,8 +68,17 @@ def _connect(host: str, port: int) -> socket.socket:
 class Client:
     """One connection to the daemon, opened on the first request."""
 
-    def __init__(self, addr: str | None = None, home: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        addr: str | None = None,
+        home: str | Path | None = None,
+        *,
+        addr_from_env: bool = False,
+    ) -> None:
+        from_env = addr_from_env or (not addr and bool(os.environ.get("REPL_ADDR")))
         self.addr = addr or os.environ.get("REPL_ADDR") or DEFAULT_ADDR
+        #: how an error names where the address came from
+        self._from_env = " (from REPL_ADDR)" if from_env else ""
         self.home = Path(home) if home else default_home()
         self._sock: socket.socket | None = None
         self._buf = bytearray()
@@ -81,13 +93,13 @@ class Client:
         return self.home / "token"
 
     def connect(self) -> None:
-        host, port = parse_addr(self.addr)
+        host, port = parse_addr(self.addr, self._from_env)
         try:
             sock = _connect(host, port)
         except OSError as exc:
             reason = exc.strerror or str(exc)
-            raise CliError(
-                f"no daemon at {self.addr} ({reason}): start one with `repl daemon`"
+            raise unavailable(
+                f"no daemon at {self.addr}{self._from_env} ({reason}): start one with `repl daemon`"
             ) from None
         sock.settimeout(None)  # deadlines are kept by _fill, which can also watch stdout
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -189,7 +201,7 @@ class Client:
             ready = poller.poll(wait_ms)
             if not ready:
                 if deadline is not None and time.monotonic() >= deadline:
-                    raise CliError(
+                    raise unavailable(
                         f"the daemon at {self.addr} did not answer within {CALL_TIMEOUT:g} s: "
                         "see its log (daemon.log in its state directory)"
                     )
@@ -208,7 +220,7 @@ class Client:
     def _lost(self, exc: OSError | None) -> CliError:
         self.close()
         reason = f" ({exc.strerror or exc})" if exc is not None else ""
-        return CliError(
+        return unavailable(
             f"the daemon at {self.addr} closed the connection{reason}: "
             "check it with `repl ping` and run the command again"
         )

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from repl_cli.client import Client
 from repl_cli.errors import CliError, ReaderGone
 from repl_cli.output import FiringFormat
+from repl_cli.reconnect import Reconnect
 from repl_cli.sink import Sink
 from repl_daemon import protocol as p
 from session.firing import Firing
@@ -98,14 +99,22 @@ def deliver(printer: Printer, batches: Sequence[Batch]) -> None:
     printer.ack(printer.show(batches))
 
 
-def follow(printer: Printer, session: str, cursor: str) -> None:
-    """Stream until interrupted: one wait request a batch, carrying the last batch's ack."""
+def follow(printer: Printer, session: str, cursor: str, again: Reconnect) -> None:
+    """Stream until interrupted: one wait request a batch, carrying the last batch's ack.
+
+    ``again`` rides out an outage: the next wait, sent again on a new
+    connection, carries the same ack (acks are idempotent).
+    """
     client = printer.client
     carried: dict[str, int] = {}
+
+    def look() -> p.Woken:
+        client.send(p.Wait(sessions=[session], cursor=cursor, ack=carried))
+        return client.receive(p.Woken, timeout=None, watch=printer.watch)
+
     while True:
         try:
-            client.send(p.Wait(sessions=[session], cursor=cursor, ack=carried))
-            woken = client.receive(p.Woken, timeout=None, watch=printer.watch)
+            woken = again.run(look)
         except (ReaderGone, KeyboardInterrupt):
             # the wait carrying the ack may not have reached the session: ack it
             # again on a fresh connection (acks are idempotent)

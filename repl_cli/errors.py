@@ -16,6 +16,7 @@ OK = 0
 ERROR = 1
 TIMED_OUT = 2  # `repl wait --timeout` passed with nothing printed
 USAGE = 64  # EX_USAGE from sysexits.h
+UNAVAILABLE = 75  # EX_TEMPFAIL: the daemon or its store is away, or shutting down; try again
 INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 
 
@@ -26,6 +27,11 @@ class CliError(Exception):
         super().__init__(message)
         self.message = message
         self.status = status
+
+
+def unavailable(message: str) -> CliError:
+    """The daemon or its store cannot be reached, or is shutting down: exit 75, try again."""
+    return CliError(message, UNAVAILABLE)
 
 
 class ReaderGone(Exception):
@@ -53,13 +59,13 @@ WIRE: dict[str, tuple[int, str]] = {
     Code.UNKNOWN_OP: (ERROR, "the daemon is older than this client: upgrade it"),
     Code.LINE_TOO_LONG: (ERROR, "send less at once"),
     Code.UNAUTHORIZED: (ERROR, "point --home (or REPL_HOME) at the daemon's state directory"),
-    Code.IDLE_TIMEOUT: (ERROR, "run the command again"),
+    Code.IDLE_TIMEOUT: (UNAVAILABLE, "run the command again"),
     Code.NO_SUCH_SESSION: (ERROR, ""),
     Code.SESSION_EXISTS: (ERROR, ""),
     Code.SESSION_STOPPED: (ERROR, "it no longer exists: `repl start` it again to reuse the id"),
     Code.TOO_MANY: (ERROR, "stop what you no longer need, or raise the daemon's limit"),
-    Code.STORE_FAILED: (ERROR, "nothing changed; see the daemon's log and run the command again"),
-    Code.SHUTTING_DOWN: (ERROR, ""),
+    Code.STORE_FAILED: (UNAVAILABLE, "see the daemon's log and run the command again"),
+    Code.SHUTTING_DOWN: (UNAVAILABLE, ""),
     Code.INTERNAL: (ERROR, "a bug in repl; the daemon's log has the details"),
 }
 

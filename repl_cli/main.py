@@ -117,7 +117,8 @@ class ReplGroup(_PlainHelp, click.Group):
 @click.pass_context
 def cli(ctx: click.Context, addr: str | None, home: str | None) -> None:
     """A session inbox: send firings to sessions, and read, wait for or follow them."""
-    client = Client(addr, home)
+    from_env = ctx.get_parameter_source("addr") is click.core.ParameterSource.ENVIRONMENT
+    client = Client(addr, home, addr_from_env=from_env)
     ctx.obj = client
     ctx.call_on_close(client.close)
 
@@ -144,6 +145,21 @@ def firing_format(
 
 
 # -- the daemon ---------------------------------------------------------------
+
+
+def reconnect_option(command: F) -> F:
+    """``--reconnect SECS`` of the readers that ride out a restart (SPEC §8)."""
+    from repl_cli.reconnect import DEFAULT_RECONNECT
+
+    return click.option(
+        "--reconnect",
+        type=click.FloatRange(min=0),
+        default=DEFAULT_RECONNECT,
+        show_default=True,
+        metavar="SECS",
+        help="While the daemon or its store is away, try again for up to SECS, then exit 75 "
+        "(0: exit 75 at once).",
+    )(command)
 
 
 def daemon_options(command: F) -> F:
@@ -328,6 +344,7 @@ def read(
     help="Give up after SECS (exit status 2).",
 )
 @click.option("--peek", is_flag=True, help="Do not acknowledge.")
+@reconnect_option
 @firing_formats
 @click.pass_obj
 def wait(
@@ -336,6 +353,7 @@ def wait(
     cursor: str,
     timeout: float | None,
     peek: bool,
+    reconnect: float,
     seq: bool,
     full: bool,
     as_json: bool,
@@ -344,16 +362,31 @@ def wait(
 
     With several sessions, it returns with those that have firings and puts
     each line's session id first. Exit status 2: --timeout passed, nothing came.
+    A daemon restart or a store outage meanwhile is ridden out (--reconnect).
     """
+    import time
+
+    from repl_cli.reconnect import Reconnect, TimedOut
+
     ids = list(dict.fromkeys(sessions))
     fmt = firing_format(seq, full, as_json, several=len(ids) > 1)
     printer = Printer(client, fmt, None if peek else cursor)
-    timeout_ms = None if timeout is None else round(timeout * 1000)
-    client.send(p.Wait(sessions=ids, cursor=cursor, timeout_ms=timeout_ms))
-    woken = client.receive(p.Woken, timeout=None, watch=printer.watch)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    again = Reconnect(client, reconnect, deadline)
+
+    def look() -> p.Woken:
+        client.send(p.Wait(sessions=ids, cursor=cursor, timeout_ms=again.remaining_ms()))
+        return client.receive(p.Woken, timeout=None, watch=printer.watch)
+
+    try:
+        woken = again.run(look)
+    except TimedOut:
+        return TIMED_OUT
     if woken.timed_out:
         return TIMED_OUT
-    deliver(printer, [Batch(b.session, b.next, b.lost, b.firings) for b in woken.batches])
+    taken = printer.show([Batch(b.session, b.next, b.lost, b.firings) for b in woken.batches])
+    # printed: the ack is tried again across an outage too (acks are idempotent)
+    Reconnect(client, reconnect).run(lambda: printer.ack(taken))
     return OK
 
 
@@ -363,6 +396,7 @@ def wait(
     "--cursor", default=FOLLOW_CURSOR, show_default=True, metavar="NAME", help="Follow this cursor."
 )
 @click.option("--from-now", is_flag=True, help="First acknowledge everything recorded so far.")
+@reconnect_option
 @firing_formats
 @click.pass_obj
 def follow_command(
@@ -370,16 +404,28 @@ def follow_command(
     session: str,
     cursor: str,
     from_now: bool,
+    reconnect: float,
     seq: bool,
     full: bool,
     as_json: bool,
 ) -> None:
-    """Stream firings until interrupted, acknowledging each batch once printed."""
+    """Stream firings until interrupted, acknowledging each batch once printed.
+
+    A daemon restart or a store outage is ridden out (--reconnect): it goes
+    on from the cursor, so nothing is lost and nothing unprinted acknowledged.
+    """
+    from repl_cli.reconnect import Reconnect
+
     fmt = firing_format(seq, full, as_json)
+    again = Reconnect(client, reconnect)
     if from_now:
-        head = client.call(p.Stats(session=session), p.StatsReply).sessions[0].head
-        client.call(p.Ack(session=session, cursor=cursor, seq=head), p.Acked)
-    follow(Printer(client, fmt, cursor), session, cursor)
+
+        def skip() -> None:
+            head = client.call(p.Stats(session=session), p.StatsReply).sessions[0].head
+            client.call(p.Ack(session=session, cursor=cursor, seq=head), p.Acked)
+
+        again.run(skip)
+    follow(Printer(client, fmt, cursor), session, cursor, again)
 
 
 @cli.command()

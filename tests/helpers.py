@@ -346,11 +346,13 @@ class DaemonProc(Daemon):
             self.proc.stdout.close()
 
     def restart(self, *, crash: bool = False) -> None:
+        """Stop it (SIGKILL with ``crash``) and start it again on the same port, as a user's
+        daemon comes back on its address."""
         if crash:
             self.kill()
         else:
             self.stop()
-        self.start()
+        self.start(self.port)
 
 
 class SharedDaemons:

@@ -133,11 +133,11 @@ BROKEN = "closed the connection (Connection reset by peer): check it with `repl 
 
 
 def test_a_reset_while_a_wait_blocks_is_one_line(repl: Repl, s: str, relay: Relay) -> None:
-    with through(repl, relay).popen("wait", s) as proc:
+    with through(repl, relay).popen("wait", s, "--reconnect", "0") as proc:
         eventually(lambda: repl.waiters(s) == 1, what="the wait to block")
         relay.cut()
         stdout, stderr = proc.communicate(timeout=15)
-    assert (proc.returncode, stdout) == (1, b"")
+    assert (proc.returncode, stdout) == (75, b"")
     assert_one_error_line(stderr.decode())
     assert f"the daemon at {relay.addr} {BROKEN}" in stderr.decode()
 
@@ -152,7 +152,7 @@ def test_a_reset_between_printing_and_acking_loses_nothing(
         assert read_line(proc) == b"on-message: one\n"
         assert read_line(proc) == b"on-message: two\n"
         stdout, stderr = proc.communicate(timeout=15)
-    assert (proc.returncode, stdout) == (1, b"")
+    assert (proc.returncode, stdout) == (75, b"")
     assert_one_error_line(stderr.decode())
     # on a machine slow enough that the connection was quiet past REFRESH_AFTER,
     # the CLI reconnects for the ack instead, and the relay refuses it
@@ -181,11 +181,11 @@ def test_a_reader_that_leaves_after_a_reset_stops_quietly_and_loses_nothing(
 def test_a_daemon_killed_mid_wait_is_one_line_saying_to_check_it(daemon: DaemonProc) -> None:
     repl = Repl(daemon)
     s = repl.session("s")
-    with repl.popen("wait", s) as proc:
+    with repl.popen("wait", s, "--reconnect", "0") as proc:
         eventually(lambda: repl.waiters(s) == 1, what="the wait to block")
         daemon.kill()
         stdout, stderr = proc.communicate(timeout=15)
-    assert (proc.returncode, stdout) == (1, b"")
+    assert (proc.returncode, stdout) == (75, b"")
     assert_one_error_line(stderr.decode())
     assert stderr.decode() == (
         f"repl: the daemon at {daemon.addr} closed the connection: "
@@ -203,7 +203,7 @@ def test_a_host_name_reaches_the_daemon(repl: Repl) -> None:
 def test_an_ipv6_address_with_no_daemon_is_one_line(repl: Repl) -> None:
     addr = f"[::1]:{free_port()}"
     done = repl.run("--addr", addr, "ping")
-    assert done.returncode == 1
+    assert done.returncode == 75
     assert_one_error_line(done.stderr)
     assert done.stderr.startswith(f"repl: no daemon at {addr} (")
 

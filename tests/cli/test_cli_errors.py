@@ -23,9 +23,15 @@ from tests.helpers import (
 def test_no_daemon_is_one_line_saying_how_to_start_one(tmp_path: Path) -> None:
     addr = f"127.0.0.1:{free_port()}"
     env = {**os.environ, "REPL_ADDR": addr, "REPL_HOME": str(tmp_path)}
-    for args in (["ping"], ["read", "s"], ["wait", "s"], ["send", "s", "x"], ["sessions"]):
+    for args in (
+        ["ping"],
+        ["read", "s"],
+        ["wait", "s", "--reconnect", "0"],
+        ["send", "s", "x"],
+        ["sessions"],
+    ):
         done = subprocess.run(repl_argv(*args), capture_output=True, text=True, env=env, timeout=30)
-        assert done.returncode == 1
+        assert done.returncode == 75  # unavailable: try again later
         assert_one_error_line(done.stderr)
         assert done.stderr.startswith(f"repl: no daemon at {addr}")
         assert "`repl daemon`" in done.stderr
@@ -110,15 +116,15 @@ def test_stopping_the_session_ends_its_waiters_with_status_1(repl: Repl, s: str)
     assert "stopped" in stderr.decode()
 
 
-def test_a_daemon_that_goes_away_mid_wait_is_status_1(inproc: InProcDaemon) -> None:
+def test_a_daemon_that_goes_away_mid_wait_is_75_without_reconnect(inproc: InProcDaemon) -> None:
     repl = Repl(inproc)
     s = repl.session("s")
-    with repl.popen("wait", s) as proc:
+    with repl.popen("wait", s, "--reconnect", "0") as proc:
         eventually(lambda: repl.waiters(s) == 1, what="the wait to block")
         inproc.close_clients()
         inproc.stop()
         stdout, stderr = proc.communicate(timeout=15)
-    assert proc.returncode == 1
+    assert proc.returncode == 75  # unavailable: the shutting-down answer, or the closed link
     assert stdout == b""
     assert_one_error_line(stderr.decode())
 

@@ -210,6 +210,20 @@ def test_waiters_blocked_on_every_daemon_cost_the_cluster_no_command(
         while not subscribed():
             assert time.monotonic() < deadline, "the daemons did not subscribe"
             time.sleep(0.05)
+        # subscribed comes before each wait's first look: let those reads finish (on a
+        # busy machine some are still on their way), then count over the idle window
+        quiet = command_counts(admins)
+        while True:
+            time.sleep(0.3)
+            now = command_counts(admins)
+            if all(
+                {k: v for k, v in now[port].items() if k != "cmdstat_info"}
+                == {k: v for k, v in quiet[port].items() if k != "cmdstat_info"}
+                for port in admins
+            ):
+                break
+            assert time.monotonic() < deadline + 10, "the waits' first reads never ended"
+            quiet = now
         assert not answered(waits, 0)
         before = command_counts(admins)
         time.sleep(IDLE_SECONDS)

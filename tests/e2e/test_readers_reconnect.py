@@ -1,0 +1,131 @@
+"""Readers that outlive a restart (SPEC §8), with the installed ``repl`` in a real shell.
+
+A blocked ``repl wait`` and a running ``repl follow`` ride out a SIGTERM
+restart and a ``kill -9`` of their daemon (a durable one: the sessions come
+back), get the firing sent after it, and say once on stderr that they are
+reconnecting and once that they are back; nothing printed before is lost,
+nothing unprinted acknowledged. With no daemon, ``--reconnect 1`` gives up
+with exit 75 after about a second; every other command exits 75 at once.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import DaemonProc, Repl, eventually, free_port, repl_argv
+
+UNAVAILABLE = 75
+
+
+def _lines(proc: subprocess.Popen[bytes], count: int, timeout: float = 20) -> list[str]:
+    """``count`` lines of the child's stdout, each within ``timeout`` seconds."""
+    assert proc.stdout is not None
+    out: list[str] = []
+    for _ in range(count):
+        ready, _, _ = select.select([proc.stdout], [], [], timeout)
+        assert ready, f"no line from {proc.args} after {out}"
+        out.append(proc.stdout.readline().decode().rstrip("\n"))
+    return out
+
+
+@pytest.mark.parametrize("crash", [False, True], ids=["sigterm", "kill-9"])
+def test_a_blocked_wait_rides_out_a_restart_and_gets_the_next_firing(
+    durable_daemon: DaemonProc, crash: bool
+) -> None:
+    repl = Repl(durable_daemon)
+    s = repl.session("w", "before")
+    assert repl.ok("wait", s) == "on-message: before\n"  # acknowledged on cursor `wait`
+    waiter = repl.popen("wait", s)
+    eventually(lambda: repl.waiters(s) == 1, what="the wait blocks")
+    durable_daemon.restart(crash=crash)
+    repl.send(s, "after")
+    out, err = waiter.communicate(timeout=30)
+    assert waiter.returncode == 0, err
+    assert out.decode() == "on-message: after\n"
+    notes = err.decode().splitlines()
+    assert len(notes) == 2, notes
+    addr = f"127.0.0.1:{durable_daemon.port}"
+    lost = "the daemon is shutting down" if not crash else f"the daemon at {addr} closed"
+    assert notes[0].startswith(f"repl: {lost}"), notes
+    assert notes[0].endswith("; reconnecting for up to 300 s"), notes
+    assert notes[1] == f"repl: reconnected to the daemon at 127.0.0.1:{durable_daemon.port}"
+    assert repl.cursor(s, "wait") == 2  # what it printed after the restart, acknowledged
+
+
+@pytest.mark.parametrize("crash", [False, True], ids=["sigterm", "kill-9"])
+def test_a_follow_keeps_going_across_a_restart_losing_nothing(
+    durable_daemon: DaemonProc, crash: bool
+) -> None:
+    repl = Repl(durable_daemon)
+    s = repl.session("f", "one")
+    follower = repl.popen("follow", s, "--seq")
+    try:
+        assert _lines(follower, 1) == ["#1 on-message: one"]
+        eventually(lambda: repl.waiters(s) == 1, what="the follow blocks")
+        durable_daemon.restart(crash=crash)
+        repl.send(s, "two", "three")
+        assert _lines(follower, 2) == ["#2 on-message: two", "#3 on-message: three"]
+        eventually(lambda: repl.waiters(s) == 1, what="the follow blocks again")
+        assert repl.cursor(s, "follow") == 3  # carried by the wait it now blocks in
+    finally:
+        follower.terminate()
+        _, err = follower.communicate(timeout=10)
+    notes = err.decode().splitlines()
+    assert notes[0].endswith("reconnecting for up to 300 s"), notes
+    assert notes[1].startswith("repl: reconnected to the daemon at "), notes
+
+
+def _nowhere(tmp_path: Path) -> tuple[str, dict[str, str]]:
+    """An address no daemon listens on, and the environment that names it."""
+    addr = f"127.0.0.1:{free_port()}"
+    (tmp_path / "token").write_text("t\n")
+    return addr, {**os.environ, "REPL_ADDR": addr, "REPL_HOME": str(tmp_path)}
+
+
+def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(repl_argv(*args), capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_with_no_daemon_a_reader_gives_up_after_reconnect_secs_with_75(tmp_path: Path) -> None:
+    addr, env = _nowhere(tmp_path)
+    for command in (["wait", "s"], ["follow", "s"]):
+        began = time.monotonic()
+        done = _run(env, *command, "--reconnect", "1")
+        took = time.monotonic() - began
+        assert done.returncode == UNAVAILABLE, done
+        notes = done.stderr.splitlines()
+        assert notes[0].startswith(f"repl: no daemon at {addr} (from REPL_ADDR)"), notes
+        assert notes[0].endswith("reconnecting for up to 1 s")
+        assert notes[1].startswith("repl: gave up after 1 s: no daemon at"), notes
+        assert len(notes) == 2 and "Traceback" not in done.stderr
+        assert 0.9 < took < 5, took  # a bound on the test, not a timing claim
+    done = _run(env, "wait", "s", "--reconnect", "0")
+    assert done.returncode == UNAVAILABLE and done.stderr.count("\n") == 1, done
+    for command in (["ping"], ["send", "s", "x"], ["read", "s"], ["sessions"]):
+        done = _run(env, *command)
+        assert done.returncode == UNAVAILABLE, (command, done)
+        assert done.stderr.startswith(f"repl: no daemon at {addr} (from REPL_ADDR)"), done
+
+
+def test_a_waits_timeout_still_bounds_it_while_the_daemon_is_away(tmp_path: Path) -> None:
+    _, env = _nowhere(tmp_path)
+    done = _run(env, "wait", "s", "--timeout", "0.5")
+    assert done.returncode == 2, done  # --timeout passed, nothing printed
+    assert "reconnecting" in done.stderr
+
+
+def test_a_stopped_session_is_no_outage(durable_daemon: DaemonProc) -> None:
+    repl = Repl(durable_daemon)
+    s = repl.session("x")
+    waiter = repl.popen("wait", s)
+    eventually(lambda: repl.waiters(s) == 1, what="the wait blocks")
+    repl.ask({"op": "stop", "session": s})
+    _, err = waiter.communicate(timeout=20)
+    assert waiter.returncode == 1, err
+    assert "reconnect" not in err.decode()
