@@ -21,6 +21,8 @@ from repl_cli.errors import CliError
 from repl_cli.output import line
 
 START_TIMEOUT = 30.0
+#: how long ``repl shutdown`` waits for the daemon to exit
+STOP_TIMEOUT = 30.0
 
 
 def already_running(addr: str) -> bool:
@@ -46,7 +48,7 @@ def refuse_if_running(addr: str) -> None:
     if already_running(addr):
         raise CliError(
             f"a daemon is already running at {addr} (`repl ping` tells which): "
-            "use it, stop it first, or pass another --addr"
+            "use it, stop it with `repl shutdown`, or pass another --addr"
         )
 
 
@@ -111,3 +113,30 @@ def _last_words(lines: list[str]) -> str:
         if words and not set(words) <= set("+-|"):
             return words.removeprefix("repl daemon: ")
     return "it wrote nothing"
+
+
+def wait_until_gone(addr: str, pid: int) -> None:
+    """Return once the daemon at ``addr`` no longer answers and, when it is on this
+    machine (``pid`` is a process here), once that process has exited."""
+    deadline = time.monotonic() + STOP_TIMEOUT
+    pause = 0.01
+    while already_running(addr) or _alive(pid):
+        if time.monotonic() > deadline:
+            raise CliError(
+                f"the daemon at {addr} (pid {pid}) did not exit within {STOP_TIMEOUT:g} s: "
+                "see its log (daemon.log in its state directory)"
+            )
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs here; an exited child not yet reaped (a zombie) has exited."""
+    if pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False  # gone, or not a process of this machine
+    return state not in (b"Z", b"X")

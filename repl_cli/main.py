@@ -206,10 +206,37 @@ def daemon(client: Client, /, detach: bool, **options: Any) -> None:
 
 
 @cli.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON object.")
 @click.pass_obj
-def ping(client: Client) -> None:
-    """Is the daemon there? Prints its version and uptime."""
-    output.pong(client.call(p.Ping(), p.Pong), client.addr)
+def ping(client: Client, as_json: bool) -> None:
+    """Is the daemon there? Its version, address, pid, store and uptime (exit 75: no)."""
+    pong = client.call(p.Ping(), p.Pong)
+    if as_json:
+        output.print_json(
+            {
+                "version": pong.version,
+                "addr": client.addr,
+                "pid": pong.pid,
+                "store": pong.store,
+                "uptime_s": pong.uptime_s,
+            }
+        )
+        return
+    output.pong(pong, client.addr)
+
+
+@cli.command()
+@click.pass_obj
+def shutdown(client: Client) -> None:
+    """Stop the daemon gracefully (its waiters are told, its state written); return once
+    it has exited. Exit 75 when no daemon answers."""
+    from repl_cli import launch
+
+    pong = client.call(p.Ping(), p.Pong)
+    client.call(p.Shutdown(), p.Done)
+    client.close()
+    launch.wait_until_gone(client.addr, pong.pid)
+    output.line(f"stopped the daemon at {client.addr} (pid {pong.pid})")
 
 
 # -- sessions -------------------------------------------------------------------

@@ -212,8 +212,11 @@ def stats_tables(stats: StatsReply, *, with_daemon: bool) -> None:
 
 
 def pong(answer: Pong, addr: str) -> None:
-    """``repl ping``: the daemon's version, address and uptime."""
-    line(f"repl daemon {answer.version} at {addr}, up {duration(answer.uptime_s)}")
+    """``repl ping``: the daemon's version, address, pid, store and uptime."""
+    line(
+        f"repl daemon {answer.version} at {addr}, pid {answer.pid}, store {answer.store}, "
+        f"up {duration(answer.uptime_s)}"
+    )
 
 
 def sent(answer: Sent) -> None:

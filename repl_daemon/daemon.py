@@ -122,8 +122,15 @@ async def serve_engine(
             # the parent of a detached or test daemon reads this line for the port
             print(f"listening on {config.host}:{port}", flush=True)
         task_status.started(port)
+        stop = stop or anyio.Event()
+
+        async def on_request() -> None:  # `repl shutdown`
+            await engine.shutdown_requested.wait()
+            stop.set()
+
+        tg.start_soon(on_request)
         try:
-            await (stop or anyio.Event()).wait()
+            await stop.wait()
         finally:
             with anyio.CancelScope(shield=True):
                 await _drain(engine)

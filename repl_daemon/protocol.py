@@ -102,12 +102,16 @@ class Stats(Request, tag="stats"):
     session: str | None = None
 
 
+class Shutdown(Request, tag="shutdown"):
+    """Stop the daemon as SIGTERM does: answered ``done``, then waiters are told and it exits."""
+
+
 AnyRequest = (
     Auth | Ping | Start | Stop | Sessions | Send | Read | Wait | Ack | Cursors | Buffer | Poll
-) | Stats
+) | (Stats | Shutdown)
 
 OPS: tuple[str, ...] = ("auth", "ping", "start", "stop", "sessions", "send", "read", "wait")
-OPS += ("ack", "cursors", "buffer", "poll", "stats")
+OPS += ("ack", "cursors", "buffer", "poll", "stats", "shutdown")
 
 
 # -- responses -------------------------------------------------------------
@@ -128,6 +132,8 @@ class Error(Response, kw_only=True):
 class Pong(Response, kw_only=True):
     version: str
     uptime_s: float
+    pid: int = 0  # 0: a daemon older than these fields
+    store: str = ""
 
 
 class Started(Response, kw_only=True):

@@ -19,6 +19,8 @@ all until the committer says that one of its sessions changed.
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any, Never, NoReturn, TypeVar
@@ -67,13 +69,22 @@ def utc_now() -> str:
     return f"{prefix}.{int((now - second) * 1000):03d}Z"
 
 
+log = logging.getLogger("repl.daemon")
+
+
 class Engine:
     """Every op of the protocol but auth, over one committer."""
 
     def __init__(
-        self, make_committer: Callable[[Engine], Committer], *, settle: float = 0.1
+        self,
+        make_committer: Callable[[Engine], Committer],
+        *,
+        settle: float = 0.1,
+        store_name: str = "memory",
     ) -> None:
         self.settle = settle
+        #: the store as ``ping`` shows it (a Redis URL without its password)
+        self.store_name = store_name
         self.committer = make_committer(self)
         self.started = time.monotonic()
         self.connections = 0
@@ -86,6 +97,8 @@ class Engine:
         #: the waits blocked on each session; an entry lives only while it has waits
         self.waiters: dict[str, set[Wait]] = {}
         self.link_error: StoreFailed | None = None
+        #: set by a ``shutdown`` request: the daemon then stops as on SIGTERM
+        self.shutdown_requested = anyio.Event()
 
     # -- life --------------------------------------------------------------
 
@@ -173,13 +186,23 @@ class Engine:
                 return self._stats(req)
             case p.Ping():
                 return Outcome.now(self.ping(req))
+            case p.Shutdown():
+                log.info("asked to shut down by a client")
+                self.shutdown_requested.set()
+                return Outcome.now(p.Done(id=rid))
             case p.Auth():  # already authenticated: a second auth changes nothing
                 return Outcome.now(p.Done(id=rid))
             case _:
                 _unknown(req)
 
     def ping(self, req: p.Ping) -> p.Pong:
-        return p.Pong(id=req.id, version=p.VERSION, uptime_s=round(self.uptime(), 3))
+        return p.Pong(
+            id=req.id,
+            version=p.VERSION,
+            uptime_s=round(self.uptime(), 3),
+            pid=os.getpid(),
+            store=self.store_name,
+        )
 
     def _sent(self, rid: p.RequestId) -> Callable[[Recorded], p.Sent]:
         def sent(recorded: Recorded) -> p.Sent:

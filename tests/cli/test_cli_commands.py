@@ -17,7 +17,8 @@ def lone(inproc: InProcDaemon) -> Repl:
 
 def test_ping_names_the_version_and_uptime(repl: Repl) -> None:
     out = repl.ok("ping")
-    assert out.startswith(f"repl daemon 0.1.0 at {repl.daemon.addr}, up ")
+    assert out.startswith(f"repl daemon 0.1.0 at {repl.daemon.addr}, pid ")
+    assert ", store memory, up " in out
 
 
 def test_version_and_help(repl: Repl) -> None:

@@ -197,7 +197,7 @@ def test_a_host_name_reaches_the_daemon(repl: Repl) -> None:
     env = {**repl.env, "REPL_ADDR": f"localhost:{repl.daemon.port}"}
     done = repl.run("ping", env=env)
     assert (done.returncode, done.stderr) == (0, "")
-    assert done.stdout.startswith(f"repl daemon 0.1.0 at localhost:{repl.daemon.port}, up ")
+    assert done.stdout.startswith(f"repl daemon 0.1.0 at localhost:{repl.daemon.port}, pid ")
 
 
 def test_an_ipv6_address_with_no_daemon_is_one_line(repl: Repl) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -34,11 +35,13 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 
 def gone(pid: int) -> bool:
+    """Exited: no such process, or one that is only waiting to be reaped (a zombie)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except (ProcessLookupError, FileNotFoundError):
         return True
-    return False
+    return state in (b"Z", b"X")
 
 
 def test_foreground_daemon_serves_until_ctrl_c(env: dict[str, str]) -> None:
@@ -229,3 +232,66 @@ def test_python_m_repl_cli_is_repl(env: dict[str, str]) -> None:
         timeout=30,
     )
     assert (done.returncode, done.stdout, done.stderr) == (0, "repl 0.1.0\n", "")
+
+
+def test_shutdown_stops_a_detached_daemon_and_its_waiters_reconnect_to_the_next(
+    env: dict[str, str],
+) -> None:
+    """``repl shutdown`` returns once the daemon exited; a blocked ``repl wait`` rides it
+    out and gets the firing sent to the daemon started next at the same address."""
+    addr = f"127.0.0.1:{free_port()}"
+    first = run("--addr", addr, "daemon", "--detach", "--settle-ms", "0", env=env)
+    assert first.returncode == 0, first.stderr
+    pid = int(re.search(r"\(pid (\d+)\)", first.stdout).group(1))  # type: ignore[union-attr]
+    assert run("--addr", addr, "start", "inbox", env=env).returncode == 0
+    waiter = subprocess.Popen(
+        repl_argv("--addr", addr, "wait", "inbox"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    try:
+        eventually(
+            lambda: '"waiters": 1' in run("--addr", addr, "sessions", "--json", env=env).stdout,
+            what="the wait blocks",
+        )
+        stopped = run("--addr", addr, "shutdown", env=env)
+        assert stopped.returncode == 0, stopped.stderr
+        assert stopped.stdout == f"stopped the daemon at {addr} (pid {pid})\n"
+        assert gone(pid)  # it returned once the daemon had exited
+        assert run("--addr", addr, "ping", env=env).returncode == 75
+        assert waiter.poll() is None  # still waiting: reconnecting
+        again = run("--addr", addr, "daemon", "--detach", "--settle-ms", "0", env=env)
+        assert again.returncode == 0, again.stderr
+        assert run("--addr", addr, "send", "inbox", "hello", env=env).stdout == "1\n"
+        out, err = waiter.communicate(timeout=30)
+        assert waiter.returncode == 0, err
+        assert out == b"on-message: hello\n"
+        assert b"the daemon is shutting down; reconnecting" in err
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+        run("--addr", addr, "shutdown", env=env)
+
+
+def test_shutdown_with_no_daemon_exits_75(env: dict[str, str]) -> None:
+    done = run("--addr", f"127.0.0.1:{free_port()}", "shutdown", env=env)
+    assert done.returncode == 75
+    assert_one_error_line(done.stderr)
+    assert "no daemon at" in done.stderr
+
+
+def test_ping_shows_the_address_pid_and_store(
+    env: dict[str, str], detached: tuple[str, int]
+) -> None:
+    addr, pid = detached
+    text = run("--addr", addr, "ping", env=env)
+    assert text.returncode == 0, text.stderr
+    assert re.fullmatch(
+        rf"repl daemon \S+ at {re.escape(addr)}, pid {pid}, store memory, up \S+ s\n", text.stdout
+    ), text.stdout
+    as_json = run("--addr", addr, "ping", "--json", env=env)
+    pong = json.loads(as_json.stdout)
+    assert sorted(pong) == ["addr", "pid", "store", "uptime_s", "version"]
+    assert (pong["addr"], pong["pid"], pong["store"]) == (addr, pid, "memory")
+    assert "repl shutdown" in run("--addr", addr, "daemon", "--memory", env=env).stderr
