@@ -46,7 +46,7 @@ class Printer:
         self.client = client
         self.fmt = fmt
         self.cursor = cursor
-        self.sink = Sink()
+        self.sink = Sink(confirm=cursor is not None)
 
     @property
     def watch(self) -> int | None:

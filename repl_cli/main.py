@@ -513,8 +513,31 @@ def stats(client: Client, session: str | None, as_json: bool) -> None:
 # -- the entry point --------------------------------------------------------------
 
 
+def not_utf8(argv: list[str]) -> str | None:
+    """The first argument that is not UTF-8 text (Python hands such bytes over as lone
+    surrogates), shown with its bytes escaped; None when all are. ``--home`` is a path,
+    and a path may be any bytes: it is left alone."""
+    after_home = False
+    for arg in argv:
+        if not after_home and not arg.startswith("--home="):
+            try:
+                arg.encode("utf-8")
+            except UnicodeEncodeError:
+                raw = arg.encode("utf-8", "surrogateescape")
+                return repr(raw)[2:-1]
+        after_home = arg == "--home"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``repl``; every outcome becomes an exit status here, and at most one stderr line."""
+    bad = not_utf8(sys.argv[1:] if argv is None else argv)
+    if bad is not None:
+        return _fail(
+            f"the argument '{bad}' is not UTF-8 text, and repl sends text as UTF-8: "
+            "convert it first (for example with iconv)",
+            USAGE,
+        )
     try:
         status = cli.main(args=argv, prog_name="repl", standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as exc:

@@ -67,11 +67,17 @@ def _failed(exc: OSError) -> ReaderGone | CliError:
 
 
 class Sink:
-    """Stdout for firings: ``put`` returns once the line is delivered."""
+    """Stdout for firings: ``put`` returns once the line is delivered.
 
-    def __init__(self, fd: int | None = None) -> None:
+    ``confirm`` False (nothing will be acknowledged: ``--peek``, ``--after``,
+    ``poll``): a line is delivered once written; a pipe's reader need not
+    take it first, so a reader that never reads does not keep us.
+    """
+
+    def __init__(self, fd: int | None = None, *, confirm: bool = True) -> None:
         self.fd = stdout().fileno() if fd is None else fd
         self.pipe = stat.S_ISFIFO(os.fstat(self.fd).st_mode)
+        self.confirm = confirm
         self._unread = array.array("i", [0])
 
     def put(self, line: str) -> None:
@@ -84,7 +90,7 @@ class Sink:
                 view = view[os.write(self.fd, view) :]
         except OSError as exc:
             raise _failed(exc) from None
-        if self.pipe:
+        if self.pipe and self.confirm:
             self._until_taken()
 
     def _until_taken(self) -> None:

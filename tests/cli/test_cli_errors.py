@@ -163,3 +163,28 @@ def test_read_loads_neither_anyio_nor_rich_nor_the_daemon(repl: Repl, s: str) ->
         [sys.executable, "-c", probe], capture_output=True, text=True, env=repl.env, timeout=30
     )
     assert done.stdout.splitlines() == ["1 0", '(1 "on-message" "one")', "0 []"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [b"send", b"S", b"a\xe9"],
+        [b"send", b"S", b"x", b"--key", b"k\xe9"],
+        [b"send", b"S", b"x", b"--handler", b"h\xe9"],
+        [b"read", b"S", b"--cursor", b"c\xe9"],
+        [b"read", b"s\xe9"],
+    ],
+    ids=["text", "key", "handler", "cursor", "id"],
+)
+def test_an_argument_that_is_not_utf8_is_a_usage_error_naming_it(
+    repl: Repl, args: list[bytes]
+) -> None:
+    s = repl.session("s")
+    argv = [os.fsencode(a) for a in repl_argv()] + [a.replace(b"S", s.encode()) for a in args]
+    done = subprocess.run(argv, capture_output=True, env=repl.env, timeout=30)
+    stderr = done.stderr.decode()
+    assert done.returncode == 64, stderr
+    assert_one_error_line(stderr)
+    bad = next(a for a in args if b"\xe9" in a)
+    assert f"the argument '{repr(bad)[2:-1]}' is not UTF-8 text" in stderr
+    assert repl.ask({"op": "stats", "session": s})[0]["sessions"][0]["head"] == 0  # nothing sent

@@ -15,6 +15,7 @@ import os
 import pty
 import subprocess
 import termios
+import time
 from typing import IO
 
 from tests.helpers import Repl, assert_one_error_line, eventually, repl_argv
@@ -162,3 +163,25 @@ def test_send_from_a_terminal_says_how_to_end_the_text(repl: Repl, s: str) -> No
     assert stdout == b"1\n"
     assert stderr == b"repl: reading the text from the terminal: end it with Ctrl-D\n"
     assert repl.ok("read", s) == "on-message: typed\n"
+
+
+def test_a_peek_into_a_pipe_nobody_reads_exits_once_written(repl: Repl, s: str) -> None:
+    """``--peek`` (and ``--after``) acknowledge nothing, so they need not wait for the pipe's
+    reader to take the lines: written is delivered. A plain ``read`` waits (rule 9)."""
+    repl.send(s, "one", "two")
+    for args in (["wait", s, "--peek"], ["read", s, "--peek"], ["read", s, "--after", "0"]):
+        proc = repl.popen(*args)  # stdout a pipe this test does not read yet
+        try:
+            assert proc.wait(10) == 0, args
+        finally:
+            out, err = proc.communicate(timeout=10)
+        assert out == b"on-message: one\non-message: two\n" and err == b"", args
+    assert acked(repl, s, "wait") == 0 and acked(repl, s, "read") == 0
+    reader = repl.popen("read", s)
+    try:
+        time.sleep(0.5)  # long enough to have written both lines; it must still be there
+        assert reader.poll() is None  # waits until its lines are taken, to acknowledge them
+    finally:
+        out, _ = reader.communicate(timeout=10)
+    assert reader.returncode == 0 and out == b"on-message: one\non-message: two\n"
+    assert acked(repl, s, "read") == 2
