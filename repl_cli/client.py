@@ -47,7 +47,7 @@ def parse_addr(addr: str, where: str = "") -> tuple[str, int]:
     return split
 
 
-def _connect(host: str, port: int) -> socket.socket:
+def _connect(host: str, port: int, timeout: float = CALL_TIMEOUT) -> socket.socket:
     """Connect; an IP address skips getaddrinfo, whose idna codec costs every run ms."""
     for family in (socket.AF_INET, socket.AF_INET6):
         try:
@@ -56,13 +56,13 @@ def _connect(host: str, port: int) -> socket.socket:
             continue
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
-            sock.settimeout(CALL_TIMEOUT)
+            sock.settimeout(timeout)
             sock.connect((host, port))
         except BaseException:
             sock.close()
             raise
         return sock
-    return socket.create_connection((host, port), timeout=CALL_TIMEOUT)
+    return socket.create_connection((host, port), timeout=timeout)
 
 
 class Client:
@@ -85,6 +85,8 @@ class Client:
         self._scanned = 0
         self._outstanding = 0  # requests sent and not yet answered
         self._quiet_since = 0.0
+        #: how long connecting, and an ordinary request, may take (not a wait)
+        self.timeout = CALL_TIMEOUT
 
     # -- the connection ----------------------------------------------------
 
@@ -95,7 +97,7 @@ class Client:
     def connect(self) -> None:
         host, port = parse_addr(self.addr, self._from_env)
         try:
-            sock = _connect(host, port)
+            sock = _connect(host, port, self.timeout)
         except OSError as exc:
             reason = exc.strerror or str(exc)
             raise unavailable(
@@ -151,14 +153,15 @@ class Client:
         self._outstanding += data.count(b"\n")
 
     def receive(
-        self, expect: type[R], *, timeout: float | None = CALL_TIMEOUT, watch: int | None = None
+        self, expect: type[R], *, timeout: float | None = -1.0, watch: int | None = None
     ) -> R:
         """The next answer as ``expect``, or its error as a CliError.
 
-        ``timeout`` None waits for ever (a wait op); ``watch`` is a pipe we
+        ``timeout`` None waits for ever (a wait op), -1 is the client's own
+        ``timeout``; ``watch`` is a pipe we
         write to: when its reader goes away while we wait, ``ReaderGone``.
         """
-        line = self._line(timeout, watch)
+        line = self._line(self.timeout if timeout == -1.0 else timeout, watch)
         self._outstanding -= 1
         self._quiet_since = time.monotonic()
         try:
@@ -168,10 +171,15 @@ class Client:
             if raw.get("ok") is not True:
                 raise from_wire(str(raw.get("code")), str(raw.get("message")))
             return msgspec.convert(raw, expect)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except msgspec.ValidationError as exc:
             raise CliError(
                 f"the daemon at {self.addr} answered something this client cannot read ({exc}): "
                 "are the daemon and the CLI the same version?"
+            ) from None
+        except msgspec.DecodeError:  # not JSON at all (a ValidationError is one too)
+            raise CliError(
+                f"what answers at {self.addr}{self._from_env} is not a repl daemon "
+                f"(it answered {bytes(line[:40])!r}): is the address right?"
             ) from None
 
     def _line(self, timeout: float | None, watch: int | None) -> bytes:
@@ -202,7 +210,7 @@ class Client:
             if not ready:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise unavailable(
-                        f"the daemon at {self.addr} did not answer within {CALL_TIMEOUT:g} s: "
+                        f"the daemon at {self.addr} did not answer within {self.timeout:g} s: "
                         "see its log (daemon.log in its state directory)"
                     )
                 continue

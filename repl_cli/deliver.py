@@ -10,6 +10,7 @@ part-way, what was delivered is still acknowledged and nothing after it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 from repl_cli.client import Client
 from repl_cli.errors import CliError, ReaderGone
@@ -99,17 +100,21 @@ def deliver(printer: Printer, batches: Sequence[Batch]) -> None:
     printer.ack(printer.show(batches))
 
 
-def follow(printer: Printer, session: str, cursor: str, again: Reconnect) -> None:
-    """Stream until interrupted: one wait request a batch, carrying the last batch's ack.
+def follow(
+    printer: Printer, session: str, cursor: str, again: Reconnect, count: int | None = None
+) -> None:
+    """Stream until interrupted (or ``count`` firings): one wait request a batch, carrying
+    the last batch's ack.
 
     ``again`` rides out an outage: the next wait, sent again on a new
     connection, carries the same ack (acks are idempotent).
     """
     client = printer.client
     carried: dict[str, int] = {}
+    left = count
 
     def look() -> p.Woken:
-        client.send(p.Wait(sessions=[session], cursor=cursor, ack=carried))
+        client.send(p.Wait(sessions=[session], cursor=cursor, ack=carried, max=left))
         return client.receive(p.Woken, timeout=None, watch=printer.watch)
 
     while True:
@@ -124,4 +129,10 @@ def follow(printer: Printer, session: str, cursor: str, again: Reconnect) -> Non
             finally:
                 fresh.close()
             raise
-        carried = printer.show([Batch(b.session, b.next, b.lost, b.firings) for b in woken.batches])
+        batches = [Batch(b.session, b.next, b.lost, b.firings) for b in woken.batches]
+        carried = printer.show(batches)
+        if left is not None:
+            left -= sum(len(b.firings) for b in batches)
+            if left <= 0:  # done: the last batch's ack goes alone
+                again.run(partial(printer.ack, carried))
+                return

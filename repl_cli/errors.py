@@ -57,7 +57,11 @@ WIRE: dict[str, tuple[int, str]] = {
     Code.ACK_AFTER_HEAD: (ERROR, "acknowledge a seq the session has recorded"),
     Code.BAD_REQUEST: (ERROR, "the daemon does not understand this client: upgrade both"),
     Code.UNKNOWN_OP: (ERROR, "the daemon is older than this client: upgrade it"),
-    Code.LINE_TOO_LONG: (ERROR, "send less at once"),
+    Code.LINE_TOO_LONG: (
+        ERROR,
+        "the text must fit in that with its JSON escaping (a quote or a newline takes "
+        "2 bytes, a control character 6): send it in parts, for example with `--lines`",
+    ),
     Code.UNAUTHORIZED: (ERROR, "point --home (or REPL_HOME) at the daemon's state directory"),
     Code.IDLE_TIMEOUT: (UNAVAILABLE, "run the command again"),
     Code.NO_SUCH_SESSION: (ERROR, ""),

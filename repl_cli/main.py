@@ -123,6 +123,23 @@ def cli(ctx: click.Context, addr: str | None, home: str | None) -> None:
     ctx.call_on_close(client.close)
 
 
+def complete_sessions(ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[str]:
+    """Shell completion of a session id: the daemon's sessions, asked with a short timeout
+    (nothing when it is away or slow, never an error in the shell)."""
+    # completing, click runs no command (nor the group's callback): the root's options
+    # are parsed, so the client is made from them here
+    params = ctx.find_root().params
+    client = Client(params.get("addr"), params.get("home"))
+    try:
+        client.timeout = 0.5
+        listed = client.call(p.Sessions(), p.SessionList)
+    except Exception:  # completion must never break the shell's line
+        return []
+    finally:
+        client.close()
+    return [row.id for row in listed.sessions if row.id.startswith(incomplete)]
+
+
 def firing_formats(command: F) -> F:
     """--seq, --full, --json: the output options of read, wait, follow and poll."""
     command = click.option(
@@ -131,17 +148,20 @@ def firing_formats(command: F) -> F:
     command = click.option(
         "--full", is_flag=True, help='`NEXT LOST`, then one `(SEQ "HANDLER" "RESULT")` a line.'
     )(command)
+    command = click.option(
+        "--ts", is_flag=True, help="Put the firing's time (UTC, ISO 8601) before it."
+    )(command)
     return click.option("--seq", is_flag=True, help="Put `#SEQ ` before each firing.")(command)
 
 
 def firing_format(
-    seq: bool, full: bool, as_json: bool, several: bool = False
+    seq: bool, full: bool, as_json: bool, several: bool = False, ts: bool = False
 ) -> output.FiringFormat:
     if full and as_json:
         raise click.UsageError("give --full or --json, not both")
     style = output.JSON if as_json else output.FULL if full else output.TEXT
     colour = style == output.TEXT and output.colour_wanted()
-    return output.FiringFormat(style=style, seq=seq, several=several, colour=colour)
+    return output.FiringFormat(style=style, seq=seq, several=several, colour=colour, ts=ts)
 
 
 # -- the daemon ---------------------------------------------------------------
@@ -246,15 +266,21 @@ def shutdown(client: Client) -> None:
 @click.argument("session", required=False)
 @click.option("--buffer", type=int, metavar="N", help="The ring limit (default 256).")
 @click.option("--exist-ok", is_flag=True, help="An existing session is not an error.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: session, created.")
 @click.pass_obj
-def start(client: Client, session: str | None, buffer: int | None, exist_ok: bool) -> None:
+def start(
+    client: Client, session: str | None, buffer: int | None, exist_ok: bool, as_json: bool
+) -> None:
     """Create a session and print its id (one is made up when none is given)."""
     started = client.call(p.Start(session=session, buffer=buffer, exist_ok=exist_ok), p.Started)
+    if as_json:
+        output.print_json({"session": started.session, "created": started.created})
+        return
     output.line(started.session)
 
 
 @cli.command()
-@click.argument("session")
+@click.argument("session", shell_complete=complete_sessions)
 @click.pass_obj
 def stop(client: Client, session: str) -> None:
     """Stop and remove a session; its waiters are told it stopped."""
@@ -274,7 +300,7 @@ def sessions(client: Client, as_json: bool) -> None:
 
 
 @cli.command()
-@click.argument("session")
+@click.argument("session", shell_complete=complete_sessions)
 @click.argument("limit", metavar="N", type=int)
 @click.pass_obj
 def buffer(client: Client, session: str, limit: int) -> None:
@@ -286,7 +312,7 @@ def buffer(client: Client, session: str, limit: int) -> None:
 
 
 @cli.command()
-@click.argument("session")
+@click.argument("session", shell_complete=complete_sessions)
 @click.argument("text", required=False)
 @click.option(
     "--handler",
@@ -297,9 +323,16 @@ def buffer(client: Client, session: str, limit: int) -> None:
 )
 @click.option("--key", metavar="KEY", help="A dedup key: a retry with it records nothing.")
 @click.option("--lines", is_flag=True, help="Each line of stdin is its own firing.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object a firing: seq, duplicate.")
 @click.pass_obj
 def send(
-    client: Client, session: str, text: str | None, handler: str, key: str | None, lines: bool
+    client: Client,
+    session: str,
+    text: str | None,
+    handler: str,
+    key: str | None,
+    lines: bool,
+    as_json: bool,
 ) -> None:
     """Record a firing; prints its seq (`SEQ duplicate` for a deduplicated send).
 
@@ -312,22 +345,31 @@ def send(
             raise click.UsageError("--lines reads stdin: give no TEXT (or -)")
         if key is not None:
             raise click.UsageError("--key names one firing: it cannot go with --lines")
-        sending.send_lines(client, session, handler)
+        sending.send_lines(client, session, handler, as_json)
         return
     if text is None or text == "-":
         text = sending.stdin_text()
     request = p.Send(session=session, text=text, handler=handler, key=key)
-    output.sent(client.call(request, p.Sent))
+    output.sent(client.call(request, p.Sent), as_json)
 
 
 # -- reading --------------------------------------------------------------------
 
 
 @cli.command()
-@click.argument("session")
+@click.argument("session", shell_complete=complete_sessions)
 @click.option("--cursor", metavar="NAME", help=f"Read after this cursor [default: {READ_CURSOR}].")
 @click.option(
     "--after", type=click.IntRange(min=0), metavar="N", help="Read after seq N, no cursor."
+)
+@click.option(
+    "--last", type=click.IntRange(min=1), metavar="N", help="The newest N firings; no cursor."
+)
+@click.option(
+    "--since",
+    metavar="WHEN",
+    help="Firings recorded since WHEN: a time back (90s, 10m, 2h, 1d) or an ISO time "
+    "(2026-12-01T08:00, UTC unless it names a zone); no cursor.",
 )
 @click.option("--max", "max_", type=click.IntRange(min=1), metavar="N", help="At most N firings.")
 @click.option("--peek", is_flag=True, help="Do not acknowledge.")
@@ -338,25 +380,66 @@ def read(
     session: str,
     cursor: str | None,
     after: int | None,
+    last: int | None,
+    since: str | None,
     max_: int | None,
     peek: bool,
     seq: bool,
+    ts: bool,
     full: bool,
     as_json: bool,
 ) -> None:
-    """Print the firings after the cursor, then acknowledge them."""
-    if cursor is not None and after is not None:
+    """Print the firings after the cursor, then acknowledge them.
+
+    --after, --last and --since look without a cursor and acknowledge nothing.
+    """
+    chosen = [name for name, v in (("--cursor", cursor), ("--after", after)) if v is not None]
+    if len(chosen) > 1:
         raise click.UsageError("give --cursor or --after, not both")
-    fmt = firing_format(seq, full, as_json)
-    got = client.call(
-        p.Read(session=session, cursor=cursor, after=after, max=max_, peek=peek), p.Firings
-    )
+    if chosen and (last is not None or since is not None):
+        raise click.UsageError(f"--last and --since read without a cursor: leave out {chosen[0]}")
+    if last is not None and max_ is not None:
+        raise click.UsageError("give --last or --max, not both")
+    fmt = firing_format(seq, full, as_json, ts=ts)
+    if last is not None or since is not None:
+        from repl_cli.recent import recent
+
+        batch = recent(client, session, last, None if since is None else parse_since(since))
+        deliver(Printer(client, fmt, None), [batch])
+        return
+    try:
+        got = client.call(
+            p.Read(session=session, cursor=cursor, after=after, max=max_, peek=peek), p.Firings
+        )
+    except CliError as exc:
+        prefix = f"cursor {after} is after head "
+        if after is None or not exc.message.startswith(prefix):
+            raise
+        head = exc.message[len(prefix) :].split(":", 1)[0]
+        raise CliError(
+            f"--after {after} is after the head, {head}: give --after {head} or less", exc.status
+        ) from None
     ack_cursor = None if peek or after is not None else cursor or READ_CURSOR
     deliver(Printer(client, fmt, ack_cursor), [Batch(session, got.next, got.lost, got.firings)])
 
 
+def parse_since(text: str) -> str:
+    """``--since``'s bound as a firing's ``ts`` reads (UTC, ms); a usage error if it is none."""
+    from repl_cli.recent import since_ts
+
+    bound = since_ts(text)
+    if bound is None:
+        raise click.UsageError(
+            f"--since {text!r} is neither a time back (90s, 10m, 2h, 1d) "
+            "nor an ISO time (2026-12-01T08:00)"
+        )
+    return bound
+
+
 @cli.command()
-@click.argument("sessions", nargs=-1, required=True, metavar="ID...")
+@click.argument(
+    "sessions", nargs=-1, required=True, metavar="ID...", shell_complete=complete_sessions
+)
 @click.option(
     "--cursor",
     default=WAIT_CURSOR,
@@ -371,6 +454,12 @@ def read(
     help="Give up after SECS (exit status 2).",
 )
 @click.option("--peek", is_flag=True, help="Do not acknowledge.")
+@click.option(
+    "--count",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Wait until N firings are printed (in one batch or several), then exit.",
+)
 @reconnect_option
 @firing_formats
 @click.pass_obj
@@ -380,8 +469,10 @@ def wait(
     cursor: str,
     timeout: float | None,
     peek: bool,
+    count: int | None,
     reconnect: float,
     seq: bool,
+    ts: bool,
     full: bool,
     as_json: bool,
 ) -> int:
@@ -392,37 +483,51 @@ def wait(
     A daemon restart or a store outage meanwhile is ridden out (--reconnect).
     """
     import time
+    from functools import partial
 
     from repl_cli.reconnect import Reconnect, TimedOut
 
+    if peek and count is not None:
+        raise click.UsageError("--count waits for new firings: a --peek would see the same again")
     ids = list(dict.fromkeys(sessions))
-    fmt = firing_format(seq, full, as_json, several=len(ids) > 1)
+    fmt = firing_format(seq, full, as_json, several=len(ids) > 1, ts=ts)
     printer = Printer(client, fmt, None if peek else cursor)
     deadline = None if timeout is None else time.monotonic() + timeout
     again = Reconnect(client, reconnect, deadline)
+    left = count
+    printed = 0
 
     def look() -> p.Woken:
-        client.send(p.Wait(sessions=ids, cursor=cursor, timeout_ms=again.remaining_ms()))
+        wait = p.Wait(sessions=ids, cursor=cursor, timeout_ms=again.remaining_ms(), max=left)
+        client.send(wait)
         return client.receive(p.Woken, timeout=None, watch=printer.watch)
 
-    try:
-        woken = again.run(look)
-    except TimedOut:
-        return TIMED_OUT
-    if woken.timed_out:
-        return TIMED_OUT
-    taken = printer.show([Batch(b.session, b.next, b.lost, b.firings) for b in woken.batches])
-    # printed: the ack is tried again across an outage too (acks are idempotent)
-    Reconnect(client, reconnect).run(lambda: printer.ack(taken))
-    return OK
+    while True:
+        try:
+            woken = again.run(look)
+        except TimedOut:
+            woken = p.Woken(batches=[], timed_out=True)
+        if woken.timed_out:
+            return OK if printed else TIMED_OUT
+        batches = [Batch(b.session, b.next, b.lost, b.firings) for b in woken.batches]
+        taken = printer.show(batches)
+        # printed: the ack is tried again across an outage too (acks are idempotent)
+        Reconnect(client, reconnect).run(partial(printer.ack, taken))
+        printed += sum(len(b.firings) for b in batches)
+        if count is None or printed >= count:
+            return OK
+        left = count - printed
 
 
 @cli.command("follow")
-@click.argument("session")
+@click.argument("session", shell_complete=complete_sessions)
 @click.option(
     "--cursor", default=FOLLOW_CURSOR, show_default=True, metavar="NAME", help="Follow this cursor."
 )
 @click.option("--from-now", is_flag=True, help="First acknowledge everything recorded so far.")
+@click.option(
+    "--count", type=click.IntRange(min=1), metavar="N", help="Stop after N firings (exit 0)."
+)
 @reconnect_option
 @firing_formats
 @click.pass_obj
@@ -431,8 +536,10 @@ def follow_command(
     session: str,
     cursor: str,
     from_now: bool,
+    count: int | None,
     reconnect: float,
     seq: bool,
+    ts: bool,
     full: bool,
     as_json: bool,
 ) -> None:
@@ -443,7 +550,7 @@ def follow_command(
     """
     from repl_cli.reconnect import Reconnect
 
-    fmt = firing_format(seq, full, as_json)
+    fmt = firing_format(seq, full, as_json, ts=ts)
     again = Reconnect(client, reconnect)
     if from_now:
 
@@ -452,28 +559,34 @@ def follow_command(
             client.call(p.Ack(session=session, cursor=cursor, seq=head), p.Acked)
 
         again.run(skip)
-    follow(Printer(client, fmt, cursor), session, cursor, again)
+    follow(Printer(client, fmt, cursor), session, cursor, again, count)
 
 
 @cli.command()
-@click.argument("session")
+@click.argument("session", shell_complete=complete_sessions)
 @click.option("--max", "max_", type=click.IntRange(min=1), metavar="N", help="At most N firings.")
 @firing_formats
 @click.pass_obj
 def poll(
-    client: Client, session: str, max_: int | None, seq: bool, full: bool, as_json: bool
+    client: Client,
+    session: str,
+    max_: int | None,
+    seq: bool,
+    ts: bool,
+    full: bool,
+    as_json: bool,
 ) -> None:
     """Print the firings after cursor `poll`, which the daemon acknowledges at once.
 
     At most once: what is not printed (a closed pipe) is not seen again.
     """
-    fmt = firing_format(seq, full, as_json)
+    fmt = firing_format(seq, full, as_json, ts=ts)
     got = client.call(p.Poll(session=session, max=max_), p.Firings)
     deliver(Printer(client, fmt, None), [Batch(session, got.next, got.lost, got.firings)])
 
 
 @cli.command()
-@click.argument("session")
+@click.argument("session", shell_complete=complete_sessions)
 @click.argument("seq", type=click.IntRange(min=0))
 @click.option(
     "--cursor", default=ACK_CURSOR, show_default=True, metavar="NAME", help="The cursor to move."
@@ -485,7 +598,7 @@ def ack(client: Client, session: str, seq: int, cursor: str) -> None:
 
 
 @cli.command()
-@click.argument("session")
+@click.argument("session", shell_complete=complete_sessions)
 @click.option("--json", "as_json", is_flag=True, help="A JSON list of {name, seq, lag}.")
 @click.pass_obj
 def cursors(client: Client, session: str, as_json: bool) -> None:
@@ -498,7 +611,7 @@ def cursors(client: Client, session: str, as_json: bool) -> None:
 
 
 @cli.command()
-@click.argument("session", required=False)
+@click.argument("session", required=False, shell_complete=complete_sessions)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: daemon and sessions.")
 @click.pass_obj
 def stats(client: Client, session: str | None, as_json: bool) -> None:

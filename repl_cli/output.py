@@ -68,10 +68,17 @@ class FiringFormat:
 
     # a plain class, not a dataclass: importing dataclasses costs `repl read` time
     def __init__(
-        self, style: str = TEXT, *, seq: bool = False, several: bool = False, colour: bool = False
+        self,
+        style: str = TEXT,
+        *,
+        seq: bool = False,
+        several: bool = False,
+        colour: bool = False,
+        ts: bool = False,
     ) -> None:
         self.style = style
         self.seq = seq  # text only: `#SEQ ` before each firing
+        self.ts = ts  # text only: the firing's time (UTC) before it
         self.several = several  # waiting on several sessions: prefix lines with the id
         self.colour = colour
 
@@ -100,7 +107,7 @@ class FiringFormat:
         if self.style == FULL:
             return self._paint([*self._prefix(session), (f"{next_seq} {lost}", "dim")])
         if lost:
-            dropped = f"({lost} earlier firings dropped)"
+            dropped = f"({lost} earlier firing{'s' if lost != 1 else ''} dropped)"
             return self._paint([*self._prefix(session), (dropped, "bold red")])
         return None
 
@@ -119,6 +126,8 @@ class FiringFormat:
             return self._paint(pieces)
         if self.seq:
             pieces.append((f"#{f.seq} ", "dim"))
+        if self.ts:
+            pieces.append((f"{f.ts} ", "green"))
         if f.result is not None or f.event is None:
             pieces += [(f.handler, "bold cyan"), (": ", ""), (f.result or "", "")]
         else:
@@ -219,8 +228,11 @@ def pong(answer: Pong, addr: str) -> None:
     )
 
 
-def sent(answer: Sent) -> None:
-    """``repl send``: the seq, or ``SEQ duplicate`` for a deduplicated send."""
+def sent(answer: Sent, as_json: bool = False) -> None:
+    """``repl send``: the seq, or ``SEQ duplicate`` for a deduplicated send; or JSON."""
+    if as_json:
+        print_json({"seq": answer.seq, "duplicate": answer.duplicate})
+        return
     line(f"{answer.seq} duplicate" if answer.duplicate else str(answer.seq))
 
 

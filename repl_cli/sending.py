@@ -43,7 +43,7 @@ def _stdin(hint: str) -> TextIO:
     return sys.stdin
 
 
-def send_lines(client: Client, session: str, handler: str) -> None:
+def send_lines(client: Client, session: str, handler: str, as_json: bool = False) -> None:
     """Pipelined over one connection: up to SEND_WINDOW sends on the wire at once.
 
     Each chunk of stdin is answered in full before the next is read, so a
@@ -64,6 +64,8 @@ def send_lines(client: Client, session: str, handler: str) -> None:
         while outstanding:
             seqs.append(f"{client.receive(p.Sent).seq}\n")
             outstanding -= 1
+        if as_json:  # a line never comes back a duplicate: it has no key
+            seqs = [f'{{"seq": {seq.strip()}, "duplicate": false}}\n' for seq in seqs]
         write_text("".join(seqs))
 
 

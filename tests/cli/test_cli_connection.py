@@ -238,7 +238,6 @@ class FakeDaemon:
 @pytest.mark.parametrize(
     ("answer", "why"),
     [
-        (b"<html>\n", "JSON is malformed"),
         (b"[1, 2]\n", "an answer must be a JSON object"),
         (b'{"ok": true, "seq": "one"}\n', "Expected `int`, got `str` - at `$.seq`"),
     ],
@@ -259,3 +258,18 @@ def test_an_answer_this_cli_cannot_read_is_one_line_asking_about_versions(
     )
     assert why in done.stderr
     assert done.stderr.endswith("are the daemon and the CLI the same version?\n")
+
+
+def test_an_answer_that_is_not_json_is_no_daemon_at_all(repl: Repl, tmp_path: Path) -> None:
+    fake = FakeDaemon(tmp_path / "fake", b"<html>\n")
+    env = {**repl.env, "REPL_ADDR": f"127.0.0.1:{fake.port}", "REPL_HOME": str(fake.home)}
+    try:
+        done = repl.run("send", "s", "hello", env=env)
+    finally:
+        fake.close()
+    assert done.returncode == 1
+    assert_one_error_line(done.stderr)
+    assert done.stderr == (
+        f"repl: what answers at 127.0.0.1:{fake.port} (from REPL_ADDR) is not a repl daemon "
+        "(it answered b'<html>'): is the address right?\n"
+    )
