@@ -47,6 +47,27 @@ def parse_addr(addr: str, where: str = "") -> tuple[str, int]:
     return split
 
 
+def decode_answer(line: bytes, expect: type[R], addr: str, from_env: str = "") -> R:
+    """One answer line as ``expect``; an error answer, or one that is not, as a CliError."""
+    try:
+        raw: Any = _decode_any(line)
+        if not isinstance(raw, dict):
+            raise msgspec.ValidationError("an answer must be a JSON object")
+        if raw.get("ok") is not True:
+            raise from_wire(str(raw.get("code")), str(raw.get("message")))
+        return msgspec.convert(raw, expect)
+    except msgspec.ValidationError as exc:
+        raise CliError(
+            f"the daemon at {addr} answered something this client cannot read ({exc}): "
+            "are the daemon and the CLI the same version?"
+        ) from None
+    except msgspec.DecodeError:  # not JSON at all (a ValidationError is one too)
+        raise CliError(
+            f"what answers at {addr}{from_env} is not a repl daemon "
+            f"(it answered {bytes(line[:40])!r}): is the address right?"
+        ) from None
+
+
 def _connect(host: str, port: int, timeout: float = CALL_TIMEOUT) -> socket.socket:
     """Connect; an IP address skips getaddrinfo, whose idna codec costs every run ms."""
     for family in (socket.AF_INET, socket.AF_INET6):
@@ -164,23 +185,7 @@ class Client:
         line = self._line(self.timeout if timeout == -1.0 else timeout, watch)
         self._outstanding -= 1
         self._quiet_since = time.monotonic()
-        try:
-            raw: Any = _decode_any(line)
-            if not isinstance(raw, dict):
-                raise msgspec.ValidationError("an answer must be a JSON object")
-            if raw.get("ok") is not True:
-                raise from_wire(str(raw.get("code")), str(raw.get("message")))
-            return msgspec.convert(raw, expect)
-        except msgspec.ValidationError as exc:
-            raise CliError(
-                f"the daemon at {self.addr} answered something this client cannot read ({exc}): "
-                "are the daemon and the CLI the same version?"
-            ) from None
-        except msgspec.DecodeError:  # not JSON at all (a ValidationError is one too)
-            raise CliError(
-                f"what answers at {self.addr}{self._from_env} is not a repl daemon "
-                f"(it answered {bytes(line[:40])!r}): is the address right?"
-            ) from None
+        return decode_answer(line, expect, self.addr, self._from_env)
 
     def _line(self, timeout: float | None, watch: int | None) -> bytes:
         buf = self._buf

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import partial
+from typing import TYPE_CHECKING
 
 from repl_cli.client import Client
 from repl_cli.errors import CliError, ReaderGone
 from repl_cli.output import FiringFormat
-from repl_cli.reconnect import Reconnect
 from repl_cli.sink import Sink
 from repl_daemon import protocol as p
 from session.firing import Firing
+
+if TYPE_CHECKING:
+    from repl_cli.api import Repl
 
 
 class Batch:
@@ -101,25 +104,16 @@ def deliver(printer: Printer, batches: Sequence[Batch]) -> None:
 
 
 def follow(
-    printer: Printer, session: str, cursor: str, again: Reconnect, count: int | None = None
+    printer: Printer, repl: Repl, session: str, cursor: str, count: int | None = None
 ) -> None:
-    """Stream until interrupted (or ``count`` firings): one wait request a batch, carrying
-    the last batch's ack.
-
-    ``again`` rides out an outage: the next wait, sent again on a new
-    connection, carries the same ack (acks are idempotent).
-    """
+    """Stream until interrupted (or ``count`` firings): one wait a batch, carrying the last
+    batch's ack; ``repl.wait`` rides out an outage and sends the same ack again."""
     client = printer.client
     carried: dict[str, int] = {}
     left = count
-
-    def look() -> p.Woken:
-        client.send(p.Wait(sessions=[session], cursor=cursor, ack=carried, max=left))
-        return client.receive(p.Woken, timeout=None, watch=printer.watch)
-
     while True:
         try:
-            woken = again.run(look)
+            woken = repl.wait(session, cursor=cursor, ack=carried, max=left, watch=printer.watch)
         except (ReaderGone, KeyboardInterrupt):
             # the wait carrying the ack may not have reached the session: ack it
             # again on a fresh connection (acks are idempotent)
@@ -134,5 +128,5 @@ def follow(
         if left is not None:
             left -= sum(len(b.firings) for b in batches)
             if left <= 0:  # done: the last batch's ack goes alone
-                again.run(partial(printer.ack, carried))
+                repl.again().run(partial(printer.ack, carried))
                 return

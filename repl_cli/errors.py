@@ -23,10 +23,12 @@ INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 class CliError(Exception):
     """A failure to report as one line on stderr, ending with ``status``."""
 
-    def __init__(self, message: str, status: int = ERROR) -> None:
+    def __init__(self, message: str, status: int = ERROR, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
+        #: the daemon's error code (``no_such_session``...) when the daemon refused
+        self.code = code
 
 
 def unavailable(message: str) -> CliError:
@@ -79,4 +81,4 @@ def from_wire(code: str, message: str) -> CliError:
     status, hint = WIRE.get(code, (ERROR, ""))
     if hint and "`" not in message:
         message = f"{message}: {hint}"
-    return CliError(message, status)
+    return CliError(message, status, code)

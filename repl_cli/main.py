@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import click
 
 from repl_cli import output
+from repl_cli.api import Repl
 from repl_cli.client import Client
 from repl_cli.deliver import Batch, Printer, deliver, follow
 from repl_cli.errors import (
@@ -118,9 +119,11 @@ class ReplGroup(_PlainHelp, click.Group):
 def cli(ctx: click.Context, addr: str | None, home: str | None) -> None:
     """A session inbox: send firings to sessions, and read, wait for or follow them."""
     from_env = ctx.get_parameter_source("addr") is click.core.ParameterSource.ENVIRONMENT
-    client = Client(addr, home, addr_from_env=from_env)
-    ctx.obj = client
-    ctx.call_on_close(client.close)
+    from repl_cli.reconnect import stderr_note
+
+    repl = Repl(Client(addr, home, addr_from_env=from_env), note=stderr_note)
+    ctx.obj = repl
+    ctx.call_on_close(repl.close)
 
 
 def complete_sessions(ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[str]:
@@ -214,7 +217,7 @@ def _click_option(option: Option) -> Callable[[F], F]:
 @daemon_options
 @click.option("--detach", is_flag=True, help="Run in the background; log to <home>/daemon.log.")
 @click.pass_obj
-def daemon(client: Client, /, detach: bool, **options: Any) -> None:
+def daemon(repl: Repl, /, detach: bool, **options: Any) -> None:
     """Run the daemon (in the foreground unless --detach)."""
     from repl_cli import launch
 
@@ -222,41 +225,40 @@ def daemon(client: Client, /, detach: bool, **options: Any) -> None:
         raise click.UsageError("give --memory or --store, not both")
     # python -m repl_daemon parses them again, whether it runs here or detached
     run = launch.detach if detach else launch.foreground
-    run(client.addr, client.home, to_argv(options))
+    run(repl.addr, repl.client.home, to_argv(options))
 
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="One JSON object.")
 @click.pass_obj
-def ping(client: Client, as_json: bool) -> None:
+def ping(repl: Repl, as_json: bool) -> None:
     """Is the daemon there? Its version, address, pid, store and uptime (exit 75: no)."""
-    pong = client.call(p.Ping(), p.Pong)
+    pong = repl.ping()
     if as_json:
         output.print_json(
             {
                 "version": pong.version,
-                "addr": client.addr,
+                "addr": repl.addr,
                 "pid": pong.pid,
                 "store": pong.store,
                 "uptime_s": pong.uptime_s,
             }
         )
         return
-    output.pong(pong, client.addr)
+    output.pong(pong, repl.addr)
 
 
 @cli.command()
 @click.pass_obj
-def shutdown(client: Client) -> None:
+def shutdown(repl: Repl) -> None:
     """Stop the daemon gracefully (its waiters are told, its state written); return once
     it has exited. Exit 75 when no daemon answers."""
     from repl_cli import launch
 
-    pong = client.call(p.Ping(), p.Pong)
-    client.call(p.Shutdown(), p.Done)
-    client.close()
-    launch.wait_until_gone(client.addr, pong.pid)
-    output.line(f"stopped the daemon at {client.addr} (pid {pong.pid})")
+    pong = repl.ping()
+    repl.shutdown()
+    launch.wait_until_gone(repl.addr, pong.pid)
+    output.line(f"stopped the daemon at {repl.addr} (pid {pong.pid})")
 
 
 # -- sessions -------------------------------------------------------------------
@@ -269,10 +271,10 @@ def shutdown(client: Client) -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: session, created.")
 @click.pass_obj
 def start(
-    client: Client, session: str | None, buffer: int | None, exist_ok: bool, as_json: bool
+    repl: Repl, session: str | None, buffer: int | None, exist_ok: bool, as_json: bool
 ) -> None:
     """Create a session and print its id (one is made up when none is given)."""
-    started = client.call(p.Start(session=session, buffer=buffer, exist_ok=exist_ok), p.Started)
+    started = repl.start(session, buffer=buffer, exist_ok=exist_ok)
     if as_json:
         output.print_json({"session": started.session, "created": started.created})
         return
@@ -282,30 +284,30 @@ def start(
 @cli.command()
 @click.argument("session", shell_complete=complete_sessions)
 @click.pass_obj
-def stop(client: Client, session: str) -> None:
+def stop(repl: Repl, session: str) -> None:
     """Stop and remove a session; its waiters are told it stopped."""
-    client.call(p.Stop(session=session), p.Done)
+    repl.stop(session)
 
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="A JSON list of objects.")
 @click.pass_obj
-def sessions(client: Client, as_json: bool) -> None:
+def sessions(repl: Repl, as_json: bool) -> None:
     """List sessions: id, head, retained, limit, cursors, waiters."""
-    listed = client.call(p.Sessions(), p.SessionList)
+    listed = repl.sessions()
     if as_json:
-        output.print_json(listed.sessions)
+        output.print_json(listed)
         return
-    output.session_table(listed.sessions)
+    output.session_table(listed)
 
 
 @cli.command()
 @click.argument("session", shell_complete=complete_sessions)
 @click.argument("limit", metavar="N", type=int)
 @click.pass_obj
-def buffer(client: Client, session: str, limit: int) -> None:
+def buffer(repl: Repl, session: str, limit: int) -> None:
     """Set the ring limit to N (0 to 65,536); the oldest firings beyond it go."""
-    client.call(p.Buffer(session=session, limit=limit), p.Buffered)
+    repl.buffer(session, limit)
 
 
 # -- sending --------------------------------------------------------------------
@@ -326,7 +328,7 @@ def buffer(client: Client, session: str, limit: int) -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object a firing: seq, duplicate.")
 @click.pass_obj
 def send(
-    client: Client,
+    repl: Repl,
     session: str,
     text: str | None,
     handler: str,
@@ -345,12 +347,11 @@ def send(
             raise click.UsageError("--lines reads stdin: give no TEXT (or -)")
         if key is not None:
             raise click.UsageError("--key names one firing: it cannot go with --lines")
-        sending.send_lines(client, session, handler, as_json)
+        sending.send_lines(repl.client, session, handler, as_json)
         return
     if text is None or text == "-":
         text = sending.stdin_text()
-    request = p.Send(session=session, text=text, handler=handler, key=key)
-    output.sent(client.call(request, p.Sent), as_json)
+    output.sent(repl.send(session, text, handler=handler, key=key), as_json)
 
 
 # -- reading --------------------------------------------------------------------
@@ -376,7 +377,7 @@ def send(
 @firing_formats
 @click.pass_obj
 def read(
-    client: Client,
+    repl: Repl,
     session: str,
     cursor: str | None,
     after: int | None,
@@ -404,13 +405,11 @@ def read(
     if last is not None or since is not None:
         from repl_cli.recent import recent
 
-        batch = recent(client, session, last, None if since is None else parse_since(since))
-        deliver(Printer(client, fmt, None), [batch])
+        bound = None if since is None else parse_since(since)
+        deliver(Printer(repl.client, fmt, None), [recent(repl, session, last, bound)])
         return
     try:
-        got = client.call(
-            p.Read(session=session, cursor=cursor, after=after, max=max_, peek=peek), p.Firings
-        )
+        got = repl.read(session, cursor=cursor, after=after, max=max_, peek=peek)
     except CliError as exc:
         prefix = f"cursor {after} is after head "
         if after is None or not exc.message.startswith(prefix):
@@ -420,7 +419,9 @@ def read(
             f"--after {after} is after the head, {head}: give --after {head} or less", exc.status
         ) from None
     ack_cursor = None if peek or after is not None else cursor or READ_CURSOR
-    deliver(Printer(client, fmt, ack_cursor), [Batch(session, got.next, got.lost, got.firings)])
+    deliver(
+        Printer(repl.client, fmt, ack_cursor), [Batch(session, got.next, got.lost, got.firings)]
+    )
 
 
 def parse_since(text: str) -> str:
@@ -464,7 +465,7 @@ def parse_since(text: str) -> str:
 @firing_formats
 @click.pass_obj
 def wait(
-    client: Client,
+    repl: Repl,
     sessions: tuple[str, ...],
     cursor: str,
     timeout: float | None,
@@ -485,38 +486,32 @@ def wait(
     import time
     from functools import partial
 
-    from repl_cli.reconnect import Reconnect, TimedOut
-
     if peek and count is not None:
         raise click.UsageError("--count waits for new firings: a --peek would see the same again")
     ids = list(dict.fromkeys(sessions))
     fmt = firing_format(seq, full, as_json, several=len(ids) > 1, ts=ts)
-    printer = Printer(client, fmt, None if peek else cursor)
+    printer = Printer(repl.client, fmt, None if peek else cursor)
+    repl.reconnect = reconnect
     deadline = None if timeout is None else time.monotonic() + timeout
-    again = Reconnect(client, reconnect, deadline)
-    left = count
     printed = 0
-
-    def look() -> p.Woken:
-        wait = p.Wait(sessions=ids, cursor=cursor, timeout_ms=again.remaining_ms(), max=left)
-        client.send(wait)
-        return client.receive(p.Woken, timeout=None, watch=printer.watch)
-
     while True:
-        try:
-            woken = again.run(look)
-        except TimedOut:
-            woken = p.Woken(batches=[], timed_out=True)
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        woken = repl.wait(
+            ids,
+            cursor=cursor,
+            timeout=left,
+            max=None if count is None else count - printed,
+            watch=printer.watch,
+        )
         if woken.timed_out:
             return OK if printed else TIMED_OUT
         batches = [Batch(b.session, b.next, b.lost, b.firings) for b in woken.batches]
         taken = printer.show(batches)
         # printed: the ack is tried again across an outage too (acks are idempotent)
-        Reconnect(client, reconnect).run(partial(printer.ack, taken))
+        repl.again().run(partial(printer.ack, taken))
         printed += sum(len(b.firings) for b in batches)
         if count is None or printed >= count:
             return OK
-        left = count - printed
 
 
 @cli.command("follow")
@@ -532,7 +527,7 @@ def wait(
 @firing_formats
 @click.pass_obj
 def follow_command(
-    client: Client,
+    repl: Repl,
     session: str,
     cursor: str,
     from_now: bool,
@@ -548,18 +543,15 @@ def follow_command(
     A daemon restart or a store outage is ridden out (--reconnect): it goes
     on from the cursor, so nothing is lost and nothing unprinted acknowledged.
     """
-    from repl_cli.reconnect import Reconnect
-
     fmt = firing_format(seq, full, as_json, ts=ts)
-    again = Reconnect(client, reconnect)
+    repl.reconnect = reconnect
     if from_now:
 
         def skip() -> None:
-            head = client.call(p.Stats(session=session), p.StatsReply).sessions[0].head
-            client.call(p.Ack(session=session, cursor=cursor, seq=head), p.Acked)
+            repl.ack(session, repl.stats(session).sessions[0].head, cursor=cursor)
 
-        again.run(skip)
-    follow(Printer(client, fmt, cursor), session, cursor, again, count)
+        repl.again().run(skip)
+    follow(Printer(repl.client, fmt, cursor), repl, session, cursor, count)
 
 
 @cli.command()
@@ -568,7 +560,7 @@ def follow_command(
 @firing_formats
 @click.pass_obj
 def poll(
-    client: Client,
+    repl: Repl,
     session: str,
     max_: int | None,
     seq: bool,
@@ -581,8 +573,8 @@ def poll(
     At most once: what is not printed (a closed pipe) is not seen again.
     """
     fmt = firing_format(seq, full, as_json, ts=ts)
-    got = client.call(p.Poll(session=session, max=max_), p.Firings)
-    deliver(Printer(client, fmt, None), [Batch(session, got.next, got.lost, got.firings)])
+    got = repl.poll(session, max=max_)
+    deliver(Printer(repl.client, fmt, None), [Batch(session, got.next, got.lost, got.firings)])
 
 
 @cli.command()
@@ -592,31 +584,31 @@ def poll(
     "--cursor", default=ACK_CURSOR, show_default=True, metavar="NAME", help="The cursor to move."
 )
 @click.pass_obj
-def ack(client: Client, session: str, seq: int, cursor: str) -> None:
+def ack(repl: Repl, session: str, seq: int, cursor: str) -> None:
     """Acknowledge up to SEQ by hand (after --peek); a cursor never moves back."""
-    client.call(p.Ack(session=session, cursor=cursor, seq=seq), p.Acked)
+    repl.ack(session, seq, cursor=cursor)
 
 
 @cli.command()
 @click.argument("session", shell_complete=complete_sessions)
 @click.option("--json", "as_json", is_flag=True, help="A JSON list of {name, seq, lag}.")
 @click.pass_obj
-def cursors(client: Client, session: str, as_json: bool) -> None:
+def cursors(repl: Repl, session: str, as_json: bool) -> None:
     """List a session's cursors: name, seq, lag behind the head."""
-    listed = client.call(p.Cursors(session=session), p.CursorList)
+    listed = repl.cursors(session)
     if as_json:
-        output.print_json(listed.cursors)
+        output.print_json(listed)
         return
-    output.cursor_table(listed.cursors)
+    output.cursor_table(listed)
 
 
 @cli.command()
 @click.argument("session", required=False, shell_complete=complete_sessions)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: daemon and sessions.")
 @click.pass_obj
-def stats(client: Client, session: str | None, as_json: bool) -> None:
+def stats(repl: Repl, session: str | None, as_json: bool) -> None:
     """Counters: firings, lost, evaluations, waiters, connections."""
-    got = client.call(p.Stats(session=session), p.StatsReply)
+    got = repl.stats(session)
     if as_json:
         output.print_json({"daemon": got.daemon, "sessions": got.sessions})
         return

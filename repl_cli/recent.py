@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
-from repl_cli.client import Client
 from repl_cli.deliver import Batch
-from repl_daemon import protocol as p
+
+if TYPE_CHECKING:
+    from repl_cli.api import Repl
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _AGO = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
@@ -39,14 +41,14 @@ def since_ts(text: str, now: datetime | None = None) -> str | None:
     return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
 
 
-def recent(client: Client, session: str, last: int | None, since: str | None) -> Batch:
+def recent(repl: Repl, session: str, last: int | None, since: str | None) -> Batch:
     """The newest ``last`` firings (all with None), of those since ``since`` (any with None)."""
     if since is None:
         assert last is not None
-        head = client.call(p.Stats(session=session), p.StatsReply).sessions[0].head
-        got = client.call(p.Read(session=session, after=max(0, head - last), max=last), p.Firings)
+        head = repl.stats(session).sessions[0].head
+        got = repl.read(session, after=max(0, head - last), max=last)
         return Batch(session, got.next, got.lost, got.firings)
-    got = client.call(p.Read(session=session, after=0), p.Firings)
+    got = repl.read(session, after=0)
     firings = [f for f in got.firings if f.ts >= since]
     # the dropped ones are older than the oldest retained: in range only if that one is
     lost = got.lost if not got.firings or got.firings[0].ts >= since else 0

@@ -35,7 +35,8 @@ class TimedOut(Exception):
     """The wait's own ``--timeout`` passed while the daemon was away."""
 
 
-def _note(message: str) -> None:
+def stderr_note(message: str) -> None:
+    """How ``repl`` tells of an outage: one line on stderr (the API logs instead)."""
     if sys.stderr is None:
         return
     try:
@@ -48,9 +49,17 @@ def _note(message: str) -> None:
 class Reconnect:
     """Runs a reader's steps again while the daemon or its store is unavailable."""
 
-    def __init__(self, client: Client, seconds: float, deadline: float | None = None) -> None:
+    def __init__(
+        self,
+        client: Client,
+        seconds: float,
+        deadline: float | None = None,
+        *,
+        note: Callable[[str], None] | None = None,
+    ) -> None:
         self.client = client
         self.seconds = seconds
+        self.note = note or stderr_note
         self.deadline = deadline  # time.monotonic() past which a wait times out
         self._lost_at: float | None = None  # when the current outage began
 
@@ -71,7 +80,7 @@ class Reconnect:
                 continue
             if self._lost_at is not None:
                 self._lost_at = None
-                _note(f"reconnected to the daemon at {self.client.addr}")
+                self.note(f"reconnected to the daemon at {self.client.addr}")
             return result
 
     def _wait_out(self, exc: CliError, pause: float) -> float:
@@ -81,10 +90,10 @@ class Reconnect:
             self._lost_at = now
             # what happened, without the advice to run the command again: it is being run
             reason = exc.message.rsplit(": ", 1)[0]
-            _note(f"{reason}; reconnecting for up to {self.seconds:g} s")
+            self.note(f"{reason}; reconnecting for up to {self.seconds:g} s")
         if now - self._lost_at >= self.seconds:
             raise CliError(
-                f"gave up after {self.seconds:g} s: {exc.message}", UNAVAILABLE
+                f"gave up after {self.seconds:g} s: {exc.message}", UNAVAILABLE, exc.code
             ) from None
         sleep = min(pause, self._lost_at + self.seconds - now)
         if self.deadline is not None and now + sleep >= self.deadline:

@@ -1,0 +1,270 @@
+"""repl from async Python (anyio: asyncio or trio): ``repl_cli.api``'s twin.
+
+    from repl_cli import aio
+
+    async with aio.connect() as repl:
+        await repl.start("inbox", exist_ok=True)
+        await repl.send("inbox", "hello")
+        async for batch in repl.follow("inbox"):   # acknowledged when the next is asked for
+            ...
+
+The same methods, answers (the protocol's msgspec Structs) and errors
+(``api.Error``, ``api.Unavailable``) as ``repl_cli.api``; ``wait`` and
+``follow`` ride out a daemon restart for ``reconnect`` seconds the same way,
+sleeping without blocking the event loop. One ``AsyncRepl`` is one
+connection: give each task that waits its own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Self, TypeVar
+
+import anyio
+from anyio.abc import SocketStream
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from repl_cli.api import Unavailable, _log_note, _typed
+from repl_cli.client import CALL_TIMEOUT, Client, decode_answer, parse_addr
+from repl_cli.errors import UNAVAILABLE, CliError
+from repl_cli.reconnect import DEFAULT_RECONNECT, FIRST_PAUSE, MAX_PAUSE
+from repl_daemon import protocol as p
+from session.firing import CursorInfo
+from session.rules import ACK_CURSOR, DEFAULT_HANDLER, FOLLOW_CURSOR, WAIT_CURSOR
+
+__all__ = ["AsyncRepl", "connect"]
+
+R = TypeVar("R", bound=p.Response)
+T = TypeVar("T")
+
+#: the longest answer line read (the daemon's own request limit is 1 MiB; a read answers more)
+MAX_ANSWER = 256 * 1024 * 1024
+
+
+def connect(
+    addr: str | None = None,
+    home: str | Path | None = None,
+    *,
+    reconnect: float = DEFAULT_RECONNECT,
+) -> AsyncRepl:
+    """An ``AsyncRepl`` for the daemon at ``addr`` (``REPL_ADDR``, else 127.0.0.1:7427),
+    its token in ``home``; it connects on the first call. Use ``async with``."""
+    return AsyncRepl(addr, home, reconnect=reconnect)
+
+
+class AsyncRepl:
+    """One connection to a daemon, and its operations, awaited."""
+
+    def __init__(
+        self,
+        addr: str | None = None,
+        home: str | Path | None = None,
+        *,
+        reconnect: float = DEFAULT_RECONNECT,
+        note: Callable[[str], None] | None = None,
+    ) -> None:
+        # the sync client knows where the daemon and its token are; it never connects here
+        self._where = Client(addr, home)
+        self.reconnect = reconnect
+        self.note = note or _log_note
+        self._stream: SocketStream | None = None
+        self._lines: BufferedByteReceiveStream | None = None
+
+    @property
+    def addr(self) -> str:
+        return self._where.addr
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        stream, self._stream, self._lines = self._stream, None, None
+        if stream is not None:
+            with anyio.CancelScope(shield=True):
+                await stream.aclose()
+
+    # -- the connection -------------------------------------------------------
+
+    async def _connect(self) -> None:
+        host, port = parse_addr(self.addr)
+        try:
+            with anyio.fail_after(CALL_TIMEOUT):
+                stream = await anyio.connect_tcp(host, port)
+        except (OSError, TimeoutError) as exc:
+            reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+            raise Unavailable(
+                f"no daemon at {self.addr} ({reason}): start one with `repl daemon`"
+            ) from None
+        self._stream = stream
+        self._lines = BufferedByteReceiveStream(stream)
+        token = self._where._token()
+        await self._exchange(p.Auth(token=token), p.Done, CALL_TIMEOUT)
+
+    async def _exchange(self, request: p.Request, expect: type[R], within: float | None) -> R:
+        """Send ``request`` and read its answer (within ``within`` s, None: however long a
+        wait takes); a broken link is ``Unavailable``."""
+        if self._stream is None:
+            await self._connect()
+        assert self._stream is not None and self._lines is not None
+        try:
+            with anyio.fail_after(math.inf if within is None else within):
+                await self._stream.send(p.encode(request))
+                line = await self._lines.receive_until(b"\n", MAX_ANSWER)
+        except TimeoutError:
+            await self.aclose()
+            raise Unavailable(
+                f"the daemon at {self.addr} did not answer within {within:g} s: see its log"
+            ) from None
+        except (
+            OSError,
+            anyio.EndOfStream,
+            anyio.IncompleteRead,  # the daemon went away part-way (or before a line)
+            anyio.BrokenResourceError,
+            anyio.ClosedResourceError,
+        ):
+            await self.aclose()
+            raise Unavailable(
+                f"the daemon at {self.addr} closed the connection: "
+                "check it with `repl ping` and run the command again"
+            ) from None
+        return decode_answer(line, expect, self.addr)
+
+    async def _call(self, request: p.Request, expect: type[R]) -> R:
+        try:
+            return await self._exchange(request, expect, CALL_TIMEOUT)
+        except CliError as exc:
+            raise _typed(exc) from None
+
+    # -- the daemon ----------------------------------------------------------
+
+    async def ping(self) -> p.Pong:
+        return await self._call(p.Ping(), p.Pong)
+
+    async def shutdown(self) -> None:
+        await self._call(p.Shutdown(), p.Done)
+        await self.aclose()
+
+    async def stats(self, session: str | None = None) -> p.StatsReply:
+        return await self._call(p.Stats(session=session), p.StatsReply)
+
+    # -- sessions ------------------------------------------------------------
+
+    async def start(
+        self, session: str | None = None, *, buffer: int | None = None, exist_ok: bool = False
+    ) -> p.Started:
+        request = p.Start(session=session, buffer=buffer, exist_ok=exist_ok)
+        return await self._call(request, p.Started)
+
+    async def stop(self, session: str) -> None:
+        await self._call(p.Stop(session=session), p.Done)
+
+    async def sessions(self) -> list[p.SessionInfo]:
+        return (await self._call(p.Sessions(), p.SessionList)).sessions
+
+    async def buffer(self, session: str, limit: int) -> p.Buffered:
+        return await self._call(p.Buffer(session=session, limit=limit), p.Buffered)
+
+    async def cursors(self, session: str) -> list[CursorInfo]:
+        return (await self._call(p.Cursors(session=session), p.CursorList)).cursors
+
+    # -- firings -------------------------------------------------------------
+
+    async def send(
+        self, session: str, text: str, *, handler: str = DEFAULT_HANDLER, key: str | None = None
+    ) -> p.Sent:
+        request = p.Send(session=session, text=text, handler=handler, key=key)
+        return await self._call(request, p.Sent)
+
+    async def read(
+        self,
+        session: str,
+        *,
+        cursor: str | None = None,
+        after: int | None = None,
+        max: int | None = None,
+        peek: bool = False,
+    ) -> p.Firings:
+        """As ``api.Repl.read``: acknowledges nothing; ``ack`` the batch's ``next``."""
+        request = p.Read(session=session, cursor=cursor, after=after, max=max, peek=peek)
+        return await self._call(request, p.Firings)
+
+    async def ack(self, session: str, seq: int, *, cursor: str = ACK_CURSOR) -> p.Acked:
+        return await self._call(p.Ack(session=session, cursor=cursor, seq=seq), p.Acked)
+
+    async def poll(self, session: str, *, max: int | None = None) -> p.Firings:
+        return await self._call(p.Poll(session=session, max=max), p.Firings)
+
+    async def wait(
+        self,
+        sessions: str | list[str],
+        *,
+        cursor: str = WAIT_CURSOR,
+        timeout: float | None = None,  # noqa: ASYNC109 - the daemon's own timeout_ms
+        max: int | None = None,
+        ack: dict[str, int] | None = None,
+    ) -> p.Woken:
+        """As ``api.Repl.wait``: blocks (without blocking the loop), rides out a restart.
+
+        ``timeout`` is the wait's own (the daemon answers ``timed_out``), not a
+        cancel scope: cancelling from outside drops the wait and moves nothing.
+        """
+        ids = [sessions] if isinstance(sessions, str) else list(sessions)
+        deadline = None if timeout is None else anyio.current_time() + timeout
+        pause, lost_at = FIRST_PAUSE, None
+        while True:
+            left = None if deadline is None else max_(0.0, deadline - anyio.current_time())
+            timeout_ms = None if left is None else round(left * 1000)
+            request = p.Wait(
+                sessions=ids, cursor=cursor, timeout_ms=timeout_ms, max=max, ack=ack or {}
+            )
+            try:
+                woken = await self._exchange(request, p.Woken, None)
+            except CliError as exc:
+                if exc.status != UNAVAILABLE or not self.reconnect:
+                    raise _typed(exc) from None
+                await self.aclose()
+                now = anyio.current_time()
+                if lost_at is None:
+                    lost_at = now
+                    reason = exc.message.rsplit(": ", 1)[0]
+                    self.note(f"{reason}; reconnecting for up to {self.reconnect:g} s")
+                if now - lost_at >= self.reconnect:
+                    raise Unavailable(
+                        f"gave up after {self.reconnect:g} s: {exc.message}"
+                    ) from None
+                sleep = min(pause, lost_at + self.reconnect - now)
+                if deadline is not None and now + sleep >= deadline:
+                    await anyio.sleep(max_(0.0, deadline - now))
+                    return p.Woken(batches=[], timed_out=True)
+                await anyio.sleep(sleep)
+                pause = min(pause * 2, MAX_PAUSE)
+                continue
+            if lost_at is not None:
+                self.note(f"reconnected to the daemon at {self.addr}")
+            return woken
+
+    async def follow(
+        self, session: str, *, cursor: str = FOLLOW_CURSOR, max: int | None = None
+    ) -> AsyncIterator[p.SessionBatch]:
+        """As ``api.Repl.follow``: a batch is acknowledged when the next is asked for."""
+        carried: dict[str, int] = {}
+        while True:
+            woken = await self.wait(session, cursor=cursor, max=max, ack=carried)
+            for batch in woken.batches:
+                yield batch
+                carried = {batch.session: batch.next}
+
+
+def max_(a: float, b: float) -> float:
+    return a if a > b else b  # ``max`` is a parameter's name in the methods above

@@ -1,0 +1,172 @@
+"""The Python API, sync (``repl_cli.api``) and async (``repl_cli.aio``), on real daemons.
+
+Typed answers (the protocol's Structs), exceptions that carry ``repl``'s exit
+status and the wire code, and ``follow`` as an iterator that acknowledges a
+batch when the next is asked for and rides out a daemon restart in the
+middle (a SIGTERM and a ``kill -9``), as ``repl follow`` does.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+import anyio
+import pytest
+
+from repl_cli import aio, api
+from repl_daemon import protocol as p
+from session.firing import Firing
+from tests.helpers import DaemonProc, InProcDaemon, free_port
+
+
+def test_every_operation_answers_its_struct(inproc: InProcDaemon) -> None:
+    with api.connect(inproc.addr, inproc.home) as repl:
+        assert repl.ping().pid > 0
+        started = repl.start("api-a", buffer=8)
+        assert isinstance(started, p.Started) and started.created
+        assert not repl.start("api-a", exist_ok=True).created
+        assert repl.send("api-a", "one").seq == 1
+        again = repl.send("api-a", "two", key="k")
+        assert (again.seq, repl.send("api-a", "two", key="k").duplicate) == (2, True)
+        got = repl.read("api-a")
+        assert isinstance(got, p.Firings) and [f.result for f in got.firings] == ["one", "two"]
+        assert all(isinstance(f, Firing) for f in got.firings)
+        assert repl.read("api-a").next == 2  # read acknowledges nothing: ack the batch's next
+        assert repl.ack("api-a", got.next, cursor="read").seq == 2
+        assert repl.read("api-a").firings == []
+        assert [(c.name, c.seq) for c in repl.cursors("api-a")] == [("read", 2)]
+        assert "api-a" in [s.id for s in repl.sessions()]
+        assert repl.stats("api-a").sessions[0].head == 2
+        assert repl.buffer("api-a", 1).trimmed == 1
+        assert [f.result for f in repl.poll("api-a").firings] == ["two"]
+        woken = repl.wait("api-a", cursor="w", timeout=0.05)
+        assert isinstance(woken, p.Woken) and woken.batches[0].firings[0].result == "two"
+        assert repl.wait("api-a", cursor="w", timeout=0.05, ack={"api-a": 2}).timed_out
+        repl.stop("api-a")
+
+
+def test_errors_carry_the_exit_status_and_the_wire_code(
+    inproc: InProcDaemon, tmp_path: Path
+) -> None:
+    with api.connect(inproc.addr, inproc.home) as repl:
+        with pytest.raises(api.Error) as missing:
+            repl.send("api-nope", "x")
+        assert (missing.value.status, missing.value.code) == (1, "no_such_session")
+        assert "repl start api-nope" in missing.value.message
+        with pytest.raises(api.Error) as bad:
+            repl.send("bad id", "x")
+        assert (bad.value.status, bad.value.code) == (64, "bad_session_id")
+    (tmp_path / "token").write_text("t\n")
+    with api.connect(f"127.0.0.1:{free_port()}", tmp_path, reconnect=0) as away:
+        with pytest.raises(api.Unavailable) as gone:
+            away.ping()
+        assert gone.value.status == 75 and "no daemon at" in gone.value.message
+        with pytest.raises(api.Unavailable):
+            away.wait("s", timeout=1)
+
+
+def test_follow_acknowledges_a_batch_when_the_next_is_asked_for(inproc: InProcDaemon) -> None:
+    with api.connect(inproc.addr, inproc.home) as repl:
+        repl.start("api-f")
+        repl.send("api-f", "one")
+        for batch in repl.follow("api-f"):
+            assert [f.result for f in batch.firings] == ["one"]
+            break  # handed out, never asked past: not acknowledged
+        assert repl.cursors("api-f") == []
+        repl.send("api-f", "two")
+        stream = repl.follow("api-f")
+        assert [f.result for f in next(stream).firings] == ["one", "two"]
+        with api.connect(inproc.addr, inproc.home) as other:
+            sender = threading.Timer(0.2, lambda: other.send("api-f", "three"))
+            sender.start()
+            assert [f.result for f in next(stream).firings] == ["three"]  # asked for the next
+            sender.join()
+        stream.close()
+        assert [(c.name, c.seq) for c in repl.cursors("api-f")] == [("follow", 2)]
+
+
+@pytest.mark.parametrize("crash", [False, True], ids=["sigterm", "kill-9"])
+def test_follow_rides_out_a_restart_in_the_middle(
+    durable_daemon: DaemonProc, crash: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="repl")
+    with api.connect(f"127.0.0.1:{durable_daemon.port}", durable_daemon.home) as repl:
+        repl.start("api-r")
+        repl.send("api-r", "before")
+        stream = repl.follow("api-r")
+        assert [f.result for f in next(stream).firings] == ["before"]
+
+        def restart_then_send() -> None:
+            durable_daemon.restart(crash=crash)
+            with api.connect(f"127.0.0.1:{durable_daemon.port}", durable_daemon.home) as other:
+                other.send("api-r", "after")
+
+        helper = threading.Timer(0.3, restart_then_send)  # while follow blocks in its wait
+        helper.start()
+        try:
+            assert [f.result for f in next(stream).firings] == ["after"]
+        finally:
+            helper.join(30)
+        stream.close()
+        assert [(c.name, c.seq) for c in repl.cursors("api-r")] == [("follow", 1)]
+    notes = [r.getMessage() for r in caplog.records if r.name == "repl"]
+    assert any("reconnecting for up to 300 s" in n for n in notes), notes
+    assert any(n.startswith("reconnected to the daemon at") for n in notes), notes
+
+
+@pytest.mark.anyio
+async def test_the_async_api_answers_the_same(inproc: InProcDaemon) -> None:
+    async with aio.connect(inproc.addr, inproc.home) as repl:
+        assert (await repl.ping()).version == p.VERSION
+        await repl.start("aio-a")
+        assert (await repl.send("aio-a", "one")).seq == 1
+        got = await repl.read("aio-a")
+        assert [f.result for f in got.firings] == ["one"]
+        assert (await repl.ack("aio-a", got.next)).seq == 1
+        assert [(c.name, c.seq) for c in await repl.cursors("aio-a")] == [("read", 1)]
+        assert (await repl.wait("aio-a", cursor="read", timeout=0.05)).timed_out
+        with pytest.raises(api.Error) as missing:
+            await repl.read("aio-nope")
+        assert (missing.value.status, missing.value.code) == (1, "no_such_session")
+
+
+@pytest.mark.anyio
+async def test_the_async_follow_rides_out_a_restart_in_the_middle(
+    durable_daemon: DaemonProc,
+) -> None:
+    notes: list[str] = []
+    addr = f"127.0.0.1:{durable_daemon.port}"
+    async with aio.AsyncRepl(addr, durable_daemon.home, note=notes.append) as repl:
+        await repl.start("aio-r")
+        await repl.send("aio-r", "one")
+        stream = repl.follow("aio-r")
+        first = await anext(stream)
+        assert [f.result for f in first.firings] == ["one"]
+
+        async def restart_then_send() -> None:
+            await anyio.sleep(0.3)
+            await anyio.to_thread.run_sync(lambda: durable_daemon.restart(crash=True))
+            async with aio.connect(addr, durable_daemon.home) as other:
+                await other.send("aio-r", "two")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(restart_then_send)
+            with anyio.fail_after(30):
+                second = await anext(stream)
+        assert [f.result for f in second.firings] == ["two"]
+        await stream.aclose()
+        assert [(c.name, c.seq) for c in await repl.cursors("aio-r")] == [("follow", 1)]
+    assert notes[0].endswith("reconnecting for up to 300 s"), notes
+    assert notes[1] == f"reconnected to the daemon at {addr}"
+
+
+@pytest.mark.anyio
+async def test_the_async_api_with_no_daemon_is_unavailable(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("t\n")
+    async with aio.connect(f"127.0.0.1:{free_port()}", tmp_path, reconnect=0.3) as repl:
+        with pytest.raises(api.Unavailable):
+            await repl.ping()
+        with pytest.raises(api.Unavailable, match=r"gave up after 0\.3 s"):
+            await repl.wait("s")

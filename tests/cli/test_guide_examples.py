@@ -1,0 +1,49 @@
+"""GUIDE.md's Python recipes run, as written, against a real daemon.
+
+Every ``python`` block of the "In Python" section is run on its own with
+the interpreter the tests use and ``REPL_ADDR``/``REPL_HOME`` naming a
+fresh daemon whose session ``inbox`` already holds "hello" and "quit" (so
+the monitor recipe ends). Each must exit 0 without a traceback.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import DaemonProc, Repl
+
+GUIDE = Path(__file__).resolve().parents[2] / "GUIDE.md"
+
+
+def python_recipes() -> list[str]:
+    text = GUIDE.read_text()
+    section = text[text.index("### In Python") :]
+    section = section[: section.index("\n## ")]
+    return re.findall(r"```python\n(.*?)```", section, re.S)
+
+
+def test_the_guide_has_python_recipes() -> None:
+    recipes = python_recipes()
+    assert len(recipes) >= 4
+    assert not any("subprocess" in r for r in recipes)  # the API, not the CLI in a child
+
+
+@pytest.mark.parametrize("index", range(len(python_recipes())))
+def test_each_python_recipe_of_the_guide_runs(daemon: DaemonProc, index: int) -> None:
+    repl = Repl(daemon)
+    repl.ask({"op": "start", "session": "inbox", "exist_ok": True})
+    repl.send("inbox", "hello", "quit")
+    done = subprocess.run(
+        [sys.executable, "-c", python_recipes()[index]],
+        capture_output=True,
+        text=True,
+        env=repl.env,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
