@@ -19,7 +19,7 @@ from repl_daemon.engine.shared import SharedCommitter
 from repl_daemon.stores import redis as redis_store
 from repl_daemon.stores.redis import RedisStore
 from session.errors import BadSessionId, NoSuchSession, ReplError, StoreFailed
-from tests.helpers import RedisClusterProcs, RedisProc, store_url
+from tests.helpers import RedisClusterProcs, RedisProc, eventually, store_url
 
 AnyRedis = RedisProc | RedisClusterProcs
 
@@ -305,3 +305,43 @@ async def test_a_monitors_wait_with_its_ack_is_one_script_then_one_read(
         assert [(c.name, c.seq) for c in table.cursors] == [("mon", 1)]
         tg.cancel_scope.cancel()
     await committer.close()
+
+
+async def test_a_slot_on_the_move_is_followed_through_ask_and_then_moved(
+    redis_cluster: RedisClusterProcs,
+) -> None:
+    """Each node's part of a pipeline on a 3-primary cluster, while the session's slot is
+    resharded. Its keys already on the target: the source answers ASK, the call goes there
+    with ASKING, and the target answers TRYAGAIN (a script's keys that do not exist yet
+    cannot be served mid-migration), so after a few tries the send is refused with
+    store_failed and nothing is recorded. Once the slot is handed over, the source answers
+    MOVED, the table is read again and the send goes through: seqs 1 and 2, nothing twice."""
+    cluster = redis_cluster
+    cluster.flush()
+    engine, committer = await opened(store_url(cluster))
+    slot = cluster.keyslot(redis_store.session_keys("m")[0])
+    home = cluster.primary_of_slot(slot)
+    target = next(port for port in cluster.primaries() if port != home)
+    rows = cluster.topology()
+    try:
+        await call(engine, p.Start(session="m"))
+        assert await call(engine, p.Send(session="m", text="before")) == p.Sent(seq=1)
+        with cluster.node(target).admin() as to, cluster.node(home).admin() as source:
+            to.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", rows[home]["id"])
+            source.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", rows[target]["id"])
+            while keys := source.execute_command("CLUSTER GETKEYSINSLOT", slot, 100):
+                source.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *keys)
+        with pytest.raises(StoreFailed, match="rehashing"):
+            await call(engine, p.Send(session="m", text="mid-move"))
+        for port in cluster.primaries():
+            with cluster.node(port).admin() as admin:
+                admin.execute_command("CLUSTER SETSLOT", slot, "NODE", rows[target]["id"])
+        eventually(lambda: cluster.primary_of_slot(slot) == target, what="the slot to move")
+        assert await call(engine, p.Send(session="m", text="moved")) == p.Sent(seq=2)
+        read = await call(engine, p.Read(session="m", after=0))
+        assert isinstance(read, p.Firings)
+        assert [f.result for f in read.firings] == ["before", "moved"]
+    finally:
+        await committer.close()
+        if cluster.primary_of_slot(slot) != home:
+            cluster.move_slot(slot, home)
