@@ -95,6 +95,13 @@ class BadKey(ReplError):
     code = Code.BAD_KEY
 
 
+class BadTime(ReplError):
+    """A duration, an interval or a time of a scheduled firing does not parse (or is too
+    short): malformed input, so ``bad_request``."""
+
+    code = Code.BAD_REQUEST
+
+
 class CursorAfterHead(ReplError):
     """A read starts after the newest seq the session has recorded."""
 
