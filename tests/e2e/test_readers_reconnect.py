@@ -18,7 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import DaemonProc, Repl, eventually, free_port, repl_argv
+from tests.helpers import (
+    DaemonProc,
+    RedisProc,
+    Repl,
+    SharedDaemons,
+    eventually,
+    free_port,
+    repl_argv,
+    require_redis,
+)
 
 UNAVAILABLE = 75
 
@@ -129,3 +138,41 @@ def test_a_stopped_session_is_no_outage(durable_daemon: DaemonProc) -> None:
     _, err = waiter.communicate(timeout=20)
     assert waiter.returncode == 1, err
     assert "reconnect" not in err.decode()
+
+
+def test_a_wait_rides_out_an_outage_of_its_daemons_redis(tmp_path: Path) -> None:
+    """The store's outage, not the daemon's: a ``repl wait`` already blocked keeps waiting
+    inside the daemon; one started while Redis is down is answered store_failed, says it
+    is reconnecting, and goes on once Redis is back; other commands meanwhile exit 75.
+    Redis keeps its data here (AOF, fsync always), so the session is still there."""
+    require_redis()
+    redis = RedisProc(tmp_path / "redis", appendonly=True)
+    group = SharedDaemons(tmp_path / "daemons", redis.url, 1)
+    try:
+        daemon = group.daemons[0]
+        repl = Repl(daemon)
+        s = repl.session("o", "before")
+        assert repl.ok("wait", s) == "on-message: before\n"
+        blocked = repl.popen("wait", s)
+        eventually(lambda: repl.waiters(s) == 1, what="the wait blocks")
+        redis.kill()
+        late = repl.popen("wait", s, "--cursor", "late")  # starts during the outage
+        down = repl.run("send", s, "lost?")
+        assert down.returncode == UNAVAILABLE, down
+        assert "redis" in down.stderr and "Traceback" not in down.stderr
+        assert late.stderr is not None
+        note = late.stderr.readline().decode()
+        assert "reconnecting for up to 300 s" in note, note
+        redis.start()
+        eventually(lambda: repl.run("send", s, "after").returncode == 0, what="Redis is back")
+        out, err = blocked.communicate(timeout=30)
+        assert blocked.returncode == 0, err
+        assert out.decode().splitlines()[-1] == "on-message: after"
+        assert err == b""  # the outage was the daemon's to ride out, not the reader's
+        out, err = late.communicate(timeout=30)
+        assert late.returncode == 0, err
+        assert "on-message: after" in out.decode()
+        assert err.decode().startswith("repl: reconnected to the daemon at ")
+    finally:
+        group.close()
+        redis.stop()
