@@ -1,4 +1,4 @@
-"""repl from async Python (anyio: asyncio or trio): ``repl_cli.api``'s twin.
+"""repl from async Python (anyio: asyncio, and trio, checked by hand): ``repl_cli.api``'s twin.
 
     from repl_cli import aio
 
