@@ -26,6 +26,7 @@ class Code(enum.StrEnum):
     BAD_MAX = "bad_max"
     BAD_HANDLER = "bad_handler"
     BAD_KEY = "bad_key"
+    BAD_TIME = "bad_time"
     CURSOR_AFTER_HEAD = "cursor_after_head"
     ACK_AFTER_HEAD = "ack_after_head"
     # the daemon
@@ -96,10 +97,10 @@ class BadKey(ReplError):
 
 
 class BadTime(ReplError):
-    """A duration, an interval or a time of a scheduled firing does not parse (or is too
-    short): malformed input, so ``bad_request``."""
+    """A duration, an interval or a time of a scheduled firing does not parse, or an
+    interval is under the shortest."""
 
-    code = Code.BAD_REQUEST
+    code = Code.BAD_TIME
 
 
 class CursorAfterHead(ReplError):
@@ -196,6 +197,7 @@ BY_CODE: dict[str, type[ReplError]] = {
         BadMax,
         BadHandler,
         BadKey,
+        BadTime,
         CursorAfterHead,
         AckAfterHead,
         BadRequest,

@@ -41,7 +41,7 @@ def test_durations_parse(text: str, ms: int) -> None:
 def test_a_duration_that_does_not_parse_is_refused_as_bad_input(text: str) -> None:
     with pytest.raises(BadTime) as refused:
         parse_duration(text)
-    assert refused.value.code is Code.BAD_REQUEST
+    assert refused.value.code is Code.BAD_TIME
     assert repr(text) in refused.value.message
 
 
