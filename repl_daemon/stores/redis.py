@@ -412,11 +412,17 @@ class RedisStore:
             del queue[:MAX_BATCH]
             if batch:
                 self._in_flight = batch
-                await self._flush(batch)
+                try:
+                    await self._flush(batch)
+                except Exception as exc:  # a bug here must not stop every later call
+                    log.exception("the Redis pipeline failed")
+                    failure = StoreFailed(f"redis at {self.target.name} failed: {_reason(exc)}")
+                    for call in batch:
+                        call.finish(error=failure)
                 self._in_flight = []
 
     async def _flush(self, batch: list[_Call]) -> None:
-        """One pipeline for ``batch`` (a cluster client splits it by node, in parallel)."""
+        """One pipeline for ``batch`` (on a cluster, a part for each node, ``_send_cluster``)."""
         from redis.exceptions import NoScriptError
 
         waits = bool(self.target.replicas) and any(call.change for call in batch)
@@ -539,48 +545,65 @@ class RedisStore:
         asking: dict[int, tuple[str, int]],
         results: list[Any],
     ) -> None:
-        """Write every node's part, then read each node's replies into ``results``."""
+        """Write every node's part, then read each node's replies into ``results``.
+
+        One deadline for the round trip, but each node keeps its own: the
+        parts are read at once (a task each when there are several), so a
+        node that does not answer fails only its own calls. A line whose
+        replies were not all read, or whose write was cut short, is dropped;
+        a call that was never sent fails too, and nothing of it ran.
+        """
         asking_command = _pack(("ASKING",))
+        deadline = anyio.current_time() + PIPELINE_TIMEOUT
+        failure = TimeoutError(f"no answer within {PIPELINE_TIMEOUT} s")
         sent: list[tuple[Any, list[int], list[bytes]]] = []
-        with anyio.move_on_after(PIPELINE_TIMEOUT) as scope:
-            for name, (node, indexes) in parts.items():
-                line = self._lines.get(name)
-                if line is None:
-                    kwargs = {**node.connection_kwargs, "socket_timeout": None}
-                    line = self._lines[name] = node.connection_class(**kwargs)
-                packed = []
-                for i in indexes:
-                    if i in asking:  # its reply is not the call's: skipped below
-                        packed.append(asking_command)
-                    packed.append(batch[i].command)
+        for name, (node, indexes) in parts.items():
+            line = self._lines.get(name)
+            if line is None:
+                kwargs = {**node.connection_kwargs, "socket_timeout": None}
+                line = self._lines[name] = node.connection_class(**kwargs)
+            packed = []
+            for i in indexes:
+                if i in asking:  # its reply is not the call's: skipped below
+                    packed.append(asking_command)
+                packed.append(batch[i].command)
+            error: Exception | None = None
+            with anyio.move_on_after(deadline - anyio.current_time()) as scope:
                 try:
                     await line.send_packed_command(packed, check_health=False)
                 except Exception as exc:
-                    await line.disconnect(nowait=True)
-                    for i in indexes:
-                        results[i] = exc
-                    continue
-                sent.append((line, indexes, packed))
-            for line, indexes, packed in sent:
+                    error = exc
+            if scope.cancelled_caught or error is not None:
+                await line.disconnect(nowait=True)
+                for i in indexes:
+                    results[i] = error or failure
+                continue
+            sent.append((line, indexes, packed))
+
+        async def read(line: Any, indexes: list[int], packed: list[bytes]) -> None:
+            error: Exception | None = None
+            with anyio.move_on_after(deadline - anyio.current_time()) as scope:
                 try:
                     replies = await _read_replies(line, len(packed))
                 except Exception as exc:
-                    await line.disconnect(nowait=True)
-                    for i in indexes:
-                        results[i] = exc
-                    continue
-                answers = iter(replies)
+                    error = exc
+            if scope.cancelled_caught or error is not None:
+                await line.disconnect(nowait=True)
                 for i in indexes:
-                    if i in asking:
-                        next(answers)  # ASKING's OK
-                    results[i] = next(answers)
-        if scope.cancelled_caught:  # the node being read is not answering: every line is
-            failure = TimeoutError(f"no answer within {PIPELINE_TIMEOUT} s")
-            for line, indexes, _ in sent:
-                if any(results[i] is None for i in indexes):
-                    await line.disconnect(nowait=True)
-                    for i in indexes:
-                        results[i] = failure
+                    results[i] = error or failure
+                return
+            answers = iter(replies)
+            for i in indexes:
+                if i in asking:
+                    next(answers)  # ASKING's OK
+                results[i] = next(answers)
+
+        if len(sent) == 1:
+            await read(*sent[0])
+        else:
+            async with anyio.create_task_group() as tg:
+                for part in sent:
+                    tg.start_soon(read, *part)
 
     def _replicate(
         self, call: _Call, script: str, keys: list[str], args: tuple[object, ...]

@@ -9,6 +9,8 @@ one with a replica each (through ``?replicas=1``): ``redis_any``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import anyio.lowlevel
 import pytest
@@ -345,3 +347,48 @@ async def test_a_slot_on_the_move_is_followed_through_ask_and_then_moved(
         await committer.close()
         if cluster.primary_of_slot(slot) != home:
             cluster.move_slot(slot, home)
+
+
+async def test_a_cluster_node_that_stops_answering_fails_only_its_own_calls(
+    redis_cluster: RedisClusterProcs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One pipeline over two primaries, one of them paused past the pipeline's timeout: the
+    paused node's call fails with store_failed (not a garbled answer), the other node's is
+    answered; the paused node's connection is dropped with its unread reply, so the next
+    call there is answered by its own reply."""
+    cluster = redis_cluster
+    cluster.flush()
+    monkeypatch.setattr(redis_store, "PIPELINE_TIMEOUT", 0.3)
+    spread = cluster.by_primary(["a", "b", "c", "d", "e", "f"])
+    (paused, (slow, *_)), (_, (fast, *_)) = list(spread.items())[:2]
+    engine, committer = await opened(store_url(cluster))
+    try:
+        for session in (slow, fast):
+            await call(engine, p.Start(session=session))
+            await call(engine, p.Send(session=session, text="one"))
+        with cluster.node(paused).admin() as admin:
+            admin.execute_command("CLIENT", "PAUSE", 1500, "ALL")
+            try:
+                read = engine.handle(p.Read(session=slow, after=0)).result()
+                sent = engine.handle(p.Send(session=fast, text="two")).result()
+                async with anyio.create_task_group() as tg:
+                    answers: dict[str, object] = {}
+
+                    async def keep(name: str, job: Any) -> None:
+                        try:
+                            answers[name] = await job
+                        except Exception as exc:
+                            answers[name] = exc
+
+                    tg.start_soon(keep, "read", read)
+                    tg.start_soon(keep, "sent", sent)
+            finally:
+                admin.execute_command("CLIENT", "UNPAUSE")
+        assert isinstance(answers["read"], StoreFailed), answers
+        assert answers["sent"] == p.Sent(seq=2)
+        assert await call(engine, p.Send(session=slow, text="two")) == p.Sent(seq=2)
+        again = await call(engine, p.Read(session=slow, after=0))
+        assert isinstance(again, p.Firings)
+        assert [f.result for f in again.firings] == ["one", "two"]
+    finally:
+        await committer.close()
