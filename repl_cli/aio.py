@@ -29,8 +29,8 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from repl_cli.api import Unavailable, _log_note, _typed
 from repl_cli.client import CALL_TIMEOUT, Client, decode_answer, parse_addr
-from repl_cli.errors import UNAVAILABLE, CliError
-from repl_cli.reconnect import DEFAULT_RECONNECT, FIRST_PAUSE, MAX_PAUSE
+from repl_cli.errors import CliError
+from repl_cli.reconnect import DEFAULT_RECONNECT, Outage
 from repl_daemon import protocol as p
 from session.firing import CursorInfo
 from session.rules import ACK_CURSOR, DEFAULT_HANDLER, FOLLOW_CURSOR, WAIT_CURSOR
@@ -220,38 +220,30 @@ class AsyncRepl:
         cancel scope: cancelling from outside drops the wait and moves nothing.
         """
         ids = [sessions] if isinstance(sessions, str) else list(sessions)
-        deadline = None if timeout is None else anyio.current_time() + timeout
-        pause, lost_at = FIRST_PAUSE, None
+        now = anyio.current_time
+        deadline = None if timeout is None else now() + timeout
+        outage = Outage(self.reconnect, self.addr, self.note, deadline, clock=now)
         while True:
-            left = None if deadline is None else max_(0.0, deadline - anyio.current_time())
-            timeout_ms = None if left is None else round(left * 1000)
             request = p.Wait(
-                sessions=ids, cursor=cursor, timeout_ms=timeout_ms, max=max, ack=ack or {}
+                sessions=ids,
+                cursor=cursor,
+                timeout_ms=outage.remaining_ms(),
+                max=max,
+                ack=ack or {},
             )
             try:
                 woken = await self._exchange(request, p.Woken, None)
             except CliError as exc:
-                if exc.status != UNAVAILABLE or not self.reconnect:
-                    raise _typed(exc) from None
+                try:
+                    pause = outage.lost(exc)
+                except CliError as final:
+                    raise _typed(final) from None
                 await self.aclose()
-                now = anyio.current_time()
-                if lost_at is None:
-                    lost_at = now
-                    reason = exc.message.rsplit(": ", 1)[0]
-                    self.note(f"{reason}; reconnecting for up to {self.reconnect:g} s")
-                if now - lost_at >= self.reconnect:
-                    raise Unavailable(
-                        f"gave up after {self.reconnect:g} s: {exc.message}"
-                    ) from None
-                sleep = min(pause, lost_at + self.reconnect - now)
-                if deadline is not None and now + sleep >= deadline:
-                    await anyio.sleep(max_(0.0, deadline - now))
+                await anyio.sleep(pause)
+                if outage.timed_out:
                     return p.Woken(batches=[], timed_out=True)
-                await anyio.sleep(sleep)
-                pause = min(pause * 2, MAX_PAUSE)
                 continue
-            if lost_at is not None:
-                self.note(f"reconnected to the daemon at {self.addr}")
+            outage.back()
             return woken
 
     async def follow(
@@ -264,7 +256,3 @@ class AsyncRepl:
             for batch in woken.batches:
                 yield batch
                 carried = {batch.session: batch.next}
-
-
-def max_(a: float, b: float) -> float:
-    return a if a > b else b  # ``max`` is a parameter's name in the methods above

@@ -27,7 +27,6 @@ command itself is made of.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -50,7 +49,6 @@ __all__ = [
     "connect",
 ]
 
-log = logging.getLogger("repl")
 
 R = TypeVar("R", bound=p.Response)
 
@@ -75,7 +73,9 @@ def _typed(exc: CliError) -> CliError:
 
 
 def _log_note(message: str) -> None:
-    log.warning("%s", message)
+    import logging  # here: the CLI, which tells on stderr, need not load it on every run
+
+    logging.getLogger("repl").warning("%s", message)
 
 
 def connect(

@@ -31,6 +31,9 @@ REFRESH_AFTER = 1.0
 
 R = TypeVar("R", bound=p.Response)
 
+#: ``receive``'s default timeout: the client's own ``timeout`` (None waits for ever)
+OWN_TIMEOUT = -1.0
+
 _decode_any = msgspec.json.Decoder().decode
 
 
@@ -174,15 +177,15 @@ class Client:
         self._outstanding += data.count(b"\n")
 
     def receive(
-        self, expect: type[R], *, timeout: float | None = -1.0, watch: int | None = None
+        self, expect: type[R], *, timeout: float | None = OWN_TIMEOUT, watch: int | None = None
     ) -> R:
         """The next answer as ``expect``, or its error as a CliError.
 
-        ``timeout`` None waits for ever (a wait op), -1 is the client's own
-        ``timeout``; ``watch`` is a pipe we
-        write to: when its reader goes away while we wait, ``ReaderGone``.
+        ``timeout`` None waits for ever (a wait op); by default it is the
+        client's own ``timeout``. ``watch`` is a pipe we write to: when its
+        reader goes away while we wait, ``ReaderGone``.
         """
-        line = self._line(self.timeout if timeout == -1.0 else timeout, watch)
+        line = self._line(self.timeout if timeout == OWN_TIMEOUT else timeout, watch)
         self._outstanding -= 1
         self._quiet_since = time.monotonic()
         return decode_answer(line, expect, self.addr, self._from_env)

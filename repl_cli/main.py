@@ -665,11 +665,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fail(message: str, status: int) -> int:
-    if sys.stderr is None:  # started with stderr closed (`2>&-`): the status must tell
-        return status
-    try:
-        sys.stderr.write(f"repl: {message}\n")
-        sys.stderr.flush()
-    except OSError:
-        pass
+    """One line on stderr (none when stderr is closed: the status must tell), and ``status``."""
+    from repl_cli.reconnect import stderr_note
+
+    stderr_note(message)
     return status

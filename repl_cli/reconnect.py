@@ -36,7 +36,8 @@ class TimedOut(Exception):
 
 
 def stderr_note(message: str) -> None:
-    """How ``repl`` tells of an outage: one line on stderr (the API logs instead)."""
+    """One line ``repl: MESSAGE`` on stderr: an error, or an outage (the API logs those);
+    nothing when stderr is closed (``2>&-``) or its reader left."""
     if sys.stderr is None:
         return
     try:
@@ -46,8 +47,72 @@ def stderr_note(message: str) -> None:
         pass
 
 
+class Outage:
+    """The bookkeeping of riding out outages, with no clock or sleep of its own.
+
+    ``lost(exc)`` tells the outage once, gives up (75) once ``seconds`` have
+    passed since it began, and otherwise returns how long to pause before
+    the next try: 0.1 s, doubling to ``MAX_PAUSE``. When that pause would
+    reach ``deadline`` (a wait's own timeout), it returns what is left and
+    sets ``timed_out``. ``back()`` tells that the reader is back. ``clock``
+    is the caller's: ``time.monotonic`` here, the event loop's in ``aio``.
+    """
+
+    def __init__(
+        self,
+        seconds: float,
+        addr: str,
+        note: Callable[[str], None],
+        deadline: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.seconds = seconds
+        self.addr = addr
+        self.note = note
+        self.deadline = deadline
+        self.clock = clock
+        self.timed_out = False
+        self._lost_at: float | None = None  # when the current outage began
+        self._pause = FIRST_PAUSE
+
+    def lost(self, exc: CliError) -> float:
+        """How long to pause after ``exc``; raises it again when it is no outage, or 75
+        (``gave up after N s``) once the outage has lasted ``seconds``."""
+        if exc.status != UNAVAILABLE or not self.seconds:
+            raise exc
+        now = self.clock()
+        if self._lost_at is None:
+            self._lost_at = now
+            # what happened, without the advice to run the command again: it is being run
+            reason = exc.message.rsplit(": ", 1)[0]
+            self.note(f"{reason}; reconnecting for up to {self.seconds:g} s")
+        if now - self._lost_at >= self.seconds:
+            raise CliError(
+                f"gave up after {self.seconds:g} s: {exc.message}", UNAVAILABLE, exc.code
+            ) from None
+        pause = min(self._pause, self._lost_at + self.seconds - now)
+        self._pause = min(self._pause * 2, MAX_PAUSE)
+        if self.deadline is not None and now + pause >= self.deadline:
+            self.timed_out = True
+            return max(0.0, self.deadline - now)
+        return pause
+
+    def back(self) -> None:
+        if self._lost_at is not None:
+            self._lost_at = None
+            self._pause = FIRST_PAUSE
+            self.note(f"reconnected to the daemon at {self.addr}")
+
+    def remaining_ms(self) -> int | None:
+        """What is left of the wait's own timeout, for the next wait request."""
+        if self.deadline is None:
+            return None
+        return max(0, round((self.deadline - self.clock()) * 1000))
+
+
 class Reconnect:
-    """Runs a reader's steps again while the daemon or its store is unavailable."""
+    """Runs a reader's steps again (on a new connection) while the daemon or its store is
+    unavailable, sleeping between tries (``Outage`` decides how long)."""
 
     def __init__(
         self,
@@ -58,52 +123,25 @@ class Reconnect:
         note: Callable[[str], None] | None = None,
     ) -> None:
         self.client = client
-        self.seconds = seconds
-        self.note = note or stderr_note
-        self.deadline = deadline  # time.monotonic() past which a wait times out
-        self._lost_at: float | None = None  # when the current outage began
+        self.outage = Outage(seconds, client.addr, note or stderr_note, deadline)
 
     def run(self, step: Callable[[], T]) -> T:
-        """``step()``, tried again (on a new connection) until it is not refused as unavailable.
-
-        Any other error goes on at once: a stopped or missing session is no outage.
-        """
-        pause = FIRST_PAUSE
+        """``step()``, tried again until it is not refused as unavailable; any other error
+        goes on at once (a stopped or missing session is no outage). ``TimedOut`` once the
+        wait's own deadline passes while the daemon is away."""
+        outage = self.outage
         while True:
             try:
                 result = step()
             except CliError as exc:
-                if exc.status != UNAVAILABLE or not self.seconds:
-                    raise
+                pause = outage.lost(exc)
                 self.client.close()
-                pause = self._wait_out(exc, pause)
+                time.sleep(pause)
+                if outage.timed_out:
+                    raise TimedOut() from None
                 continue
-            if self._lost_at is not None:
-                self._lost_at = None
-                self.note(f"reconnected to the daemon at {self.client.addr}")
+            outage.back()
             return result
 
-    def _wait_out(self, exc: CliError, pause: float) -> float:
-        """Note the outage (once), sleep the pause, and return the next; exit when out of time."""
-        now = time.monotonic()
-        if self._lost_at is None:
-            self._lost_at = now
-            # what happened, without the advice to run the command again: it is being run
-            reason = exc.message.rsplit(": ", 1)[0]
-            self.note(f"{reason}; reconnecting for up to {self.seconds:g} s")
-        if now - self._lost_at >= self.seconds:
-            raise CliError(
-                f"gave up after {self.seconds:g} s: {exc.message}", UNAVAILABLE, exc.code
-            ) from None
-        sleep = min(pause, self._lost_at + self.seconds - now)
-        if self.deadline is not None and now + sleep >= self.deadline:
-            time.sleep(max(0.0, self.deadline - now))
-            raise TimedOut()
-        time.sleep(sleep)
-        return min(pause * 2, MAX_PAUSE)
-
     def remaining_ms(self) -> int | None:
-        """What is left of the wait's ``--timeout``, for the next wait request."""
-        if self.deadline is None:
-            return None
-        return max(0, round((self.deadline - time.monotonic()) * 1000))
+        return self.outage.remaining_ms()
