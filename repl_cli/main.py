@@ -408,16 +408,7 @@ def read(
         bound = None if since is None else parse_since(since)
         deliver(Printer(repl.client, fmt, None), [recent(repl, session, last, bound)])
         return
-    try:
-        got = repl.read(session, cursor=cursor, after=after, max=max_, peek=peek)
-    except CliError as exc:
-        prefix = f"cursor {after} is after head "
-        if after is None or not exc.message.startswith(prefix):
-            raise
-        head = exc.message[len(prefix) :].split(":", 1)[0]
-        raise CliError(
-            f"--after {after} is after the head, {head}: give --after {head} or less", exc.status
-        ) from None
+    got = repl.read(session, cursor=cursor, after=after, max=max_, peek=peek)
     ack_cursor = None if peek or after is not None else cursor or READ_CURSOR
     deliver(
         Printer(repl.client, fmt, ack_cursor), [Batch(session, got.next, got.lost, got.firings)]

@@ -172,13 +172,19 @@ class Ring:
         self._firings = deque(self._firings, maxlen=limit)
         return before - len(self._firings)
 
-    def events_after(self, after: int, max: int | None = None, visible: int | None = None) -> Batch:
-        """The firings with seq > ``after``, oldest first, at most ``max`` (SPEC rule 3)."""
+    def events_after(
+        self, after: int, max: int | None = None, visible: int | None = None, what: str = "cursor"
+    ) -> Batch:
+        """The firings with seq > ``after``, oldest first, at most ``max`` (SPEC rule 3).
+
+        ``what`` names ``after`` in the error when it is after the head: a
+        cursor's position, or the seq a read without a cursor gave (``after``).
+        """
         head = self.visible_head(visible)
         if after < 0:
             raise BadSeq(f"seq {after} is negative")
         if after > head:
-            raise CursorAfterHead(f"cursor {after} is after head {head}")
+            raise CursorAfterHead(f"{what} {after} is after head {head}")
         if max is not None and max < 1:
             raise BadMax(f"max {max} is below 1")
         first = self.first

@@ -196,7 +196,7 @@ class Session:
 
     def read_after(self, after: int, max: int | None = None, visible: int | None = None) -> Batch:
         """Read without a cursor: nothing about the session changes but the count."""
-        batch = self.ring.events_after(after, max, visible)
+        batch = self.ring.events_after(after, max, visible, what="after")
         self.evaluations += 1
         return batch
 

@@ -127,7 +127,8 @@ else
   after = cursor_seq(redis.call('HGET', cursors, ARGV[2]))
 end
 if after > head then
-  return {'err', 'cursor_after_head', string.format('cursor %d is after head %d', after, head)}
+  local what = mode == 'after' and 'after' or 'cursor'
+  return {'err', 'cursor_after_head', string.format('%s %d is after head %d', what, after, head)}
 end
 local max = nil
 if ARGV[3] ~= '' then

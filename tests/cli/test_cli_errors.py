@@ -95,7 +95,7 @@ def test_usage_errors_are_status_64(repl: Repl, s: str) -> None:
 
 def test_cursor_after_head_is_status_1(repl: Repl, s: str) -> None:
     stderr = repl.fails(1, "read", s, "--after", "5")
-    assert "--after 5 is after the head, 0" in stderr
+    assert "after 5 is after head 0" in stderr
 
 
 def test_wait_timeout_with_nothing_is_status_2_and_prints_nothing(repl: Repl, s: str) -> None:

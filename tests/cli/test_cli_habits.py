@@ -168,7 +168,10 @@ def test_one_dropped_firing_is_singular(repl: Repl) -> None:
 def test_an_after_past_the_head_names_the_option(repl: Repl, s: str) -> None:
     repl.send(s, "x")
     stderr = repl.fails(1, "read", s, "--after", "5")
-    assert stderr == "repl: --after 5 is after the head, 1: give --after 1 or less\n"
+    assert stderr == (
+        "repl: after 5 is after head 1: "
+        "read from the head or before it (`repl sessions` shows it)\n"
+    )
 
 
 @pytest.fixture

@@ -239,7 +239,7 @@ def test_reading_removes_nothing_from_the_ring() -> None:
 def test_reading_after_n_beyond_the_head_is_cursor_after_head_and_changes_nothing() -> None:
     session = filled(3)
     error = unchanged_after_failure(session, CursorAfterHead, lambda s: s.read_after(4))
-    assert error.message == "cursor 4 is after head 3"
+    assert error.message == "after 4 is after head 3"
     assert error.code == Code.CURSOR_AFTER_HEAD
 
 
@@ -542,7 +542,7 @@ def test_poll_capped_by_visible_acknowledges_only_what_it_could_see() -> None:
 def test_a_read_after_visible_is_cursor_after_head_naming_visible() -> None:
     session = filled(8)
     error = unchanged_after_failure(session, CursorAfterHead, lambda s: s.read_after(6, visible=5))
-    assert error.message == "cursor 6 is after head 5"
+    assert error.message == "after 6 is after head 5"
 
 
 def test_a_cursor_past_a_lowered_visible_cannot_read_and_is_not_used() -> None:

@@ -60,7 +60,7 @@ BAD_LINES: list[tuple[bytes, str, str]] = [
     (
         b'{"op": "read", "session": "a", "after": 3}',
         "cursor_after_head",
-        "cursor 3 is after head 2",
+        "after 3 is after head 2",
     ),
     (b'{"op": "read", "session": "a", "after": 1, "cursor": "x"}', "bad_request", "not both"),
     (b'{"op": "read", "session": "a", "max": 0}', "bad_max", "below 1"),
