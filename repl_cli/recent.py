@@ -10,8 +10,7 @@ been recorded after the bound (the ring's oldest is already after it).
 
 from __future__ import annotations
 
-import re
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from repl_cli.deliver import Batch
@@ -19,26 +18,24 @@ from repl_cli.deliver import Batch
 if TYPE_CHECKING:
     from repl_cli.api import Repl
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_AGO = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
-
 
 def since_ts(text: str, now: datetime | None = None) -> str | None:
-    """``text`` (``90s``, ``10m``, ``1h30m``, ``2d``, or an ISO 8601 time) as a ``ts`` bound."""
+    """``text`` (a time back: ``90s``, ``10m``, ``1h30m``, ``2d``; or an ISO 8601 time, UTC
+    unless it names a zone) as a ``ts`` bound; None when it is neither. The durations and
+    times are the ones timers take (``session.schedule``)."""
+    from session.errors import BadTime
+    from session.schedule import parse_duration, parse_time
+
     now = now or datetime.now(UTC)
-    compact = text.replace(" ", "")
-    parts = _AGO.findall(compact)
-    if parts and "".join(n + u for n, u in parts) == compact:  # 90s, 10m, 1h30m, 2d
-        when = now - timedelta(seconds=sum(float(n) * _UNITS[u] for n, u in parts))
-    else:
+    try:
+        ms = round(now.timestamp() * 1000) - parse_duration(text.replace(" ", ""))
+    except BadTime:
         try:
-            when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-        except ValueError:
+            ms = parse_time(text)
+        except BadTime:
             return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
-    when = when.astimezone(UTC)
-    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
+    seconds, millis = divmod(ms, 1000)
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{millis:03d}Z"
 
 
 def recent(repl: Repl, session: str, last: int | None, since: str | None) -> Batch:
