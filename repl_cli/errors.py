@@ -68,6 +68,7 @@ WIRE: dict[str, tuple[int, str]] = {
     Code.UNAUTHORIZED: (ERROR, "point --home (or REPL_HOME) at the daemon's state directory"),
     Code.IDLE_TIMEOUT: (UNAVAILABLE, "run the command again"),
     Code.NO_SUCH_SESSION: (ERROR, ""),
+    Code.NO_SUCH_TIMER: (ERROR, "`repl timers` lists the pending ones"),
     Code.SESSION_EXISTS: (ERROR, ""),
     Code.SESSION_STOPPED: (ERROR, "it no longer exists: `repl start` it again to reuse the id"),
     Code.TOO_MANY: (ERROR, "stop what you no longer need, or raise the daemon's limit"),

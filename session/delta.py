@@ -13,6 +13,7 @@ import msgspec
 
 from session.firing import Firing
 from session.rules import MAX_KEYS
+from session.schedule import Timer
 
 
 class CursorState(msgspec.Struct, frozen=True):
@@ -36,7 +37,9 @@ class Delta(msgspec.Struct, frozen=True):
     firings continue the stored ones with no hole (``gap`` says when they do
     not); a store refuses a delta that does not. ``cursors`` replaces the
     whole cursor table when not None. ``keys`` are new dedup keys, oldest
-    first; the store keeps the newest ``max_keys``.
+    first; the store keeps the newest ``max_keys``. ``timers`` are the
+    timers added or moved (all of them after a reset), ``timers_gone`` the
+    ids of those that fired for the last time or were cancelled.
     """
 
     id: str
@@ -50,6 +53,8 @@ class Delta(msgspec.Struct, frozen=True):
     cursors: list[CursorState] | None = None
     keys: list[tuple[str, int]] = []
     max_keys: int = MAX_KEYS
+    timers: list[Timer] = []
+    timers_gone: list[str] = []
 
     @property
     def oldest(self) -> int:

@@ -36,6 +36,7 @@ class Code(enum.StrEnum):
     UNAUTHORIZED = "unauthorized"
     IDLE_TIMEOUT = "idle_timeout"
     NO_SUCH_SESSION = "no_such_session"
+    NO_SUCH_TIMER = "no_such_timer"
     SESSION_EXISTS = "session_exists"
     SESSION_STOPPED = "session_stopped"
     TOO_MANY = "too_many"
@@ -151,6 +152,12 @@ class NoSuchSession(ReplError):
     code = Code.NO_SUCH_SESSION
 
 
+class NoSuchTimer(ReplError):
+    """The session has no pending timer with that id (it fired, was cancelled, or never was)."""
+
+    code = Code.NO_SUCH_TIMER
+
+
 class SessionExists(ReplError):
     """``start`` named a session that already exists."""
 
@@ -206,6 +213,7 @@ BY_CODE: dict[str, type[ReplError]] = {
         Unauthorized,
         IdleTimeout,
         NoSuchSession,
+        NoSuchTimer,
         SessionExists,
         SessionStopped,
         TooMany,

@@ -28,13 +28,17 @@ import msgspec
 from session.errors import BadSeq
 from session.firing import Batch, CursorInfo
 from session.ring import check_limit
+from session.schedule import Timer
 from session.session import (
+    Fired,
     Recorded,
+    Scheduled,
     Session,
     Summary,
     check_cursor_name,
     check_handler,
     check_key,
+    check_timer,
 )
 
 R_co = TypeVar("R_co", covariant=True)
@@ -166,6 +170,60 @@ class Describe(msgspec.Struct, frozen=True):
 
     def run(self, session: Session, visible: int | None) -> Summary:
         return session.summary(visible)
+
+
+class AddTimer(msgspec.Struct, frozen=True):
+    """Schedule a timer (SPEC §9); with a key, a retry finds what the first one made."""
+
+    durable: ClassVar[bool] = True
+    timer: Timer
+
+    def check(self) -> None:
+        check_timer(self.timer)
+
+    def run(self, session: Session, visible: int | None) -> Scheduled:
+        return session.schedule(self.timer)
+
+
+class CancelTimer(msgspec.Struct, frozen=True):
+    """Cancel a pending timer; ``NoSuchTimer`` when there is none."""
+
+    durable: ClassVar[bool] = True
+    timer: str
+
+    def check(self) -> None:
+        pass
+
+    def run(self, session: Session, visible: int | None) -> Timer:
+        return session.cancel_timer(self.timer)
+
+
+class FireTimers(msgspec.Struct, frozen=True):
+    """Fire those of ``timers`` that are due at ``now_ms``: the firing and the timer's
+    move or deletion are one step (SPEC §9)."""
+
+    durable: ClassVar[bool] = True
+    timers: list[str]
+    now_ms: int
+    ts: str
+
+    def check(self) -> None:
+        pass
+
+    def run(self, session: Session, visible: int | None) -> list[Fired]:
+        return session.fire_timers(self.timers, self.now_ms, self.ts)
+
+
+class TimerList(msgspec.Struct, frozen=True):
+    """The pending timers, soonest first; not an evaluation."""
+
+    durable: ClassVar[bool] = False
+
+    def check(self) -> None:
+        pass
+
+    def run(self, session: Session, visible: int | None) -> list[Timer]:
+        return session.timer_list()
 
 
 def ack_all(acks: Sequence[tuple[Session, int, int | None]], cursor: str) -> list[int]:

@@ -24,8 +24,10 @@ MAX_NAME_LENGTH = 64
 
 #: what a send is recorded as unless it names another handler
 DEFAULT_HANDLER = "on-message"
+#: what a recurring timer records unless it names another handler (SPEC §9)
+TICK_HANDLER = "on-tick"
 #: the handlers every session has: their result is the text itself
-HANDLERS = frozenset({DEFAULT_HANDLER})
+HANDLERS = frozenset({DEFAULT_HANDLER, TICK_HANDLER})
 
 # The default cursors of rule 6: each CLI verb reads through its own, so a
 # monitor, a person and a terminal stream never interfere; ``poll`` belongs
@@ -36,3 +38,8 @@ FOLLOW_CURSOR = "follow"
 POLL_CURSOR = "poll"
 #: the cursor ``ack`` moves when none is named (the one ``read`` uses)
 ACK_CURSOR = READ_CURSOR
+
+#: the most timers one session may have pending (SPEC §9)
+MAX_TIMERS = 1024
+#: the shortest interval of a recurring timer, in milliseconds
+MIN_EVERY_MS = 1000

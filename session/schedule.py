@@ -11,9 +11,9 @@ epoch, UTC), so every rule here is tested without waiting:
   grid (``due + k * every``) after ``now``, so however many periods a
   stopped daemon missed, they fire once and the schedule keeps its phase
   (systemd's ``Persistent=true``);
-- ``Schedule``: every pending timer of a daemon in one heap, earliest
-  first, so the daemon sleeps until ``next_due`` and never polls; a
-  cancelled timer leaves its heap entry behind until it surfaces.
+- ``Schedule``: the due times of every pending timer of a daemon in one
+  heap, earliest first, so the daemon sleeps until ``next_due`` and never
+  polls; the sessions hold the timers themselves (``Session.timers``).
 
 A time in the past is not refused: the timer is due at once and fires on
 the next turn (as ``at`` and systemd do), which is also what a restart
@@ -24,18 +24,27 @@ from __future__ import annotations
 
 import heapq
 import re
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 
 import msgspec
 
 from session.errors import BadTime
+from session.rules import MAX_TIMERS, MIN_EVERY_MS, TICK_HANDLER
 
-#: the shortest interval of a recurring timer
-MIN_EVERY_MS = 1000
-#: the most timers one session may have pending
-MAX_TIMERS = 1024
-#: the handler of a recurring firing unless it names another (its result is the text)
-TICK_HANDLER = "on-tick"
+__all__ = [
+    "MAX_TIMERS",
+    "MIN_EVERY_MS",
+    "TICK_HANDLER",
+    "Schedule",
+    "Timer",
+    "fire",
+    "parse_duration",
+    "parse_every",
+    "parse_time",
+]
+#: the latest due time a timer may have (9999-12-31, within what a double holds exactly)
+MAX_DUE_MS = 253_402_300_799_999
 
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _PART = re.compile(r"(\d+)(ms|s|m|h|d)")
@@ -104,58 +113,50 @@ def fire(timer: Timer, now_ms: int) -> tuple[bool, Timer | None]:
 
 
 class Schedule:
-    """Every pending timer, earliest first: what a daemon sleeps until, with no polling."""
+    """When each pending timer of a daemon is due, earliest first: what it sleeps until.
 
-    def __init__(self) -> None:
-        self._timers: dict[str, Timer] = {}
-        self._heap: list[tuple[int, str]] = []  # (due, id); a stale entry is skipped
+    An index, not the truth: the sessions hold their timers, and ``live``
+    (``live(session_id, timer_id, due_ms)``, true while that timer is still
+    pending at that due time) tells a current entry from one left behind by
+    a cancel, a stop or a move. Adding is O(log n) and a cancel costs
+    nothing here; an entry left behind is dropped when it surfaces, or all
+    at once by ``rebuild``.
+    """
+
+    def __init__(self, live: Callable[[str, str, int], bool]) -> None:
+        self._live = live
+        self._heap: list[tuple[int, str, str]] = []  # (due, session, timer)
 
     def __len__(self) -> int:
-        return len(self._timers)
-
-    def __contains__(self, timer_id: object) -> bool:
-        return timer_id in self._timers
-
-    def get(self, timer_id: str) -> Timer | None:
-        return self._timers.get(timer_id)
-
-    def timers(self) -> list[Timer]:
-        """Every pending timer, soonest first (then by id)."""
-        return sorted(self._timers.values(), key=lambda t: (t.due_ms, t.id))
+        """The entries held, current or left behind."""
+        return len(self._heap)
 
     def add(self, timer: Timer) -> None:
-        """Schedule ``timer`` (replacing a pending one with its id)."""
-        self._timers[timer.id] = timer
-        heapq.heappush(self._heap, (timer.due_ms, timer.id))
-
-    def cancel(self, timer_id: str) -> Timer | None:
-        """Forget a timer; the one it was, or None when there is no such timer."""
-        return self._timers.pop(timer_id, None)
+        """Index ``timer`` at its due time (a new one, or one that moved)."""
+        heapq.heappush(self._heap, (timer.due_ms, timer.session, timer.id))
 
     def next_due(self) -> int | None:
         """When the earliest pending timer is due; None when there is none."""
-        self._drop_stale()
-        return self._heap[0][0] if self._heap else None
-
-    def take_due(self, now_ms: int) -> list[Timer]:
-        """Remove and return every timer due at or before ``now_ms``, earliest first.
-
-        The caller fires each (``fire``) and ``add``s back what is left of it.
-        """
-        due: list[Timer] = []
-        while True:
-            self._drop_stale()
-            if not self._heap or self._heap[0][0] > now_ms:
-                return due
-            _, timer_id = heapq.heappop(self._heap)
-            due.append(self._timers.pop(timer_id))
-
-    def _drop_stale(self) -> None:
-        """Pop heap entries whose timer was cancelled or moved."""
-        heap, timers = self._heap, self._timers
-        while heap:
-            due, timer_id = heap[0]
-            timer = timers.get(timer_id)
-            if timer is not None and timer.due_ms == due:
-                return
+        heap = self._heap
+        while heap and not self._live(heap[0][1], heap[0][2], heap[0][0]):
             heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    def take_due(self, now_ms: int) -> dict[str, list[str]]:
+        """Every timer due at or before ``now_ms``, by session, earliest first.
+
+        Their entries leave the index: the caller fires them
+        (``Session.fire_timers``) and ``add``s back the ones that moved.
+        """
+        due: dict[str, dict[str, None]] = {}  # ordered sets: an entry may be there twice
+        heap = self._heap
+        while heap and heap[0][0] <= now_ms:
+            when, session_id, timer_id = heapq.heappop(heap)
+            if self._live(session_id, timer_id, when):
+                due.setdefault(session_id, {})[timer_id] = None
+        return {session_id: list(ids) for session_id, ids in due.items()}
+
+    def rebuild(self, timers: Iterable[Timer]) -> None:
+        """Index exactly ``timers`` (every pending one), dropping what was left behind."""
+        self._heap = [(t.due_ms, t.session, t.id) for t in timers]
+        heapq.heapify(self._heap)

@@ -24,7 +24,17 @@ from collections import OrderedDict
 import msgspec
 
 from session.delta import CursorState, Delta
-from session.errors import AckAfterHead, BadCursorName, BadHandler, BadKey, BadSeq, BadSessionId
+from session.errors import (
+    AckAfterHead,
+    BadCursorName,
+    BadHandler,
+    BadKey,
+    BadSeq,
+    BadSessionId,
+    BadTime,
+    NoSuchTimer,
+    TooMany,
+)
 from session.firing import Batch, CursorInfo, Firing
 from session.ring import Ring
 from session.rules import (
@@ -34,8 +44,11 @@ from session.rules import (
     MAX_KEY_LENGTH,
     MAX_KEYS,
     MAX_NAME_LENGTH,
+    MAX_TIMERS,
+    MIN_EVERY_MS,
     POLL_CURSOR,
 )
+from session.schedule import MAX_DUE_MS, Timer, fire
 
 _SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
@@ -78,6 +91,20 @@ def check_key(key: str) -> str:
     return key
 
 
+def check_timer(timer: Timer) -> Timer:
+    """What a timer must be before a session takes it (SPEC §9), its session's state aside."""
+    if not _is_name(timer.id):
+        raise BadTime(f"timer id {timer.id!r} is not 1-64 printable characters without whitespace")
+    check_handler(timer.handler)
+    if timer.key is not None:
+        check_key(timer.key)
+    if not 0 <= timer.due_ms <= MAX_DUE_MS:
+        raise BadTime(f"due time {timer.due_ms} ms is not between 1970 and the end of 9999")
+    if timer.every_ms is not None and not MIN_EVERY_MS <= timer.every_ms <= MAX_DUE_MS:
+        raise BadTime(f"interval {timer.every_ms} ms is under {MIN_EVERY_MS // 1000} s, the shortest")
+    return timer
+
+
 class Recorded(msgspec.Struct, frozen=True):
     """What a send returns: its seq, and whether an earlier send with its key had it."""
 
@@ -102,6 +129,27 @@ class Summary(msgspec.Struct, frozen=True):
     evaluations: int
 
 
+class Scheduled(msgspec.Struct, frozen=True):
+    """What scheduling a timer returns: the timer, or the earlier one its key names.
+
+    ``duplicate``: the key was used before; ``timer`` is the pending timer it
+    made, or None when that one has fired already, as firing ``seq``.
+    """
+
+    timer: Timer | None
+    duplicate: bool = False
+    seq: int | None = None
+
+
+class Fired(msgspec.Struct, frozen=True):
+    """One timer a ``fire_timers`` was asked to fire: the firing it recorded (None: it
+    was not due, or is not pending), and when it is due next (None: it is gone)."""
+
+    timer: str
+    seq: int | None
+    due_ms: int | None
+
+
 class Snapshot(msgspec.Struct, frozen=True):
     """Everything a store must keep to bring a session back exactly."""
 
@@ -112,6 +160,7 @@ class Snapshot(msgspec.Struct, frozen=True):
     cursors: list[CursorState]
     uses: int
     keys: list[tuple[str, int]]
+    timers: list[Timer] = []
 
 
 class Session:
@@ -120,15 +169,18 @@ class Session:
     __slots__ = (
         "_cursors",
         "_keys",
+        "_moved_timers",
         "_new_keys",
         "_persisted",
         "_reset",
+        "_timer_changes",
         "_uses",
         "changes",
         "dirty",
         "evaluations",
         "id",
         "ring",
+        "timers",
     )
 
     def __init__(self, session_id: str, limit: int = DEFAULT_LIMIT) -> None:
@@ -149,6 +201,12 @@ class Session:
         self._cursors: dict[str, list[int]] = {}
         self._uses = 0
         self._keys: OrderedDict[str, int] = OrderedDict()
+        #: the pending timers (SPEC §9), by id
+        self.timers: dict[str, Timer] = {}
+        # timers added, moved (a Timer) or gone (None) since the last delta
+        self._timer_changes: dict[str, Timer | None] = {}
+        # timers added or moved since the last ``take_moved_timers`` (a daemon's schedule)
+        self._moved_timers: list[Timer] = []
 
     # -- recording --------------------------------------------------------
 
@@ -257,6 +315,107 @@ class Session:
         self._cursors[cursor] = entry
         return entry
 
+    # -- timers (SPEC §9) ----------------------------------------------------
+
+    def schedule(self, timer: Timer) -> Scheduled:
+        """Add a pending timer; with a ``key``, a retry finds what the first one made.
+
+        A key names one message: a pending timer made with it, or a firing
+        recorded with it (by that timer, or by a send), makes this a
+        duplicate, and nothing is added. A one-shot records its firing with
+        its key.
+        """
+        check_timer(timer)
+        if timer.session != self.id:
+            raise BadTime(f"timer {timer.id!r} is for session {timer.session!r}, not {self.id!r}")
+        key = timer.key
+        if key is not None:
+            for pending in self.timers.values():
+                if pending.key == key:
+                    self.evaluations += 1
+                    return Scheduled(pending, duplicate=True)
+            seq = self._keys.get(key)
+            if seq is not None:
+                self.evaluations += 1
+                return Scheduled(None, duplicate=True, seq=seq)
+        if timer.id in self.timers:
+            raise BadTime(f"session {self.id!r} has a timer {timer.id!r} already")
+        if len(self.timers) >= MAX_TIMERS:
+            raise TooMany(
+                f"session {self.id!r} has {MAX_TIMERS:,} pending timers, its limit: "
+                "cancel some first (`repl timers` lists them)"
+            )
+        self._set_timer(timer)
+        self.evaluations += 1
+        return Scheduled(timer)
+
+    def cancel_timer(self, timer_id: str) -> Timer:
+        """Remove a pending timer; ``NoSuchTimer`` when there is none with that id."""
+        timer = self.timers.get(timer_id)
+        if timer is None:
+            raise NoSuchTimer(
+                f"session {self.id!r} has no pending timer {timer_id!r}: "
+                "it fired, was cancelled, or never was"
+            )
+        del self.timers[timer_id]
+        self._timer_changes[timer_id] = None
+        self._changed()
+        self.evaluations += 1
+        return timer
+
+    def timer_list(self) -> list[Timer]:
+        """The pending timers, soonest first (then by id)."""
+        return sorted(self.timers.values(), key=_timer_order)
+
+    def next_due(self) -> int | None:
+        """When the soonest pending timer is due; None when there is none."""
+        return min((t.due_ms for t in self.timers.values()), default=None)
+
+    def fire_timers(self, timer_ids: list[str], now_ms: int, ts: str) -> list[Fired]:
+        """Fire each of ``timer_ids`` that is due at ``now_ms``, earliest first: one step.
+
+        Each records its firing (a one-shot with its key) and is deleted
+        (a one-shot) or moved to its next due time (``schedule.fire``), so a
+        store that keeps the step whole fires every due time exactly once.
+        An id that is not pending, or not due, fires nothing.
+        """
+        pending = [self.timers[i] for i in dict.fromkeys(timer_ids) if i in self.timers]
+        fired: dict[str, Fired] = {}
+        for timer in sorted(pending, key=_timer_order):
+            due, left = fire(timer, now_ms)
+            if not due:
+                continue
+            key = timer.key if timer.every_ms is None else None
+            recorded = self.record(timer.handler, timer.text, ts, key)
+            if left is None:
+                del self.timers[timer.id]
+                self._timer_changes[timer.id] = None
+            else:
+                self._set_timer(left)
+            fired[timer.id] = Fired(timer.id, recorded.seq, None if left is None else left.due_ms)
+        if fired:
+            self._changed()
+        self.evaluations += 1
+        return [
+            fired.get(i) or Fired(i, None, t.due_ms if (t := self.timers.get(i)) else None)
+            for i in timer_ids
+        ]
+
+    def take_moved_timers(self) -> list[Timer]:
+        """The timers added or moved since the last call (what a daemon's schedule indexes)."""
+        moved, self._moved_timers = self._moved_timers, []
+        return moved
+
+    def _set_timer(self, timer: Timer) -> None:
+        self.timers[timer.id] = timer
+        self._timer_changes[timer.id] = timer
+        self._moved_timers.append(timer)
+        self._changed()
+
+    def _changed(self) -> None:
+        self.changes += 1
+        self.dirty = True
+
     # -- inspection -------------------------------------------------------
 
     def cursor_table(self, visible: int | None = None) -> list[CursorInfo]:
@@ -297,12 +456,16 @@ class Session:
     def take_delta(self) -> Delta:
         """What changed since the last delta (everything, after a reset); tracking starts afresh."""
         ring = self.ring
+        timers_gone: list[str] = []
         if self._reset:
             firings = ring.firings()
             keys = list(self._keys.items())
+            timers = self.timer_list()
         else:
             firings = ring.events_after(min(self._persisted, ring.head)).firings
             keys = self._new_keys
+            timers = [t for t in self._timer_changes.values() if t is not None]
+            timers_gone = [i for i, t in self._timer_changes.items() if t is None]
         delta = Delta(
             self.id,
             reset=self._reset,
@@ -314,9 +477,12 @@ class Session:
             cursors=self.cursor_states(),
             keys=keys,
             max_keys=MAX_KEYS,
+            timers=timers,
+            timers_gone=timers_gone,
         )
         self._reset = self.dirty = False
         self._new_keys = []
+        self._timer_changes = {}
         self._persisted = ring.head
         return delta
 
@@ -324,6 +490,7 @@ class Session:
         """Make the next delta rewrite the whole session (after a store lost track of it)."""
         self._reset = self.dirty = True
         self._new_keys = []
+        self._timer_changes = {}
 
     # -- persistence ------------------------------------------------------
 
@@ -336,6 +503,7 @@ class Session:
             cursors=self.cursor_states(),
             uses=self._uses,
             keys=list(self._keys.items()),
+            timers=self.timer_list(),
         )
 
     @classmethod
@@ -351,10 +519,16 @@ class Session:
         session._cursors = {c.name: [c.seq, c.last_use] for c in ordered}
         session._uses = max_([snapshot.uses, *(c.last_use for c in ordered)])
         session._keys = OrderedDict(snapshot.keys[-MAX_KEYS:])
+        session.timers = {t.id: t for t in snapshot.timers}
+        session._moved_timers = list(snapshot.timers)  # a daemon's schedule indexes them all
         # it is as stored: nothing to hand back until it changes
         session._reset = session.dirty = False
         session._persisted = snapshot.head
         return session
+
+
+def _timer_order(timer: Timer) -> tuple[int, str]:
+    return timer.due_ms, timer.id
 
 
 max_ = max

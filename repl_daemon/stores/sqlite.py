@@ -9,12 +9,14 @@ it or none. When a write fails the transaction is rolled back and
 is used again (a read-only one is reopened, so that a database made
 writable again is written again without a restart).
 
-The file holds four tables: ``sessions`` (limit, head and the cursor-use
+The file holds five tables: ``sessions`` (limit, head and the cursor-use
 clock of each session), ``firings`` (the newest firings of each ring: a
 write deletes what the ring no longer holds), ``cursors`` (with their last
-use, which orders the LRU eviction) and ``keys`` (the newest 1,024 dedup
-keys of each session, in the order they came). ``PRAGMA user_version``
-holds the schema's version.
+use, which orders the LRU eviction), ``keys`` (the newest 1,024 dedup
+keys of each session, in the order they came) and ``timers`` (the pending
+timers, SPEC §9: a firing and its timer's move or deletion are in one
+batch, so one transaction). ``PRAGMA user_version`` holds the schema's
+version (2; a file of schema 1 gets the ``timers`` table when opened).
 
 Only one daemon may use a home at a time: the store holds an exclusive
 ``flock`` on ``repl.db.lock`` next to the database for as long as it is
@@ -41,11 +43,12 @@ from session.delta import CursorState, Delta, gap
 from session.errors import ReplError, StoreFailed
 from session.firing import Firing
 from session.ring import check_limit
+from session.schedule import Timer
 from session.session import Snapshot, check_session_id
 
 log = logging.getLogger("repl.daemon")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 #: how long a write waits for another program's lock on the file before it fails
 BUSY_TIMEOUT = 2.0
 #: the WAL file is cut back to this size once checkpointed
@@ -81,6 +84,20 @@ CREATE TABLE keys (
     ord INTEGER NOT NULL,
     PRIMARY KEY (session, ord),
     UNIQUE (session, key)
+) WITHOUT ROWID;
+"""
+
+# schema 2 adds the pending timers (SPEC §9); a schema-1 file gets the table at open
+_TIMERS = """
+CREATE TABLE timers (
+    session TEXT NOT NULL,
+    id TEXT NOT NULL,
+    due_ms INTEGER NOT NULL,
+    every_ms INTEGER,
+    handler TEXT NOT NULL,
+    text TEXT NOT NULL,
+    key TEXT,
+    PRIMARY KEY (session, id)
 ) WITHOUT ROWID;
 """
 
@@ -159,6 +176,11 @@ class SqliteStore:
         (version,) = conn.execute("PRAGMA user_version").fetchone()
         if version == SCHEMA_VERSION:
             return
+        if version == 1:  # written by the repl before timers: add their table
+            conn.executescript(
+                f"BEGIN IMMEDIATE; {_TIMERS} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+            )
+            return
         if version > SCHEMA_VERSION:
             raise _NotOurs(
                 f"{self.path} was written by a newer repl (schema {version}; this one "
@@ -171,7 +193,7 @@ class SqliteStore:
                 f"{', '.join(sorted(tables)[:5])}): move it away, or give the daemon another --home"
             )
         conn.executescript(
-            f"BEGIN IMMEDIATE; {_SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+            f"BEGIN IMMEDIATE; {_SCHEMA} {_TIMERS} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
         )
 
     def _probe_writable(self) -> None:
@@ -237,6 +259,12 @@ class SqliteStore:
             "SELECT session, key, seq FROM keys ORDER BY session, ord"
         ):
             keys[session_id].append((key, seq))
+        timers: defaultdict[str, list[Timer]] = defaultdict(list)
+        for session_id, *timer in conn.execute(
+            "SELECT session, id, due_ms, every_ms, handler, text, key FROM timers"
+            " ORDER BY session, due_ms, id"
+        ):
+            timers[session_id].append(_timer(session_id, *timer))
         snapshots = []
         for session_id, limit, head, uses in conn.execute(
             'SELECT id, "limit", head, uses FROM sessions ORDER BY id'
@@ -249,6 +277,7 @@ class SqliteStore:
                 cursors=cursors.get(session_id, []),
                 uses=uses,
                 keys=keys.get(session_id, []),
+                timers=timers.get(session_id, []),
             )
             _check_snapshot(snapshot)
             snapshots.append(snapshot)
@@ -291,7 +320,15 @@ class SqliteStore:
                 "SELECT key, seq FROM keys WHERE session = ? ORDER BY ord", (session_id,)
             )
         ]
-        snapshot = Snapshot(session_id, limit, head, firings, cursors, uses, keys)
+        timers = [
+            _timer(session_id, *t)
+            for t in conn.execute(
+                "SELECT id, due_ms, every_ms, handler, text, key FROM timers"
+                " WHERE session = ? ORDER BY due_ms, id",
+                (session_id,),
+            )
+        ]
+        snapshot = Snapshot(session_id, limit, head, firings, cursors, uses, keys, timers)
         _check_snapshot(snapshot)
         return snapshot
 
@@ -341,6 +378,7 @@ def _apply(conn: sqlite3.Connection, delta: Delta) -> None:
         conn.execute("DELETE FROM firings WHERE session = ?", (sid,))
         conn.execute("DELETE FROM cursors WHERE session = ?", (sid,))
         conn.execute("DELETE FROM keys WHERE session = ?", (sid,))
+        conn.execute("DELETE FROM timers WHERE session = ?", (sid,))
         if delta.gone:
             return
         stored = 0
@@ -375,6 +413,17 @@ def _apply(conn: sqlite3.Connection, delta: Delta) -> None:
             "INSERT INTO cursors (session, name, seq, last_use) VALUES (?, ?, ?, ?)",
             [(sid, c.name, c.seq, c.last_use) for c in delta.cursors],
         )
+    if delta.timers_gone:
+        conn.executemany(
+            "DELETE FROM timers WHERE session = ? AND id = ?",
+            [(sid, timer_id) for timer_id in delta.timers_gone],
+        )
+    if delta.timers:
+        conn.executemany(
+            "INSERT OR REPLACE INTO timers (session, id, due_ms, every_ms, handler, text, key)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [(sid, t.id, t.due_ms, t.every_ms, t.handler, t.text, t.key) for t in delta.timers],
+        )
     if delta.keys:
         (top,) = conn.execute(
             "SELECT coalesce(max(ord), 0) FROM keys WHERE session = ?", (sid,)
@@ -390,6 +439,26 @@ def _apply(conn: sqlite3.Connection, delta: Delta) -> None:
                 " WHERE session = ? ORDER BY ord DESC LIMIT 1 OFFSET ?)",
                 (sid, sid, delta.max_keys),
             )
+
+
+def _timer(
+    session_id: str,
+    timer_id: str,
+    due_ms: int,
+    every_ms: int | None,
+    handler: str,
+    text: str,
+    key: str | None,
+) -> Timer:
+    return Timer(
+        id=timer_id,
+        session=session_id,
+        due_ms=due_ms,
+        every_ms=every_ms,
+        handler=handler,
+        text=text,
+        key=key,
+    )
 
 
 def _check_snapshot(snapshot: Snapshot) -> None:

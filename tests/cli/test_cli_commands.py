@@ -96,8 +96,8 @@ def test_send_reads_stdin_less_one_trailing_newline(repl: Repl) -> None:
 
 def test_send_with_another_handler_is_unhandled(repl: Repl) -> None:
     a = repl.session("a")
-    repl.ok("send", a, "tick", "--handler", "on-tick")
-    assert repl.ok("read", a) == "on-tick (unhandled): tick\n"
+    repl.ok("send", a, "tick", "--handler", "on-build")
+    assert repl.ok("read", a) == "on-build (unhandled): tick\n"
 
 
 def test_send_with_a_key_twice_is_a_duplicate(repl: Repl) -> None:

@@ -20,17 +20,17 @@ AWKWARD = 'say "hi"\\ \ttab\nnewline é 日本'
 def a(repl: Repl) -> str:
     """A session of the test's own with three firings: two handled, one not."""
     session = repl.session("a", "hello", AWKWARD)
-    repl.send(session, "tock", handler="on-tick")
+    repl.send(session, "tock", handler="on-build")
     return session
 
 
-TEXT = f"on-message: hello\non-message: {AWKWARD}\non-tick (unhandled): tock\n"
-SEQ = f"#1 on-message: hello\n#2 on-message: {AWKWARD}\n#3 on-tick (unhandled): tock\n"
+TEXT = f"on-message: hello\non-message: {AWKWARD}\non-build (unhandled): tock\n"
+SEQ = f"#1 on-message: hello\n#2 on-message: {AWKWARD}\n#3 on-build (unhandled): tock\n"
 FULL = (
     "3 0\n"
     '(1 "on-message" "hello")\n'
     f'(2 "on-message" {json.dumps(AWKWARD, ensure_ascii=False)})\n'
-    '(3 "on-tick" nil "tock")\n'
+    '(3 "on-build" nil "tock")\n'
 )
 
 

@@ -100,32 +100,60 @@ def test_fire_agrees_with_a_model_that_counts_grid_points(
         last = now
 
 
-def test_the_schedule_hands_out_due_timers_earliest_first() -> None:
-    schedule = Schedule()
-    assert schedule.next_due() is None and schedule.take_due(10**12) == []
-    for name, due in (("c", 300), ("a", 100), ("b", 200)):
-        schedule.add(timer(due, name=name))
-    assert len(schedule) == 3 and "a" in schedule
+class Pending:
+    """The truth a schedule indexes: pending timers by (session, id), as sessions hold them."""
+
+    def __init__(self) -> None:
+        self.timers: dict[tuple[str, str], Timer] = {}
+        self.schedule = Schedule(self.live)
+
+    def live(self, session_id: str, timer_id: str, due: int) -> bool:
+        timer = self.timers.get((session_id, timer_id))
+        return timer is not None and timer.due_ms == due
+
+    def add(self, t: Timer) -> None:
+        self.timers[t.session, t.id] = t
+        self.schedule.add(t)
+
+    def cancel(self, session_id: str, timer_id: str) -> None:
+        self.timers.pop((session_id, timer_id), None)
+
+
+def at(due: int, name: str, session: str = "s", every: int | None = None) -> Timer:
+    return Timer(id=name, session=session, due_ms=due, every_ms=every, handler="on-tick", text="")
+
+
+def test_the_schedule_hands_out_due_timers_earliest_first_by_session() -> None:
+    pending = Pending()
+    schedule = pending.schedule
+    assert schedule.next_due() is None and schedule.take_due(10**12) == {}
+    for name, due, session in (("c", 300, "s"), ("a", 100, "s"), ("b", 200, "r")):
+        pending.add(at(due, name, session))
     assert schedule.next_due() == 100
-    assert [t.id for t in schedule.take_due(250)] == ["a", "b"]
-    assert schedule.cancel("c") == timer(300, name="c")
-    assert schedule.cancel("c") is None
+    assert schedule.take_due(250) == {"s": ["a"], "r": ["b"]}
+    pending.cancel("s", "c")  # costs the schedule nothing: its entry is dropped on sight
+    assert len(schedule) == 1
     assert schedule.next_due() is None and len(schedule) == 0
 
 
-def test_a_timer_moved_or_replaced_is_due_only_at_its_new_time() -> None:
-    schedule = Schedule()
-    schedule.add(timer(100, every=1000, name="tick"))
-    (due,) = schedule.take_due(100)
-    fired, left = fire(due, 100)
-    assert fired and left is not None
-    schedule.add(left)
-    schedule.add(timer(50, name="x"))
-    schedule.add(timer(500, name="x"))  # replaced: its old entry is stale
-    assert schedule.next_due() == 500
-    assert schedule.get("x") == timer(500, name="x")
-    assert [t.id for t in schedule.timers()] == ["x", "tick"]
-    assert [t.id for t in schedule.take_due(1100)] == ["x", "tick"]
+def test_a_timer_moved_is_due_only_at_its_new_time() -> None:
+    pending = Pending()
+    pending.add(at(100, "tick", every=1000))
+    pending.add(at(50, "x"))
+    pending.add(at(500, "x"))  # moved: its old entry is left behind, and skipped
+    assert pending.schedule.next_due() == 100
+    assert pending.schedule.take_due(1100) == {"s": ["tick", "x"]}
+
+
+def test_rebuild_drops_what_was_left_behind() -> None:
+    pending = Pending()
+    for i in range(10):
+        pending.add(at(1000 + i, f"t{i}"))
+    for i in range(9):
+        pending.cancel("s", f"t{i}")
+    assert len(pending.schedule) == 10
+    pending.schedule.rebuild(pending.timers.values())
+    assert len(pending.schedule) == 1 and pending.schedule.next_due() == 1009
 
 
 actions = st.lists(
@@ -133,6 +161,7 @@ actions = st.lists(
         st.tuples(st.just("add"), st.sampled_from("abcde"), st.integers(0, 100)),
         st.tuples(st.just("cancel"), st.sampled_from("abcde"), st.just(0)),
         st.tuples(st.just("take"), st.just(""), st.integers(0, 100)),
+        st.tuples(st.just("rebuild"), st.just(""), st.just(0)),
     ),
     max_size=40,
 )
@@ -142,19 +171,24 @@ actions = st.lists(
 def test_the_schedule_agrees_with_a_dict_of_pending_timers(
     steps: list[tuple[str, str, int]],
 ) -> None:
-    schedule, model = Schedule(), {}
+    pending, model = Pending(), {}
     for action, name, when in steps:
+        session = "r" if name in "ab" else "s"
         if action == "add":
-            schedule.add(timer(when, name=name))
+            pending.add(at(when, name, session))
             model[name] = when
         elif action == "cancel":
-            assert (schedule.cancel(name) is None) == (name not in model)
+            pending.cancel(session, name)
             model.pop(name, None)
+        elif action == "rebuild":
+            pending.schedule.rebuild(pending.timers.values())
         else:
-            taken = schedule.take_due(when)
+            taken = pending.schedule.take_due(when)
             due = sorted((d, n) for n, d in model.items() if d <= when)
-            assert [(t.due_ms, t.id) for t in taken] == due
+            expected: dict[str, list[str]] = {}
             for _, n in due:
+                expected.setdefault("r" if n in "ab" else "s", []).append(n)
                 del model[n]
-        assert len(schedule) == len(model)
-        assert schedule.next_due() == (min(model.values()) if model else None)
+                del pending.timers["r" if n in "ab" else "s", n]
+            assert taken == expected
+        assert pending.schedule.next_due() == (min(model.values()) if model else None)

@@ -210,8 +210,8 @@ def test_each_operation_runs_the_core_method_of_its_name() -> None:
     assert not (ReadAfter.durable or ReadCursor.durable or CursorTable.durable)
     assert not Describe.durable
     assert Record("on-message", "one", TS).run(session, None).seq == 1
-    assert Record("on-tick", "raw", TS, key="k").run(session, None).seq == 2
-    assert Record("on-tick", "again", TS, key="k").run(session, None).duplicate
+    assert Record("on-build", "raw", TS, key="k").run(session, None).seq == 2
+    assert Record("on-build", "again", TS, key="k").run(session, None).duplicate
     assert [f.seq for f in ReadAfter(0, 1).run(session, None).firings] == [1]
     assert ReadAfter(0).run(session, 1).next == 1  # capped at visible
     assert ReadCursor("r").run(session, None).next == 2

@@ -131,8 +131,8 @@ def test_a_ts_reads_back_after_the_cache_of_seconds_was_emptied() -> None:
 def test_a_ts_not_in_the_daemons_form_is_kept_exactly_as_given(ts: str) -> None:
     assert packed.ts_to_ms(ts) is None
     ring = Ring()
-    firing = ring.append("on-tick", None, "raw", ts)
-    assert ring.firings() == [firing] == [Firing(1, "on-tick", None, "raw", ts)]
+    firing = ring.append("on-build", None, "raw", ts)
+    assert ring.firings() == [firing] == [Firing(1, "on-build", None, "raw", ts)]
     assert held(ring) == [firing]
 
 
@@ -170,10 +170,10 @@ TS = "2026-11-30T07:00:00.123Z"
 def test_any_text_reads_back_exactly_handled_or_unhandled(text: str) -> None:
     ring = Ring()
     ring.append("on-message", text, None, TS)
-    ring.append("on-tick", None, text, TS)
+    ring.append("on-build", None, text, TS)
     assert ring.firings() == [
         Firing(1, "on-message", text, None, TS),
-        Firing(2, "on-tick", None, text, TS),
+        Firing(2, "on-build", None, text, TS),
     ]
     assert all(isinstance(item, bytes) for item in held(ring))
 
@@ -188,10 +188,10 @@ def test_any_unicode_text_reads_back_exactly(text: str) -> None:
 def test_an_empty_text_reads_back_as_empty_not_none() -> None:
     session = Session("s")
     session.record("on-message", "", TS)
-    session.record("on-tick", "", TS)
+    session.record("on-build", "", TS)
     assert session.read_after(0).firings == [
         Firing(1, "on-message", "", None, TS),
-        Firing(2, "on-tick", None, "", TS),
+        Firing(2, "on-build", None, "", TS),
     ]
 
 
@@ -222,17 +222,17 @@ def test_a_handler_name_is_kept_once_however_many_firings_use_it() -> None:
     ring = Ring(1000)
     for n in range(1000):
         ring.append("on-message", f"m{n}", None, TS)
-        ring.record("on-tick", None, f"e{n}", TS)
-    assert slots(ring) == [("on-message", False), ("on-tick", True)]
+        ring.record("on-build", None, f"e{n}", TS)
+    assert slots(ring) == [("on-message", False), ("on-build", True)]
     firings = ring.firings()
     assert len({id(f.handler) for f in firings}) == 2
 
 
 def test_one_handler_both_handled_and_unhandled_keeps_each_firings_kind() -> None:
     ring = Ring()
-    ring.append("on-tick", "a result", None, TS)
-    ring.append("on-tick", None, "an event", TS)
-    ring.append("on-tick", "again", None, TS)
+    ring.append("on-build", "a result", None, TS)
+    ring.append("on-build", None, "an event", TS)
+    ring.append("on-build", "again", None, TS)
     assert [(f.result, f.event) for f in ring.firings()] == [
         ("a result", None),
         (None, "an event"),

@@ -162,7 +162,7 @@ def test_an_on_message_firing_keeps_its_text_as_the_result() -> None:
     ]
 
 
-@pytest.mark.parametrize("handler", ["on-tick", "on-webhook", "On-Message", "x"])
+@pytest.mark.parametrize("handler", ["on-build", "on-webhook", "On-Message", "On-Tick", "x"])
 def test_an_unhandled_firing_keeps_the_event_and_has_no_result(handler: str) -> None:
     session = Session("s")
     assert session.record(handler, '{"raw": 1}', "t") == Recorded(1)

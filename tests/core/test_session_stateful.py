@@ -79,7 +79,7 @@ class Model:
             event("a duplicate send")
             return Recorded(self.keys[key], duplicate=True)
         self.head += 1
-        if handler == "on-message":
+        if handler in ("on-message", "on-tick"):  # the handlers every session has
             self.ring.append(Firing(self.head, handler, text, None, ts))
         else:
             self.ring.append(Firing(self.head, handler, None, text, ts))

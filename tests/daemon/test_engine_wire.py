@@ -122,7 +122,7 @@ def request(draw: st.DrawFn) -> dict[str, Any] | bytes:
     if op == "send":
         req: dict[str, Any] = {"op": op, "session": sid, "text": draw(st.text(max_size=5))}
         if draw(st.booleans()):
-            req["handler"] = draw(st.sampled_from(["on-message", "on-tick", "", "a b"]))
+            req["handler"] = draw(st.sampled_from(["on-message", "on-tick", "on-build", "", "a b"]))
         if draw(st.booleans()):
             req["key"] = draw(st.sampled_from(["k1", "k2", "", "x" * 300]))
         return req

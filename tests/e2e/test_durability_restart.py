@@ -40,7 +40,7 @@ def test_every_piece_of_state_comes_back(durable_daemon: DaemonProc, crash: bool
         c.ok({"op": "send", "session": "small", "text": f"small {i}"})
     for i in range(5):
         c.ok({"op": "send", "session": "keyed", "text": f"keyed {i}", "key": f"k{i}"})
-    c.ok({"op": "send", "session": "keyed", "text": "raw", "handler": "on-tick"})
+    c.ok({"op": "send", "session": "keyed", "text": "raw", "handler": "on-build"})
     c.ok({"op": "buffer", "session": "keyed", "limit": 3})
     for i in range(4):
         c.ok({"op": "send", "session": "none", "text": f"unkept {i}"})

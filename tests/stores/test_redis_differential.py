@@ -88,7 +88,7 @@ counts = st.none() | st.integers(-1, 4)
 seqs = st.integers(-1, 12)
 records = st.builds(
     Record,
-    handler=st.sampled_from(["on-message", "on-message", "on-tick", "", "a b"]),
+    handler=st.sampled_from(["on-message", "on-message", "on-tick", "on-build", "", "a b"]),
     text=st.text(max_size=6),
     ts=st.just(TS),
     key=st.sampled_from([None, "k1", "k2", "k3", "k4", "k5", "k6", ""]),

@@ -74,7 +74,7 @@ def test_a_new_session_loads_back_as_the_core_holds_it(open_store: OpenStore) ->
     a = Mirror("a")
     a.record("one")
     a.record("two", key="k2")
-    a.record("raw", handler="on-tick")  # unhandled: keeps the event, no result
+    a.record("raw", handler="on-build")  # unhandled: keeps the event, no result
     a.session.ack("read", 2)
     a.session.read("follow")
     store.write([a.delta()])
