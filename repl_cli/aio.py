@@ -186,6 +186,28 @@ class AsyncRepl:
         request = p.Send(session=session, text=text, handler=handler, key=key)
         return await self._call(request, p.Sent)
 
+    async def schedule(
+        self,
+        session: str,
+        text: str = "",
+        *,
+        in_: str | None = None,
+        at: str | None = None,
+        every: str | None = None,
+        handler: str | None = None,
+        key: str | None = None,
+    ) -> p.TimerSet:
+        request = p.Schedule(
+            session=session, text=text, handler=handler, in_=in_, at=at, every=every, key=key
+        )
+        return await self._call(request, p.TimerSet)
+
+    async def timers(self, session: str | None = None) -> list[p.TimerInfo]:
+        return (await self._call(p.Timers(session=session), p.TimerList)).timers
+
+    async def cancel(self, session: str, timer: str) -> p.TimerInfo:
+        return (await self._call(p.Cancel(session=session, timer=timer), p.Cancelled)).timer
+
     async def read(
         self,
         session: str,

@@ -172,6 +172,32 @@ class Repl:
     ) -> p.Sent:
         return self._call(p.Send(session=session, text=text, handler=handler, key=key), p.Sent)
 
+    def schedule(
+        self,
+        session: str,
+        text: str = "",
+        *,
+        in_: str | None = None,
+        at: str | None = None,
+        every: str | None = None,
+        handler: str | None = None,
+        key: str | None = None,
+    ) -> p.TimerSet:
+        """Record a firing later: ``in_`` a duration (``"5m"``) or ``at`` an RFC 3339 time,
+        and/or ``every`` an interval (``"1m"``; handler ``on-tick`` unless named)."""
+        request = p.Schedule(
+            session=session, text=text, handler=handler, in_=in_, at=at, every=every, key=key
+        )
+        return self._call(request, p.TimerSet)
+
+    def timers(self, session: str | None = None) -> list[p.TimerInfo]:
+        """The pending timers of ``session``, or of every session: soonest first."""
+        return self._call(p.Timers(session=session), p.TimerList).timers
+
+    def cancel(self, session: str, timer: str) -> p.TimerInfo:
+        """Cancel a pending timer; an ``Error`` with code ``no_such_timer`` when there is none."""
+        return self._call(p.Cancel(session=session, timer=timer), p.Cancelled).timer
+
     def read(
         self,
         session: str,

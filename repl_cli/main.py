@@ -38,7 +38,14 @@ from repl_cli.errors import (
 from repl_cli.sink import silence_stdout
 from repl_daemon import protocol as p
 from repl_daemon.config import OPTIONS, Option, to_argv
-from session.rules import ACK_CURSOR, DEFAULT_HANDLER, FOLLOW_CURSOR, READ_CURSOR, WAIT_CURSOR
+from session.rules import (
+    ACK_CURSOR,
+    DEFAULT_HANDLER,
+    FOLLOW_CURSOR,
+    READ_CURSOR,
+    TICK_HANDLER,
+    WAIT_CURSOR,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -325,6 +332,17 @@ def buffer(repl: Repl, session: str, limit: int) -> None:
 )
 @click.option("--key", metavar="KEY", help="A dedup key: a retry with it records nothing.")
 @click.option("--lines", is_flag=True, help="Each line of stdin is its own firing.")
+@click.option(
+    "--in",
+    "in_",
+    metavar="DURATION",
+    help="Record it later, after DURATION (250ms, 90s, 5m, 1h30m); prints the timer's id.",
+)
+@click.option(
+    "--at",
+    metavar="TIME",
+    help="Record it at TIME (RFC 3339, e.g. 2026-12-01T05:00:00Z); prints the timer's id.",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object a firing: seq, duplicate.")
 @click.pass_obj
 def send(
@@ -334,24 +352,99 @@ def send(
     handler: str,
     key: str | None,
     lines: bool,
+    in_: str | None,
+    at: str | None,
     as_json: bool,
 ) -> None:
     """Record a firing; prints its seq (`SEQ duplicate` for a deduplicated send).
 
-    TEXT `-` or none reads stdin, less one trailing newline.
+    TEXT `-` or none reads stdin, less one trailing newline. With --in or
+    --at it is recorded later, once, even across a restart of the daemon:
+    prints the timer's id (`repl timers` lists it, `repl cancel` cancels it).
     """
     from repl_cli import sending  # only send reads stdin: read and wait need not load it
 
+    later = in_ is not None or at is not None
+    if in_ is not None and at is not None:
+        raise click.UsageError("give either --in or --at, not both")
     if lines:
         if text not in (None, "-"):
             raise click.UsageError("--lines reads stdin: give no TEXT (or -)")
         if key is not None:
             raise click.UsageError("--key names one firing: it cannot go with --lines")
+        if later:
+            raise click.UsageError("--in and --at schedule one firing: they cannot go with --lines")
         sending.send_lines(repl.client, session, handler, as_json)
         return
     if text is None or text == "-":
         text = sending.stdin_text()
+    if later:
+        scheduled = repl.schedule(session, text, in_=in_, at=at, handler=handler, key=key)
+        output.timer_set(scheduled, as_json)
+        return
     output.sent(repl.send(session, text, handler=handler, key=key), as_json)
+
+
+@cli.command()
+@click.argument("session", shell_complete=complete_sessions)
+@click.argument("interval", metavar="INTERVAL")
+@click.argument("text", required=False, default="")
+@click.option(
+    "--handler",
+    default=TICK_HANDLER,
+    show_default=True,
+    metavar="NAME",
+    help="What each firing is recorded as (on-tick's result is TEXT).",
+)
+@click.option("--key", metavar="KEY", help="A dedup key: a retry with it makes no second timer.")
+@click.option("--in", "in_", metavar="DURATION", help="The first firing after DURATION.")
+@click.option("--at", metavar="TIME", help="The first firing at TIME (RFC 3339).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: timer, due, every_ms.")
+@click.pass_obj
+def every(
+    repl: Repl,
+    session: str,
+    interval: str,
+    text: str,
+    handler: str,
+    key: str | None,
+    in_: str | None,
+    at: str | None,
+    as_json: bool,
+) -> None:
+    """Record a firing every INTERVAL (at least 1s); prints the timer's id.
+
+    The first is one INTERVAL from now, unless --in or --at says when.
+    Periods missed while the daemon was down fire once when it is back.
+    """
+    if in_ is not None and at is not None:
+        raise click.UsageError("give either --in or --at, not both")
+    scheduled = repl.schedule(
+        session, text, in_=in_, at=at, every=interval, handler=handler, key=key
+    )
+    output.timer_set(scheduled, as_json)
+
+
+@cli.command()
+@click.argument("session", required=False, shell_complete=complete_sessions)
+@click.option("--json", "as_json", is_flag=True, help="A JSON list of objects.")
+@click.pass_obj
+def timers(repl: Repl, session: str | None, as_json: bool) -> None:
+    """List pending timers, soonest first: timer, session, due, every, handler, text."""
+    listed = repl.timers(session)
+    if as_json:
+        output.print_json(listed)
+        return
+    output.timer_table(listed)
+
+
+@cli.command()
+@click.argument("session", shell_complete=complete_sessions)
+@click.argument("timer")
+@click.pass_obj
+def cancel(repl: Repl, session: str, timer: str) -> None:
+    """Cancel a pending timer; exit 1 when the session has no such timer."""
+    repl.cancel(session, timer)
 
 
 # -- reading --------------------------------------------------------------------

@@ -29,7 +29,7 @@ from session.firing import Firing
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from repl_daemon.protocol import Pong, Sent, SessionInfo, StatsReply
+    from repl_daemon.protocol import Pong, Sent, SessionInfo, StatsReply, TimerInfo, TimerSet
     from session.firing import CursorInfo
 
 TEXT = "text"
@@ -234,6 +234,53 @@ def sent(answer: Sent, as_json: bool = False) -> None:
         print_json({"seq": answer.seq, "duplicate": answer.duplicate})
         return
     line(f"{answer.seq} duplicate" if answer.duplicate else str(answer.seq))
+
+
+TIMER_COLUMNS = ("timer", "session", "due", "every", "handler", "text")
+
+
+def timer_set(answer: TimerSet, as_json: bool = False) -> None:
+    """``repl send --in/--at`` and ``repl every``: the timer's id (``ID duplicate`` for a
+    retry its key found; ``ID duplicate fired SEQ`` once that one fired); or JSON."""
+    if as_json:
+        print_json(answer)
+        return
+    if answer.seq is not None:
+        line(f"{answer.timer} duplicate fired {answer.seq}")
+    else:
+        line(f"{answer.timer} duplicate" if answer.duplicate else answer.timer)
+
+
+def timer_table(timers: Sequence[TimerInfo]) -> None:
+    """``repl timers``: one row a pending timer, soonest first."""
+    rows = [
+        [
+            t.timer,
+            t.session,
+            t.due,
+            "" if t.every_ms is None else every(t.every_ms),
+            t.handler,
+            t.text.translate(_ONE_LINE),
+        ]
+        for t in timers
+    ]
+    table(TIMER_COLUMNS, rows)
+
+
+# a row is one line: a text's tab or newline is shown as its escape (``--json`` has it whole)
+_ONE_LINE = str.maketrans({"\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def every(ms: int) -> str:
+    """An interval as a duration repl takes back: ``1m``, ``1h30m``, ``1500ms``."""
+    parts = []
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        count, ms = divmod(ms, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    if ms:
+        parts.append(f"{ms}ms")
+    return "".join(parts)
 
 
 def duration(seconds: float) -> str:

@@ -102,16 +102,41 @@ class Stats(Request, tag="stats"):
     session: str | None = None
 
 
+class Schedule(Request, tag="schedule"):
+    """Record a firing later (SPEC §9): ``in`` a duration or ``at`` a time, and/or
+    ``every`` an interval (the first one ``in``/``at`` when given, else one interval
+    from now). ``handler`` defaults to ``on-message``, or ``on-tick`` with ``every``."""
+
+    session: str
+    text: str = ""
+    handler: str | None = None
+    in_: str | None = msgspec.field(default=None, name="in")
+    at: str | None = None
+    every: str | None = None
+    key: str | None = None
+
+
+class Timers(Request, tag="timers"):
+    """The pending timers of one session, or of every session."""
+
+    session: str | None = None
+
+
+class Cancel(Request, tag="cancel"):
+    session: str
+    timer: str
+
+
 class Shutdown(Request, tag="shutdown"):
     """Stop the daemon as SIGTERM does: answered ``done``, then waiters are told and it exits."""
 
 
 AnyRequest = (
     Auth | Ping | Start | Stop | Sessions | Send | Read | Wait | Ack | Cursors | Buffer | Poll
-) | (Stats | Shutdown)
+) | (Stats | Shutdown | Schedule | Timers | Cancel)
 
 OPS: tuple[str, ...] = ("auth", "ping", "start", "stop", "sessions", "send", "read", "wait")
-OPS += ("ack", "cursors", "buffer", "poll", "stats", "shutdown")
+OPS += ("ack", "cursors", "buffer", "poll", "stats", "shutdown", "schedule", "timers", "cancel")
 
 
 # -- responses -------------------------------------------------------------
@@ -197,6 +222,39 @@ class CursorList(Response, kw_only=True):
 class Buffered(Response, kw_only=True):
     limit: int
     trimmed: int
+
+
+class TimerInfo(msgspec.Struct, kw_only=True):
+    """A pending timer as ``timers`` lists it; ``every_ms`` None for a one-shot."""
+
+    timer: str
+    session: str
+    due: str  # RFC 3339, UTC, with milliseconds
+    due_ms: int
+    every_ms: int | None
+    handler: str
+    text: str
+    key: str | None = None
+
+
+class TimerSet(Response, kw_only=True):
+    """A schedule's answer: the timer's id and when it is due. ``duplicate``: its key
+    made this timer before; ``due`` None and ``seq`` set when that one has fired."""
+
+    timer: str
+    due: str | None
+    due_ms: int | None
+    every_ms: int | None = None
+    duplicate: bool = False
+    seq: int | None = None
+
+
+class TimerList(Response, kw_only=True):
+    timers: list[TimerInfo]
+
+
+class Cancelled(Response, kw_only=True):
+    timer: TimerInfo
 
 
 class SessionStats(msgspec.Struct):

@@ -101,8 +101,32 @@ def check_timer(timer: Timer) -> Timer:
     if not 0 <= timer.due_ms <= MAX_DUE_MS:
         raise BadTime(f"due time {timer.due_ms} ms is not between 1970 and the end of 9999")
     if timer.every_ms is not None and not MIN_EVERY_MS <= timer.every_ms <= MAX_DUE_MS:
-        raise BadTime(f"interval {timer.every_ms} ms is under {MIN_EVERY_MS // 1000} s, the shortest")
+        raise BadTime(
+            f"interval {timer.every_ms} ms is under {MIN_EVERY_MS // 1000} s, the shortest"
+        )
     return timer
+
+
+# The refusals of a session's timers, made here for the core and for a store
+# that applies the rules itself (the Redis scripts), so both say the same.
+
+
+def timer_exists(session_id: str, timer_id: str) -> BadTime:
+    return BadTime(f"session {session_id!r} has a timer {timer_id!r} already")
+
+
+def too_many_timers(session_id: str) -> TooMany:
+    return TooMany(
+        f"session {session_id!r} has {MAX_TIMERS:,} pending timers, its limit: "
+        "cancel some first (`repl timers` lists them)"
+    )
+
+
+def no_such_timer(session_id: str, timer_id: str) -> NoSuchTimer:
+    return NoSuchTimer(
+        f"session {session_id!r} has no pending timer {timer_id!r}: "
+        "it fired, was cancelled, or never was"
+    )
 
 
 class Recorded(msgspec.Struct, frozen=True):
@@ -339,12 +363,9 @@ class Session:
                 self.evaluations += 1
                 return Scheduled(None, duplicate=True, seq=seq)
         if timer.id in self.timers:
-            raise BadTime(f"session {self.id!r} has a timer {timer.id!r} already")
+            raise timer_exists(self.id, timer.id)
         if len(self.timers) >= MAX_TIMERS:
-            raise TooMany(
-                f"session {self.id!r} has {MAX_TIMERS:,} pending timers, its limit: "
-                "cancel some first (`repl timers` lists them)"
-            )
+            raise too_many_timers(self.id)
         self._set_timer(timer)
         self.evaluations += 1
         return Scheduled(timer)
@@ -353,10 +374,7 @@ class Session:
         """Remove a pending timer; ``NoSuchTimer`` when there is none with that id."""
         timer = self.timers.get(timer_id)
         if timer is None:
-            raise NoSuchTimer(
-                f"session {self.id!r} has no pending timer {timer_id!r}: "
-                "it fired, was cancelled, or never was"
-            )
+            raise no_such_timer(self.id, timer_id)
         del self.timers[timer_id]
         self._timer_changes[timer_id] = None
         self._changed()

@@ -7,8 +7,9 @@ every operation; any other store is this daemon's alone.
 
 from __future__ import annotations
 
+from repl_daemon.engine.clock import utc_now
 from repl_daemon.engine.committer import Committer
-from repl_daemon.engine.engine import Engine, utc_now
+from repl_daemon.engine.engine import Engine
 from repl_daemon.engine.outcome import Outcome, Ticket
 from repl_daemon.stores.base import Store
 from repl_daemon.stores.redis import RedisStore

@@ -10,7 +10,8 @@ interface alone and never asks which one it has.
 The committer tells the engine what it must pass on to waiters through a
 ``Listener``: new firings became visible in a session, a session is gone,
 or the committer's link to its store (and so its wake signals) broke or
-came back.
+came back. Each committer fires its sessions' timers itself (SPEC §9),
+from its ``run``: the firing is a change like a send.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from repl_daemon.stores.base import Store
 from repl_daemon.stores.redis import RedisStore
 from session.errors import ReplError, StoreFailed
 from session.ops import Op
+from session.schedule import Timer
 from session.session import Summary
 
 R = TypeVar("R")
@@ -47,6 +49,9 @@ class Listener(Protocol):
 
     def link(self, error: StoreFailed | None) -> None:
         """Wake signals broke (an error) or came back (None): every waiter reads again."""
+
+    def fired(self, count: int) -> None:
+        """This daemon's timers recorded ``count`` firings (``stats`` counts them)."""
 
 
 class Committer(Protocol):
@@ -79,6 +84,10 @@ class Committer(Protocol):
 
     def stop(self, session_id: str) -> Outcome[None]:
         """Remove a session and all of it; its waiters are told through the listener."""
+
+    def timers(self, session_id: str | None) -> Outcome[list[Timer]]:
+        """One session's pending timers (``NoSuchSession`` when there is none), or every
+        session's: soonest first."""
 
     def summaries(self, session_id: str | None) -> Outcome[list[Summary]]:
         """One session's figures, or every session's, sorted by id."""

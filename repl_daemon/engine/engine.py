@@ -19,8 +19,10 @@ all until the committer says that one of its sessions changed.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import secrets
 import time
 from collections.abc import Callable
 from typing import Any, Never, NoReturn, TypeVar
@@ -28,6 +30,7 @@ from typing import Any, Never, NoReturn, TypeVar
 import anyio
 
 from repl_daemon import protocol as p
+from repl_daemon.engine.clock import ms_to_utc, now_ms, utc_now
 from repl_daemon.engine.committer import Committer, Totals
 from repl_daemon.engine.outcome import Outcome
 from repl_daemon.engine.wait import Wait
@@ -40,34 +43,28 @@ from session.errors import (
 from session.firing import Batch
 from session.ops import (
     Ack,
+    AddTimer,
+    CancelTimer,
     CursorTable,
     Poll,
     ReadAfter,
     ReadCursor,
     Record,
     SetLimit,
+    TimerList,
 )
-from session.rules import DEFAULT_LIMIT, READ_CURSOR
-from session.session import Recorded, Summary, check_cursor_name, check_session_id
+from session.rules import DEFAULT_HANDLER, DEFAULT_LIMIT, READ_CURSOR, TICK_HANDLER
+from session.schedule import Timer, parse_duration, parse_every, parse_time
+from session.session import (
+    Recorded,
+    Scheduled,
+    Summary,
+    check_cursor_name,
+    check_key,
+    check_session_id,
+)
 
 T = TypeVar("T")
-
-_second: list[tuple[int, str]] = [(-1, "")]
-
-
-def utc_now() -> str:
-    """Now as ISO 8601 UTC with milliseconds, e.g. ``2026-11-30T07:00:00.123Z``.
-
-    Every send stamps one; formatting the date once a second keeps it cheap.
-    """
-    now = time.time()
-    second = int(now)
-    cached, prefix = _second[0]
-    if cached != second:
-        prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-        _second[0] = (second, prefix)
-    return f"{prefix}.{int((now - second) * 1000):03d}Z"
-
 
 log = logging.getLogger("repl.daemon")
 
@@ -138,6 +135,9 @@ class Engine:
         self.link_error = error
         self._wake_all()
 
+    def fired(self, count: int) -> None:
+        self.firings += count
+
     def _wake_all(self) -> None:
         for waiter in {w for waiters in self.waiters.values() for w in waiters}:
             waiter.wake()
@@ -184,6 +184,19 @@ class Engine:
                 return committer.summaries(None).then(self._listing(rid))
             case p.Stats():
                 return self._stats(req)
+            case p.Schedule():
+                timer = self.timer_for(req)
+                scheduled = committer.execute(req.session, AddTimer(timer))
+                return scheduled.then(lambda s: _timer_set(rid, timer, s))
+            case p.Timers():
+                if req.session is not None:
+                    listed = committer.execute(req.session, TimerList())
+                else:
+                    listed = committer.timers(None)
+                return listed.then(lambda ts: p.TimerList(id=rid, timers=[_info(t) for t in ts]))
+            case p.Cancel():
+                cancelled = committer.execute(req.session, CancelTimer(req.timer))
+                return cancelled.then(lambda t: p.Cancelled(id=rid, timer=_info(t)))
             case p.Ping():
                 return Outcome.now(self.ping(req))
             case p.Shutdown():
@@ -194,6 +207,42 @@ class Engine:
                 return Outcome.now(p.Done(id=rid))
             case _:
                 _unknown(req)
+
+    def timer_for(self, req: p.Schedule) -> Timer:
+        """The timer a ``schedule`` asks for, its times parsed; ``BadTime`` when they do not.
+
+        Its id is made up, or made from its key, so that a retry with the key
+        answers the same id whether or not the first one has fired.
+        """
+        check_session_id(req.session)
+        if req.in_ is not None and req.at is not None:
+            raise BadRequest("give either in or at, not both")
+        every = None if req.every is None else parse_every(req.every)
+        now = now_ms()
+        if req.in_ is not None:
+            due = now + parse_duration(req.in_)
+        elif req.at is not None:
+            due = parse_time(req.at)
+        elif every is not None:
+            due = now + every
+        else:
+            raise BadRequest("schedule needs in, at or every")
+        if req.key is not None:
+            check_key(req.key)
+            digest = hashlib.blake2b(req.key.encode(), digest_size=6).hexdigest()
+            timer_id = f"t-{digest}"
+        else:
+            timer_id = f"t-{secrets.token_hex(6)}"
+        handler = req.handler or (TICK_HANDLER if every is not None else DEFAULT_HANDLER)
+        return Timer(
+            id=timer_id,
+            session=req.session,
+            due_ms=due,
+            every_ms=every,
+            handler=handler,
+            text=req.text,
+            key=req.key,
+        )
 
     def ping(self, req: p.Ping) -> p.Pong:
         return p.Pong(
@@ -314,6 +363,35 @@ def _unknown(req: Never) -> NoReturn:
     has its case above; the raise covers a request made outside the decoder.
     """
     raise UnknownOp(f"the daemon has no op {type(req).__name__!r}")
+
+
+def _info(timer: Timer) -> p.TimerInfo:
+    return p.TimerInfo(
+        timer=timer.id,
+        session=timer.session,
+        due=ms_to_utc(timer.due_ms),
+        due_ms=timer.due_ms,
+        every_ms=timer.every_ms,
+        handler=timer.handler,
+        text=timer.text,
+        key=timer.key,
+    )
+
+
+def _timer_set(rid: p.RequestId, asked: Timer, scheduled: Scheduled) -> p.TimerSet:
+    timer = scheduled.timer
+    if timer is None:  # its key's timer fired already, as firing ``seq``
+        return p.TimerSet(
+            id=rid, timer=asked.id, due=None, due_ms=None, duplicate=True, seq=scheduled.seq
+        )
+    return p.TimerSet(
+        id=rid,
+        timer=timer.id,
+        due=ms_to_utc(timer.due_ms),
+        due_ms=timer.due_ms,
+        every_ms=timer.every_ms,
+        duplicate=scheduled.duplicate,
+    )
 
 
 def _firings(rid: p.RequestId) -> Callable[[Batch], p.Firings]:

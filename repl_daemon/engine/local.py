@@ -20,16 +20,26 @@ whole or not at all.
 
 With a store that keeps nothing (``--memory``) there is no commit: every
 answer is given at once and every firing is visible when it is recorded.
+
+Timers (SPEC §9) are the sessions' own; one ``Schedule`` indexes the due
+times of all of them, and one task sleeps until the earliest (or until a
+sooner one is scheduled), so pending timers cost nothing while none is
+due. Firing is an operation like any other (``FireTimers``): the firing
+and its timer's move or deletion go to the store in one batch, so after a
+crash either both happened or neither did, and a timer that came due
+while the daemon was down fires on its first turn after ``load``.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 from typing import TypeVar
 
 import anyio
 
+from repl_daemon.engine.clock import now_ms, utc_now
 from repl_daemon.engine.committer import Listener, Totals
 from repl_daemon.engine.outcome import Outcome, Ticket
 from repl_daemon.stores.base import Store
@@ -42,12 +52,16 @@ from session.errors import (
     StoreFailed,
     TooMany,
 )
-from session.ops import Op, ack_all
+from session.ops import FireTimers, Op, ack_all
+from session.schedule import Schedule, Timer
 from session.session import Session, Snapshot, Summary, check_session_id
 
 log = logging.getLogger("repl.daemon")
 
 R = TypeVar("R")
+
+#: how long the timer task waits before it fires again after a failed commit (doubling)
+FIRE_RETRY = (0.1, 5.0)
 
 
 def no_session(session_id: str) -> NoSuchSession:
@@ -99,6 +113,11 @@ class LocalCommitter:
         self._pending = Ticket()
         self._wake = anyio.Event()
         self._commit_lock = anyio.Lock()
+        self.schedule = Schedule(self._pending_timer)
+        self._compact_at = 1024
+        # what the timer task sleeps until (ms; None: no timer), and what wakes it sooner
+        self._sleeping_until: int | None = None
+        self._timer_wake = anyio.Event()
 
     # -- life --------------------------------------------------------------
 
@@ -108,11 +127,73 @@ class LocalCommitter:
         return len(self.sessions)
 
     async def run(self) -> None:
-        """The single writer: one batch per turn, as long as the daemon runs."""
+        """The single writer, and the timer task, as long as the daemon runs."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._fire_due)
+            while True:
+                await self._wake.wait()
+                self._wake = anyio.Event()
+                await self.commit_now()
+
+    async def _fire_due(self) -> None:
+        """Sleep until the earliest timer is due, fire what is due, and again: no polling."""
+        retry = FIRE_RETRY[0]
         while True:
-            await self._wake.wait()
-            self._wake = anyio.Event()
-            await self.commit_now()
+            due = self._sleeping_until = self.schedule.next_due()
+            self._timer_wake = anyio.Event()
+            now = now_ms()
+            if due is None or due > now:
+                with anyio.move_on_after(math.inf if due is None else (due - now) / 1000):
+                    await self._timer_wake.wait()
+                continue
+            if await self.fire(now):
+                retry = FIRE_RETRY[0]
+            else:  # the store failed: the timers were rolled back, still due; not at once
+                await anyio.sleep(retry)
+                retry = min(retry * 2, FIRE_RETRY[1])
+
+    async def fire(self, now: int) -> bool:
+        """Fire every timer due at ``now``, one batch; False when the store failed it."""
+        ts = utc_now()
+        fired = 0
+        outcomes = []
+        for session_id, timer_ids in self.schedule.take_due(now).items():
+            outcome = self.execute(session_id, FireTimers(timer_ids, now, ts))
+            fired += sum(f.seq is not None for f in outcome.value)
+            outcomes.append(outcome)
+        try:
+            for outcome in outcomes:
+                await outcome.result()
+        except StoreFailed:
+            return False
+        self.listener.fired(fired)
+        return True
+
+    def _pending_timer(self, session_id: str, timer_id: str, due_ms: int) -> bool:
+        hosted = self.sessions.get(session_id)
+        timer = None if hosted is None else hosted.session.timers.get(timer_id)
+        return timer is not None and timer.due_ms == due_ms
+
+    def _index(self, session: Session) -> None:
+        """Index the timers ``session`` added or moved; wake the timer task for a sooner one."""
+        moved = session.take_moved_timers()
+        if not moved:
+            return
+        schedule = self.schedule
+        for timer in moved:
+            schedule.add(timer)
+        soonest = min(timer.due_ms for timer in moved)
+        if self._sleeping_until is None or soonest < self._sleeping_until:
+            self._timer_wake.set()
+        if len(schedule) > self._compact_at:  # cancelled and stopped timers left entries behind
+            schedule.rebuild(self.all_timers())
+            self._compact_at = 2 * len(schedule) + 1024
+
+    def all_timers(self) -> list[Timer]:
+        """Every pending timer of every session, soonest first."""
+        timers = [t for h in self.sessions.values() for t in h.session.timers.values()]
+        timers.sort(key=lambda t: (t.due_ms, t.session, t.id))
+        return timers
 
     async def close(self) -> None:
         with anyio.CancelScope(shield=True):
@@ -192,6 +273,7 @@ class LocalCommitter:
 
     def _host(self, session: Session) -> Hosted:
         hosted = self.sessions[session.id] = Hosted(session)
+        self._index(session)
         return hosted
 
     def _retire(self, hosted: Hosted) -> None:
@@ -232,6 +314,7 @@ class LocalCommitter:
         result = op.run(session, hosted.cap())
         if session.changes == before:
             return Outcome.now(result)
+        self._index(session)
         ticket = self._changed(hosted)
         # a change that promises nothing (a read's touch) is written with the next batch
         return Outcome.after(ticket if op.durable else None, result)
@@ -289,6 +372,11 @@ class LocalCommitter:
         rows = [h.session.summary(h.visible) for h in self.sessions.values()]
         rows.sort(key=lambda row: row.id)
         return Outcome.now(rows)
+
+    def timers(self, session_id: str | None) -> Outcome[list[Timer]]:
+        if session_id is not None:
+            return Outcome.now(self._get(session_id).session.timer_list())
+        return Outcome.now(self.all_timers())
 
     def totals(self) -> Outcome[Totals]:
         hosted = self.sessions.values()

@@ -28,25 +28,33 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
+import anyio
+
 from repl_daemon.engine.committer import Listener, Totals
 from repl_daemon.engine.local import exists, made_up_id
 from repl_daemon.engine.outcome import Outcome, Settled
-from repl_daemon.stores.redis import RedisStore, Wakes
+from repl_daemon.engine.timers import SharedTimers
+from repl_daemon.stores.redis import RedisStore, Wakes, is_partition
 from session.errors import NoSuchSession, ReplError
 from session.ops import (
     Ack,
+    AddTimer,
+    CancelTimer,
     CursorTable,
     Describe,
+    FireTimers,
     Op,
     Poll,
     ReadAfter,
     ReadCursor,
     Record,
     SetLimit,
+    TimerList,
     check_seq,
 )
 from session.ring import check_limit
 from session.rules import HANDLERS, POLL_CURSOR
+from session.schedule import Timer
 from session.session import Recorded, Summary, check_cursor_name, check_session_id
 
 log = logging.getLogger("repl.daemon")
@@ -61,6 +69,7 @@ class SharedCommitter:
         self.store = store
         self.listener = listener
         self.wakes = Wakes(store, self._woken, self._restored)
+        self.shared_timers = SharedTimers(store, self.wakes, listener)
 
     # -- life --------------------------------------------------------------
 
@@ -70,13 +79,18 @@ class SharedCommitter:
         return len(await self.store.ids())
 
     async def run(self) -> None:
-        await self.wakes.run()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self.wakes.run)
+            tg.start_soon(self.shared_timers.run)
 
     async def close(self) -> None:
         """Disconnect: nothing to write, every change was made inside Redis by its operation."""
         await self.store.close()
 
     def _woken(self, session_id: str, payload: bytes) -> None:
+        if is_partition(session_id):  # a timer partition's earliest due time moved sooner
+            self.shared_timers.heard(session_id, payload)
+            return
         what, _, origin = payload.decode().partition(" ")
         if origin == self.store.origin:
             return  # this daemon told its waiters already
@@ -86,6 +100,7 @@ class SharedCommitter:
             self.listener.changed(session_id)
 
     def _restored(self) -> None:
+        self.shared_timers.restored()
         self.listener.link(None)
 
     # -- the Committer interface -------------------------------------------
@@ -93,6 +108,15 @@ class SharedCommitter:
     def execute(self, session_id: str, op: Op[R]) -> Outcome[R]:
         check_session_id(session_id)
         op.check()
+        timers = self.shared_timers
+        match op:  # a timer's change is two steps: the session's, and the index's
+            case AddTimer():
+                timer = op.timer
+                return cast("Outcome[R]", Outcome.later(lambda: timers.schedule(timer)))
+            case CancelTimer():
+                timer_id = op.timer
+                cancel = Outcome.later(lambda: timers.cancel(session_id, timer_id))
+                return cast("Outcome[R]", cancel)
         return Outcome.pending(lambda: self._call(session_id, op))
 
     def _call(self, session_id: str, op: Op[R]) -> asyncio.Future[R]:
@@ -123,6 +147,10 @@ class SharedCommitter:
                 future = store.cursors(session_id)
             case Describe():
                 future = store.summary(session_id)
+            case TimerList():
+                future = store.timer_list(session_id)
+            case FireTimers():
+                future = store.fire_timers(session_id, op.timers, op.now_ms, op.ts)
             case _:  # pragma: no cover
                 raise AssertionError(f"no script for {op!r}")
         return cast("asyncio.Future[R]", future)
@@ -218,6 +246,25 @@ class SharedCommitter:
                 if not future.cancel() and not future.cancelled():
                     future.exception()
         return rows
+
+    def timers(self, session_id: str | None) -> Outcome[list[Timer]]:
+        if session_id is not None:
+            check_session_id(session_id)
+
+        async def listed() -> list[Timer]:
+            ids = [session_id] if session_id is not None else await self.store.ids()
+            asked = [self.store.timer_list(one) for one in ids]  # one pipeline for them all
+            timers: list[Timer] = []
+            for future in asked:
+                try:
+                    timers += await future
+                except NoSuchSession:
+                    if session_id is not None:
+                        raise
+            timers.sort(key=lambda t: (t.due_ms, t.session, t.id))
+            return timers
+
+        return Outcome.later(listed)
 
     def totals(self) -> Outcome[Totals]:
         async def totals() -> Totals:

@@ -35,11 +35,13 @@ import contextlib
 import logging
 import math
 import secrets
-from collections.abc import Awaitable, Callable
+import zlib
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import anyio
+import msgspec
 
 from repl_daemon.stores import redis_scripts as lua
 from session.errors import (
@@ -51,8 +53,17 @@ from session.errors import (
     StoreFailed,
 )
 from session.firing import Batch, CursorInfo, Firing
-from session.rules import MAX_CURSORS, MAX_KEYS
-from session.session import Recorded, Summary
+from session.rules import HANDLERS, MAX_CURSORS, MAX_KEYS, MAX_TIMERS
+from session.schedule import Timer
+from session.session import (
+    Fired,
+    Recorded,
+    Scheduled,
+    Summary,
+    no_such_timer,
+    timer_exists,
+    too_many_timers,
+)
 
 log = logging.getLogger("repl.daemon")
 
@@ -74,9 +85,19 @@ _ERRORS: dict[str, type[ReplError]] = {
     "ack_after_head": AckAfterHead,
     "bad_max": BadMax,
 }
+# the timer scripts' refusals, with the core's own words (the script names the timer)
+_TIMER_ERRORS: dict[str, Callable[[str, str], ReplError]] = {
+    "bad_time": timer_exists,
+    "too_many": lambda session_id, _: too_many_timers(session_id),
+    "no_such_timer": no_such_timer,
+}
 
 
-SCRIPTS = ("RECORD", "READ", "ACK", "CHECK_ACK", "SET_LIMIT", "DESCRIBE", "START", "STOP")
+SCRIPTS: tuple[str, ...] = ("RECORD", "READ", "ACK", "CHECK_ACK", "SET_LIMIT", "DESCRIBE")
+SCRIPTS += ("START", "STOP", "SCHEDULE", "CANCEL", "TIMERS", "FIRE", "CLAIM", "INDEX")
+#: the partitions of the timer index (``repl:{~tN}:due``); every daemon sharing a store
+#: must agree on it, so it is fixed. On a cluster they spread over the primaries.
+PARTITIONS = 8
 #: the most operations one pipeline carries
 MAX_BATCH = 512
 #: how often one call is sent again where a cluster redirects it (MOVED, ASK, TRYAGAIN)
@@ -149,10 +170,34 @@ def _pack_tail(args: tuple[object, ...]) -> bytes:
     return b"".join(parts)
 
 
+_PARTS = ("meta", "ring", "cursors", "keys", "keyorder", "wake", "timers", "due")
+
+
 def session_keys(session_id: str) -> list[str]:
     """A session's keys, in the order every script takes them."""
     tag = f"repl:{{{session_id}}}"
-    return [f"{tag}:{part}" for part in ("meta", "ring", "cursors", "keys", "keyorder", "wake")]
+    return [f"{tag}:{part}" for part in _PARTS]
+
+
+def partition_of(session_id: str) -> str:
+    """The timer partition a session's timers are indexed in: ``~t0`` to ``~t7``.
+
+    A partition's name is no session id (``~`` is not allowed in one), so its
+    keys and its wake channel (``repl:{~tN}:wake``) never meet a session's.
+    """
+    return f"~t{zlib.crc32(session_id.encode()) % PARTITIONS}"
+
+
+PARTITION_IDS = tuple(f"~t{n}" for n in range(PARTITIONS))
+
+
+def partition_keys(partition: str) -> list[str]:
+    """A partition's index of due timers and its channel, as ``CLAIM`` and ``INDEX`` take them."""
+    return [f"repl:{{{partition}}}:due", wake_channel(partition)]
+
+
+def is_partition(name: str) -> bool:
+    return name.startswith("~t")
 
 
 def wake_channel(session_id: str) -> str:
@@ -245,7 +290,7 @@ class RedisStore:
         self.origin = secrets.token_hex(8)
         self.client: Any = None
         self._scripts: dict[str, Any] = {}
-        self._heads: dict[tuple[str, str], tuple[bytes, int]] = {}
+        self._heads: dict[tuple[str, str], tuple[bytes, int, int]] = {}
         # the operations waiting for the next pipeline, those on their way, and the
         # one task that sends them (from ``open`` to ``close``), asleep on ``_idle``
         self._queue: list[_Call] = []
@@ -350,6 +395,7 @@ class RedisStore:
         *,
         change: bool,
         then: Callable[[list[Any]], T],
+        keys: Callable[[str], list[str]] = session_keys,
     ) -> asyncio.Future[T]:
         """Run ``script`` on the session's keys; the future answers ``then(its answer)``.
 
@@ -361,6 +407,9 @@ class RedisStore:
         def answer(reply: Any) -> T:
             if reply[0] == b"err":
                 code, message = reply[1].decode(), reply[2].decode()
+                timer_error = _TIMER_ERRORS.get(code)
+                if timer_error is not None:
+                    raise timer_error(session_id, message)
                 error = _ERRORS.get(code, StoreFailed)
                 if error is NoSuchSession:
                     message = f"no session {session_id!r}: start it with `repl start {session_id}`"
@@ -372,14 +421,16 @@ class RedisStore:
         if known is None:
             if len(self._heads) >= MAX_HEADS:
                 self._heads.clear()
-            keys = session_keys(session_id)
-            start = ("EVALSHA", self._scripts[script].sha, len(keys), *keys)
-            slot = self.client.keyslot(keys[0]) if self.target.cluster else 0
-            known = self._heads[script, session_id] = (_pack(start, len(start) + len(args)), slot)
-        head, slot = known
-        call = _Call(head + _pack_tail(args), change, answer, slot)
+            named = keys(session_id)
+            start = ("EVALSHA", self._scripts[script].sha, len(named), *named)
+            slot = self.client.keyslot(named[0]) if self.target.cluster else 0
+            known = self._heads[script, session_id] = (_pack_tail(start), len(start), slot)
+        head, length, slot = known
+        # the array's length is the call's own: a script's ARGV may vary (FIRE, INDEX)
+        command = b"*%d\r\n%b%b" % (length + len(args), head, _pack_tail(args))
+        call = _Call(command, change, answer, slot)
         if change and self.target.replicas and self.target.cluster:
-            self._replicate(call, script, session_keys(session_id), args)
+            self._replicate(call, script, keys(session_id), args)
             return call.future
         self._queued(call)
         return call.future
@@ -748,6 +799,110 @@ class RedisStore:
     def stop(self, session_id: str) -> asyncio.Future[None]:
         return self._script("STOP", session_id, (self.origin,), change=True, then=_nothing)
 
+    # -- timers (SPEC §9) ---------------------------------------------------------
+    #
+    # A timer lives with its session (``timers``, ``due``); the partitions' index
+    # says which sessions have timers due, and is a hint: see ``redis_scripts``.
+
+    def schedule(self, timer: Timer) -> asyncio.Future[Scheduled]:
+        """Add the timer to its session (or find what its key made): ``Session.schedule``."""
+        handled = timer.handler in HANDLERS
+        definition = _TIMER_DEFINITION.encode(
+            _Definition(
+                timer.every_ms, timer.handler, timer.text, timer.key, "r" if handled else "e"
+            )
+        )
+        args = (timer.id, timer.due_ms, definition, timer.key or "", MAX_TIMERS)
+
+        def scheduled(answer: list[Any]) -> Scheduled:
+            timer_id, due, duplicate, seq, raw = answer
+            if seq:
+                return Scheduled(None, duplicate=True, seq=int(seq))
+            made = _timer(timer.session, timer_id.decode(), due, raw)
+            return Scheduled(made, duplicate=bool(duplicate))
+
+        return self._script("SCHEDULE", timer.session, args, change=True, then=scheduled)
+
+    def cancel_timer(self, session_id: str, timer_id: str) -> asyncio.Future[Timer]:
+        def cancelled(answer: list[Any]) -> Timer:
+            raw, due = answer
+            return _timer(session_id, timer_id, due, raw)
+
+        return self._script("CANCEL", session_id, (timer_id,), change=True, then=cancelled)
+
+    def timer_list(self, session_id: str) -> asyncio.Future[list[Timer]]:
+        """The session's pending timers, soonest first (then by id)."""
+
+        def listed(answer: list[Any]) -> list[Timer]:
+            timers = [
+                _timer(session_id, answer[i].decode(), answer[i + 2], answer[i + 1])
+                for i in range(0, len(answer), 3)
+            ]
+            timers.sort(key=lambda t: (t.due_ms, t.id))
+            return timers
+
+        return self._script("TIMERS", session_id, (), change=False, then=listed)
+
+    def fire_timers(
+        self, session_id: str, timer_ids: list[str], now_ms: int, ts: str
+    ) -> asyncio.Future[list[Fired]]:
+        """Fire those still due: the firing and the timer's move are one script (``FIRE``)."""
+        args = (now_ms, ts, MAX_KEYS, self.origin, *timer_ids)
+
+        def fired(answer: list[Any]) -> list[Fired]:
+            return [
+                Fired(
+                    timer_id.decode(),
+                    None if int(seq) < 0 else int(seq),
+                    None if int(due) < 0 else int(due),
+                )
+                for timer_id, seq, due in answer[0]
+            ]
+
+        return self._script("FIRE", session_id, args, change=True, then=fired)
+
+    def claim(
+        self, partition: str, now_ms: int, lease_until: int, max: int
+    ) -> asyncio.Future[tuple[list[tuple[str, str]], int | None]]:
+        """Claim the partition's entries due at ``now_ms``: (session, timer) each, and the
+        earliest due time left in the partition."""
+
+        def claimed(answer: list[Any]) -> tuple[list[tuple[str, str]], int | None]:
+            members, first = answer
+            pairs = []
+            for member in members:
+                session_id, _, timer_id = member.decode().partition(" ")
+                pairs.append((session_id, timer_id))
+            return pairs, _score(first)
+
+        args = (now_ms, lease_until, max)
+        return self._script(
+            "CLAIM", partition, args, change=True, then=claimed, keys=partition_keys
+        )
+
+    def index(
+        self,
+        partition: str,
+        *,
+        lower: Sequence[tuple[str, str, int]] = (),
+        due: Sequence[tuple[str, str, int]] = (),
+        gone: Sequence[tuple[str, str]] = (),
+    ) -> asyncio.Future[int | None]:
+        """Update the partition's index: entries (session, timer, due time) to ``lower``
+        (added, or moved sooner only), to set (``due``), and to remove (``gone``).
+        Answers the partition's earliest due time after (published when it moved sooner)."""
+        args: list[object] = [self.origin, len(lower), len(due)]
+        for session_id, timer_id, when in (*lower, *due):
+            args += [f"{session_id} {timer_id}", when]
+        args += [f"{session_id} {timer_id}" for session_id, timer_id in gone]
+
+        def earliest(answer: list[Any]) -> int | None:
+            return _score(answer[0])
+
+        return self._script(
+            "INDEX", partition, tuple(args), change=True, then=earliest, keys=partition_keys
+        )
+
     def exists(self, session_id: str) -> asyncio.Future[bool]:
         key = session_keys(session_id)[0]
         slot = self.client.keyslot(key) if self.target.cluster else 0
@@ -847,6 +1002,38 @@ async def _read_replies(line: Any, count: int) -> list[Any]:
         except ResponseError as exc:
             replies.append(exc)
     return replies
+
+
+class _Definition(msgspec.Struct, array_like=False):
+    """A timer as the ``timers`` hash keeps it (its id is the field, its due time in ``due``)."""
+
+    every: int | None
+    handler: str
+    text: str
+    key: str | None
+    field: str  # "r": the text is the result (a handler every session has), "e": the event
+
+
+_TIMER_DEFINITION = msgspec.json.Encoder()
+_read_definition = msgspec.json.Decoder(_Definition)
+
+
+def _timer(session_id: str, timer_id: str, due: Any, raw: bytes) -> Timer:
+    definition = _read_definition.decode(raw)
+    return Timer(
+        id=timer_id,
+        session=session_id,
+        due_ms=int(float(due)),
+        every_ms=definition.every,
+        handler=definition.handler,
+        text=definition.text,
+        key=definition.key,
+    )
+
+
+def _score(value: Any) -> int | None:
+    """A sorted set's score as a script answers it ('' for none)."""
+    return int(float(value)) if value not in (b"", "", None) else None
 
 
 def _recorded(answer: list[Any]) -> Recorded:
@@ -1002,6 +1189,8 @@ class Wakes:
         #: sessions no waiter wants, still subscribed for ``LINGER`` seconds
         self.lingering: set[str] = set()
         self._tg: Any = None
+        #: set once ``run`` holds its task group: subscriptions can be read from then on
+        self.ready = anyio.Event()
         #: a repair is running; a link broke since the repair's last round began
         self._repairing = False
         self._broken = False
@@ -1010,6 +1199,7 @@ class Wakes:
         """Hold the readers' task group until cancelled."""
         async with anyio.create_task_group() as tg:
             self._tg = tg
+            self.ready.set()
             try:
                 await anyio.sleep_forever()
             finally:

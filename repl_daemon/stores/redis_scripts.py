@@ -21,6 +21,22 @@ The keys, in this order in every script's KEYS:
 6. ``wake``     the session's shard channel: every new firing publishes its
    seq there, a stop publishes ``stop`` (SPUBLISH, so the message stays on
    the session's own shard of a cluster)
+7. ``timers``   hash: timer id -> its definition, JSON made by the daemon:
+   ``every`` (ms, null for a one-shot), ``handler``, ``text``, ``key``,
+   ``field`` (``r``: the text is the result, ``e``: the event)
+8. ``due``      sorted set: timer id, scored by when it is due (ms since the epoch)
+
+Timers are the session's own (SPEC §9), so the script that fires one also
+records its firing: one atomic step, which is what makes a due time fire
+exactly once however many daemons try (``FIRE`` fires only what is still
+due). Which timers are due across sessions is a hint kept beside them: a
+sorted set per partition (``repl:{~tN}:due``, members ``SESSION TIMER``),
+which the daemons claim from (``CLAIM``: a claimed entry moves a lease
+ahead, so another daemon takes it only if the claimer died) and update
+after each change (``INDEX``, which publishes on the partition's channel
+when the partition's earliest due time moved sooner, so every daemon sleeps
+until the earliest and none polls). An entry of the index that is stale
+costs one ``FIRE`` that fires nothing; see ``repl_daemon.stores.redis``.
 
 A script answers ``{'ok', ...}`` or ``{'err', CODE, MESSAGE}`` with a wire
 code of ``session.errors``; Lua numbers are doubles, so seqs are exact up to
@@ -35,6 +51,7 @@ from __future__ import annotations
 _PRELUDE = """#!lua
 local meta, ring, cursors = KEYS[1], KEYS[2], KEYS[3]
 local keys, keyorder, wake = KEYS[4], KEYS[5], KEYS[6]
+local timers, due = KEYS[7], KEYS[8]
 local function missing()
   return {'err', 'no_such_session', 'no session'}
 end
@@ -73,6 +90,25 @@ end
 local function set_cursor(name, seq, uses)
   redis.call('HSET', cursors, name, string.format('%d:%d', seq, uses))
 end
+-- record a firing after head (SPEC rules 1, 2, 13): its seq, 1 if its key had one, the head
+local function record(head, limit, field, handler, text, ts, key, max_keys)
+  if key ~= '' then
+    local seq = redis.call('HGET', keys, key)
+    if seq then return tonumber(seq), 1, head end
+  end
+  head = head + 1
+  if limit > 0 then
+    redis.call('XADD', ring, 'MAXLEN', '=', limit, string.format('%d-0', head),
+      't', ts, 'h', handler, field, text)
+  end
+  if key ~= '' then
+    redis.call('HSET', keys, key, head)
+    if redis.call('RPUSH', keyorder, key) > max_keys then
+      redis.call('HDEL', keys, redis.call('LPOP', keyorder))
+    end
+  end
+  return head, 0, head
+end
 """
 
 #: ARGV: handler, text, handled ('1': the text is the result), ts, key ('' for none),
@@ -82,32 +118,15 @@ RECORD = (
     + """
 local m = redis.call('HMGET', meta, 'head', 'limit', 'evals')
 if not m[1] then return missing() end
-local evals = tonumber(m[3]) + 1
-local key = ARGV[5]
-if key ~= '' then
-  local seq = redis.call('HGET', keys, key)
-  if seq then
-    redis.call('HSET', meta, 'evals', evals)
-    return {'ok', tonumber(seq), 1}
-  end
+local field = 'e'
+if ARGV[3] == '1' then field = 'r' end
+local seq, duplicate, head = record(tonumber(m[1]), tonumber(m[2]), field, ARGV[1], ARGV[2],
+  ARGV[4], ARGV[5], tonumber(ARGV[6]))
+redis.call('HSET', meta, 'head', head, 'evals', tonumber(m[3]) + 1)
+if duplicate == 0 then
+  redis.call('SPUBLISH', wake, string.format('%d %s', head, ARGV[7]))
 end
-local head = tonumber(m[1]) + 1
-local limit = tonumber(m[2])
-if limit > 0 then
-  local field = 'e'
-  if ARGV[3] == '1' then field = 'r' end
-  redis.call('XADD', ring, 'MAXLEN', '=', limit, string.format('%d-0', head),
-    't', ARGV[4], 'h', ARGV[1], field, ARGV[2])
-end
-if key ~= '' then
-  redis.call('HSET', keys, key, head)
-  if redis.call('RPUSH', keyorder, key) > tonumber(ARGV[6]) then
-    redis.call('HDEL', keys, redis.call('LPOP', keyorder))
-  end
-end
-redis.call('HSET', meta, 'head', head, 'evals', evals)
-redis.call('SPUBLISH', wake, string.format('%d %s', head, ARGV[7]))
-return {'ok', head, 0}
+return {'ok', seq, duplicate}
 """
 )
 
@@ -213,7 +232,7 @@ START = (
     _PRELUDE
     + """
 if redis.call('EXISTS', meta) == 1 then return {'ok', 0} end
-redis.call('DEL', ring, cursors, keys, keyorder)
+redis.call('DEL', ring, cursors, keys, keyorder, timers, due)
 redis.call('HSET', meta, 'limit', ARGV[1], 'head', 0, 'uses', 0, 'evals', 0)
 return {'ok', 1}
 """
@@ -224,8 +243,180 @@ STOP = (
     _PRELUDE
     + """
 if redis.call('EXISTS', meta) == 0 then return missing() end
-redis.call('DEL', meta, ring, cursors, keys, keyorder)
+redis.call('DEL', meta, ring, cursors, keys, keyorder, timers, due)
 redis.call('SPUBLISH', wake, 'stop ' .. ARGV[1])
 return {'ok'}
 """
 )
+
+#: ARGV: id, due (ms), the definition (JSON), key ('' for none), max_timers. Answers
+#: {'ok', id, due, duplicate, seq, definition}: a new timer, the pending one its key
+#: made (duplicate 1), or the firing its key recorded (id and due '', seq set); the core's
+#: ``Session.schedule``, whose messages the daemon gives the refusals.
+SCHEDULE = (
+    _PRELUDE
+    + """
+if redis.call('EXISTS', meta) == 0 then return missing() end
+local id, key = ARGV[1], ARGV[4]
+if key ~= '' then
+  local all = redis.call('HGETALL', timers)
+  for i = 1, #all, 2 do
+    if cjson.decode(all[i + 1]).key == key then
+      redis.call('HINCRBY', meta, 'evals', 1)
+      return {'ok', all[i], redis.call('ZSCORE', due, all[i]), 1, '', all[i + 1]}
+    end
+  end
+  local seq = redis.call('HGET', keys, key)
+  if seq then
+    redis.call('HINCRBY', meta, 'evals', 1)
+    return {'ok', '', '', 1, seq, ''}
+  end
+end
+if redis.call('HEXISTS', timers, id) == 1 then return {'err', 'bad_time', id} end
+if redis.call('HLEN', timers) >= tonumber(ARGV[5]) then return {'err', 'too_many', id} end
+redis.call('HSET', timers, id, ARGV[3])
+redis.call('ZADD', due, ARGV[2], id)
+redis.call('HINCRBY', meta, 'evals', 1)
+return {'ok', id, ARGV[2], 0, '', ARGV[3]}
+"""
+)
+
+#: ARGV: id. Answers {'ok', definition, due}, or the refusal ``no_such_timer``.
+CANCEL = (
+    _PRELUDE
+    + """
+if redis.call('EXISTS', meta) == 0 then return missing() end
+local def = redis.call('HGET', timers, ARGV[1])
+if not def then return {'err', 'no_such_timer', ARGV[1]} end
+local when = redis.call('ZSCORE', due, ARGV[1])
+redis.call('HDEL', timers, ARGV[1])
+redis.call('ZREM', due, ARGV[1])
+redis.call('HINCRBY', meta, 'evals', 1)
+return {'ok', def, when}
+"""
+)
+
+#: no ARGV: {'ok', id, definition, due, ...} of every pending timer; not an evaluation
+TIMERS = (
+    _PRELUDE
+    + """
+if redis.call('EXISTS', meta) == 0 then return missing() end
+local out = {'ok'}
+local all = redis.call('ZRANGE', due, 0, -1, 'WITHSCORES')
+for i = 1, #all, 2 do
+  out[#out + 1] = all[i]
+  out[#out + 1] = redis.call('HGET', timers, all[i])
+  out[#out + 1] = all[i + 1]
+end
+return out
+"""
+)
+
+#: ARGV: now (ms), ts, max_keys, origin, then the ids of the timers to fire. Fires
+#: each that is still due, earliest first (``Session.fire_timers``): its firing
+#: recorded (a one-shot's with its key), the timer deleted or moved to the first
+#: point of its grid after now. Answers {'ok', {id, seq or -1, due or -1}, ...}
+#: for every id asked, -1 meaning none.
+FIRE = (
+    _PRELUDE
+    + """
+local m = redis.call('HMGET', meta, 'head', 'limit', 'evals')
+if not m[1] then return missing() end
+local head, limit, evals = tonumber(m[1]), tonumber(m[2]), tonumber(m[3]) + 1
+local now, ts, max_keys = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+local pending, seen = {}, {}
+for i = 5, #ARGV do
+  local id = ARGV[i]
+  local when = redis.call('ZSCORE', due, id)
+  if when and not seen[id] then
+    pending[#pending + 1] = {tonumber(when), id}
+  end
+  seen[id] = true
+end
+table.sort(pending, function(a, b)
+  if a[1] ~= b[1] then return a[1] < b[1] end
+  return a[2] < b[2]
+end)
+local fired = {}
+local recorded = false
+for _, p in ipairs(pending) do
+  local when, id = p[1], p[2]
+  if when <= now then
+    local def = cjson.decode(redis.call('HGET', timers, id))
+    local every = def.every
+    local key = ''
+    if every == cjson.null and def.key ~= cjson.null then key = def.key end
+    local seq, duplicate
+    seq, duplicate, head = record(head, limit, def.field, def.handler, def.text, ts, key, max_keys)
+    evals = evals + 1
+    if duplicate == 0 then recorded = true end
+    local next_due = -1
+    if every == cjson.null then
+      redis.call('HDEL', timers, id)
+      redis.call('ZREM', due, id)
+    else
+      next_due = when + (math.floor((now - when) / every) + 1) * every
+      redis.call('ZADD', due, string.format('%d', next_due), id)
+    end
+    fired[id] = {seq, next_due}
+  end
+end
+redis.call('HSET', meta, 'head', head, 'evals', evals)
+if recorded then
+  redis.call('SPUBLISH', wake, string.format('%d %s', head, ARGV[4]))
+end
+local out = {}
+for i = 5, #ARGV do
+  local id = ARGV[i]
+  local f = fired[id]
+  if f then
+    out[#out + 1] = {id, f[1], f[2]}
+  else
+    local when = redis.call('ZSCORE', due, id)
+    out[#out + 1] = {id, -1, when and tonumber(when) or -1}
+  end
+end
+return {'ok', out}
+"""
+)
+
+# The partition scripts: KEYS are the partition's index (a sorted set) and its channel.
+
+#: ARGV: now (ms), lease_until (ms), max. The entries due at now (at most max) move to
+#: lease_until, claimed; answers {'ok', members, the earliest due left ('' for none)}.
+CLAIM = """#!lua
+local index = KEYS[1]
+local due = redis.call('ZRANGEBYSCORE', index, '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
+for _, member in ipairs(due) do
+  redis.call('ZADD', index, ARGV[2], member)
+end
+local first = redis.call('ZRANGE', index, 0, 0, 'WITHSCORES')
+return {'ok', due, first[2] or ''}
+"""
+
+#: ARGV: origin, the number of entries to lower, the number to set, then (member, due)
+#: each (those to lower first: an entry only ever moves sooner that way, or is added),
+#: then the members to remove. Publishes the partition's earliest due time on its
+#: channel when it moved sooner; answers {'ok', the earliest due ('' for none)}.
+INDEX = """#!lua
+local index, channel = KEYS[1], KEYS[2]
+local before = redis.call('ZRANGE', index, 0, 0, 'WITHSCORES')[2]
+local lower, set = tonumber(ARGV[2]), tonumber(ARGV[3])
+local i = 4
+for _ = 1, lower do
+  redis.call('ZADD', index, 'LT', ARGV[i + 1], ARGV[i])
+  i = i + 2
+end
+for _ = 1, set do
+  redis.call('ZADD', index, ARGV[i + 1], ARGV[i])
+  i = i + 2
+end
+for j = i, #ARGV do
+  redis.call('ZREM', index, ARGV[j])
+end
+local after = redis.call('ZRANGE', index, 0, 0, 'WITHSCORES')[2]
+if after and (not before or tonumber(after) < tonumber(before)) then
+  redis.call('SPUBLISH', channel, 'due ' .. after .. ' ' .. ARGV[1])
+end
+return {'ok', after or ''}
+"""

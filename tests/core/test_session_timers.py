@@ -36,7 +36,9 @@ def timer(
 
 def test_a_one_shot_fires_once_as_its_handler_and_is_gone() -> None:
     s = Session("s")
-    assert s.schedule(timer("t1", 1000, text="remind")) == Scheduled(timer("t1", 1000, text="remind"))
+    assert s.schedule(timer("t1", 1000, text="remind")) == Scheduled(
+        timer("t1", 1000, text="remind")
+    )
     assert s.fire_timers(["t1"], 999, TS) == [Fired("t1", None, 1000)]
     assert s.head == 0
     assert s.fire_timers(["t1"], 1500, TS) == [Fired("t1", 1, None)]
@@ -61,7 +63,12 @@ def test_due_timers_fire_earliest_first_in_one_step() -> None:
     s.schedule(timer("a", 100, text="first"))
     s.schedule(timer("c", 900, text="later"))
     fired = s.fire_timers(["b", "a", "c", "zz"], 500, TS)
-    assert fired == [Fired("b", 2, None), Fired("a", 1, None), Fired("c", None, 900), Fired("zz", None, None)]
+    assert fired == [
+        Fired("b", 2, None),
+        Fired("a", 1, None),
+        Fired("c", None, 900),
+        Fired("zz", None, None),
+    ]
     assert [f.result for f in s.ring.firings()] == ["first", "second"]
     assert s.timer_list() == [timer("c", 900, text="later")]
     assert s.next_due() == 900

@@ -1,0 +1,190 @@
+"""Timers on a shared store (SPEC §9): every daemon may fire any, each due time once.
+
+A timer lives with its session in Redis, and the script that fires it
+(``FIRE``) records the firing and moves or deletes the timer in one atomic
+step, firing only what is still due: that is the whole of "exactly once",
+with no leader and no lock. What this module adds is finding due timers
+without polling:
+
+- the index: a sorted set a partition (``repl:{~tN}:due``), members
+  ``SESSION TIMER`` scored by due time. It is a hint, kept so that it is
+  never *later* than the truth: scheduling lowers the entry *before* the
+  timer is written (a schedule that then fails leaves an early entry,
+  which costs one ``FIRE`` that fires nothing), firing sets it to what the
+  script answered, cancelling removes it after;
+- claims: a daemon whose partition came due takes the due entries with
+  ``CLAIM``, which moves each a lease ahead (``LEASE_MS``). Only a claimer
+  that dies before it fires leaves them there; another daemon takes them
+  when the lease is over: late, not lost, and still once;
+- sleeping: each daemon keeps the earliest due time of every partition
+  and sleeps until the soonest. ``INDEX`` publishes on the partition's
+  channel whenever the earliest moved sooner, and every daemon subscribes
+  to the partitions' channels (``Wakes``, as for waits), so a timer
+  scheduled anywhere wakes every daemon in time; a daemon that wakes for a
+  due time another claimed first finds nothing and sleeps again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+
+import anyio
+
+from repl_daemon.engine.clock import now_ms, utc_now
+from repl_daemon.engine.committer import Listener
+from repl_daemon.stores.redis import PARTITION_IDS, RedisStore, Wakes, partition_of
+from session.errors import NoSuchSession, StoreFailed
+from session.schedule import Timer
+from session.session import Fired, Scheduled
+
+log = logging.getLogger("repl.daemon")
+
+#: how long a claimed timer is left to its claimer before another daemon may take it
+LEASE_MS = 30_000
+#: the most entries one claim takes from a partition (more are taken at once after)
+CLAIM_MAX = 256
+#: how long before trying again after the store failed (doubling up to the second)
+RETRY = (0.1, 5.0)
+
+
+class SharedTimers:
+    """This daemon's part in firing a shared store's timers; ``run`` it for as long as it serves."""
+
+    def __init__(self, store: RedisStore, wakes: Wakes, listener: Listener) -> None:
+        self.store = store
+        self.wakes = wakes
+        self.listener = listener
+        #: the earliest due time known of each partition (ms; None: no timer)
+        self.earliest: dict[str, int | None] = dict.fromkeys(PARTITION_IDS)
+        self._sleeping_until: int | None = None
+        self._wake = anyio.Event()
+        self._reread = True
+
+    # -- what the wakes tell ----------------------------------------------------
+
+    def heard(self, partition: str, payload: bytes) -> None:
+        """A message on a partition's channel: its earliest due time moved sooner."""
+        words = payload.split()
+        if len(words) >= 2 and words[0] == b"due" and words[1].isdigit():
+            self._sooner(partition, int(words[1]))
+
+    def restored(self) -> None:
+        """The wake link is back: what it carried meanwhile is lost, so read again."""
+        self._reread = True
+        self._wake.set()
+
+    def _sooner(self, partition: str, due: int) -> None:
+        known = self.earliest.get(partition, due)
+        if known is None or due < known:
+            self.earliest[partition] = due
+        if self._sleeping_until is None or due < self._sleeping_until:
+            self._wake.set()
+
+    # -- the operations ---------------------------------------------------------
+
+    async def schedule(self, timer: Timer) -> Scheduled:
+        """Index first (never later than the truth), then the timer itself."""
+        partition = partition_of(timer.session)
+        await self.store.index(partition, lower=[(timer.session, timer.id, timer.due_ms)])
+        scheduled = await self.store.schedule(timer)
+        made = scheduled.timer
+        if scheduled.duplicate and made is not None and made.id != timer.id:
+            await self.store.index(partition, lower=[(made.session, made.id, made.due_ms)])
+        return scheduled
+
+    async def cancel(self, session_id: str, timer_id: str) -> Timer:
+        cancelled = await self.store.cancel_timer(session_id, timer_id)
+        # should this fail, the entry stays: it costs one FIRE that fires nothing
+        with contextlib.suppress(StoreFailed):
+            await self.store.index(partition_of(session_id), gone=[(session_id, timer_id)])
+        return cancelled
+
+    # -- firing -----------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Sleep until the soonest due time, claim and fire what is due, and again."""
+        await self.wakes.ready.wait()
+        retry = RETRY[0]
+        while True:
+            try:
+                if self._reread:
+                    await self._read_earliest()
+                await self._turn()
+                retry = RETRY[0]
+            except StoreFailed as exc:
+                log.warning("timers: %s; trying again in %.1f s", exc.message, retry)
+                self._reread = True
+                await anyio.sleep(retry)
+                retry = min(retry * 2, RETRY[1])
+
+    async def _read_earliest(self) -> None:
+        """Subscribe to every partition's channel, then read each one's earliest due time."""
+        self._reread = False
+        for partition in PARTITION_IDS:
+            if not self.wakes.holds(partition):
+                await self.wakes.subscribe(partition)
+        asked = [self.store.index(partition) for partition in PARTITION_IDS]
+        for partition, earliest in zip(PARTITION_IDS, asked, strict=True):
+            self.earliest[partition] = await earliest
+
+    async def _turn(self) -> None:
+        self._wake = anyio.Event()
+        due = self._sleeping_until = min(
+            (d for d in self.earliest.values() if d is not None), default=None
+        )
+        now = now_ms()
+        if due is None or due > now:
+            with anyio.move_on_after(math.inf if due is None else (due - now) / 1000):
+                await self._wake.wait()
+            return
+        partitions = [p for p, d in self.earliest.items() if d is not None and d <= now]
+        await self.fire(partitions, now)
+
+    async def fire(self, partitions: list[str], now: int) -> int:
+        """Claim the due entries of ``partitions``, fire them, update the index; the count fired.
+
+        Each step is one pipeline for every partition and session at once.
+        """
+        ts = utc_now()
+        claims = [self.store.claim(p, now, now + LEASE_MS, CLAIM_MAX) for p in partitions]
+        by_session: dict[str, list[str]] = {}
+        for partition, claim in zip(partitions, claims, strict=True):
+            pairs, earliest = await claim
+            self.earliest[partition] = now if len(pairs) == CLAIM_MAX else earliest
+            for session_id, timer_id in pairs:
+                by_session.setdefault(session_id, []).append(timer_id)
+        fires = {
+            session_id: self.store.fire_timers(session_id, ids, now, ts)
+            for session_id, ids in by_session.items()
+        }
+        due: dict[str, list[tuple[str, str, int]]] = {}
+        gone: dict[str, list[tuple[str, str]]] = {}
+        count = 0
+        for session_id, future in fires.items():
+            partition = partition_of(session_id)
+            try:
+                fired: list[Fired] = await future
+            except NoSuchSession:  # stopped: its timers went with it
+                fired = [Fired(i, None, None) for i in by_session[session_id]]
+            except StoreFailed:  # perhaps fired, perhaps not: due again now, FIRE decides
+                fired = [Fired(i, None, now) for i in by_session[session_id]]
+            recorded = 0
+            for one in fired:
+                if one.due_ms is None:
+                    gone.setdefault(partition, []).append((session_id, one.timer))
+                else:
+                    due.setdefault(partition, []).append((session_id, one.timer, one.due_ms))
+                recorded += one.seq is not None
+            if recorded:
+                count += recorded
+                self.listener.changed(session_id)  # this daemon's waiters; others hear Redis
+        updates = {
+            p: self.store.index(p, due=due.get(p, ()), gone=gone.get(p, ())) for p in {*due, *gone}
+        }
+        for partition, update in updates.items():
+            self.earliest[partition] = await update
+        if count:
+            self.listener.fired(count)
+        return count
