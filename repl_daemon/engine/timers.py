@@ -61,6 +61,8 @@ class SharedTimers:
         self._sleeping_until: int | None = None
         self._wake = anyio.Event()
         self._reread = True
+        #: set once the partitions' channels are subscribed and their due times read
+        self.ready = anyio.Event()
 
     # -- what the wakes tell ----------------------------------------------------
 
@@ -128,6 +130,7 @@ class SharedTimers:
         asked = [self.store.index(partition) for partition in PARTITION_IDS]
         for partition, earliest in zip(PARTITION_IDS, asked, strict=True):
             self.earliest[partition] = await earliest
+        self.ready.set()
 
     async def _turn(self) -> None:
         self._wake = anyio.Event()

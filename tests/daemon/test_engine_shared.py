@@ -2,7 +2,8 @@
 
 The daemon keeps no session of a shared store: after any number of
 operations, on real, missing and malformed ids, and after waits, nothing is
-left in the daemon but the subscriptions its current waiters need. Each
+left in the daemon but the subscriptions its current waiters need (and
+those of the timer partitions, which every daemon holds). Each
 test runs on one redis-server, on a Redis Cluster of 3 primaries, and on
 one with a replica each (through ``?replicas=1``): ``redis_any``.
 """
@@ -24,6 +25,8 @@ from session.errors import BadSessionId, NoSuchSession, ReplError, StoreFailed
 from tests.helpers import RedisClusterProcs, RedisProc, eventually, store_url
 
 AnyRedis = RedisProc | RedisClusterProcs
+#: what a daemon always subscribes to: the channels of the timer partitions (SPEC §9)
+TIMER_CHANNELS = set(redis_store.PARTITION_IDS)
 
 pytestmark = pytest.mark.anyio
 
@@ -68,10 +71,13 @@ async def test_the_daemon_keeps_nothing_of_the_sessions_it_serves(
             )
             assert isinstance(timed, p.Woken) and timed.timed_out
             # the subscription lingers a moment for the next wait, then goes
-            assert committer.wakes.wanted == set() and committer.wakes.lingering == {"real"}
+            assert committer.wakes.wanted == TIMER_CHANNELS and committer.wakes.lingering == {
+                "real"
+            }
             await anyio.sleep(0.4)
-            assert committer.wakes.wanted == set() and committer.wakes.lingering == set()
-            assert all(not s.channels for s in committer.wakes.subscribers.values())
+            assert committer.wakes.wanted == TIMER_CHANNELS and committer.wakes.lingering == set()
+            held = {c for s in committer.wakes.subscribers.values() for c in s.channels}
+            assert held == {redis_store.wake_channel(t) for t in TIMER_CHANNELS}
             assert engine.waiters == {}
         finally:
             tg.cancel_scope.cancel()
@@ -282,6 +288,7 @@ async def test_a_monitors_wait_with_its_ack_is_one_script_then_one_read(
     engine, committer = await opened(store_url(redis_any))
     async with anyio.create_task_group() as tg:
         tg.start_soon(engine.run)
+        await committer.shared_timers.ready.wait()  # its own subscriptions are not the turn's
         await call(engine, p.Start(session="a"))
         await call(engine, p.Send(session="a", text="one"))
         first = await call(engine, p.Wait(sessions=["a"], cursor="mon"))

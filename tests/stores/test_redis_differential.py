@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hypothesis import HealthCheck, given, settings
@@ -36,15 +37,20 @@ from session.errors import ReplError, StoreFailed
 from session.firing import Firing
 from session.ops import (
     Ack,
+    AddTimer,
+    CancelTimer,
     CursorTable,
     Describe,
+    FireTimers,
     Op,
     Poll,
     ReadAfter,
     ReadCursor,
     Record,
     SetLimit,
+    TimerList,
 )
+from session.schedule import Timer
 from session.session import Session, Snapshot
 from tests.helpers import RedisClusterProcs, RedisProc, store_url
 
@@ -63,6 +69,9 @@ class Quiet:
     def link(self, error: StoreFailed | None) -> None:
         pass
 
+    def fired(self, count: int) -> None:
+        pass
+
 
 #: sessions whose slots are on the three primaries of a 3-primary cluster (checked below)
 SESSIONS = ("a", "b", "c")
@@ -77,10 +86,12 @@ def redis_url(redis_any: RedisProc | RedisClusterProcs) -> str:
 
 @pytest.fixture(autouse=True)
 def small_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
-    """3 cursors and 4 dedup keys, in the core and in what the store hands its scripts."""
+    """3 cursors, 4 dedup keys and 3 timers, in the core and in what the store hands its
+    scripts."""
     for module in (core_session, redis_store):
         monkeypatch.setattr(module, "MAX_CURSORS", 3)
         monkeypatch.setattr(module, "MAX_KEYS", 4)
+        monkeypatch.setattr(module, "MAX_TIMERS", 3)
 
 
 names = st.sampled_from(["c1", "c2", "c3", "c4", "read", "", "a b"])
@@ -93,9 +104,36 @@ records = st.builds(
     ts=st.just(TS),
     key=st.sampled_from([None, "k1", "k2", "k3", "k4", "k5", "k6", ""]),
 )
+timer_ids = st.sampled_from(["t1", "t2", "t3", "t4", "", "a b"])
+
+
+@st.composite
+def timers(draw: st.DrawFn, session_id: str = "?") -> AddTimer:
+    return AddTimer(
+        Timer(
+            id=draw(timer_ids),
+            session=session_id,  # the run puts its own session in
+            due_ms=draw(st.integers(-1, 6000)),
+            every_ms=draw(st.sampled_from([None, None, 999, 1000, 1500])),
+            handler=draw(st.sampled_from(["on-message", "on-tick", "on-build", "a b"])),
+            text=draw(st.text(max_size=4)),
+            key=draw(st.sampled_from([None, None, "k1", "k2", "k5", ""])),
+        )
+    )
+
+
 # sends, cursor reads and acks weigh more: the bounds are reached only by many of them
 kinds = {
     "record": records,
+    "timer": timers(),
+    "cancel": st.builds(CancelTimer, timer=timer_ids),
+    "fire": st.builds(
+        FireTimers,
+        timers=st.lists(timer_ids, max_size=4),
+        now_ms=st.integers(0, 9000),
+        ts=st.just(TS),
+    ),
+    "timers": st.just(TimerList()),
     "after": st.builds(ReadAfter, after=seqs, max=counts),
     "cursor": st.builds(ReadCursor, cursor=names, max=counts, touch=st.booleans()),
     "ack": st.builds(Ack, cursor=names, seq=seqs),
@@ -105,6 +143,7 @@ kinds = {
     "describe": st.just(Describe()),
 }
 weights = ["record"] * 4 + ["cursor"] * 3 + ["ack"] * 3 + ["after", "poll", "limit"]
+weights += ["timer"] * 3 + ["fire"] * 2 + ["cancel", "timers"]
 ops = st.sampled_from([*weights, "table", "describe"]).flatmap(lambda kind: kinds[kind])
 
 
@@ -126,7 +165,9 @@ async def redis_answer(committer: SharedCommitter, session_id: str, op: Op[Any])
 async def stored(store: RedisStore, session_id: str) -> tuple[Snapshot, int]:
     """The session as Redis holds it, in the core's snapshot form."""
     client = store.client
-    meta_key, ring_key, cursors_key, keys_key, order_key, _ = session_keys(session_id)
+    meta_key, ring_key, cursors_key, keys_key, order_key, _, timers_key, due_key = session_keys(
+        session_id
+    )
     meta = await client.hgetall(meta_key)
     entries = await client.xrange(ring_key)
     firings = [redis_store._firing(entry) for entry in entries]
@@ -137,6 +178,12 @@ async def stored(store: RedisStore, session_id: str) -> tuple[Snapshot, int]:
     cursors.sort(key=lambda c: c.last_use)
     order = await client.lrange(order_key, 0, -1)
     keys = [(k.decode(), int(await client.hget(keys_key, k))) for k in order]
+    definitions = await client.hgetall(timers_key)
+    pending = [
+        redis_store._timer(session_id, timer_id.decode(), due, definitions[timer_id])
+        for timer_id, due in await client.zrange(due_key, 0, -1, withscores=True)
+    ]
+    pending.sort(key=lambda t: (t.due_ms, t.id))
     snapshot = Snapshot(
         session_id,
         int(meta[b"limit"]),
@@ -145,6 +192,7 @@ async def stored(store: RedisStore, session_id: str) -> tuple[Snapshot, int]:
         cursors,
         int(meta[b"uses"]),
         keys,
+        pending,
     )
     return snapshot, int(meta[b"evals"])
 
@@ -167,7 +215,9 @@ class Both:
         started = await committer.start(session_id, limit, False).result()
         assert started == (session_id, True)
         for step, op in enumerate(script):
-            expected = answer_of(lambda op=op: op.run(core, None))
+            if isinstance(op, AddTimer):  # generated for no session in particular
+                op = AddTimer(msgspec.structs.replace(op.timer, session=session_id))
+            expected = answer_of(lambda op=op: (op.check(), op.run(core, None))[1])
             got = await redis_answer(committer, session_id, op)
             assert got == expected, (step, op)
         snapshot, evaluations = await stored(committer.store, session_id)
@@ -225,3 +275,39 @@ def test_firing_text_comes_back_exactly(both: Both) -> None:
     script.append(ReadAfter(0))
     both.run("a", 20, script)
     assert Firing(1, "on-message", "", None, TS).result == ""
+
+
+def test_timers_fire_as_the_core_fires_them(both: Both) -> None:
+    """Due, not due, missed periods, keys pending and fired, the limit, cancels: one run."""
+
+    def timer(name: str, due: int, every: int | None = None, key: str | None = None) -> AddTimer:
+        return AddTimer(
+            Timer(
+                id=name,
+                session="?",
+                due_ms=due,
+                every_ms=every,
+                handler="on-message",
+                text=name,
+                key=key,
+            )
+        )
+
+    script: list[Op[Any]] = [
+        timer("t1", 100),
+        timer("t2", 200, every=1000),
+        timer("t3", 300, key="k1"),
+        timer("t4", 400, key="k1"),  # its key's timer is pending: a duplicate
+        timer("t4", 400),  # the fourth: over the limit of 3
+        FireTimers(["t1", "t2", "t3", "t9"], 250, TS),  # t1 and t2 fire, t3 is not due
+        FireTimers(["t2", "t3"], 5600, TS),  # t2 missed five periods: once; t3 with its key
+        timer("t5", 100, key="k1"),  # k1 fired: a duplicate of that firing
+        TimerList(),
+        CancelTimer("t2"),
+        CancelTimer("t2"),
+        FireTimers(["t2"], 99_999, TS),
+        ReadAfter(0),
+        Describe(),
+    ]
+    for session_id in SESSIONS:
+        both.run(session_id, 8, script)
