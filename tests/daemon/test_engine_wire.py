@@ -100,6 +100,7 @@ def request(draw: st.DrawFn) -> dict[str, Any] | bytes:
             [
                 *("start", "stop", "send", "send", "send", "read", "ack", "poll", "buffer"),
                 *("cursors", "stats", "sessions", "wait", "wait", "wait", "ping", "line"),
+                *("schedule", "schedule", "timers", "cancel"),
             ]
         )
     )
@@ -140,6 +141,26 @@ def request(draw: st.DrawFn) -> dict[str, Any] | bytes:
     if op == "buffer":
         return {"op": op, "session": sid, "limit": draw(st.integers(-1, 6) | st.just(70_000))}
     if op == "stats":
+        return {"op": op, "session": draw(st.none() | IDS)}
+    if op == "schedule":
+        # never a time that comes due while the test runs: a firing would change the state
+        # between two requests; the times that fire are tests/daemon/test_timer_ops.py's
+        req = {"op": op, "session": sid, "text": draw(st.text(max_size=5))}
+        when = draw(st.sampled_from(["in", "at", "every", "in+at", "none", "at+every"]))
+        if "in" in when:
+            req["in"] = draw(st.sampled_from(["1h", "90m", "5 m", "", "0s", "1h30", "-1s"]))
+        if "at" in when:
+            req["at"] = draw(st.sampled_from(["2099-01-01T00:00:00Z", "tomorrow", "2099-13-01"]))
+        if "every" in when:
+            req["every"] = draw(st.sampled_from(["1h", "999ms", "x", "2h"]))
+        if draw(st.booleans()):
+            req["handler"] = draw(st.sampled_from(["on-message", "on-tick", "", "a b"]))
+        if draw(st.booleans()):
+            req["key"] = draw(st.sampled_from(["k1", "k2", "", "x" * 300]))
+        return req
+    if op == "cancel":
+        return {"op": op, "session": sid, "timer": draw(st.sampled_from(["t-nope", "", "a b"]))}
+    if op == "timers":
         return {"op": op, "session": draw(st.none() | IDS)}
     if op == "wait" and draw(st.booleans()):
         # well formed but for its acks: one bad ack among good ones must be refused whole

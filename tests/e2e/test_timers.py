@@ -1,0 +1,124 @@
+"""Scheduled firings end to end (SPEC §9): the real daemon, the real CLI, real clocks.
+
+A firing ``--in 1s`` is absent before and there once after, and wakes a
+blocked ``repl wait``; a timer that came due while the daemon was killed
+fires once when it is back (a recurring one once for all its missed
+periods, then on its grid); ``every 1s`` fires about once a second until it
+is cancelled; stopping a session cancels its timers. Bounds on counts are
+generous: the machine may be slow, but a duplicate or a loss is never
+within them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from tests.helpers import Client, DaemonProc, Repl
+
+
+def firings(c: Client, session: str) -> list[dict[str, object]]:
+    got: list[dict[str, object]] = c.ok({"op": "read", "session": session, "after": 0})["firings"]
+    return got
+
+
+def test_a_firing_in_1s_is_absent_before_and_there_once_after(durable_daemon: DaemonProc) -> None:
+    repl = Repl(durable_daemon)
+    repl.ok("start", "inbox")
+    timer = repl.ok("send", "inbox", "remind me", "--in", "1s").strip()
+    assert timer.startswith("t-")
+    assert repl.ok("read", "inbox", "--after", "0") == ""
+    listed = json.loads(repl.ok("timers", "inbox", "--json"))
+    assert [(t["timer"], t["text"], t["every_ms"]) for t in listed] == [(timer, "remind me", None)]
+    started = time.monotonic()
+    # a monitor blocked on the session is woken by the timer's firing
+    assert repl.ok("wait", "inbox", "--timeout", "10") == "on-message: remind me\n"
+    assert time.monotonic() - started >= 0.5  # not before it was due (with room for skew)
+    time.sleep(0.3)
+    c = durable_daemon.client()
+    assert [f["result"] for f in firings(c, "inbox")] == ["remind me"]
+    assert repl.ok("timers", "inbox") == "timer\tsession\tdue\tevery\thandler\ttext\n"
+    assert json.loads(repl.ok("timers", "--json")) == []
+
+
+def test_timers_due_while_the_daemon_was_killed_fire_once_when_it_is_back(
+    durable_daemon: DaemonProc,
+) -> None:
+    c = durable_daemon.client()
+    c.ok({"op": "start", "session": "s"})
+    c.ok({"op": "schedule", "session": "s", "text": "once", "in": "1s"})
+    every = c.ok({"op": "schedule", "session": "s", "text": "tick", "every": "1s"})
+    assert (every["every_ms"], every["duplicate"]) == (1000, False)
+    c.close()
+    durable_daemon.kill()
+    time.sleep(4.5)  # the one-shot came due, and the recurring one four times
+    back = time.time() * 1000
+    durable_daemon.start(durable_daemon.port)
+    c = durable_daemon.client()
+    time.sleep(0.5)  # it fires on its first turn; give a slow machine a moment
+    got = [f["result"] for f in firings(c, "s")]
+    read = time.time() * 1000
+    assert got.count("once") == 1
+    # the four missed periods fire once; then the grid goes on, so a period that came due
+    # since the restart may have fired too (and none more)
+    since = sum(1 for k in range(20) if back < every["due_ms"] + k * 1000 <= read)
+    assert 1 <= got.count("tick") <= 1 + since, (got, since)
+    (left,) = c.ok({"op": "timers", "session": "s"})["timers"]
+    # back on its grid: the next due time is a whole number of seconds after the first
+    assert (left["due_ms"] - every["due_ms"]) % 1000 == 0
+    assert left["due_ms"] > time.time() * 1000 - 1000
+    c.close()
+    durable_daemon.restart()  # a clean restart fires nothing twice
+    c = durable_daemon.client()
+    again = [f["result"] for f in firings(c, "s")]
+    assert again[: len(got)] == got and "once" not in again[len(got) :]
+
+
+def test_every_second_fires_about_once_a_second_until_cancelled(daemon: DaemonProc) -> None:
+    repl = Repl(daemon)
+    repl.ok("start", "beat")
+    timer = repl.ok("every", "beat", "1s", "alive").strip()
+    time.sleep(3.6)
+    c = daemon.client()
+    ticks = firings(c, "beat")
+    assert 2 <= len(ticks) <= 5, ticks
+    assert {(f["handler"], f["result"]) for f in ticks} == {("on-tick", "alive")}
+    repl.ok("cancel", "beat", timer)
+    count = len(firings(c, "beat"))
+    time.sleep(1.6)
+    assert len(firings(c, "beat")) == count
+    assert repl.fails(1, "cancel", "beat", timer).startswith(
+        f"repl: session 'beat' has no pending timer '{timer}'"
+    )
+
+
+def test_stopping_a_session_cancels_its_timers(daemon: DaemonProc) -> None:
+    c = daemon.client()
+    c.ok({"op": "start", "session": "s"})
+    c.ok({"op": "schedule", "session": "s", "text": "never", "in": "500ms"})
+    c.ok({"op": "stop", "session": "s"})
+    c.ok({"op": "start", "session": "s"})
+    time.sleep(1.0)
+    assert firings(c, "s") == []
+    assert c.ok({"op": "timers"})["timers"] == []
+
+
+def test_a_keyed_schedule_retried_makes_no_second_timer(daemon: DaemonProc) -> None:
+    repl = Repl(daemon)
+    repl.ok("start", "k")
+    first = repl.ok("send", "k", "hello", "--in", "500ms", "--key", "greet").strip()
+    assert (
+        repl.ok("send", "k", "hello", "--in", "500ms", "--key", "greet") == f"{first} duplicate\n"
+    )
+    time.sleep(1.0)
+    assert repl.ok("read", "k", "--after", "0") == "on-message: hello\n"
+    # fired: the retry still finds it, and says which firing it was
+    again = json.loads(repl.ok("send", "k", "hello", "--in", "500ms", "--key", "greet", "--json"))
+    assert (again["timer"], again["duplicate"], again["seq"], again["due"]) == (
+        first,
+        True,
+        1,
+        None,
+    )
+    time.sleep(0.8)
+    assert repl.ok("read", "k", "--after", "0") == "on-message: hello\n"
