@@ -163,8 +163,19 @@ def _console() -> Console:
 # -- listings ---------------------------------------------------------------
 
 
-def table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, title: str = "") -> None:
-    """A listing: a rich table on a terminal, else a header line and tab-separated rows."""
+def table(
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    *,
+    title: str = "",
+    whole: Sequence[str] = (),
+) -> None:
+    """A listing: a rich table on a terminal, else a header line and tab-separated rows.
+
+    The cells of the ``whole`` columns are never cut short or wrapped (ids
+    and times a user copies): a table too wide for the terminal is wrapped
+    by the terminal instead. Without ``whole`` a cell wraps.
+    """
     if on_terminal():
         from rich import box
         from rich.table import Table
@@ -179,7 +190,15 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, title: str =
         for name in columns:
             numeric = bool(rows) and all(isinstance(row[columns.index(name)], int) for row in rows)
             # a header is never cut short: a wide table wraps rather than truncates
-            grid.add_column(name, justify="right" if numeric else "left", min_width=len(name))
+            width = len(name)
+            if name in whole:
+                width = max([width, *(len(str(row[columns.index(name)])) for row in rows)])
+            grid.add_column(
+                name,
+                justify="right" if numeric else "left",
+                min_width=width,
+                no_wrap=name in whole,
+            )
         for row in rows:
             grid.add_row(*(str(cell) for cell in row))
         _console().print(grid)
@@ -260,15 +279,21 @@ def timer_table(timers: Sequence[TimerInfo]) -> None:
             t.due,
             "" if t.every_ms is None else every(t.every_ms),
             t.handler,
-            t.text.translate(_ONE_LINE),
+            _shortened(t.text.translate(_ONE_LINE)),
         ]
         for t in timers
     ]
-    table(TIMER_COLUMNS, rows)
+    table(TIMER_COLUMNS, rows, whole=("timer", "session", "due", "every", "handler"))
 
 
 # a row is one line: a text's tab or newline is shown as its escape (``--json`` has it whole)
 _ONE_LINE = str.maketrans({"\t": "\\t", "\n": "\\n", "\r": "\\r"})
+#: how much of a timer's text its row shows on a terminal
+TEXT_SHOWN = 32
+
+
+def _shortened(text: str) -> str:
+    return text if len(text) <= TEXT_SHOWN or not on_terminal() else text[: TEXT_SHOWN - 1] + "…"
 
 
 def every(ms: int) -> str:

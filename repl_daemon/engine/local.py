@@ -118,6 +118,8 @@ class LocalCommitter:
         # what the timer task sleeps until (ms; None: no timer), and what wakes it sooner
         self._sleeping_until: int | None = None
         self._timer_wake = anyio.Event()
+        #: how often the timer task woke (a test sees it stand still while none is due)
+        self.timer_turns = 0
 
     # -- life --------------------------------------------------------------
 
@@ -139,6 +141,7 @@ class LocalCommitter:
         """Sleep until the earliest timer is due, fire what is due, and again: no polling."""
         retry = FIRE_RETRY[0]
         while True:
+            self.timer_turns += 1
             due = self._sleeping_until = self.schedule.next_due()
             self._timer_wake = anyio.Event()
             now = now_ms()

@@ -63,6 +63,8 @@ class SharedTimers:
         self._reread = True
         #: set once the partitions' channels are subscribed and their due times read
         self.ready = anyio.Event()
+        #: how often the timer task woke (a test sees it stand still while none is due)
+        self.turns = 0
 
     # -- what the wakes tell ----------------------------------------------------
 
@@ -133,6 +135,7 @@ class SharedTimers:
         self.ready.set()
 
     async def _turn(self) -> None:
+        self.turns += 1
         self._wake = anyio.Event()
         due = self._sleeping_until = min(
             (d for d in self.earliest.values() if d is not None), default=None

@@ -264,3 +264,30 @@ def test_a_commit_callback_that_fails_keeps_the_others_and_the_committer_going(
     assert [r.getMessage() for r in caplog.records] == ["a commit callback failed"]
     ticket.add_done_callback(told.append)  # once resolved, a callback is called at once
     assert told == [failure, failure]
+
+
+async def test_pending_timers_cost_nothing_until_one_is_due() -> None:
+    """A thousand timers an hour away: the timer task sleeps, and no session is evaluated.
+    A sooner timer wakes it once; it fires at its time; the task sleeps again."""
+    engine = await started(*(f"s{i}" for i in range(4)))
+    committer = engine.committer
+    assert isinstance(committer, LocalCommitter)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.run)
+        for i in range(1000):
+            await call(engine, p.Schedule(session=f"s{i % 4}", text=str(i), in_="1h"))
+        await anyio.wait_all_tasks_blocked()
+        turns, before = committer.timer_turns, state(engine)
+        await anyio.sleep(0.5)
+        assert committer.timer_turns == turns and state(engine) == before
+        await call(engine, p.Schedule(session="s0", text="soon", in_="200ms"))
+        await anyio.wait_all_tasks_blocked()
+        assert committer.timer_turns == turns + 1  # woken to sleep until the sooner one
+        woken = await call(engine, p.Wait(sessions=["s0"], cursor="c", timeout_ms=5000))
+        assert isinstance(woken, p.Woken)
+        assert [f.result for f in woken.batches[0].firings] == ["soon"]
+        await anyio.wait_all_tasks_blocked()
+        turns = committer.timer_turns
+        await anyio.sleep(0.3)
+        assert committer.timer_turns == turns
+        tg.cancel_scope.cancel()

@@ -399,3 +399,43 @@ async def test_a_cluster_node_that_stops_answering_fails_only_its_own_calls(
         assert [f.result for f in again.firings] == ["one", "two"]
     finally:
         await committer.close()
+
+
+async def test_pending_timers_cost_redis_no_command_while_none_is_due(
+    redis_any: AnyRedis,
+) -> None:
+    """Timers an hour away, on two daemons: neither sends Redis a command while it waits
+    (no polling), and a sooner timer scheduled on one wakes the other in time to fire it."""
+    (one, first), (two, second) = [await opened(store_url(redis_any)) for _ in range(2)]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(one.run)
+        tg.start_soon(two.run)
+        await first.shared_timers.ready.wait()
+        await second.shared_timers.ready.wait()
+        await call(one, p.Start(session="a"))
+        for i in range(50):
+            await call(one, p.Schedule(session="a", text=str(i), in_="1h"))
+        with anyio.fail_after(10):  # the other daemon heard of them
+            while all(d is None for d in second.shared_timers.earliest.values()):  # noqa: ASYNC110 - a bounded look at another task's state
+                await anyio.sleep(0.01)
+        await anyio.sleep(0.2)
+        before, turns = (
+            _commands(redis_any),
+            (first.shared_timers.turns, second.shared_timers.turns),
+        )
+        await anyio.sleep(0.6)
+        spent = {c: n - before.get(c, 0) for c, n in _commands(redis_any).items()}
+        spent = {c: n for c, n in spent.items() if n and c not in ("info", "hello")}  # our look
+        assert spent == {} and turns == (first.shared_timers.turns, second.shared_timers.turns)
+        # the other daemon hears of a sooner one and either may fire it: once
+        await call(one, p.Schedule(session="a", text="soon", in_="300ms"))
+        woken = await call(two, p.Wait(sessions=["a"], cursor="c", timeout_ms=5000))
+        assert isinstance(woken, p.Woken) and [f.result for f in woken.batches[0].firings] == [
+            "soon"
+        ]
+        await anyio.sleep(0.3)
+        batch = await call(one, p.Read(session="a", after=0))
+        assert isinstance(batch, p.Firings) and [f.result for f in batch.firings] == ["soon"]
+        tg.cancel_scope.cancel()
+    await first.close()
+    await second.close()
