@@ -34,6 +34,7 @@ from repl_daemon.stores.sqlite import SqliteStore
 from session.delta import Delta
 from session.errors import StoreFailed
 from session.rules import MAX_KEYS
+from session.schedule import Timer
 from session.session import Session, Snapshot
 from tests.helpers import Mirror
 
@@ -67,6 +68,25 @@ def reopen(store: Store, open_store: OpenStore) -> Store:
 
 def loaded(store: Store) -> dict[str, Snapshot]:
     return {snap.id: snap for snap in store.load()}
+
+
+def test_timers_load_back_as_added_moved_and_gone(open_store: OpenStore) -> None:
+    """A session's pending timers: added, moved by a firing, fired for good, cancelled."""
+    store = open_store()
+    a = Mirror("a")
+    for name, due, every in (("once", 100, None), ("tick", 100, 1000), ("later", 9000, None)):
+        a.session.schedule(
+            Timer(id=name, session="a", due_ms=due, every_ms=every, handler="on-tick", text=name)
+        )
+    store.write([a.delta()])
+    assert loaded(store)["a"] == a.snapshot()
+    a.session.fire_timers(["once", "tick"], 2500, "2026-12-01T00:00:02.500Z")
+    a.session.cancel_timer("later")
+    store.write([a.delta()])
+    store = reopen(store, open_store)
+    assert loaded(store) == {"a": a.snapshot()}
+    assert [(t.id, t.due_ms) for t in loaded(store)["a"].timers] == [("tick", 3100)]
+    assert store.load_session("a") == a.snapshot()
 
 
 def test_a_new_session_loads_back_as_the_core_holds_it(open_store: OpenStore) -> None:

@@ -18,7 +18,8 @@ from repl_daemon.stores.sqlite import SCHEMA_VERSION, SqliteStore
 from session.delta import Delta
 from session.errors import StoreFailed
 from session.firing import Firing
-from session.session import CursorState
+from session.schedule import Timer
+from session.session import CursorState, Session
 from tests.helpers import Mirror
 
 
@@ -41,7 +42,7 @@ def test_the_file_has_the_documented_schema(tmp_path: Path) -> None:
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
         columns = {
             table: [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]
-            for table in ("sessions", "firings", "cursors", "keys")
+            for table in ("sessions", "firings", "cursors", "keys", "timers")
         }
         count = conn.execute("SELECT count(*) FROM firings WHERE session = 's0'").fetchone()
     conn.close()
@@ -50,8 +51,36 @@ def test_the_file_has_the_documented_schema(tmp_path: Path) -> None:
         "firings": ["session", "seq", "handler", "result", "event", "ts"],
         "cursors": ["session", "name", "seq", "last_use"],
         "keys": ["session", "key", "seq", "ord"],
+        "timers": ["session", "id", "due_ms", "every_ms", "handler", "text", "key"],
     }
     assert count == (50,)
+
+
+def test_a_file_of_schema_1_opens_with_its_sessions_and_gains_the_timers_table(
+    tmp_path: Path,
+) -> None:
+    """A home written by the repl before timers: it opens, keeps everything, takes timers."""
+    db = tmp_path / "repl.db"
+    filled(db, sessions=2, firings=5).close()
+    with sqlite3.connect(db) as conn:  # back to what that repl wrote
+        conn.execute("DROP TABLE timers")
+        conn.execute("PRAGMA user_version = 1")
+    conn.close()
+    store = SqliteStore(db)
+    before = {snap.id: snap for snap in store.load()}
+    assert sorted(before) == ["s0", "s1"] and before["s0"].head == 5
+    m = Mirror("s0")
+    m.session = Session.restore(before["s0"])
+    m.session.schedule(Timer(id="t1", session="s0", due_ms=5, handler="on-tick", text="x"))
+    store.write([m.delta()])
+    store.close()
+    store = SqliteStore(db)
+    (timer,) = {snap.id: snap for snap in store.load()}["s0"].timers
+    assert (timer.id, timer.due_ms, timer.handler) == ("t1", 5, "on-tick")
+    store.close()
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+    conn.close()
 
 
 def test_a_second_store_on_the_same_file_is_refused_until_the_first_closes(
