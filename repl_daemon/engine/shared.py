@@ -219,8 +219,9 @@ class SharedCommitter:
         check_session_id(session_id)
 
         async def stop() -> None:
-            await self.store.stop(session_id)
+            cancelled = await self.store.stop(session_id)
             self.listener.stopped(session_id)
+            await self.shared_timers.stopped(session_id, cancelled)
 
         return Outcome.later(stop)
 

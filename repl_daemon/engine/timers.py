@@ -35,7 +35,7 @@ import anyio
 from repl_daemon.engine.clock import now_ms, utc_now
 from repl_daemon.engine.committer import Listener
 from repl_daemon.stores.redis import PARTITION_IDS, RedisStore, Wakes, partition_of
-from session.errors import NoSuchSession, StoreFailed
+from session.errors import NoSuchSession, StoreFailed, TooMany
 from session.schedule import Timer
 from session.session import Fired, Scheduled
 
@@ -92,11 +92,23 @@ class SharedTimers:
         """Index first (never later than the truth), then the timer itself."""
         partition = partition_of(timer.session)
         await self.store.index(partition, lower=[(timer.session, timer.id, timer.due_ms)])
-        scheduled = await self.store.schedule(timer)
+        try:
+            scheduled = await self.store.schedule(timer)
+        except (NoSuchSession, TooMany):  # refused: no timer has this entry, take it back
+            with contextlib.suppress(StoreFailed):
+                await self.store.index(partition, gone=[(timer.session, timer.id)])
+            raise
         made = scheduled.timer
         if scheduled.duplicate and made is not None and made.id != timer.id:
             await self.store.index(partition, lower=[(made.session, made.id, made.due_ms)])
         return scheduled
+
+    async def stopped(self, session_id: str, timer_ids: list[str]) -> None:
+        """A stopped session's timers went with it: their entries go too (best effort)."""
+        if timer_ids:
+            gone = [(session_id, timer_id) for timer_id in timer_ids]
+            with contextlib.suppress(StoreFailed):
+                await self.store.index(partition_of(session_id), gone=gone)
 
     async def cancel(self, session_id: str, timer_id: str) -> Timer:
         cancelled = await self.store.cancel_timer(session_id, timer_id)
@@ -156,8 +168,13 @@ class SharedTimers:
         ts = utc_now()
         claims = [self.store.claim(p, now, now + LEASE_MS, CLAIM_MAX) for p in partitions]
         by_session: dict[str, list[str]] = {}
+        failure: StoreFailed | None = None  # one partition's failure does not stop the others
         for partition, claim in zip(partitions, claims, strict=True):
-            pairs, earliest = await claim
+            try:
+                pairs, earliest = await claim
+            except StoreFailed as exc:
+                failure = exc
+                continue
             self.earliest[partition] = now if len(pairs) == CLAIM_MAX else earliest
             for session_id, timer_id in pairs:
                 by_session.setdefault(session_id, []).append(timer_id)
@@ -190,7 +207,12 @@ class SharedTimers:
             p: self.store.index(p, due=due.get(p, ()), gone=gone.get(p, ())) for p in {*due, *gone}
         }
         for partition, update in updates.items():
-            self.earliest[partition] = await update
+            try:
+                self.earliest[partition] = await update
+            except StoreFailed as exc:  # its claimed entries come due again after the lease
+                failure = exc
         if count:
             self.listener.fired(count)
+        if failure is not None:
+            raise failure
         return count

@@ -796,8 +796,13 @@ class RedisStore:
         """Create the session; False when it exists already."""
         return self._script("START", session_id, (limit,), change=True, then=_yes)
 
-    def stop(self, session_id: str) -> asyncio.Future[None]:
-        return self._script("STOP", session_id, (self.origin,), change=True, then=_nothing)
+    def stop(self, session_id: str) -> asyncio.Future[list[str]]:
+        """Remove the session and all of it; answers the ids of the timers it had."""
+
+        def stopped(answer: list[Any]) -> list[str]:
+            return [timer_id.decode() for timer_id in answer[0]]
+
+        return self._script("STOP", session_id, (self.origin,), change=True, then=stopped)
 
     # -- timers (SPEC §9) ---------------------------------------------------------
     #

@@ -238,14 +238,15 @@ return {'ok', 1}
 """
 )
 
-#: ARGV: origin
+#: ARGV: origin. Answers {'ok', the ids of the timers that went with it}.
 STOP = (
     _PRELUDE
     + """
 if redis.call('EXISTS', meta) == 0 then return missing() end
+local cancelled = redis.call('HKEYS', timers)
 redis.call('DEL', meta, ring, cursors, keys, keyorder, timers, due)
 redis.call('SPUBLISH', wake, 'stop ' .. ARGV[1])
-return {'ok'}
+return {'ok', cancelled}
 """
 )
 

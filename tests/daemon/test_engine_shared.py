@@ -439,3 +439,32 @@ async def test_pending_timers_cost_redis_no_command_while_none_is_due(
         tg.cancel_scope.cancel()
     await first.close()
     await second.close()
+
+
+async def test_the_due_index_keeps_no_entry_of_a_refused_schedule_or_a_stopped_session(
+    redis_any: AnyRedis,
+) -> None:
+    """The index is a hint, but not a leak: what no timer stands behind is taken out."""
+    engine, committer = await opened(store_url(redis_any))
+    store = committer.store
+
+    async def entries() -> int:
+        total = 0
+        for partition in redis_store.PARTITION_IDS:
+            index_key = redis_store.partition_keys(partition)[0]
+            total += int(await store.client.zcard(index_key))
+        return total
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.run)
+        await committer.shared_timers.ready.wait()
+        with pytest.raises(NoSuchSession):
+            await call(engine, p.Schedule(session="missing", text="x", in_="1h"))
+        await call(engine, p.Start(session="full"))
+        for i in range(3):
+            await call(engine, p.Schedule(session="full", text=str(i), in_="1h"))
+        assert await entries() == 3
+        await call(engine, p.Stop(session="full"))
+        assert await entries() == 0
+        tg.cancel_scope.cancel()
+    await committer.close()
