@@ -3,6 +3,7 @@
 - bench/sends.py: ``roundtrip``, ``pipelined``, ``durable``
 - bench/waits.py: ``wake``, ``idle``, ``fanout``
 - bench/memory.py: ``memory``; bench/cli.py: ``cli``; bench/restart.py: ``restart``
+- bench/timers.py: ``timers`` (SPEC §9)
 
 The ``scaleout`` group prints a table of its own (bench/scaleout.py). What
 the groups share (sizes, servers, requests, percentiles, rows) is in
@@ -11,7 +12,7 @@ bench/measure.py.
 
 from __future__ import annotations
 
-from bench import cli, memory, restart, sends, waits
+from bench import cli, memory, restart, sends, timers, waits
 from bench.measure import Group, Sizes
 from bench.table import Row
 
@@ -28,6 +29,7 @@ GROUPS: dict[str, Group] = {
         memory.MEMORY,
         cli.CLI,
         restart.RESTART,
+        timers.TIMERS,
     )
 }
 

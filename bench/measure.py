@@ -1,9 +1,9 @@
 """What every group of figures shares: the sizes, the servers, the requests, the rows.
 
 Each group of figures (bench/sends.py, bench/waits.py, bench/memory.py,
-bench/cli.py, bench/restart.py, bench/scaleout.py) starts fresh servers
-through ``on_daemon``, ``on_floor`` and ``on_redis``, drives them from this
-process over loopback, and fills its rows. repl and its reference are
+bench/cli.py, bench/restart.py, bench/timers.py, bench/scaleout.py) starts
+fresh servers through ``on_daemon``, ``on_floor`` and ``on_redis``, drives
+them from this process over loopback, and fills its rows. repl and its reference are
 driven in the same style: one asyncio connection per client, one request
 at a time unless the figure is about pipelining, the same 100-byte text.
 Every loop has a count and runs under a deadline.
@@ -59,6 +59,16 @@ class Sizes:
     scale_batch: int = 100  # requests each client writes before reading their answers
     scale_redis_sends: int = 60_000  # XADDs in all for the redis-py reference
     scale_reads: int = 6_000  # pipelined reads from one client, for the commands per read
+    # timers (bench/timers.py): one-shots on an idle daemon, one due every spacing
+    timer_lateness: int = 200
+    timer_spacing_ms: int = 30
+    timer_lead_ms: int = 300  # the first is due this long after their scheduling began
+    # pending timers, and a burst due at once: spread over sessions (at most 1,024 timers
+    # each, and at most the ring of 256 each for the burst, so every firing is kept)
+    timers: int = 10_000
+    timer_sessions: int = 40
+    timer_window_s: float = 10.0
+    burst_lead_s: float = 3.0  # the burst is due this long after its scheduling began
     deadline_s: float = 600.0
 
 
@@ -87,6 +97,13 @@ QUICK = Sizes(
     scale_batch=25,
     scale_redis_sends=1_200,
     scale_reads=100,
+    timer_lateness=20,
+    timer_spacing_ms=20,
+    timer_lead_ms=100,
+    timers=1_000,
+    timer_sessions=10,
+    timer_window_s=1.0,
+    burst_lead_s=0.5,
     deadline_s=60.0,
 )
 
@@ -212,6 +229,22 @@ async def pipeline(
             answer = await client.answer()
             if not answer.get("ok"):
                 raise BenchError(f"{what} failed: {answer}")
+
+
+async def pipeline_answers(
+    client: LineClient, requests: list[bytes], batch: int, what: str = "request"
+) -> list[dict[str, Any]]:
+    """``pipeline``, keeping the answers (in the order of ``requests``)."""
+    answers: list[dict[str, Any]] = []
+    for first in range(0, len(requests), batch):
+        chunk = requests[first : first + batch]
+        client.write_raw(b"".join(chunk))
+        for _ in chunk:
+            answer = await client.answer()
+            if not answer.get("ok"):
+                raise BenchError(f"{what} failed: {answer}")
+            answers.append(answer)
+    return answers
 
 
 async def start_sessions(client: LineClient, names: list[str], batch: int) -> None:

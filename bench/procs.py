@@ -24,6 +24,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 HOST = "127.0.0.1"
 CLUSTER_BUS_OFFSET = 10_000  # a cluster node also listens on its port + 10000
 FLOOR_SCRIPT = Path(__file__).with_name("floor.py")
+TIMER_FLOOR_SCRIPT = Path(__file__).with_name("timer_floor.py")
 
 
 class BenchError(Exception):
@@ -212,6 +213,22 @@ class Floor(Child):
 
     def start(self) -> Self:
         self._spawn([sys.executable, str(FLOOR_SCRIPT), "--port", "0"], announce=True)
+        self.port = self._read_announced_port(30.0)
+        return self
+
+
+class TimerFloor(Child):
+    """bench/timer_floor.py: a bare event loop firing timers, on the daemon's kind of loop."""
+
+    name = "timer-floor"
+
+    def __init__(self, workdir: Path, *, loop: str = "auto") -> None:
+        super().__init__(workdir)
+        self.loop = loop
+
+    def start(self) -> Self:
+        argv = [sys.executable, str(TIMER_FLOOR_SCRIPT), "--port", "0", "--loop", self.loop]
+        self._spawn(argv, announce=True)
         self.port = self._read_announced_port(30.0)
         return self
 

@@ -32,6 +32,12 @@ ROWS = (
     "memory per retained firing",
     "`repl read` on an empty session",
     "restart until",
+    "one-shot timer lateness p50",
+    "one-shot timer lateness p99",
+    "pending timers on",
+    "memory per timer",
+    "due time to the last firing held by a waiter",
+    "due at once on",
 )
 COLUMNS = ["figure", "repl", "reference", "ratio", "goal", "met?", "floor"]
 
