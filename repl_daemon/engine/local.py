@@ -38,6 +38,7 @@ import secrets
 from typing import TypeVar
 
 import anyio
+import anyio.lowlevel
 
 from repl_daemon.engine.clock import now_ms, utc_now
 from repl_daemon.engine.committer import Listener, Totals
@@ -62,6 +63,8 @@ R = TypeVar("R")
 
 #: how long the timer task waits before it fires again after a failed commit (doubling)
 FIRE_RETRY = (0.1, 5.0)
+#: how many due timers the timer task fires before it lets the connections run
+FIRE_SLICE = 512
 
 
 def no_session(session_id: str) -> NoSuchSession:
@@ -158,12 +161,18 @@ class LocalCommitter:
     async def fire(self, now: int) -> bool:
         """Fire every timer due at ``now``, one batch; False when the store failed it."""
         ts = utc_now()
-        fired = 0
+        fired = since = 0
         outcomes = []
         for session_id, timer_ids in self.schedule.take_due(now).items():
+            if session_id not in self.sessions:  # stopped while this loop let others run
+                continue
             outcome = self.execute(session_id, FireTimers(timer_ids, now, ts))
             fired += sum(f.seq is not None for f in outcome.value)
             outcomes.append(outcome)
+            since += len(timer_ids)
+            if since >= FIRE_SLICE:  # a burst of due timers must not stall the connections
+                since = 0
+                await anyio.lowlevel.checkpoint()
         try:
             for outcome in outcomes:
                 await outcome.result()
