@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import math
 import secrets
+import time
 from typing import TypeVar
 
 import anyio
@@ -149,7 +150,7 @@ class LocalCommitter:
             self._timer_wake = anyio.Event()
             now = now_ms()
             if due is None or due > now:
-                with anyio.move_on_after(math.inf if due is None else (due - now) / 1000):
+                with anyio.move_on_after(math.inf if due is None else due / 1000 - time.time()):
                     await self._timer_wake.wait()
                 continue
             if await self.fire(now):

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import time
 
 import anyio
 
@@ -154,7 +155,7 @@ class SharedTimers:
         )
         now = now_ms()
         if due is None or due > now:
-            with anyio.move_on_after(math.inf if due is None else (due - now) / 1000):
+            with anyio.move_on_after(math.inf if due is None else due / 1000 - time.time()):
                 await self._wake.wait()
             return
         partitions = [p for p, d in self.earliest.items() if d is not None and d <= now]
