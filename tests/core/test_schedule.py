@@ -136,6 +136,14 @@ def test_the_schedule_hands_out_due_timers_earliest_first_by_session() -> None:
     assert schedule.next_due() is None and len(schedule) == 0
 
 
+def test_a_cancelled_timer_due_now_is_not_handed_out() -> None:
+    pending = Pending()
+    pending.add(at(100, "gone"))
+    pending.add(at(100, "kept"))
+    pending.cancel("s", "gone")
+    assert pending.schedule.take_due(100) == {"s": ["kept"]}
+
+
 def test_a_timer_moved_is_due_only_at_its_new_time() -> None:
     pending = Pending()
     pending.add(at(100, "tick", every=1000))
