@@ -90,6 +90,14 @@ OPTIONS: tuple[Option, ...] = (
         minimum=1,
     ),
     Option(
+        "--http",
+        str,
+        None,
+        "Also serve HTTP on HOST:PORT: send, read, live event streams, healthz "
+        "(pip install 'repl[http]').",
+        metavar="HOST:PORT",
+    ),
+    Option(
         "--loop",
         LOOPS,
         "auto",
@@ -143,6 +151,8 @@ class Config(msgspec.Struct, kw_only=True):
     announce: bool = False
     #: "asyncio", "uvloop", or "auto": uvloop when it is installed
     loop: str = "auto"
+    #: where to serve HTTP too (``--http``), or None
+    http: tuple[str, int] | None = None
 
 
 def parse_addr(addr: str, where: str = "") -> tuple[str, int]:
@@ -192,4 +202,5 @@ def build_config(
         max_sessions=given["max_sessions"],
         announce=True,
         loop=given["loop"],
+        http=None if given["http"] is None else parse_addr(given["http"], " (--http)"),
     )

@@ -86,6 +86,10 @@ async def serve_daemon(
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the daemon until ``stop`` is set (a clean shutdown) or it is cancelled."""
+    if config.http is not None:
+        from repl_daemon.http import check_installed
+
+        check_installed()  # before anything is opened: the pip install to run, in one line
     token = ensure_token(config.home)
     store = store or open_store(config)
     engine = open_engine(store, settle=config.settle, max_sessions=config.max_sessions)
@@ -118,9 +122,19 @@ async def serve_engine(
         await anyio.lowlevel.checkpoint()  # the committer runs before the first request
         port = await tg.start(serve, engine, config.host, config.port, token, config.limits)
         log.info("listening on %s:%d (home %s)", config.host, port, config.home)
+        http_port = None
+        if config.http is not None:
+            from repl_daemon.http import serve_http
+
+            host, wanted = config.http
+            idle = config.limits.idle_timeout
+            http_port = await tg.start(serve_http, engine, host, wanted, token, idle)
+            log.info("serving HTTP on %s:%d", host, http_port)
         if config.announce:
             # the parent of a detached or test daemon reads this line for the port
             print(f"listening on {config.host}:{port}", flush=True)
+            if config.http is not None:
+                print(f"http on {config.http[0]}:{http_port}", flush=True)
         task_status.started(port)
         stop = stop or anyio.Event()
 

@@ -76,6 +76,9 @@ class Wait(Request, tag="wait"):
     timeout_ms: int | None = None
     max: int | None = None
     ack: dict[str, int] = {}
+    #: wait for firings after this seq instead of after a cursor: one session, no ack,
+    #: no cursor touched (what an HTTP event stream does)
+    after: int | None = None
 
 
 class Ack(Request, tag="ack"):

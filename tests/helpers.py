@@ -325,6 +325,12 @@ class DaemonProc(Daemon):
             self.proc.kill()
             raise RuntimeError(f"daemon did not start: {line!r}\n{self.log.read_text()}")
         self.port = int(line.rsplit(":", 1)[1])
+        #: the HTTP port of a daemon started with ``--http`` (its second line says it)
+        self.http_port: int | None = None
+        if any(arg.startswith("--http") for arg in self.extra):
+            second = self.proc.stdout.readline().decode()
+            assert second.startswith("http on "), second
+            self.http_port = int(second.rsplit(":", 1)[1])
 
     def stop(self) -> int:
         """SIGTERM, and the exit status."""

@@ -105,5 +105,8 @@ class Committer(Protocol):
     def unwatch(self, session_id: str) -> None:
         """The session's last waiter on this daemon is gone."""
 
+    async def health(self) -> str | None:
+        """What is wrong with the store, or None when it works."""
+
     def vanished(self, session_id: str) -> ReplError:
         """What a wait is answered when a session it holds is found gone."""

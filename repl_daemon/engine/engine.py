@@ -52,6 +52,7 @@ from session.ops import (
     Record,
     SetLimit,
     TimerList,
+    check_seq,
 )
 from session.rules import DEFAULT_HANDLER, DEFAULT_LIMIT, READ_CURSOR, TICK_HANDLER
 from session.schedule import Timer, parse_duration, parse_every, parse_time
@@ -112,6 +113,12 @@ class Engine:
             self.no_waiters.set()
         self._wake_all()
         await self.committer.close()
+
+    async def health(self) -> str | None:
+        """What is wrong with the daemon's store, or None when it works (``/healthz``)."""
+        if self.closing:
+            return "the daemon is shutting down"
+        return await self.committer.health()
 
     def uptime(self) -> float:
         return time.monotonic() - self.started
@@ -340,6 +347,10 @@ class Engine:
             raise BadMax(f"max {req.max} is below 1")
         if req.timeout_ms is not None and req.timeout_ms < 0:
             raise BadRequest(f"timeout_ms {req.timeout_ms} is negative")
+        if req.after is not None:
+            if len(ids) != 1 or req.ack:
+                raise BadRequest("a wait with after is on one session, with no ack")
+            check_seq(req.after)
         strays = sorted(set(req.ack) - set(ids))
         if strays:
             raise BadRequest(f"ack names {', '.join(strays)}, which the wait is not on")

@@ -124,6 +124,8 @@ class LocalCommitter:
         self._timer_wake = anyio.Event()
         #: how often the timer task woke (a test sees it stand still while none is due)
         self.timer_turns = 0
+        #: why the last commit failed, until one succeeds (``/healthz``)
+        self.failing: str | None = None
 
     # -- life --------------------------------------------------------------
 
@@ -230,10 +232,12 @@ class LocalCommitter:
         except Exception as exc:
             failure = exc if isinstance(exc, StoreFailed) else StoreFailed(f"store failed: {exc}")
             log.error("write of %d session(s) failed: %s", len(batch), failure.message)
+            self.failing = failure.message
             # the stopped sessions of the batch too: their stop did not happen
             self._roll_back({delta.id for delta in batch}, failure)
             ticket.resolve(failure)
             return
+        self.failing = None
         for hosted, head in written:
             if hosted.visible < head and self.sessions.get(hosted.session.id) is hosted:
                 hosted.visible = head
@@ -406,6 +410,9 @@ class LocalCommitter:
 
     def unwatch(self, session_id: str) -> None:
         pass
+
+    async def health(self) -> str | None:
+        return self.failing
 
     def vanished(self, session_id: str) -> ReplError:
         return SessionStopped(f"session {session_id!r} stopped")  # only a stop removes one

@@ -35,7 +35,7 @@ from repl_daemon.engine.local import exists, made_up_id
 from repl_daemon.engine.outcome import Outcome, Settled
 from repl_daemon.engine.timers import SharedTimers
 from repl_daemon.stores.redis import RedisStore, Wakes, is_partition
-from session.errors import NoSuchSession, ReplError
+from session.errors import NoSuchSession, ReplError, StoreFailed
 from session.ops import (
     Ack,
     AddTimer,
@@ -285,6 +285,14 @@ class SharedCommitter:
 
     def unwatch(self, session_id: str) -> None:
         self.wakes.unsubscribe(session_id)
+
+    async def health(self) -> str | None:
+        """A round trip to Redis (one EXISTS on the pipeline): what failed, or None."""
+        try:
+            await self.store.exists("~health")
+        except StoreFailed as exc:
+            return exc.message
+        return None
 
     def vanished(self, session_id: str) -> ReplError:
         return NoSuchSession(

@@ -28,7 +28,7 @@ from repl_daemon import protocol as p
 from repl_daemon.engine.outcome import Done, Job, Outcome, Settled
 from session.errors import NoSuchSession, SessionStopped, ShuttingDown, StoreFailed
 from session.firing import Batch
-from session.ops import ReadCursor
+from session.ops import ReadAfter, ReadCursor
 
 if TYPE_CHECKING:
     from repl_daemon.engine.engine import Engine
@@ -73,7 +73,11 @@ class Wait(Job[p.Response]):
         self.ids = ids
         #: what must be done before the first read: every session required, then the acks
         self.first = first
-        self.look = ReadCursor(req.cursor, req.max, touch=False)
+        self.look: ReadCursor | ReadAfter = (
+            ReadCursor(req.cursor, req.max, touch=False)
+            if req.after is None
+            else ReadAfter(req.after, req.max)
+        )
         self.loop: asyncio.AbstractEventLoop | None = None
         self.state = _State.STARTING
         self.done: Done[p.Response] | None = None

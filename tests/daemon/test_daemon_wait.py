@@ -308,3 +308,41 @@ def test_sigterm_answers_waiters_and_exits_zero(daemon: DaemonProc) -> None:
     answer = waiter.recv()
     assert answer["ok"] is False and answer["code"] == "shutting_down"
     assert waiter.closed()
+
+
+def test_a_wait_after_a_seq_blocks_past_it_and_touches_no_cursor(inproc: InProcDaemon) -> None:
+    """``wait`` with ``after`` (what an HTTP event stream does): no cursor read, made or moved."""
+    c = inproc.client()
+    c.ok({"op": "start", "session": "a"})
+    c.ok({"op": "send", "session": "a", "text": "one"})
+    got = c.ok({"op": "wait", "sessions": ["a"], "after": 0})
+    assert [f["result"] for f in got["batches"][0]["firings"]] == ["one"]
+    c.send({"op": "wait", "sessions": ["a"], "after": 1, "id": "w"})
+    assert not pending(c, 0.2)
+    other = inproc.client()
+    other.ok({"op": "send", "session": "a", "text": "two"})
+    woken = c.recv()
+    assert woken["id"] == "w"
+    assert [f["seq"] for f in woken["batches"][0]["firings"]] == [2]
+    assert c.ok({"op": "cursors", "session": "a"})["cursors"] == []
+    past = c.call({"op": "wait", "sessions": ["a"], "after": 9})
+    assert (past["code"], past["message"]) == ("cursor_after_head", "after 9 is after head 2")
+
+
+@pytest.mark.parametrize(
+    ("extra", "code"),
+    [
+        ({"sessions": ["a", "b"], "after": 0}, "bad_request"),
+        ({"sessions": ["a"], "after": 0, "ack": {"a": 1}}, "bad_request"),
+        ({"sessions": ["a"], "after": -1}, "bad_seq"),
+    ],
+)
+def test_a_wait_after_a_seq_is_on_one_session_with_no_ack(
+    inproc: InProcDaemon, extra: dict[str, Any], code: str
+) -> None:
+    c = inproc.client()
+    c.ok({"op": "start", "session": "a"})
+    c.ok({"op": "start", "session": "b"})
+    c.ok({"op": "send", "session": "a", "text": "one"})
+    assert c.call({"op": "wait", **extra})["code"] == code
+    assert c.ok({"op": "cursors", "session": "a"})["cursors"] == []

@@ -1,0 +1,347 @@
+"""HTTP beside the line protocol (SPEC §10): the same engine, the same state, one event loop.
+
+``repl daemon --http HOST:PORT`` serves a Starlette app with uvicorn in the
+daemon's own loop. Every route is a thin translation to a request of the
+line protocol (``repl_daemon.protocol``) handled by the one ``Engine``, so
+the checks, the errors and the durability are the same: a send is answered
+once durable, a read touches no cursor, and an event stream is a wait like
+any other (``wait`` with ``after``), blocked with no work until its session
+has a new firing; a client that goes away ends its wait at once.
+
+- ``POST /sessions/{id}/firings``: the body is the text (UTF-8, at most
+  1 MiB); ``?handler=NAME``; ``Idempotency-Key`` is the dedup key. 201, or
+  200 for a duplicate.
+- ``GET /sessions/{id}/firings?after=N&max=M``: ``{next, lost, firings}``.
+- ``GET /sessions/{id}/events``: Server-Sent Events (sse-starlette): ``event:
+  firing``, ``id:`` the seq, ``data:`` the firing's JSON; ``event: lost``
+  before a gap; from ``Last-Event-ID`` or ``?after=N``, else from the head;
+  a comment line every 15 s.
+- ``GET /sessions``, and ``GET /healthz`` (no token; 503 when the store fails).
+
+Every data route needs ``Authorization: Bearer TOKEN`` (the daemon's token,
+compared in constant time): without it 401. Errors are JSON ``{"code",
+"message"}`` with the wire code of ``session.errors``; a missing session is
+404, a body over 1 MiB 413, a request the daemon cannot take 400.
+
+The extra ``repl[http]`` brings Starlette, uvicorn and sse-starlette; without
+it ``--http`` stops the daemon at start with the ``pip install`` to run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import msgspec
+from anyio.abc import TaskStatus
+
+from repl_daemon import protocol as p
+from repl_daemon.protocol import MAX_LINE
+from session.errors import BadRequest, Code, ConfigError, LineTooLong, ReplError
+from session.rules import DEFAULT_HANDLER
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+    from repl_daemon.engine import Engine
+
+log = logging.getLogger("repl.daemon")
+
+#: the largest body a request may have (as a line of the protocol)
+MAX_BODY = MAX_LINE
+#: an event stream sends a comment line at least this often, so proxies keep it open
+HEARTBEAT = 15.0
+
+INSTALL_HINT = "--http needs Starlette, uvicorn and sse-starlette: pip install 'repl[http]'"
+
+# a wire code's HTTP status; every other refusal is 400
+STATUS: dict[str, int] = {
+    Code.NO_SUCH_SESSION: 404,
+    Code.LINE_TOO_LONG: 413,
+    Code.NO_SUCH_TIMER: 404,
+    Code.SESSION_EXISTS: 409,
+    Code.SESSION_STOPPED: 410,
+    Code.UNAUTHORIZED: 401,
+    Code.TOO_MANY: 429,
+    Code.STORE_FAILED: 503,
+    Code.SHUTTING_DOWN: 503,
+    Code.INTERNAL: 500,
+}
+
+_json = msgspec.json.Encoder()
+
+
+def check_installed() -> None:
+    """``ConfigError`` with the ``pip install`` to run when the ``http`` extra is missing."""
+    try:
+        import sse_starlette  # noqa: F401
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise ConfigError(INSTALL_HINT) from None
+
+
+def error_response(code: str, message: str, status: int | None = None) -> Response:
+    from starlette.responses import Response
+
+    status = STATUS.get(code, 400) if status is None else status
+    body = _json.encode({"code": code, "message": message})
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return Response(body, status, headers=headers, media_type="application/json")
+
+
+def json_response(value: Any, status: int = 200) -> Response:
+    from starlette.responses import Response
+
+    return Response(_json.encode(value), status, media_type="application/json")
+
+
+class Api:
+    """The routes, over one engine and the daemon's token."""
+
+    def __init__(self, engine: Engine, token: str) -> None:
+        self.engine = engine
+        self._token = token.encode()
+
+    # -- plumbing ---------------------------------------------------------------
+
+    def authorized(self, request: Request) -> bool:
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        return hmac.compare_digest(given.strip().encode(), self._token)
+
+    async def call(self, req: p.AnyRequest) -> p.Response:
+        self.engine.requests += 1
+        return await self.engine.handle(req).result()
+
+    def guarded(
+        self, route: Callable[[Request], Awaitable[Response]], *, open: bool = False
+    ) -> Callable[[Request], Awaitable[Response]]:
+        """``route`` behind the token (unless ``open``), its refusals as JSON errors."""
+
+        async def endpoint(request: Request) -> Response:
+            if not open and not self.authorized(request):
+                return error_response(
+                    Code.UNAUTHORIZED, "give the daemon's token as Authorization: Bearer TOKEN"
+                )
+            try:
+                return await route(request)
+            except ReplError as exc:
+                return error_response(exc.code.value, exc.message)
+
+        return endpoint
+
+    # -- the routes -------------------------------------------------------------
+
+    async def send(self, request: Request) -> Response:
+        body = await _body(request)
+        try:
+            text = body.decode()
+        except UnicodeDecodeError:
+            raise BadRequest("the body is not UTF-8 text") from None
+        handler = request.query_params.get("handler", DEFAULT_HANDLER)
+        key = request.headers.get("idempotency-key")
+        sent = await self.call(
+            p.Send(session=request.path_params["id"], text=text, handler=handler, key=key)
+        )
+        assert isinstance(sent, p.Sent)
+        return json_response(
+            {"seq": sent.seq, "duplicate": sent.duplicate}, 200 if sent.duplicate else 201
+        )
+
+    async def read(self, request: Request) -> Response:
+        after = _number(request, "after", 0)
+        most = _number(request, "max", None)
+        read = await self.call(p.Read(session=request.path_params["id"], after=after, max=most))
+        assert isinstance(read, p.Firings)
+        return json_response({"next": read.next, "lost": read.lost, "firings": read.firings})
+
+    async def sessions(self, request: Request) -> Response:
+        listed = await self.call(p.Sessions())
+        assert isinstance(listed, p.SessionList)
+        return json_response(listed.sessions)
+
+    async def healthz(self, request: Request) -> Response:
+        problem = await self.engine.health()
+        if problem is None:
+            return json_response({"ok": True})
+        return error_response(Code.STORE_FAILED, problem, 503)
+
+    async def events(self, request: Request) -> Response:
+        from sse_starlette import EventSourceResponse
+
+        session_id = request.path_params["id"]
+        resume = request.headers.get("last-event-id")
+        if resume is not None:
+            if not resume.strip().isdigit():
+                raise BadRequest(f"Last-Event-ID {resume!r} is not a seq")
+            after: int | None = int(resume)
+        else:
+            after = _number(request, "after", None)
+        if after is None:  # from the head: what is recorded from now on
+            after = await self._head(session_id)
+        else:  # refused now (a missing session, a seq after the head), not in the stream
+            await self.call(p.Read(session=session_id, after=after, max=1))
+        return EventSourceResponse(
+            self._stream(session_id, after),
+            ping=HEARTBEAT,
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+
+    async def _head(self, session_id: str) -> int:
+        listed = await self.call(p.Stats(session=session_id))
+        assert isinstance(listed, p.StatsReply)
+        return listed.sessions[0].head
+
+    async def _stream(self, session_id: str, after: int) -> AsyncIterator[dict[str, str]]:
+        """The stream's events: a wait after ``after``, again and again, until the client goes."""
+        while True:
+            try:
+                woken = await self.call(p.Wait(sessions=[session_id], after=after))
+            except ReplError as exc:  # stopped, the daemon closing, the store gone
+                error = {"code": exc.code.value, "message": exc.message}
+                yield {"event": "error", "data": _json.encode(error).decode()}
+                return
+            assert isinstance(woken, p.Woken)
+            for batch in woken.batches:
+                if batch.lost:
+                    yield {"event": "lost", "data": json.dumps({"lost": batch.lost})}
+                for firing in batch.firings:
+                    yield {
+                        "event": "firing",
+                        "id": str(firing.seq),
+                        "data": _json.encode(firing).decode(),
+                    }
+                after = batch.next
+
+
+async def _body(request: Request) -> bytes:
+    """The request's body, refused with 413 past ``MAX_BODY`` before more is read."""
+    declared = request.headers.get("content-length")
+    too_large = LineTooLong(f"the body is over {MAX_BODY:,} bytes: send it in parts")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY:
+        raise too_large
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _number(request: Request, name: str, default: int | None) -> int | None:
+    value = request.query_params.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise BadRequest(f"?{name}={value} is not a whole number") from None
+
+
+def make_app(engine: Engine, token: str) -> Any:
+    """The Starlette app of the daemon's HTTP routes."""
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+
+    api = Api(engine, token)
+    guarded = api.guarded
+    routes = [
+        Route("/sessions/{id}/firings", guarded(api.send), methods=["POST"]),
+        Route("/sessions/{id}/firings", guarded(api.read), methods=["GET"]),
+        Route("/sessions/{id}/events", guarded(api.events), methods=["GET"]),
+        Route("/sessions", guarded(api.sessions), methods=["GET"]),
+        Route("/healthz", guarded(api.healthz, open=True), methods=["GET"]),
+    ]
+    return Starlette(routes=routes)
+
+
+async def serve_http(
+    engine: Engine,
+    host: str,
+    port: int,
+    token: str,
+    idle_timeout: float,
+    *,
+    task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the HTTP routes on ``host:port`` until cancelled; reports the bound port.
+
+    uvicorn serves them in this event loop, on a socket bound here (so that a
+    port in use is the same one-line refusal as the protocol's, and port 0
+    reports the port it got). The daemon keeps its own signal handling: the
+    server is told to stop when this task is cancelled, and given a moment
+    to close its connections.
+    """
+    import uvicorn
+
+    from session.errors import CannotListen
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise CannotListen(f"cannot serve HTTP on {host}:{port}: {exc.strerror}") from None
+    config = uvicorn.Config(
+        make_app(engine, token),
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        date_header=False,
+        server_header=False,
+        timeout_keep_alive=max(1, int(idle_timeout)),
+        timeout_graceful_shutdown=1,
+        h11_max_incomplete_event_size=64 * 1024,
+    )
+    server = _server_class()(config)
+    serving = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
+    task_status.started(sock.getsockname()[1])
+    try:
+        await asyncio.shield(serving)
+    finally:
+        server.stop()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+            await serving
+        sock.close()
+
+
+def _server_class() -> Any:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, with no signal handlers of its own and no 0.1 s ticker:
+        it sleeps until it is told to stop."""
+
+        def __init__(self, config: Any) -> None:
+            super().__init__(config)
+            self._stop = asyncio.Event()
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield  # the daemon's own handlers stay: SIGTERM stops the whole daemon
+
+        async def main_loop(self) -> None:
+            await self.on_tick(0)  # the default headers, once
+            await self._stop.wait()
+
+        def stop(self) -> None:
+            self.should_exit = True
+            self._stop.set()
+
+    return Server

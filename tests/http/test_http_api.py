@@ -1,0 +1,319 @@
+"""The HTTP API (SPEC §10) over real HTTP, against a daemon process started with ``--http``.
+
+Sends with ``Idempotency-Key``; reads after N; Server-Sent Events in order
+with ``id:`` the seq, a resume by ``Last-Event-ID`` without duplicates, the
+``lost`` event before a gap, and a stream released at once when its client
+goes; the token on every data route (none on ``/healthz``); the statuses of
+bad input, with nothing recorded. The client is the standard library's
+``http.client``: what any program would send.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import time
+from collections.abc import Iterator
+from itertools import count
+from typing import Any
+
+import pytest
+
+from tests.helpers import DaemonProc, eventually
+
+_ids = count(1)
+
+
+class Web:
+    """Requests to the daemon's HTTP port, with its token unless told otherwise."""
+
+    def __init__(self, daemon: DaemonProc) -> None:
+        assert daemon.http_port is not None
+        self.daemon = daemon
+        self.port = daemon.http_port
+        self.token = daemon.token
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        token: str | None = "",
+    ) -> tuple[int, dict[str, str], Any]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        sent = dict(headers or {})
+        if token is not None:
+            sent["Authorization"] = f"Bearer {token or self.token}"
+        try:
+            conn.request(method, path, body=body, headers=sent)
+            response = conn.getresponse()
+            raw = response.read()
+            got = {k.lower(): v for k, v in response.getheaders()}
+            value = json.loads(raw) if got.get("content-type") == "application/json" else raw
+            return response.status, got, value
+        finally:
+            conn.close()
+
+    def session(self, buffer: int | None = None) -> str:
+        """A fresh session of the test's own, started over the line protocol."""
+        name = f"h{next(_ids)}"
+        request: dict[str, Any] = {"op": "start", "session": name}
+        if buffer is not None:
+            request["buffer"] = buffer
+        self.daemon.client().ok(request)
+        return name
+
+    def send(self, session: str, text: str, **headers: str) -> tuple[int, Any]:
+        status, _, body = self.request(
+            "POST", f"/sessions/{session}/firings", text.encode(), headers
+        )
+        return status, body
+
+    def waiters(self, session: str) -> int:
+        stats = self.daemon.client().ok({"op": "stats", "session": session})
+        waiters: int = stats["sessions"][0]["waiters"]
+        return waiters
+
+
+class Stream:
+    """An open event stream, read event by event (``event``, ``id``, ``data``)."""
+
+    def __init__(self, web: Web, path: str, headers: dict[str, str] | None = None) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", web.port), timeout=10)
+        lines = [f"GET {path} HTTP/1.1", "Host: 127.0.0.1", f"Authorization: Bearer {web.token}"]
+        lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+        self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        self.file = self.sock.makefile("rb")
+        status_line = self.file.readline().decode()
+        self.status = int(status_line.split()[1])
+        self.headers: dict[str, str] = {}
+        while (line := self.file.readline().decode().strip()) != "":
+            name, _, value = line.partition(":")
+            self.headers[name.lower()] = value.strip()
+        self.chunked = self.headers.get("transfer-encoding") == "chunked"
+        self.buffer = b""
+
+    def _line(self) -> str:
+        while b"\n" not in self.buffer:
+            if self.chunked:
+                size = int(self.file.readline().strip(), 16)
+                if size == 0:
+                    raise EOFError("the stream ended")
+                self.buffer += self.file.read(size)
+                self.file.readline()
+            else:
+                data = self.file.read1(4096)
+                if not data:
+                    raise EOFError("the stream ended")
+                self.buffer += data
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line.decode().rstrip("\r")
+
+    def event(self) -> dict[str, str]:
+        """The next event, comments skipped."""
+        fields: dict[str, str] = {}
+        while True:
+            line = self._line()
+            if line == "":
+                if fields:
+                    return fields
+                continue
+            if line.startswith(":"):
+                continue
+            name, _, value = line.partition(":")
+            fields[name] = value.removeprefix(" ")
+
+    def close(self) -> None:
+        self.file.close()
+        self.sock.close()
+
+
+@pytest.fixture
+def web_api(web: DaemonProc) -> Iterator[Web]:
+    yield Web(web)
+    web.close_clients()
+
+
+def test_healthz_needs_no_token_and_says_the_store_works(web_api: Web) -> None:
+    status, _, body = web_api.request("GET", "/healthz", token=None)
+    assert (status, body) == (200, {"ok": True})
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/sessions"),
+        ("GET", "/sessions/x/firings"),
+        ("POST", "/sessions/x/firings"),
+        ("GET", "/sessions/x/events"),
+    ],
+)
+@pytest.mark.parametrize("token", [None, "wrong", "Basic"])
+def test_every_data_route_needs_the_token(
+    web_api: Web, method: str, path: str, token: str | None
+) -> None:
+    session = web_api.session()
+    path = path.replace("/x/", f"/{session}/")
+    headers = {"Authorization": "Basic dXNlcjpwdw=="} if token == "Basic" else {}
+    sent = None if token in (None, "Basic") else token
+    status, got, body = web_api.request(method, path, b"x", headers=headers, token=sent)
+    assert status == 401 and got["www-authenticate"] == "Bearer"
+    assert body["code"] == "unauthorized"
+    assert (
+        web_api.daemon.client().ok({"op": "read", "session": session, "after": 0})["firings"] == []
+    )
+
+
+def test_a_send_is_201_then_200_for_its_idempotency_key(web_api: Web) -> None:
+    s = web_api.session()
+    assert web_api.send(s, "deploy 42", **{"Idempotency-Key": "d42"}) == (
+        201,
+        {"seq": 1, "duplicate": False},
+    )
+    assert web_api.send(s, "deploy 42", **{"Idempotency-Key": "d42"}) == (
+        200,
+        {"seq": 1, "duplicate": True},
+    )
+    status, _, body = web_api.request(
+        "POST", f"/sessions/{s}/firings?handler=on-build", "é ☃\n".encode()
+    )
+    assert (status, body["seq"]) == (201, 2)
+    status, _, read = web_api.request("GET", f"/sessions/{s}/firings?after=0")
+    assert status == 200 and (read["next"], read["lost"]) == (2, 0)
+    assert [(f["seq"], f["handler"], f["result"], f["event"]) for f in read["firings"]] == [
+        (1, "on-message", "deploy 42", None),
+        (2, "on-build", None, "é ☃\n"),
+    ]
+    _, _, one = web_api.request("GET", f"/sessions/{s}/firings?after=0&max=1")
+    assert [f["seq"] for f in one["firings"]] == [1] and one["next"] == 1
+    # a read touches no cursor
+    assert web_api.daemon.client().ok({"op": "cursors", "session": s})["cursors"] == []
+
+
+def test_sessions_lists_what_the_protocol_lists(web_api: Web) -> None:
+    s = web_api.session(buffer=8)
+    status, _, listed = web_api.request("GET", "/sessions")
+    mine = [row for row in listed if row["id"] == s]
+    assert status == 200
+    assert mine == [{"id": s, "head": 0, "retained": 0, "limit": 8, "cursors": 0, "waiters": 0}]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "code"),
+    [
+        ("POST", "/sessions/nosuch/firings", b"x", 404, "no_such_session"),
+        ("GET", "/sessions/nosuch/firings", None, 404, "no_such_session"),
+        ("GET", "/sessions/nosuch/events", None, 404, "no_such_session"),
+        ("POST", "/sessions/bad%20id/firings", b"x", 400, "bad_session_id"),
+        ("POST", "/sessions/S/firings", b"\xff\xfe", 400, "bad_request"),
+        ("POST", "/sessions/S/firings?handler=a%20b", b"x", 400, "bad_handler"),
+        ("POST", "/sessions/S/firings", b"x" * (1 << 20 + 1), 413, "line_too_long"),
+        ("GET", "/sessions/S/firings?after=-1", None, 400, "bad_seq"),
+        ("GET", "/sessions/S/firings?after=two", None, 400, "bad_request"),
+        ("GET", "/sessions/S/firings?after=5", None, 400, "cursor_after_head"),
+        ("GET", "/sessions/S/firings?max=0", None, 400, "bad_max"),
+        ("GET", "/sessions/S/events?after=5", None, 400, "cursor_after_head"),
+    ],
+)
+def test_bad_requests_get_their_status_and_record_nothing(
+    web_api: Web, method: str, path: str, body: bytes | None, status: int, code: str
+) -> None:
+    s = web_api.session()
+    got, _, answer = web_api.request(method, path.replace("/S/", f"/{s}/"), body)
+    assert (got, answer["code"]) == (status, code), answer
+    assert "\n" not in answer["message"]
+    assert web_api.daemon.client().ok({"op": "read", "session": s, "after": 0})["firings"] == []
+    assert web_api.request("GET", "/healthz", token=None)[0] == 200  # the daemon unhurt
+
+
+def test_a_key_header_that_is_too_long_is_bad_key(web_api: Web) -> None:
+    s = web_api.session()
+    status, answer = web_api.send(s, "x", **{"Idempotency-Key": "k" * 300})
+    assert (status, answer["code"]) == (400, "bad_key")
+
+
+def test_events_come_in_order_with_their_seq_as_id(web_api: Web) -> None:
+    s = web_api.session()
+    web_api.send(s, "before")
+    stream = Stream(web_api, f"/sessions/{s}/events")  # from the head: not "before"
+    try:
+        assert stream.status == 200
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        eventually(lambda: web_api.waiters(s) == 1)
+        for text in ("one", "two", "three"):
+            web_api.send(s, text)
+        events = [stream.event() for _ in range(3)]
+        assert [(e["event"], e["id"]) for e in events] == [
+            ("firing", "2"),
+            ("firing", "3"),
+            ("firing", "4"),
+        ]
+        assert [json.loads(e["data"])["result"] for e in events] == ["one", "two", "three"]
+        assert json.loads(events[0]["data"])["seq"] == 2
+    finally:
+        stream.close()
+    # released at once: its wait is gone from the session
+    eventually(lambda: web_api.waiters(s) == 0, timeout=5)
+
+
+def test_a_stream_resumes_after_last_event_id_without_duplicates(web_api: Web) -> None:
+    s = web_api.session()
+    for text in ("a", "b", "c"):
+        web_api.send(s, text)
+    first = Stream(web_api, f"/sessions/{s}/events?after=0")
+    try:
+        assert [first.event()["id"] for _ in range(2)] == ["1", "2"]
+    finally:
+        first.close()
+    web_api.send(s, "d")
+    again = Stream(web_api, f"/sessions/{s}/events", {"Last-Event-ID": "2"})
+    try:
+        got = [again.event() for _ in range(2)]
+        assert [(e["id"], json.loads(e["data"])["result"]) for e in got] == [("3", "c"), ("4", "d")]
+    finally:
+        again.close()
+
+
+def test_a_gap_is_announced_by_a_lost_event(web_api: Web) -> None:
+    s = web_api.session(buffer=2)
+    for i in range(5):
+        web_api.send(s, f"m{i}")
+    stream = Stream(web_api, f"/sessions/{s}/events?after=0")
+    try:
+        lost = stream.event()
+        assert (lost["event"], json.loads(lost["data"])) == ("lost", {"lost": 3})
+        assert [stream.event()["id"] for _ in range(2)] == ["4", "5"]
+    finally:
+        stream.close()
+
+
+def test_a_stopped_session_ends_its_streams_with_an_error_event(web_api: Web) -> None:
+    s = web_api.session()
+    stream = Stream(web_api, f"/sessions/{s}/events")
+    try:
+        eventually(lambda: web_api.waiters(s) == 1)
+        web_api.daemon.client().ok({"op": "stop", "session": s})
+        ended = stream.event()
+        assert ended["event"] == "error"
+        assert json.loads(ended["data"])["code"] == "session_stopped"
+        with pytest.raises(EOFError):
+            stream.event()
+    finally:
+        stream.close()
+
+
+def test_many_streams_come_and_go_and_leave_no_waiter(web_api: Web) -> None:
+    s = web_api.session()
+    streams = [Stream(web_api, f"/sessions/{s}/events") for _ in range(20)]
+    try:
+        eventually(lambda: web_api.waiters(s) == 20)
+        web_api.send(s, "to all")
+        assert {json.loads(st.event()["data"])["result"] for st in streams} == {"to all"}
+    finally:
+        for stream in streams:
+            stream.close()
+    eventually(lambda: web_api.waiters(s) == 0, timeout=5)
+    time.sleep(0.1)
+    assert web_api.request("GET", "/healthz", token=None)[0] == 200
