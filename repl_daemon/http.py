@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from starlette.responses import Response
 
     from repl_daemon.engine import Engine
+    from repl_daemon.engine.committer import Totals
 
 log = logging.getLogger("repl.daemon")
 
@@ -60,7 +61,9 @@ MAX_BODY = MAX_LINE
 #: an event stream sends a comment line at least this often, so proxies keep it open
 HEARTBEAT = 15.0
 
-INSTALL_HINT = "--http needs Starlette, uvicorn and sse-starlette: pip install 'repl[http]'"
+INSTALL_HINT = (
+    "--http needs Starlette, uvicorn, sse-starlette and prometheus_client: pip install 'repl[http]'"
+)
 
 # a wire code's HTTP status; every other refusal is 400
 STATUS: dict[str, int] = {
@@ -82,6 +85,7 @@ _json = msgspec.json.Encoder()
 def check_installed() -> None:
     """``ConfigError`` with the ``pip install`` to run when the ``http`` extra is missing."""
     try:
+        import prometheus_client  # noqa: F401
         import sse_starlette  # noqa: F401
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
@@ -128,14 +132,18 @@ class Api:
     ) -> Callable[[Request], Awaitable[Response]]:
         """``route`` behind the token (unless ``open``), its refusals as JSON errors."""
 
+        errors = self.engine.counts.errors
+
         async def endpoint(request: Request) -> Response:
             if not open and not self.authorized(request):
+                errors[Code.UNAUTHORIZED] += 1
                 return error_response(
                     Code.UNAUTHORIZED, "give the daemon's token as Authorization: Bearer TOKEN"
                 )
             try:
                 return await route(request)
             except ReplError as exc:
+                errors[exc.code.value] += 1
                 return error_response(exc.code.value, exc.message)
 
         return endpoint
@@ -175,6 +183,16 @@ class Api:
         if problem is None:
             return json_response({"ok": True})
         return error_response(Code.STORE_FAILED, problem, 503)
+
+    async def metrics(self, request: Request) -> Response:
+        """The daemon's counters in Prometheus's text format (prometheus_client renders them)."""
+        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+        from starlette.responses import Response
+
+        totals = await self.engine.committer.totals().result()
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Snapshot(self.engine, totals))
+        return Response(generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def events(self, request: Request) -> Response:
         from sse_starlette import EventSourceResponse
@@ -224,6 +242,66 @@ class Api:
                 after = batch.next
 
 
+class _Snapshot:
+    """A prometheus_client collector of the engine's counters as they are at this scrape.
+
+    Names and units are Prometheus's (``_total`` for counters, seconds); no
+    label is a session id, so the number of series does not grow with the
+    sessions.
+    """
+
+    def __init__(self, engine: Engine, totals: Totals) -> None:
+        self.engine = engine
+        self.totals = totals
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+
+        engine, counts = self.engine, self.engine.counts
+        yield CounterMetricFamily(
+            "repl_firings", "Firings this daemon recorded (sends and timers).", engine.firings
+        )
+        requests = CounterMetricFamily("repl_requests", "Requests handled, by op.", labels=["op"])
+        for op, n in sorted(counts.requests.items()):
+            requests.add_metric([op], n)
+        yield requests
+        errors = CounterMetricFamily("repl_errors", "Refusals, by wire code.", labels=["code"])
+        for code, n in sorted(counts.errors.items()):
+            errors.add_metric([code], n)
+        yield errors
+        commits = counts.commits  # the committer's writes (with Redis: its round trips)
+        yield HistogramMetricFamily(
+            "repl_commit_seconds",
+            "How long a write to the store took: a group commit, or a Redis round trip.",
+            buckets=commits.cumulative(),
+            sum_value=commits.sum,
+        )
+        yield CounterMetricFamily(
+            "repl_store_failures",
+            "Writes the store refused or did not answer.",
+            counts.store_failures,
+        )
+        yield GaugeMetricFamily("repl_sessions", "Sessions in the store.", self.totals.sessions)
+        yield GaugeMetricFamily(
+            "repl_lost_firings",
+            "Firings the rings let go of before a reader read them.",
+            self.totals.lost,
+        )
+        yield GaugeMetricFamily(
+            "repl_waiters", "Waits blocked now (event streams too).", engine.waiting
+        )
+        yield GaugeMetricFamily(
+            "repl_connections", "Connections of the line protocol open now.", engine.connections
+        )
+        yield GaugeMetricFamily(
+            "repl_uptime_seconds", "Seconds since the daemon started.", engine.uptime()
+        )
+
+
 async def _body(request: Request) -> bytes:
     """The request's body, refused with 413 past ``MAX_BODY`` before more is read."""
     declared = request.headers.get("content-length")
@@ -262,6 +340,7 @@ def make_app(engine: Engine, token: str) -> Any:
         Route("/sessions/{id}/firings", guarded(api.read), methods=["GET"]),
         Route("/sessions/{id}/events", guarded(api.events), methods=["GET"]),
         Route("/sessions", guarded(api.sessions), methods=["GET"]),
+        Route("/metrics", guarded(api.metrics), methods=["GET"]),
         Route("/healthz", guarded(api.healthz, open=True), methods=["GET"]),
     ]
     return Starlette(routes=routes)

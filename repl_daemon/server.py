@@ -31,6 +31,7 @@ import os
 from typing import cast
 
 import anyio
+import msgspec
 from anyio.abc import TaskStatus
 
 from repl_daemon import protocol as p
@@ -252,7 +253,7 @@ class Connection(asyncio.Protocol):
         engine, limits = self.engine, self.limits
         if engine.connections >= limits.max_connections:
             err = TooMany(f"the daemon holds {limits.max_connections:,} connections, its limit")
-            self._queue(p.encode(p.error(err)))
+            self._queue(self._refused(err))
             self.close()
             return
         engine.connections += 1
@@ -328,7 +329,7 @@ class Connection(asyncio.Protocol):
                     too_long = LineTooLong(
                         f"request line over {max_line:,} bytes: closing the connection"
                     )
-                    self._queue(p.encode(p.error(too_long)))
+                    self._queue(self._refused(too_long))
                     self.close()
                     return
                 self._flush()
@@ -366,7 +367,7 @@ class Connection(asyncio.Protocol):
         err = IdleTimeout(
             f"nothing received for {self.limits.idle_timeout:g} s: closing the connection"
         )
-        self._queue(p.encode(p.error(err)))
+        self._queue(self._refused(err))
         self.close()
 
     def _leave_idle_clock(self) -> None:
@@ -383,7 +384,7 @@ class Connection(asyncio.Protocol):
         try:
             req = p.decode_request(line)
         except ReplError as exc:
-            self._queue(p.encode(p.error(exc, p.request_id(line))))
+            self._queue(self._refused(exc, p.request_id(line)))
             return self.authed
         if not self.authed:
             if isinstance(req, p.Auth) and hmac.compare_digest(req.token.encode(), self.token):
@@ -393,12 +394,12 @@ class Connection(asyncio.Protocol):
             err = Unauthorized("the first request must be auth with the daemon's token")
             if isinstance(req, p.Auth):
                 err = Unauthorized("wrong token: the CLI reads it from the daemon's home")
-            self._queue(p.encode(p.error(err, req.id)))
+            self._queue(self._refused(err, req.id))
             return False
         try:
             outcome = engine.handle(req)
         except Exception as exc:  # every failure becomes an answer, never a crash
-            self._queue(p.encode(p.error(self._report(exc), req.id)))
+            self._queue(self._refused(self._report(exc), req.id))
             return True
         job, ticket = outcome.job, outcome.ticket
         if job is None and ticket is None:
@@ -411,7 +412,7 @@ class Connection(asyncio.Protocol):
             rid, reply = req.id, outcome.value
 
             def committed(error: StoreFailed | None) -> None:
-                data = p.encode(reply) if error is None else p.encode(p.error(error, rid))
+                data = p.encode(reply) if error is None else self._refused(error, rid)
                 # a commit answers a whole batch of pipelined sends at once: one write for all
                 self._ready(pending, data, soon=True)
 
@@ -424,6 +425,11 @@ class Connection(asyncio.Protocol):
         if self.in_flight:
             self._leave_idle_clock()  # a blocked wait exempts its connection
         return True
+
+    def _refused(self, exc: ReplError, rid: p.RequestId = msgspec.UNSET) -> bytes:
+        """The error answer's line, counted by its code (``/metrics``)."""
+        self.engine.counts.errors[exc.code.value] += 1
+        return p.encode(p.error(exc, rid))
 
     def _report(self, exc: BaseException) -> ReplError:
         if isinstance(exc, ReplError):
@@ -445,9 +451,9 @@ class Connection(asyncio.Protocol):
                 assert value is not None
                 data = p.encode(value)
             else:
-                data = p.encode(p.error(self._report(error), answer.rid))
+                data = self._refused(self._report(error), answer.rid)
         except Exception as exc:  # an answer that cannot be encoded is an internal error
-            data = p.encode(p.error(self._report(exc), answer.rid))
+            data = self._refused(self._report(exc), answer.rid)
         self._ready(answer, data)
         if not self.in_flight and not self.closed and self.idle_key is None:
             self.seen = self.loop.time()

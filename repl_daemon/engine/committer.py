@@ -21,6 +21,7 @@ from typing import Protocol, TypeVar
 import msgspec
 
 from repl_daemon.engine.outcome import Outcome
+from repl_daemon.metrics import Counts
 from repl_daemon.stores.base import Store
 from repl_daemon.stores.redis import RedisStore
 from session.errors import ReplError, StoreFailed
@@ -41,6 +42,9 @@ class Totals(msgspec.Struct, frozen=True):
 
 
 class Listener(Protocol):
+    #: where a committer counts its writes' latency and failures (``/metrics``)
+    counts: Counts
+
     def changed(self, session_id: str) -> None:
         """New firings in ``session_id`` are visible: its waiters must read again."""
 

@@ -34,6 +34,7 @@ from repl_daemon.engine.clock import ms_to_utc, now_ms, utc_now
 from repl_daemon.engine.committer import Committer, Totals
 from repl_daemon.engine.outcome import Outcome
 from repl_daemon.engine.wait import Wait
+from repl_daemon.metrics import Counts
 from session.errors import (
     BadMax,
     BadRequest,
@@ -83,6 +84,8 @@ class Engine:
         self.settle = settle
         #: the store as ``ping`` shows it (a Redis URL without its password)
         self.store_name = store_name
+        #: requests by op, refusals by code, the store's write latency (``/metrics``)
+        self.counts = Counts()
         self.committer = make_committer(self)
         self.started = time.monotonic()
         self.connections = 0
@@ -97,6 +100,7 @@ class Engine:
         self.link_error: StoreFailed | None = None
         #: set by a ``shutdown`` request: the daemon then stops as on SIGTERM
         self.shutdown_requested = anyio.Event()
+
 
     # -- life --------------------------------------------------------------
 
@@ -155,6 +159,7 @@ class Engine:
         """The answer to one request; raises a ``ReplError`` when it is refused at once."""
         rid = req.id
         committer = self.committer
+        self.counts.requests[str(req.__struct_config__.tag)] += 1
         match req:
             case p.Send():
                 op = Record(req.handler, req.text, utc_now(), req.key)

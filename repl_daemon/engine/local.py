@@ -227,9 +227,12 @@ class LocalCommitter:
         if not batch:
             ticket.resolve()
             return
+        counts = self.listener.counts
+        began = time.perf_counter()
         try:
             await anyio.to_thread.run_sync(self.store.write, batch)
         except Exception as exc:
+            counts.store_failures += 1
             failure = exc if isinstance(exc, StoreFailed) else StoreFailed(f"store failed: {exc}")
             log.error("write of %d session(s) failed: %s", len(batch), failure.message)
             self.failing = failure.message
@@ -237,6 +240,7 @@ class LocalCommitter:
             self._roll_back({delta.id for delta in batch}, failure)
             ticket.resolve(failure)
             return
+        counts.commits.observe(time.perf_counter() - began)
         self.failing = None
         for hosted, head in written:
             if hosted.visible < head and self.sessions.get(hosted.session.id) is hosted:

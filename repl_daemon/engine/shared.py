@@ -70,6 +70,7 @@ class SharedCommitter:
         self.listener = listener
         self.wakes = Wakes(store, self._woken, self._restored)
         self.shared_timers = SharedTimers(store, self.wakes, listener)
+        store.counts = listener.counts  # its round trips are this daemon's writes
 
     # -- life --------------------------------------------------------------
 

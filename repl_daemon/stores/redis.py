@@ -35,6 +35,7 @@ import contextlib
 import logging
 import math
 import secrets
+import time
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
@@ -43,6 +44,7 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 import anyio
 import msgspec
 
+from repl_daemon.metrics import Counts
 from repl_daemon.stores import redis_scripts as lua
 from session.errors import (
     AckAfterHead,
@@ -304,6 +306,8 @@ class RedisStore:
         # a cluster with ``?replicas=N``: the changes on their way, a task each
         self._replicating: set[asyncio.Task[Any]] = set()
         self._replicated: anyio.CapacityLimiter | None = None  # made in the loop, by ``open``
+        #: where the pipelines' round trips and failures are counted (``/metrics``)
+        self.counts = Counts()
 
     # -- connecting -------------------------------------------------------------
 
@@ -477,6 +481,7 @@ class RedisStore:
         from redis.exceptions import NoScriptError
 
         waits = bool(self.target.replicas) and any(call.change for call in batch)
+        began = time.perf_counter()
         try:
             results = await self._send(batch, waits)
             missing = [
@@ -488,10 +493,12 @@ class RedisStore:
                 for call, result in zip(missing, again, strict=False):
                     results[batch.index(call)] = result
         except Exception as exc:
+            self.counts.store_failures += 1
             failure = StoreFailed(f"redis at {self.target.name} failed: {_reason(exc)}")
             for call in batch:
                 call.finish(error=failure)
             return
+        self.counts.commits.observe(time.perf_counter() - began)
         if waits:
             acked = results[len(batch)]
             if isinstance(acked, Exception) or int(acked) < self.target.replicas:

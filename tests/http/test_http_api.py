@@ -317,3 +317,56 @@ def test_many_streams_come_and_go_and_leave_no_waiter(web_api: Web) -> None:
     eventually(lambda: web_api.waiters(s) == 0, timeout=5)
     time.sleep(0.1)
     assert web_api.request("GET", "/healthz", token=None)[0] == 200
+
+
+def scrape(web_api: Web) -> dict[str, Any]:
+    """``/metrics`` parsed by prometheus_client's own parser: family name -> family."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, got, body = web_api.request("GET", "/metrics")
+    assert status == 200 and got["content-type"].startswith("text/plain; version=")
+    return {family.name: family for family in text_string_to_metric_families(body.decode())}
+
+
+def sample(families: dict[str, Any], name: str, **labels: str) -> float:
+    family_name = name.removesuffix("_total").removesuffix("_count")
+    for s in families[family_name].samples:
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+            return float(s.value)
+    return 0.0
+
+
+def test_metrics_have_prometheus_names_and_move(web_api: Web) -> None:
+    s = web_api.session()
+    before = scrape(web_api)
+    kinds = {name: family.type for name, family in before.items()}
+    assert kinds == {
+        "repl_firings": "counter",
+        "repl_requests": "counter",
+        "repl_errors": "counter",
+        "repl_commit_seconds": "histogram",
+        "repl_store_failures": "counter",
+        "repl_sessions": "gauge",
+        "repl_lost_firings": "gauge",
+        "repl_waiters": "gauge",
+        "repl_connections": "gauge",
+        "repl_uptime_seconds": "gauge",
+    }
+    web_api.send(s, "counted")
+    web_api.request("GET", "/sessions/nosuch/firings")
+    web_api.request("GET", "/sessions", token="wrong")
+    after = scrape(web_api)
+    assert sample(after, "repl_firings_total") == sample(before, "repl_firings_total") + 1
+    assert sample(after, "repl_requests_total", op="send") == (
+        sample(before, "repl_requests_total", op="send") + 1
+    )
+    for code in ("no_such_session", "unauthorized"):
+        assert sample(after, "repl_errors_total", code=code) == (
+            sample(before, "repl_errors_total", code=code) + 1
+        )
+    assert sample(after, "repl_commit_seconds_count") > sample(before, "repl_commit_seconds_count")
+    assert sample(after, "repl_sessions") >= 1
+    # no label is ever a session id: the series do not grow with the sessions
+    labels = {k for family in after.values() for x in family.samples for k in x.labels}
+    assert labels <= {"op", "code", "le"}
+    assert web_api.request("GET", "/metrics", token="wrong")[0] == 401

@@ -28,7 +28,8 @@ def test_http_without_the_extra_says_which_pip_install(
 ) -> None:
     monkeypatch.setitem(sys.modules, "starlette", None)  # as if `pip install repl` alone
     assert refused(capsys, tmp_path / "home", "--http", "127.0.0.1:0") == (
-        "--http needs Starlette, uvicorn and sse-starlette: pip install 'repl[http]'"
+        "--http needs Starlette, uvicorn, sse-starlette and prometheus_client: "
+        "pip install 'repl[http]'"
     )
 
 

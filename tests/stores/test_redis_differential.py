@@ -29,6 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from repl_daemon.engine.shared import SharedCommitter
+from repl_daemon.metrics import Counts
 from repl_daemon.stores import redis as redis_store
 from repl_daemon.stores.redis import RedisStore, session_keys
 from session import session as core_session
@@ -59,6 +60,9 @@ TS = "2026-12-01T06:00:00.000Z"
 
 class Quiet:
     """A listener that hears nothing: the differential test has no waiters."""
+
+    def __init__(self) -> None:
+        self.counts = Counts()
 
     def changed(self, session_id: str) -> None:
         pass
