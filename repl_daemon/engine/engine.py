@@ -101,7 +101,6 @@ class Engine:
         #: set by a ``shutdown`` request: the daemon then stops as on SIGTERM
         self.shutdown_requested = anyio.Event()
 
-
     # -- life --------------------------------------------------------------
 
     async def load(self) -> int:
