@@ -38,7 +38,7 @@ from repl_cli.errors import UNAVAILABLE, CliError
 from repl_cli.reconnect import DEFAULT_RECONNECT, Reconnect, TimedOut
 from repl_daemon import protocol as p
 from session.firing import CursorInfo, Firing
-from session.rules import ACK_CURSOR, DEFAULT_HANDLER, FOLLOW_CURSOR, WAIT_CURSOR
+from session.rules import ACK_CURSOR, DEFAULT_HANDLER, FOLLOW_CURSOR, WAIT_CURSOR, WEBHOOK_HANDLER
 
 __all__ = [
     "CursorInfo",
@@ -189,6 +189,10 @@ class Repl:
             session=session, text=text, handler=handler, in_=in_, at=at, every=every, key=key
         )
         return self._call(request, p.TimerSet)
+
+    def webhook(self, session: str, secret: str | None, *, handler: str = WEBHOOK_HANDLER) -> None:
+        """Give the session a webhook secret (``POST /hooks/{id}``), or with None take it away."""
+        self._call(p.SetWebhook(session=session, secret=secret, handler=handler), p.Done)
 
     def timers(self, session: str | None = None) -> list[p.TimerInfo]:
         """The pending timers of ``session``, or of every session: soonest first."""

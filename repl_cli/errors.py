@@ -69,6 +69,7 @@ WIRE: dict[str, tuple[int, str]] = {
     Code.IDLE_TIMEOUT: (UNAVAILABLE, "run the command again"),
     Code.NO_SUCH_SESSION: (ERROR, ""),
     Code.NO_SUCH_TIMER: (ERROR, "`repl timers` lists the pending ones"),
+    Code.NO_SUCH_WEBHOOK: (ERROR, ""),
     Code.SESSION_EXISTS: (ERROR, ""),
     Code.SESSION_STOPPED: (ERROR, "it no longer exists: `repl start` it again to reuse the id"),
     Code.TOO_MANY: (ERROR, "stop what you no longer need, or raise the daemon's limit"),

@@ -45,6 +45,7 @@ from session.rules import (
     READ_CURSOR,
     TICK_HANDLER,
     WAIT_CURSOR,
+    WEBHOOK_HANDLER,
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -423,6 +424,47 @@ def every(
         session, text, in_=in_, at=at, every=interval, handler=handler, key=key
     )
     output.timer_set(scheduled, as_json)
+
+
+@cli.command()
+@click.argument("session", shell_complete=complete_sessions)
+@click.option(
+    "--secret-file",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    metavar="FILE",
+    help="The webhook's secret, read from FILE (- for stdin; one trailing newline dropped).",
+)
+@click.option(
+    "--handler",
+    default=WEBHOOK_HANDLER,
+    show_default=True,
+    metavar="NAME",
+    help="What each delivery is recorded as (its result is the body).",
+)
+@click.option("--remove", is_flag=True, help="Take the session's webhook away.")
+@click.pass_obj
+def webhook(repl: Repl, session: str, secret_file: str | None, handler: str, remove: bool) -> None:
+    """Let HTTP POST /hooks/ID record firings signed with a secret (as GitHub signs them).
+
+    Needs a daemon started with --http. Each delivery with a valid
+    X-Hub-Signature-256 becomes a firing whose result is the body; its
+    delivery id (X-GitHub-Delivery) makes a redelivery record nothing.
+    """
+    if remove == (secret_file is not None):
+        raise click.UsageError("give --secret-file FILE, or --remove")
+    if remove:
+        repl.webhook(session, None)
+        return
+    assert secret_file is not None
+    try:
+        with click.open_file(secret_file, encoding="utf-8") as f:
+            secret = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise click.UsageError(f"cannot read the secret from {secret_file}: {exc}") from None
+    secret = secret.removesuffix("\n").removesuffix("\r")
+    if not secret:
+        raise click.UsageError(f"{secret_file} is empty: the secret must be 1-256 characters")
+    repl.webhook(session, secret, handler=handler)
 
 
 @cli.command()

@@ -16,7 +16,10 @@ has a new firing; a client that goes away ends its wait at once.
   firing``, ``id:`` the seq, ``data:`` the firing's JSON; ``event: lost``
   before a gap; from ``Last-Event-ID`` or ``?after=N``, else from the head;
   a comment line every 15 s.
-- ``GET /sessions``, and ``GET /healthz`` (no token; 503 when the store fails).
+- ``POST /hooks/{id}``: a webhook's delivery, signed as GitHub signs it (no
+  token: it carries its own secret).
+- ``GET /sessions``, ``GET /metrics`` (Prometheus, prometheus_client), and
+  ``GET /healthz`` (no token; 503 when the store fails).
 
 Every data route needs ``Authorization: Bearer TOKEN`` (the daemon's token,
 compared in constant time): without it 401. Errors are JSON ``{"code",
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import hmac
 import json
 import logging
@@ -44,7 +48,16 @@ from anyio.abc import TaskStatus
 
 from repl_daemon import protocol as p
 from repl_daemon.protocol import MAX_LINE
-from session.errors import BadRequest, Code, ConfigError, LineTooLong, ReplError
+from session.errors import (
+    BadRequest,
+    Code,
+    ConfigError,
+    LineTooLong,
+    NoSuchWebhook,
+    ReplError,
+    Unauthorized,
+)
+from session.ops import GetWebhook
 from session.rules import DEFAULT_HANDLER
 
 if TYPE_CHECKING:
@@ -70,6 +83,7 @@ STATUS: dict[str, int] = {
     Code.NO_SUCH_SESSION: 404,
     Code.LINE_TOO_LONG: 413,
     Code.NO_SUCH_TIMER: 404,
+    Code.NO_SUCH_WEBHOOK: 404,
     Code.SESSION_EXISTS: 409,
     Code.SESSION_STOPPED: 410,
     Code.UNAUTHORIZED: 401,
@@ -183,6 +197,41 @@ class Api:
         if problem is None:
             return json_response({"ok": True})
         return error_response(Code.STORE_FAILED, problem, 503)
+
+    async def hook(self, request: Request) -> Response:
+        """A webhook's delivery: recorded only with a valid ``X-Hub-Signature-256``.
+
+        The signature is GitHub's: ``sha256=`` and the HMAC-SHA256 of the raw
+        body with the session's secret, compared in constant time. The
+        delivery id (``X-GitHub-Delivery``, else ``Idempotency-Key``) is the
+        dedup key, so a redelivery records nothing. A wrong or missing
+        signature is 401; a session without a webhook 404.
+        """
+        session_id = request.path_params["id"]
+        body = await _body(request)
+        webhook = await self.engine.committer.execute(session_id, GetWebhook()).result()
+        if webhook is None:
+            raise NoSuchWebhook(
+                f"session {session_id!r} has no webhook: give it one with "
+                f"`repl webhook {session_id} --secret-file FILE`"
+            )
+        given = request.headers.get("x-hub-signature-256", "")
+        digest = hmac.new(webhook.secret.encode(), body, hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(given.encode(), f"sha256={digest}".encode()):
+            what = "a wrong" if given else "no"
+            raise Unauthorized(
+                f"{what} X-Hub-Signature-256: sign the body with the webhook's secret "
+                "(HMAC-SHA256, as GitHub does)"
+            )
+        try:
+            text = body.decode()
+        except UnicodeDecodeError:
+            raise BadRequest("the body is not UTF-8 text") from None
+        key = request.headers.get("x-github-delivery") or request.headers.get("idempotency-key")
+        sent = await self.engine.deliver(session_id, webhook, text, key).result()
+        return json_response(
+            {"seq": sent.seq, "duplicate": sent.duplicate}, 200 if sent.duplicate else 201
+        )
 
     async def metrics(self, request: Request) -> Response:
         """The daemon's counters in Prometheus's text format (prometheus_client renders them)."""
@@ -342,6 +391,8 @@ def make_app(engine: Engine, token: str) -> Any:
         Route("/sessions", guarded(api.sessions), methods=["GET"]),
         Route("/metrics", guarded(api.metrics), methods=["GET"]),
         Route("/healthz", guarded(api.healthz, open=True), methods=["GET"]),
+        # a webhook carries its own secret: no token
+        Route("/hooks/{id}", guarded(api.hook, open=True), methods=["POST"]),
     ]
     return Starlette(routes=routes)
 

@@ -13,7 +13,7 @@ import msgspec
 
 from session.errors import BadRequest, ReplError, UnknownOp
 from session.firing import CursorInfo, Firing
-from session.rules import ACK_CURSOR, DEFAULT_HANDLER, WAIT_CURSOR
+from session.rules import ACK_CURSOR, DEFAULT_HANDLER, WAIT_CURSOR, WEBHOOK_HANDLER
 
 VERSION = "0.1.0"
 MAX_LINE = 1 << 20
@@ -130,16 +130,25 @@ class Cancel(Request, tag="cancel"):
     timer: str
 
 
+class SetWebhook(Request, tag="webhook"):
+    """Give a session a webhook secret (SPEC §10), or with ``secret`` null take it away."""
+
+    session: str
+    secret: str | None
+    handler: str = WEBHOOK_HANDLER
+
+
 class Shutdown(Request, tag="shutdown"):
     """Stop the daemon as SIGTERM does: answered ``done``, then waiters are told and it exits."""
 
 
 AnyRequest = (
     Auth | Ping | Start | Stop | Sessions | Send | Read | Wait | Ack | Cursors | Buffer | Poll
-) | (Stats | Shutdown | Schedule | Timers | Cancel)
+) | (Stats | Shutdown | Schedule | Timers | Cancel | SetWebhook)
 
 OPS: tuple[str, ...] = ("auth", "ping", "start", "stop", "sessions", "send", "read", "wait")
 OPS += ("ack", "cursors", "buffer", "poll", "stats", "shutdown", "schedule", "timers", "cancel")
+OPS += ("webhook",)
 
 
 # -- responses -------------------------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 import msgspec
 
 from session.firing import Firing
-from session.rules import MAX_KEYS
+from session.rules import MAX_KEYS, WEBHOOK_HANDLER
 from session.schedule import Timer
 
 
@@ -22,6 +22,14 @@ class CursorState(msgspec.Struct, frozen=True):
     name: str
     seq: int
     last_use: int
+
+
+class Webhook(msgspec.Struct, frozen=True):
+    """A session's webhook (SPEC §10): the secret its deliveries are signed with, and the
+    handler their firings are recorded as."""
+
+    secret: str
+    handler: str = WEBHOOK_HANDLER
 
 
 class Delta(msgspec.Struct, frozen=True):
@@ -55,6 +63,9 @@ class Delta(msgspec.Struct, frozen=True):
     max_keys: int = MAX_KEYS
     timers: list[Timer] = []
     timers_gone: list[str] = []
+    #: whether the session's webhook changed (then ``webhook`` is what it is now: None for none)
+    webhook_changed: bool = False
+    webhook: Webhook | None = None
 
     @property
     def oldest(self) -> int:

@@ -37,6 +37,7 @@ class Code(enum.StrEnum):
     IDLE_TIMEOUT = "idle_timeout"
     NO_SUCH_SESSION = "no_such_session"
     NO_SUCH_TIMER = "no_such_timer"
+    NO_SUCH_WEBHOOK = "no_such_webhook"
     SESSION_EXISTS = "session_exists"
     SESSION_STOPPED = "session_stopped"
     TOO_MANY = "too_many"
@@ -158,6 +159,12 @@ class NoSuchTimer(ReplError):
     code = Code.NO_SUCH_TIMER
 
 
+class NoSuchWebhook(ReplError):
+    """A webhook was delivered to a session that has no webhook secret."""
+
+    code = Code.NO_SUCH_WEBHOOK
+
+
 class SessionExists(ReplError):
     """``start`` named a session that already exists."""
 
@@ -214,6 +221,7 @@ BY_CODE: dict[str, type[ReplError]] = {
         IdleTimeout,
         NoSuchSession,
         NoSuchTimer,
+        NoSuchWebhook,
         SessionExists,
         SessionStopped,
         TooMany,

@@ -25,6 +25,7 @@ from typing import ClassVar, Protocol, TypeVar
 
 import msgspec
 
+from session.delta import Webhook
 from session.errors import BadSeq
 from session.firing import Batch, CursorInfo
 from session.ring import check_limit
@@ -39,6 +40,7 @@ from session.session import (
     check_handler,
     check_key,
     check_timer,
+    check_webhook,
 )
 
 R_co = TypeVar("R_co", covariant=True)
@@ -68,6 +70,8 @@ class Record(msgspec.Struct, frozen=True):
     text: str
     ts: str
     key: str | None = None
+    #: whether the text is the result (None: whether the session has the handler)
+    handled: bool | None = None
 
     def check(self) -> None:
         check_handler(self.handler)
@@ -75,7 +79,7 @@ class Record(msgspec.Struct, frozen=True):
             check_key(self.key)
 
     def run(self, session: Session, visible: int | None) -> Recorded:
-        return session.record(self.handler, self.text, self.ts, self.key)
+        return session.record(self.handler, self.text, self.ts, self.key, self.handled)
 
 
 class ReadAfter(msgspec.Struct, frozen=True):
@@ -170,6 +174,32 @@ class Describe(msgspec.Struct, frozen=True):
 
     def run(self, session: Session, visible: int | None) -> Summary:
         return session.summary(visible)
+
+
+class SetWebhook(msgspec.Struct, frozen=True):
+    """Give the session a webhook (or, with None, take it away)."""
+
+    durable: ClassVar[bool] = True
+    webhook: Webhook | None
+
+    def check(self) -> None:
+        if self.webhook is not None:
+            check_webhook(self.webhook)
+
+    def run(self, session: Session, visible: int | None) -> None:
+        session.set_webhook(self.webhook)
+
+
+class GetWebhook(msgspec.Struct, frozen=True):
+    """The session's webhook, or None: what a delivery is checked against; not an evaluation."""
+
+    durable: ClassVar[bool] = False
+
+    def check(self) -> None:
+        pass
+
+    def run(self, session: Session, visible: int | None) -> Webhook | None:
+        return session.webhook
 
 
 class AddTimer(msgspec.Struct, frozen=True):

@@ -43,3 +43,8 @@ ACK_CURSOR = READ_CURSOR
 MAX_TIMERS = 1024
 #: the shortest interval of a recurring timer, in milliseconds
 MIN_EVERY_MS = 1000
+
+#: what a webhook's delivery is recorded as unless the webhook names another (SPEC §10)
+WEBHOOK_HANDLER = "on-webhook"
+#: a webhook secret's length, in characters
+MAX_SECRET_LENGTH = 256

@@ -23,7 +23,7 @@ from collections import OrderedDict
 
 import msgspec
 
-from session.delta import CursorState, Delta
+from session.delta import CursorState, Delta, Webhook
 from session.errors import (
     AckAfterHead,
     BadCursorName,
@@ -44,6 +44,7 @@ from session.rules import (
     MAX_KEY_LENGTH,
     MAX_KEYS,
     MAX_NAME_LENGTH,
+    MAX_SECRET_LENGTH,
     MAX_TIMERS,
     MIN_EVERY_MS,
     POLL_CURSOR,
@@ -89,6 +90,13 @@ def check_key(key: str) -> str:
     if not 0 < len(key) <= MAX_KEY_LENGTH:
         raise BadKey(f"dedup key must be 1-{MAX_KEY_LENGTH} characters, got {len(key)}")
     return key
+
+
+def check_webhook(webhook: Webhook) -> Webhook:
+    if not 0 < len(webhook.secret) <= MAX_SECRET_LENGTH:
+        raise BadKey(f"a webhook secret must be 1-{MAX_SECRET_LENGTH} characters")
+    check_handler(webhook.handler)
+    return webhook
 
 
 def check_timer(timer: Timer) -> Timer:
@@ -185,6 +193,7 @@ class Snapshot(msgspec.Struct, frozen=True):
     uses: int
     keys: list[tuple[str, int]]
     timers: list[Timer] = []
+    webhook: Webhook | None = None
 
 
 class Session:
@@ -199,12 +208,14 @@ class Session:
         "_reset",
         "_timer_changes",
         "_uses",
+        "_webhook_changed",
         "changes",
         "dirty",
         "evaluations",
         "id",
         "ring",
         "timers",
+        "webhook",
     )
 
     def __init__(self, session_id: str, limit: int = DEFAULT_LIMIT) -> None:
@@ -231,6 +242,9 @@ class Session:
         self._timer_changes: dict[str, Timer | None] = {}
         # timers added or moved since the last ``take_moved_timers`` (a daemon's schedule)
         self._moved_timers: list[Timer] = []
+        #: the session's webhook, if it has one (SPEC §10)
+        self.webhook: Webhook | None = None
+        self._webhook_changed = False
 
     # -- recording --------------------------------------------------------
 
@@ -238,8 +252,20 @@ class Session:
     def head(self) -> int:
         return self.ring.head
 
-    def record(self, handler: str, text: str, ts: str, key: str | None = None) -> Recorded:
-        """Record a firing for ``handler`` (SPEC rules 1, 2, 13)."""
+    def record(
+        self,
+        handler: str,
+        text: str,
+        ts: str,
+        key: str | None = None,
+        handled: bool | None = None,
+    ) -> Recorded:
+        """Record a firing for ``handler`` (SPEC rules 1, 2, 13).
+
+        Its text is the result when the session has the handler (``HANDLERS``),
+        else the event; ``handled`` says which instead (a webhook's firing is
+        handled whatever its handler is named, SPEC §10).
+        """
         check_handler(handler)
         if key is not None:
             check_key(key)
@@ -247,7 +273,7 @@ class Session:
             if seq is not None:
                 self.evaluations += 1
                 return Recorded(seq, duplicate=True)
-        if handler in HANDLERS:
+        if handler in HANDLERS if handled is None else handled:
             seq = self.ring.record(handler, text, None, ts)
         else:
             seq = self.ring.record(handler, None, text, ts)
@@ -338,6 +364,17 @@ class Session:
             entry[1] = self._uses
         self._cursors[cursor] = entry
         return entry
+
+    # -- the webhook (SPEC §10) -----------------------------------------------
+
+    def set_webhook(self, webhook: Webhook | None) -> None:
+        """Give the session a webhook secret and handler, or (None) take its webhook away."""
+        if webhook is not None:
+            check_webhook(webhook)
+        self.webhook = webhook
+        self._webhook_changed = True
+        self._changed()
+        self.evaluations += 1
 
     # -- timers (SPEC §9) ----------------------------------------------------
 
@@ -497,7 +534,10 @@ class Session:
             max_keys=MAX_KEYS,
             timers=timers,
             timers_gone=timers_gone,
+            webhook_changed=self._reset or self._webhook_changed,
+            webhook=self.webhook,
         )
+        self._webhook_changed = False
         self._reset = self.dirty = False
         self._new_keys = []
         self._timer_changes = {}
@@ -522,6 +562,7 @@ class Session:
             uses=self._uses,
             keys=list(self._keys.items()),
             timers=self.timer_list(),
+            webhook=self.webhook,
         )
 
     @classmethod
@@ -538,6 +579,7 @@ class Session:
         session._uses = max_([snapshot.uses, *(c.last_use for c in ordered)])
         session._keys = OrderedDict(snapshot.keys[-MAX_KEYS:])
         session.timers = {t.id: t for t in snapshot.timers}
+        session.webhook = snapshot.webhook
         session._moved_timers = list(snapshot.timers)  # a daemon's schedule indexes them all
         # it is as stored: nothing to hand back until it changes
         session._reset = session.dirty = False

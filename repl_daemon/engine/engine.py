@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any, Never, NoReturn, TypeVar
 
 import anyio
+import msgspec
 
 from repl_daemon import protocol as p
 from repl_daemon.engine.clock import ms_to_utc, now_ms, utc_now
@@ -35,6 +36,7 @@ from repl_daemon.engine.committer import Committer, Totals
 from repl_daemon.engine.outcome import Outcome
 from repl_daemon.engine.wait import Wait
 from repl_daemon.metrics import Counts
+from session.delta import Webhook
 from session.errors import (
     BadMax,
     BadRequest,
@@ -52,6 +54,7 @@ from session.ops import (
     ReadCursor,
     Record,
     SetLimit,
+    SetWebhook,
     TimerList,
     check_seq,
 )
@@ -208,6 +211,10 @@ class Engine:
             case p.Cancel():
                 cancelled = committer.execute(req.session, CancelTimer(req.timer))
                 return cancelled.then(lambda t: p.Cancelled(id=rid, timer=_info(t)))
+            case p.SetWebhook():
+                hook = None if req.secret is None else Webhook(req.secret, req.handler)
+                changed = committer.execute(req.session, SetWebhook(hook))
+                return changed.then(lambda _: p.Done(id=rid))
             case p.Ping():
                 return Outcome.now(self.ping(req))
             case p.Shutdown():
@@ -218,6 +225,15 @@ class Engine:
                 return Outcome.now(p.Done(id=rid))
             case _:
                 _unknown(req)
+
+    def deliver(
+        self, session_id: str, webhook: Webhook, text: str, key: str | None
+    ) -> Outcome[p.Sent]:
+        """Record a webhook's delivery (its signature checked by the caller): a handled
+        firing of the webhook's handler, deduplicated by the delivery's key."""
+        self.counts.requests["webhook"] += 1
+        record = Record(webhook.handler, text, utc_now(), key, handled=True)
+        return self.committer.execute(session_id, record).then(self._sent(msgspec.UNSET))
 
     def timer_for(self, req: p.Schedule) -> Timer:
         """The timer a ``schedule`` asks for, its times parsed; ``BadTime`` when they do not.

@@ -43,12 +43,14 @@ from session.ops import (
     CursorTable,
     Describe,
     FireTimers,
+    GetWebhook,
     Op,
     Poll,
     ReadAfter,
     ReadCursor,
     Record,
     SetLimit,
+    SetWebhook,
     TimerList,
     check_seq,
 )
@@ -125,7 +127,7 @@ class SharedCommitter:
         future: asyncio.Future[Any]
         match op:
             case Record():
-                handled = op.handler in HANDLERS
+                handled = op.handler in HANDLERS if op.handled is None else op.handled
                 future = store.record(session_id, op.handler, op.text, handled, op.ts, op.key)
 
                 def recorded(future: asyncio.Future[Recorded]) -> None:
@@ -150,6 +152,10 @@ class SharedCommitter:
                 future = store.summary(session_id)
             case TimerList():
                 future = store.timer_list(session_id)
+            case SetWebhook():
+                future = store.set_webhook(session_id, op.webhook)
+            case GetWebhook():
+                future = store.webhook(session_id)
             case FireTimers():
                 future = store.fire_timers(session_id, op.timers, op.now_ms, op.ts)
             case _:  # pragma: no cover

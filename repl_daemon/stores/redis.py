@@ -46,6 +46,7 @@ import msgspec
 
 from repl_daemon.metrics import Counts
 from repl_daemon.stores import redis_scripts as lua
+from session.delta import Webhook
 from session.errors import (
     AckAfterHead,
     BadMax,
@@ -97,6 +98,7 @@ _TIMER_ERRORS: dict[str, Callable[[str, str], ReplError]] = {
 
 SCRIPTS: tuple[str, ...] = ("RECORD", "READ", "ACK", "CHECK_ACK", "SET_LIMIT", "DESCRIBE")
 SCRIPTS += ("START", "STOP", "SCHEDULE", "CANCEL", "TIMERS", "FIRE", "CLAIM", "INDEX")
+SCRIPTS += ("SET_WEBHOOK", "GET_WEBHOOK")
 #: the partitions of the timer index (``repl:{~tN}:due``); every daemon sharing a store
 #: must agree on it, so it is fixed. On a cluster they spread over the primaries.
 PARTITIONS = 8
@@ -810,6 +812,19 @@ class RedisStore:
             return [timer_id.decode() for timer_id in answer[0]]
 
         return self._script("STOP", session_id, (self.origin,), change=True, then=stopped)
+
+    # -- the webhook (SPEC §10) ----------------------------------------------------
+
+    def set_webhook(self, session_id: str, webhook: Webhook | None) -> asyncio.Future[None]:
+        args = ("", "") if webhook is None else (webhook.secret, webhook.handler)
+        return self._script("SET_WEBHOOK", session_id, args, change=True, then=_nothing)
+
+    def webhook(self, session_id: str) -> asyncio.Future[Webhook | None]:
+        def found(answer: list[Any]) -> Webhook | None:
+            secret, handler = answer
+            return Webhook(secret.decode(), handler.decode()) if secret else None
+
+        return self._script("GET_WEBHOOK", session_id, (), change=False, then=found)
 
     # -- timers (SPEC §9) ---------------------------------------------------------
     #

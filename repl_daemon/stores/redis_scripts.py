@@ -12,7 +12,8 @@ here.
 
 The keys, in this order in every script's KEYS:
 
-1. ``meta``     hash: ``limit``, ``head``, ``uses`` (the cursor-use clock), ``evals``
+1. ``meta``     hash: ``limit``, ``head``, ``uses`` (the cursor-use clock), ``evals``,
+   and ``hook_secret``, ``hook_handler`` when the session has a webhook (SPEC §10)
 2. ``ring``     stream: the retained firings, entry id ``SEQ-0``; fields ``t`` (ts),
    ``h`` (handler), then ``r`` (result) or ``e`` (event)
 3. ``cursors``  hash: name -> ``SEQ:LAST_USE``
@@ -421,3 +422,28 @@ if after and (not before or tonumber(after) < tonumber(before)) then
 end
 return {'ok', after or ''}
 """
+
+#: ARGV: secret ('' to take the webhook away), handler
+SET_WEBHOOK = (
+    _PRELUDE
+    + """
+if redis.call('EXISTS', meta) == 0 then return missing() end
+if ARGV[1] == '' then
+  redis.call('HDEL', meta, 'hook_secret', 'hook_handler')
+else
+  redis.call('HSET', meta, 'hook_secret', ARGV[1], 'hook_handler', ARGV[2])
+end
+redis.call('HINCRBY', meta, 'evals', 1)
+return {'ok'}
+"""
+)
+
+#: no ARGV: {'ok', secret, handler} ('' for no webhook); not an evaluation
+GET_WEBHOOK = (
+    _PRELUDE
+    + """
+local m = redis.call('HMGET', meta, 'head', 'hook_secret', 'hook_handler')
+if not m[1] then return missing() end
+return {'ok', m[2] or '', m[3] or ''}
+"""
+)

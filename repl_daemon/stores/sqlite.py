@@ -9,14 +9,15 @@ it or none. When a write fails the transaction is rolled back and
 is used again (a read-only one is reopened, so that a database made
 writable again is written again without a restart).
 
-The file holds five tables: ``sessions`` (limit, head and the cursor-use
+The file holds six tables: ``sessions`` (limit, head and the cursor-use
 clock of each session), ``firings`` (the newest firings of each ring: a
 write deletes what the ring no longer holds), ``cursors`` (with their last
 use, which orders the LRU eviction), ``keys`` (the newest 1,024 dedup
-keys of each session, in the order they came) and ``timers`` (the pending
+keys of each session, in the order they came), ``timers`` (the pending
 timers, SPEC §9: a firing and its timer's move or deletion are in one
-batch, so one transaction). ``PRAGMA user_version`` holds the schema's
-version (2; a file of schema 1 gets the ``timers`` table when opened).
+batch, so one transaction) and ``hooks`` (a session's webhook secret and
+handler, SPEC §10). ``PRAGMA user_version`` holds the schema's version (2;
+a file of schema 1 gets the ``timers`` and ``hooks`` tables when opened).
 
 Only one daemon may use a home at a time: the store holds an exclusive
 ``flock`` on ``repl.db.lock`` next to the database for as long as it is
@@ -39,7 +40,7 @@ import threading
 from collections import defaultdict
 from pathlib import Path
 
-from session.delta import CursorState, Delta, gap
+from session.delta import CursorState, Delta, Webhook, gap
 from session.errors import ReplError, StoreFailed
 from session.firing import Firing
 from session.ring import check_limit
@@ -87,8 +88,9 @@ CREATE TABLE keys (
 ) WITHOUT ROWID;
 """
 
-# schema 2 adds the pending timers (SPEC §9); a schema-1 file gets the table at open
-_TIMERS = """
+# schema 2 adds the pending timers (SPEC §9) and the webhooks (SPEC §10); a schema-1
+# file gets the tables at open
+_SCHEMA_2 = """
 CREATE TABLE timers (
     session TEXT NOT NULL,
     id TEXT NOT NULL,
@@ -98,6 +100,11 @@ CREATE TABLE timers (
     text TEXT NOT NULL,
     key TEXT,
     PRIMARY KEY (session, id)
+) WITHOUT ROWID;
+CREATE TABLE hooks (
+    session TEXT PRIMARY KEY,
+    secret TEXT NOT NULL,
+    handler TEXT NOT NULL
 ) WITHOUT ROWID;
 """
 
@@ -178,7 +185,7 @@ class SqliteStore:
             return
         if version == 1:  # written by the repl before timers: add their table
             conn.executescript(
-                f"BEGIN IMMEDIATE; {_TIMERS} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+                f"BEGIN IMMEDIATE; {_SCHEMA_2} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
             )
             return
         if version > SCHEMA_VERSION:
@@ -193,7 +200,8 @@ class SqliteStore:
                 f"{', '.join(sorted(tables)[:5])}): move it away, or give the daemon another --home"
             )
         conn.executescript(
-            f"BEGIN IMMEDIATE; {_SCHEMA} {_TIMERS} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+            f"BEGIN IMMEDIATE; {_SCHEMA} {_SCHEMA_2} "
+            f"PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
         )
 
     def _probe_writable(self) -> None:
@@ -265,6 +273,12 @@ class SqliteStore:
             " ORDER BY session, due_ms, id"
         ):
             timers[session_id].append(_timer(session_id, *timer))
+        hooks = {
+            session_id: Webhook(secret, handler)
+            for session_id, secret, handler in conn.execute(
+                "SELECT session, secret, handler FROM hooks"
+            )
+        }
         snapshots = []
         for session_id, limit, head, uses in conn.execute(
             'SELECT id, "limit", head, uses FROM sessions ORDER BY id'
@@ -278,6 +292,7 @@ class SqliteStore:
                 uses=uses,
                 keys=keys.get(session_id, []),
                 timers=timers.get(session_id, []),
+                webhook=hooks.get(session_id),
             )
             _check_snapshot(snapshot)
             snapshots.append(snapshot)
@@ -328,7 +343,11 @@ class SqliteStore:
                 (session_id,),
             )
         ]
-        snapshot = Snapshot(session_id, limit, head, firings, cursors, uses, keys, timers)
+        hook = conn.execute(
+            "SELECT secret, handler FROM hooks WHERE session = ?", (session_id,)
+        ).fetchone()
+        webhook = None if hook is None else Webhook(*hook)
+        snapshot = Snapshot(session_id, limit, head, firings, cursors, uses, keys, timers, webhook)
         _check_snapshot(snapshot)
         return snapshot
 
@@ -379,6 +398,7 @@ def _apply(conn: sqlite3.Connection, delta: Delta) -> None:
         conn.execute("DELETE FROM cursors WHERE session = ?", (sid,))
         conn.execute("DELETE FROM keys WHERE session = ?", (sid,))
         conn.execute("DELETE FROM timers WHERE session = ?", (sid,))
+        conn.execute("DELETE FROM hooks WHERE session = ?", (sid,))
         if delta.gone:
             return
         stored = 0
@@ -413,6 +433,13 @@ def _apply(conn: sqlite3.Connection, delta: Delta) -> None:
             "INSERT INTO cursors (session, name, seq, last_use) VALUES (?, ?, ?, ?)",
             [(sid, c.name, c.seq, c.last_use) for c in delta.cursors],
         )
+    if delta.webhook_changed:
+        conn.execute("DELETE FROM hooks WHERE session = ?", (sid,))
+        if delta.webhook is not None:
+            conn.execute(
+                "INSERT INTO hooks (session, secret, handler) VALUES (?, ?, ?)",
+                (sid, delta.webhook.secret, delta.webhook.handler),
+            )
     if delta.timers_gone:
         conn.executemany(
             "DELETE FROM timers WHERE session = ? AND id = ?",

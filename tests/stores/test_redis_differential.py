@@ -33,7 +33,7 @@ from repl_daemon.metrics import Counts
 from repl_daemon.stores import redis as redis_store
 from repl_daemon.stores.redis import RedisStore, session_keys
 from session import session as core_session
-from session.delta import CursorState
+from session.delta import CursorState, Webhook
 from session.errors import ReplError, StoreFailed
 from session.firing import Firing
 from session.ops import (
@@ -43,12 +43,14 @@ from session.ops import (
     CursorTable,
     Describe,
     FireTimers,
+    GetWebhook,
     Op,
     Poll,
     ReadAfter,
     ReadCursor,
     Record,
     SetLimit,
+    SetWebhook,
     TimerList,
 )
 from session.schedule import Timer
@@ -138,6 +140,24 @@ kinds = {
         ts=st.just(TS),
     ),
     "timers": st.just(TimerList()),
+    "hook": st.builds(
+        SetWebhook,
+        webhook=st.none()
+        | st.builds(
+            Webhook,
+            secret=st.sampled_from(["k", "", "s" * 257]),
+            handler=st.sampled_from(["on-webhook", "on-ci", "a b"]),
+        ),
+    ),
+    "get_hook": st.just(GetWebhook()),
+    "handled": st.builds(
+        Record,
+        handler=st.sampled_from(["on-ci", "on-message"]),
+        text=st.text(max_size=4),
+        ts=st.just(TS),
+        key=st.sampled_from([None, "k1", "k9"]),
+        handled=st.sampled_from([True, False]),
+    ),
     "after": st.builds(ReadAfter, after=seqs, max=counts),
     "cursor": st.builds(ReadCursor, cursor=names, max=counts, touch=st.booleans()),
     "ack": st.builds(Ack, cursor=names, seq=seqs),
@@ -147,7 +167,7 @@ kinds = {
     "describe": st.just(Describe()),
 }
 weights = ["record"] * 4 + ["cursor"] * 3 + ["ack"] * 3 + ["after", "poll", "limit"]
-weights += ["timer"] * 3 + ["fire"] * 2 + ["cancel", "timers"]
+weights += ["timer"] * 3 + ["fire"] * 2 + ["cancel", "timers", "hook", "get_hook", "handled"]
 ops = st.sampled_from([*weights, "table", "describe"]).flatmap(lambda kind: kinds[kind])
 
 
@@ -188,6 +208,9 @@ async def stored(store: RedisStore, session_id: str) -> tuple[Snapshot, int]:
         for timer_id, due in await client.zrange(due_key, 0, -1, withscores=True)
     ]
     pending.sort(key=lambda t: (t.due_ms, t.id))
+    hook = None
+    if b"hook_secret" in meta:
+        hook = Webhook(meta[b"hook_secret"].decode(), meta[b"hook_handler"].decode())
     snapshot = Snapshot(
         session_id,
         int(meta[b"limit"]),
@@ -197,6 +220,7 @@ async def stored(store: RedisStore, session_id: str) -> tuple[Snapshot, int]:
         int(meta[b"uses"]),
         keys,
         pending,
+        hook,
     )
     return snapshot, int(meta[b"evals"])
 

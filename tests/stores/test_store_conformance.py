@@ -31,7 +31,7 @@ from repl_daemon.engine.local import LocalCommitter
 from repl_daemon.stores.base import Store
 from repl_daemon.stores.memory import MemoryStore
 from repl_daemon.stores.sqlite import SqliteStore
-from session.delta import Delta
+from session.delta import Delta, Webhook
 from session.errors import StoreFailed
 from session.rules import MAX_KEYS
 from session.schedule import Timer
@@ -87,6 +87,22 @@ def test_timers_load_back_as_added_moved_and_gone(open_store: OpenStore) -> None
     assert loaded(store) == {"a": a.snapshot()}
     assert [(t.id, t.due_ms) for t in loaded(store)["a"].timers] == [("tick", 3100)]
     assert store.load_session("a") == a.snapshot()
+
+
+def test_a_webhook_loads_back_as_set_and_taken_away(open_store: OpenStore) -> None:
+    store = open_store()
+    a = Mirror("a")
+    a.session.set_webhook(Webhook("secret", "on-ci"))
+    store.write([a.delta()])
+    store = reopen(store, open_store)
+    assert loaded(store)["a"].webhook == Webhook("secret", "on-ci")
+    a.session.set_webhook(Webhook("rotated"))
+    store.write([a.delta()])
+    assert store.load_session("a") == a.snapshot()
+    a.session.set_webhook(None)
+    store.write([a.delta()])
+    store = reopen(store, open_store)
+    assert loaded(store) == {"a": a.snapshot()}
 
 
 def test_a_new_session_loads_back_as_the_core_holds_it(open_store: OpenStore) -> None:

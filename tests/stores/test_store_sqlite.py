@@ -42,7 +42,7 @@ def test_the_file_has_the_documented_schema(tmp_path: Path) -> None:
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
         columns = {
             table: [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]
-            for table in ("sessions", "firings", "cursors", "keys", "timers")
+            for table in ("sessions", "firings", "cursors", "keys", "timers", "hooks")
         }
         count = conn.execute("SELECT count(*) FROM firings WHERE session = 's0'").fetchone()
     conn.close()
@@ -52,11 +52,12 @@ def test_the_file_has_the_documented_schema(tmp_path: Path) -> None:
         "cursors": ["session", "name", "seq", "last_use"],
         "keys": ["session", "key", "seq", "ord"],
         "timers": ["session", "id", "due_ms", "every_ms", "handler", "text", "key"],
+        "hooks": ["session", "secret", "handler"],
     }
     assert count == (50,)
 
 
-def test_a_file_of_schema_1_opens_with_its_sessions_and_gains_the_timers_table(
+def test_a_file_of_schema_1_opens_with_its_sessions_and_gains_the_tables_of_2(
     tmp_path: Path,
 ) -> None:
     """A home written by the repl before timers: it opens, keeps everything, takes timers."""
@@ -64,6 +65,7 @@ def test_a_file_of_schema_1_opens_with_its_sessions_and_gains_the_timers_table(
     filled(db, sessions=2, firings=5).close()
     with sqlite3.connect(db) as conn:  # back to what that repl wrote
         conn.execute("DROP TABLE timers")
+        conn.execute("DROP TABLE hooks")
         conn.execute("PRAGMA user_version = 1")
     conn.close()
     store = SqliteStore(db)

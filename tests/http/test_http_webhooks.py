@@ -1,0 +1,159 @@
+"""Webhooks (SPEC §10): ``repl webhook ID --secret-file FILE``, then ``POST /hooks/{id}`` signed
+as GitHub signs it. A valid signature records the body as a handled firing; a redelivery
+(the same ``X-GitHub-Delivery``) records nothing; a wrong or missing signature is 401 and
+records nothing; a session without a webhook is 404. The real CLI gives the secret.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import DaemonProc, Repl
+from tests.http.test_http_api import Web
+
+PUSH = json.dumps({"ref": "refs/heads/main", "after": "4f2a", "pusher": {"name": "ada"}})
+
+
+def signed(secret: str, body: bytes) -> str:
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+@pytest.fixture
+def hooked(web: DaemonProc, tmp_path: Path) -> tuple[Web, str, str]:
+    """A session with a webhook whose secret was given through `repl webhook`."""
+    api = Web(web)
+    session = api.session()
+    secret = "s3cret-from-github"
+    path = tmp_path / "secret"
+    path.write_text(secret + "\n")  # as `openssl rand -hex 20 > FILE` leaves it
+    Repl(web).ok("webhook", session, "--secret-file", str(path))
+    return api, session, secret
+
+
+def deliver(api: Web, session: str, body: bytes, **headers: str) -> tuple[int, object]:
+    status, _, answer = api.request(
+        "POST",
+        f"/hooks/{session}",
+        body,
+        {"Content-Type": "application/json", **headers},
+        token=None,
+    )
+    return status, answer
+
+
+def firings(api: Web, session: str) -> list[dict[str, object]]:
+    got: list[dict[str, object]] = api.daemon.client().ok(
+        {"op": "read", "session": session, "after": 0}
+    )["firings"]
+    return got
+
+
+def test_a_signed_delivery_is_recorded_once_and_a_redelivery_is_a_duplicate(
+    hooked: tuple[Web, str, str],
+) -> None:
+    api, session, secret = hooked
+    body = PUSH.encode()
+    headers = {"X-Hub-Signature-256": signed(secret, body), "X-GitHub-Delivery": "72d3162e"}
+    assert deliver(api, session, body, **headers) == (201, {"seq": 1, "duplicate": False})
+    assert deliver(api, session, body, **headers) == (200, {"seq": 1, "duplicate": True})
+    (firing,) = firings(api, session)
+    assert (firing["handler"], firing["result"], firing["event"]) == ("on-webhook", PUSH, None)
+
+
+@pytest.mark.parametrize(
+    "signature",
+    [None, "", "sha256=", "sha256=" + "0" * 64, "sha1=abc", "SHA256=deadbeef", "wrong-secret"],
+)
+def test_a_wrong_or_missing_signature_is_401_and_records_nothing(
+    hooked: tuple[Web, str, str], signature: str | None
+) -> None:
+    api, session, _ = hooked
+    body = PUSH.encode()
+    headers = {"X-GitHub-Delivery": "d-1"}
+    if signature == "wrong-secret":
+        headers["X-Hub-Signature-256"] = signed("not-the-secret", body)
+    elif signature is not None:
+        headers["X-Hub-Signature-256"] = signature
+    status, answer = deliver(api, session, body, **headers)
+    assert status == 401 and isinstance(answer, dict) and answer["code"] == "unauthorized"
+    assert "X-Hub-Signature-256" in answer["message"]
+    assert firings(api, session) == []
+
+
+def test_a_signature_of_another_body_is_refused(hooked: tuple[Web, str, str]) -> None:
+    api, session, secret = hooked
+    status, _ = deliver(
+        api, session, b'{"ref": "evil"}', **{"X-Hub-Signature-256": signed(secret, PUSH.encode())}
+    )
+    assert status == 401 and firings(api, session) == []
+
+
+def test_a_session_without_a_webhook_is_404_and_the_token_is_no_substitute(
+    web: DaemonProc,
+) -> None:
+    api = Web(web)
+    session = api.session()
+    status, answer = deliver(api, session, b"{}", Authorization=f"Bearer {web.token}")
+    assert status == 404 and isinstance(answer, dict) and answer["code"] == "no_such_webhook"
+    assert f"repl webhook {session} --secret-file FILE" in answer["message"]
+    assert deliver(api, "nosuch", b"{}")[0] == 404
+
+
+def test_a_custom_handler_the_idempotency_key_and_remove(web: DaemonProc, tmp_path: Path) -> None:
+    api, repl = Web(web), Repl(web)
+    session = api.session()
+    (tmp_path / "s").write_text("k")
+    repl.ok("webhook", session, "--secret-file", str(tmp_path / "s"), "--handler", "on-ci")
+    body = b"build 42 passed"
+    headers = {"X-Hub-Signature-256": signed("k", body), "Idempotency-Key": "b42"}
+    assert deliver(api, session, body, **headers)[0] == 201
+    assert deliver(api, session, body, **headers)[0] == 200
+    assert [(f["handler"], f["result"]) for f in firings(api, session)] == [
+        ("on-ci", "build 42 passed")
+    ]
+    repl.ok("webhook", session, "--remove")
+    assert deliver(api, session, body, **headers)[0] == 404
+
+
+def test_the_webhook_outlives_a_restart(tmp_path: Path) -> None:
+    d = DaemonProc(tmp_path / "home", "--http", "127.0.0.1:0", "--settle-ms", "0")
+    try:
+        api, repl = Web(d), Repl(d)
+        session = api.session()
+        (tmp_path / "s").write_text("kept")
+        repl.ok("webhook", session, "--secret-file", str(tmp_path / "s"))
+        d.close_clients()
+        d.restart(crash=True)
+        api = Web(d)
+        body = b"after the crash"
+        assert (
+            deliver(api, session, body, **{"X-Hub-Signature-256": signed("kept", body)})[0] == 201
+        )
+    finally:
+        d.close_clients()
+        d.stop()
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        ((), "give --secret-file FILE, or --remove"),
+        (("--remove", "--secret-file", "x"), "give --secret-file FILE, or --remove"),
+        (("--secret-file", "/nonexistent/secret"), "cannot read the secret"),
+        (("--secret-file", "EMPTY"), "is empty"),
+    ],
+)
+def test_repl_webhook_refuses_what_it_cannot_use(
+    web: DaemonProc, tmp_path: Path, args: tuple[str, ...], says: str
+) -> None:
+    api, repl = Web(web), Repl(web)
+    session = api.session()
+    (tmp_path / "empty").write_text("")
+    argv = [str(tmp_path / "empty") if a == "EMPTY" else a for a in args]
+    assert says in repl.fails(64, "webhook", session, *argv)
+    assert deliver(api, session, b"{}")[0] == 404
