@@ -40,6 +40,7 @@ import json
 import logging
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -53,6 +54,7 @@ from session.errors import (
     Code,
     ConfigError,
     LineTooLong,
+    NoSuchSession,
     NoSuchWebhook,
     ReplError,
     Unauthorized,
@@ -73,6 +75,19 @@ log = logging.getLogger("repl.daemon")
 MAX_BODY = MAX_LINE
 #: an event stream sends a comment line at least this often, so proxies keep it open
 HEARTBEAT = 15.0
+
+#: the page's files (``GET /`` and ``/static/...``), shipped in the package
+WEB = Path(__file__).with_name("web")
+#: the page loads nothing from anywhere else, and runs no script it did not ship
+PAGE_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
+        "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
 
 INSTALL_HINT = (
     "--http needs Starlette, uvicorn, sse-starlette and prometheus_client: pip install 'repl[http]'"
@@ -188,9 +203,28 @@ class Api:
         return json_response({"next": read.next, "lost": read.lost, "firings": read.firings})
 
     async def sessions(self, request: Request) -> Response:
+        """The protocol's listing, and each session's ``lag``: how far its furthest-behind
+        cursor is from the head (0 with no cursor), which the page shows."""
         listed = await self.call(p.Sessions())
         assert isinstance(listed, p.SessionList)
-        return json_response(listed.sessions)
+        tables = [self.engine.handle(p.Cursors(session=s.id)) for s in listed.sessions]
+        rows = []
+        for info, table in zip(listed.sessions, tables, strict=True):
+            try:
+                cursors = await table.result()
+            except NoSuchSession:  # stopped since the listing: not there, so not listed
+                continue
+            assert isinstance(cursors, p.CursorList)
+            lag = max((c.lag for c in cursors.cursors), default=0)
+            rows.append({**msgspec.structs.asdict(info), "lag": lag})
+        return json_response(rows)
+
+    async def page(self, request: Request) -> Response:
+        """The page (``GET /``): plain HTML shipped in the package; it holds no data until
+        the token is given."""
+        from starlette.responses import FileResponse
+
+        return FileResponse(WEB / "index.html", headers=PAGE_HEADERS)
 
     async def healthz(self, request: Request) -> Response:
         problem = await self.engine.health()
@@ -291,6 +325,24 @@ class Api:
                 after = batch.next
 
 
+def _static_files() -> Any:
+    from starlette.staticfiles import StaticFiles
+
+    class Static(StaticFiles):
+        """The page's files, with the page's headers."""
+
+        async def get_response(self, path: str, scope: Any) -> Response:
+            response = await super().get_response(path, scope)
+            response.headers.update(PAGE_HEADERS)
+            return response
+
+    return Static
+
+
+def _Static(directory: Path) -> Any:
+    return _static_files()(directory=directory)
+
+
 class _Snapshot:
     """A prometheus_client collector of the engine's counters as they are at this scrape.
 
@@ -380,11 +432,14 @@ def _number(request: Request, name: str, default: int | None) -> int | None:
 def make_app(engine: Engine, token: str) -> Any:
     """The Starlette app of the daemon's HTTP routes."""
     from starlette.applications import Starlette
-    from starlette.routing import Route
+    from starlette.routing import Mount, Route
 
     api = Api(engine, token)
     guarded = api.guarded
     routes = [
+        # the page and its files need no token: they hold no data until it is given
+        Route("/", guarded(api.page, open=True), methods=["GET"]),
+        Mount("/static", app=_Static(directory=WEB), name="static"),
         Route("/sessions/{id}/firings", guarded(api.send), methods=["POST"]),
         Route("/sessions/{id}/firings", guarded(api.read), methods=["GET"]),
         Route("/sessions/{id}/events", guarded(api.events), methods=["GET"]),

@@ -749,6 +749,17 @@ def require_redis(*, cluster: bool = False) -> None:
         pytest.skip(f"{what}: apt-get install redis-server redis-tools")
 
 
+def require_chromium() -> str:
+    """Debian's chromium, for the page's browser test: skipped where it is missing, failed in
+    CI (``.ci/run`` installs it); its path."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium missing in CI: .ci/run must install Debian's chromium")
+        pytest.skip("chromium missing: apt-get install chromium")
+    return found
+
+
 # -- stores --------------------------------------------------------------------
 
 TS = "2026-01-02T03:04:05.678Z"

@@ -1,0 +1,130 @@
+"""The page at ``/`` (SPEC §10) in a real browser: Debian's headless Chromium, driven by
+Playwright for Python through ``executable_path`` (Playwright's own browser download is not
+needed).
+
+Open the page, give the token once (kept for the tab), see the sessions, open one, see a
+firing sent with ``repl send`` appear, send from the box and see ``repl read`` print it, see
+a gap announced; on a phone's viewport nothing runs off the side. Each test keeps a
+screenshot (``docs/page.png`` was taken by this test).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import DaemonProc, Repl, require_chromium
+
+#: Chromium as root in a sandbox with no network: the flags the machine's notes give
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+#: how long the page may take to show what it was sent (generous: a loaded CI machine)
+SHOWN_WITHIN_MS = 5000
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    path = require_chromium()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        launched = pw.chromium.launch(executable_path=path, headless=True, args=ARGS)
+        yield launched
+        launched.close()
+
+
+def url(web: DaemonProc) -> str:
+    return f"http://127.0.0.1:{web.http_port}/"
+
+
+def logged_in(browser: Any, web: DaemonProc, **context: Any) -> Any:
+    page = browser.new_context(**context).new_page()
+    page.goto(url(web))
+    page.fill("#token", web.token)
+    page.click("#login button[type=submit]")
+    page.wait_for_selector("#app:not([hidden])", timeout=SHOWN_WITHIN_MS)
+    return page
+
+
+def test_the_page_follows_a_session_live_and_sends_from_its_box(
+    browser: Any, web: DaemonProc, tmp_path: Path
+) -> None:
+    repl = Repl(web)
+    repl.ok("start", "page-live")
+    repl.ok("send", "page-live", "sent before the page opened")
+    page = logged_in(browser, web, viewport={"width": 1280, "height": 800})
+    row = page.locator("#sessions tbody tr[data-id='page-live']")
+    row.wait_for(timeout=SHOWN_WITHIN_MS)
+    assert row.locator("td").nth(1).inner_text() == "1"  # its head
+    row.click()
+    page.wait_for_selector("#firings li[data-seq='1']", timeout=SHOWN_WITHIN_MS)
+    repl.ok("send", "page-live", "hello from repl send")
+    shown = page.locator("#firings li[data-seq='2']")
+    shown.wait_for(timeout=SHOWN_WITHIN_MS)
+    assert shown.locator(".text").inner_text() == "hello from repl send"
+    assert shown.locator(".handler").inner_text() == "on-message"
+    page.fill("#text", "typed in the browser")
+    page.click("#send button[type=submit]")
+    page.wait_for_selector("#firings li[data-seq='3']", timeout=SHOWN_WITHIN_MS)
+    assert repl.ok("read", "page-live", "--after", "2") == "on-message: typed in the browser\n"
+    page.screenshot(path=str(tmp_path / "page.png"))
+    assert (tmp_path / "page.png").stat().st_size > 10_000
+    # the token is kept for the tab: a reload opens the page without asking
+    page.reload()
+    page.wait_for_selector("#app:not([hidden])", timeout=SHOWN_WITHIN_MS)
+    assert page.locator("#login").is_hidden()
+    page.context.close()
+
+
+def test_a_wrong_token_is_refused_and_asked_for_again(browser: Any, web: DaemonProc) -> None:
+    page = browser.new_context().new_page()
+    page.goto(url(web))
+    page.fill("#token", "not-the-token")
+    page.click("#login button[type=submit]")
+    error = page.locator("#login-error")
+    error.wait_for(timeout=SHOWN_WITHIN_MS)
+    page.wait_for_function(
+        "document.getElementById('login-error').textContent.length > 0",
+        timeout=SHOWN_WITHIN_MS,
+    )
+    assert "not the daemon's token" in error.inner_text()
+    assert page.locator("#app").is_hidden()
+    page.context.close()
+
+
+def test_a_gap_is_shown_as_dropped_firings(browser: Any, web: DaemonProc) -> None:
+    repl = Repl(web)
+    repl.ok("start", "page-gap", "--buffer", "2")
+    for i in range(5):
+        repl.ok("send", "page-gap", f"m{i}")
+    page = logged_in(browser, web)
+    page.goto(url(web) + "#page-gap")
+    page.wait_for_selector("#firings li.lost", timeout=SHOWN_WITHIN_MS)
+    assert page.locator("#firings li.lost").inner_text() == "3 earlier firings dropped"
+    assert page.locator("#firings li[data-seq]").count() == 2
+    page.context.close()
+
+
+def test_on_a_phone_nothing_runs_off_the_side(
+    browser: Any, web: DaemonProc, tmp_path: Path
+) -> None:
+    repl = Repl(web)
+    repl.ok("start", "page-phone")
+    repl.ok("send", "page-phone", "a long line " * 20)
+    page = logged_in(browser, web, viewport={"width": 390, "height": 844}, is_mobile=True)
+    page.goto(url(web) + "#page-phone")
+    page.wait_for_selector("#firings li[data-seq='1']", timeout=SHOWN_WITHIN_MS)
+    wide = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+    assert wide <= 0, f"the page is {wide} px wider than the phone"
+    page.screenshot(path=str(tmp_path / "phone.png"), full_page=True)
+    page.context.close()
