@@ -53,6 +53,7 @@ from session.errors import (
     BadRequest,
     Code,
     ConfigError,
+    IdleTimeout,
     LineTooLong,
     NoSuchSession,
     NoSuchWebhook,
@@ -75,6 +76,8 @@ log = logging.getLogger("repl.daemon")
 MAX_BODY = MAX_LINE
 #: an event stream sends a comment line at least this often, so proxies keep it open
 HEARTBEAT = 15.0
+#: how long a request's body may take to arrive in full
+BODY_TIMEOUT = 30.0
 
 #: the page's files (``GET /`` and ``/static/...``), shipped in the package
 WEB = Path(__file__).with_name("web")
@@ -97,6 +100,7 @@ INSTALL_HINT = (
 STATUS: dict[str, int] = {
     Code.NO_SUCH_SESSION: 404,
     Code.LINE_TOO_LONG: 413,
+    Code.IDLE_TIMEOUT: 408,
     Code.NO_SUCH_TIMER: 404,
     Code.NO_SUCH_WEBHOOK: 404,
     Code.SESSION_EXISTS: 409,
@@ -411,11 +415,14 @@ async def _body(request: Request) -> bytes:
         raise too_large
     chunks = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY:
-            raise too_large
-        chunks.append(chunk)
+    with anyio.move_on_after(BODY_TIMEOUT) as scope:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY:
+                raise too_large
+            chunks.append(chunk)
+    if scope.cancelled_caught:
+        raise IdleTimeout(f"the body did not arrive within {BODY_TIMEOUT:g} s")
     return b"".join(chunks)
 
 
@@ -485,6 +492,7 @@ async def serve_http(
         raise CannotListen(f"cannot serve HTTP on {host}:{port}: {exc.strerror}") from None
     config = uvicorn.Config(
         make_app(engine, token),
+        http=_protocol_class(idle_timeout),
         log_level="warning",
         access_log=False,
         lifespan="off",
@@ -504,6 +512,58 @@ async def serve_http(
         with anyio.CancelScope(shield=True), anyio.move_on_after(2):
             await serving
         sock.close()
+
+
+def _protocol_class(deadline: float) -> Any:
+    """uvicorn's h11 protocol, with a deadline for each request's headers.
+
+    uvicorn closes a connection idle between requests (its keep-alive
+    timeout), but not one whose request never finishes arriving: a client
+    that sends half a request line, or its headers a byte a minute, would
+    hold a connection for ever. This closes a connection that has no
+    request in progress ``deadline`` seconds after it opened or after its
+    last response, as the line protocol's idle timeout does; an event
+    stream, a request in progress, is never cut.
+    """
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class Protocol(H11Protocol):
+        _deadline: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def _arm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+            self._deadline = self.loop.call_later(deadline, self._too_slow)
+
+        def _busy(self) -> bool:
+            return self.cycle is not None and not self.cycle.response_complete
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self._busy() and self._deadline is not None:
+                self._deadline.cancel()  # its headers are in: the request runs as long as it must
+                self._deadline = None
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def _too_slow(self) -> None:
+            self._deadline = None
+            if not self._busy() and not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+            super().connection_lost(exc)
+
+    return Protocol
 
 
 def _server_class() -> Any:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,40 @@ def test_a_daemon_with_http_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     d = DaemonProc(tmp_path / "home", "--memory", "--http", "127.0.0.1:0")
     assert d.http_port is not None and d.http_port != d.port
     assert d.stop() == 0
+
+
+def test_a_request_that_never_finishes_arriving_is_closed_and_a_stream_is_not(
+    tmp_path: Path,
+) -> None:
+    """Half a request line, or headers that stop: closed after the idle timeout (1 s here),
+    as the line protocol's connections are; an event stream (a request in progress) stays."""
+    d = DaemonProc(tmp_path / "home", "--memory", "--http", "127.0.0.1:0", "--idle-timeout", "1")
+    try:
+        assert d.http_port is not None
+        d.client().ok({"op": "start", "session": "s"})
+        half = socket.create_connection(("127.0.0.1", d.http_port), timeout=10)
+        half.sendall(b"GET /healthz HTT")
+        headers = socket.create_connection(("127.0.0.1", d.http_port), timeout=10)
+        headers.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        stream = socket.create_connection(("127.0.0.1", d.http_port), timeout=10)
+        stream.sendall(
+            b"GET /sessions/s/events HTTP/1.1\r\nHost: x\r\n"
+            + f"Authorization: Bearer {d.token}\r\n\r\n".encode()
+        )
+        assert stream.recv(4096).startswith(b"HTTP/1.1 200")
+        for conn in (half, headers):
+            began = time.monotonic()
+            assert conn.recv(4096) == b""  # closed by the daemon
+            assert time.monotonic() - began < 8
+        stream.settimeout(2.5)
+        with pytest.raises(TimeoutError):  # still open, waiting for a firing
+            while stream.recv(4096):
+                pass
+        d.client().ok({"op": "send", "session": "s", "text": "still here"})
+        stream.settimeout(10)
+        assert b"still here" in stream.recv(4096)
+        for conn in (half, headers, stream):
+            conn.close()
+    finally:
+        d.close_clients()
+        d.stop()
