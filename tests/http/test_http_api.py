@@ -192,12 +192,21 @@ def test_a_send_is_201_then_200_for_its_idempotency_key(web_api: Web) -> None:
     assert web_api.daemon.client().ok({"op": "cursors", "session": s})["cursors"] == []
 
 
-def test_sessions_lists_what_the_protocol_lists(web_api: Web) -> None:
+def test_sessions_lists_what_the_protocol_lists_and_each_ones_lag(web_api: Web) -> None:
     s = web_api.session(buffer=8)
     status, _, listed = web_api.request("GET", "/sessions")
     mine = [row for row in listed if row["id"] == s]
     assert status == 200
-    assert mine == [{"id": s, "head": 0, "retained": 0, "limit": 8, "cursors": 0, "waiters": 0}]
+    assert mine == [
+        {"id": s, "head": 0, "retained": 0, "limit": 8, "cursors": 0, "waiters": 0, "lag": 0}
+    ]
+    web_api.send(s, "one")
+    web_api.send(s, "two")
+    web_api.daemon.client().ok({"op": "ack", "session": s, "cursor": "slow", "seq": 0})
+    web_api.daemon.client().ok({"op": "ack", "session": s, "cursor": "fast", "seq": 2})
+    _, _, listed = web_api.request("GET", "/sessions")
+    (row,) = [row for row in listed if row["id"] == s]
+    assert (row["head"], row["cursors"], row["lag"]) == (2, 2, 2)  # the furthest behind
 
 
 @pytest.mark.parametrize(
