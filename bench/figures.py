@@ -4,6 +4,7 @@
 - bench/waits.py: ``wake``, ``idle``, ``fanout``
 - bench/memory.py: ``memory``; bench/cli.py: ``cli``; bench/restart.py: ``restart``
 - bench/timers.py: ``timers`` (SPEC §9)
+- bench/http_api.py: ``http``, the HTTP routes beside the line protocol (SPEC §10)
 
 The ``scaleout`` group prints a table of its own (bench/scaleout.py). What
 the groups share (sizes, servers, requests, percentiles, rows) is in
@@ -12,7 +13,7 @@ bench/measure.py.
 
 from __future__ import annotations
 
-from bench import cli, memory, restart, sends, timers, waits
+from bench import cli, http_api, memory, restart, sends, timers, waits
 from bench.measure import Group, Sizes
 from bench.table import Row
 
@@ -30,6 +31,7 @@ GROUPS: dict[str, Group] = {
         cli.CLI,
         restart.RESTART,
         timers.TIMERS,
+        http_api.HTTP,
     )
 }
 

@@ -1,9 +1,10 @@
 """What every group of figures shares: the sizes, the servers, the requests, the rows.
 
 Each group of figures (bench/sends.py, bench/waits.py, bench/memory.py,
-bench/cli.py, bench/restart.py, bench/timers.py, bench/scaleout.py) starts
-fresh servers through ``on_daemon``, ``on_floor`` and ``on_redis``, drives
-them from this process over loopback, and fills its rows. repl and its reference are
+bench/cli.py, bench/restart.py, bench/timers.py, bench/http_api.py,
+bench/scaleout.py) starts fresh servers through ``on_daemon``, ``on_floor``
+and ``on_redis``, drives them from this process over loopback, and fills
+its rows. repl and its reference are
 driven in the same style: one asyncio connection per client, one request
 at a time unless the figure is about pipelining, the same 100-byte text.
 Every loop has a count and runs under a deadline.
@@ -69,6 +70,11 @@ class Sizes:
     timer_sessions: int = 40
     timer_window_s: float = 10.0
     burst_lead_s: float = 3.0  # the burst is due this long after its scheduling began
+    # HTTP beside the line protocol (bench/http_api.py): each figure beside its line twin
+    http_round_trips: int = 2_000
+    http_warmup: int = 200
+    http_wakes: int = 300
+    http_streams: int = 1_000  # the fan-out's streams, and the memory figure's
     deadline_s: float = 600.0
 
 
@@ -104,6 +110,10 @@ QUICK = Sizes(
     timer_sessions=10,
     timer_window_s=1.0,
     burst_lead_s=0.5,
+    http_round_trips=100,
+    http_warmup=10,
+    http_wakes=30,
+    http_streams=50,
     deadline_s=60.0,
 )
 

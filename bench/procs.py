@@ -86,6 +86,7 @@ class Child:
         self.log = workdir / f"{self.name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
+        self._announced = b""  # what the child wrote to stdout and no line has taken yet
 
     @property
     def pid(self) -> int:
@@ -93,6 +94,7 @@ class Child:
         return self.proc.pid
 
     def _spawn(self, argv: list[str], *, announce: bool) -> None:
+        self._announced = b""
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 argv,
@@ -102,12 +104,32 @@ class Child:
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
 
-    def _read_announced_port(self, deadline_s: float) -> int:
-        """Read the child's first stdout line, ``listening on HOST:PORT``."""
+    def _read_line(self, deadline_s: float) -> str:
+        """The child's next stdout line, or "" when none came within ``deadline_s``.
+
+        Read from the pipe's descriptor, not its buffered file: a child that
+        announces two lines may write both at once, and a buffered readline
+        would take the second out of select's sight.
+        """
         assert self.proc is not None and self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], deadline_s)
-        line = self.proc.stdout.readline().decode() if ready else ""
-        if not line.startswith("listening on "):
+        fd = self.proc.stdout.fileno()
+        end = time.monotonic() + deadline_s
+        while b"\n" not in self._announced and (left := end - time.monotonic()) > 0:
+            ready, _, _ = select.select([fd], [], [], left)
+            chunk = os.read(fd, 4096) if ready else b""
+            if not chunk:
+                break
+            self._announced += chunk
+        line, newline, rest = self._announced.partition(b"\n")
+        if not newline:
+            return ""
+        self._announced = rest
+        return line.decode(errors="replace")
+
+    def _read_announced_port(self, deadline_s: float, prefix: str = "listening on ") -> int:
+        """The port of the child's next stdout line, ``listening on HOST:PORT`` (or ``prefix``)."""
+        line = self._read_line(deadline_s)
+        if not line.startswith(prefix):
             self.kill()
             raise BenchError(
                 f"{self.name} did not start within {deadline_s:g} s (said {line!r}):\n"
@@ -160,7 +182,9 @@ class Daemon(Child):
     """``python -m repl_daemon`` on port 0 with a fresh (or kept) home.
 
     ``store`` (a ``redis://`` URL) shares sessions with the other daemons on
-    that Redis instead of keeping them in the home's SQLite file.
+    that Redis instead of keeping them in the home's SQLite file. ``http``
+    serves HTTP too (``--http 127.0.0.1:0``, which needs the ``http``
+    extra), on the port the daemon announces second: ``http_port``.
     """
 
     name = "daemon"
@@ -173,6 +197,7 @@ class Daemon(Child):
         settle_ms: int = 0,
         max_connections: int | None = None,
         store: str | None = None,
+        http: bool = False,
     ) -> None:
         super().__init__(workdir)
         self.home = workdir / "home"
@@ -180,6 +205,8 @@ class Daemon(Child):
         self.settle_ms = settle_ms
         self.max_connections = max_connections
         self.store = store
+        self.http = http
+        self.http_port = 0
 
     def argv(self) -> list[str]:
         argv = [sys.executable, "-m", "repl_daemon", "--addr", f"{HOST}:0"]
@@ -190,11 +217,15 @@ class Daemon(Child):
             argv += ["--store", self.store]
         if self.max_connections is not None:
             argv += ["--max-connections", str(self.max_connections)]
+        if self.http:
+            argv += ["--http", f"{HOST}:0"]
         return argv
 
     def start(self, deadline_s: float = 300.0) -> Self:
         self._spawn(self.argv(), announce=True)
         self.port = self._read_announced_port(deadline_s)
+        if self.http:  # the second line: ``http on HOST:PORT``
+            self.http_port = self._read_announced_port(deadline_s, "http on ")
         return self
 
     @property

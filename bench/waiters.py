@@ -13,7 +13,10 @@ A round: the child puts one wait on each of its connections (acknowledging
 what the previous round delivered), the parent polls the server until all
 of them are blocked, sends one firing, and reads the child's report.
 ``repl_rounds`` and ``redis_rounds`` are the parent's side, for the wake
-and fan-out rows (bench/waits.py) and the scale-out wakes (bench/scaleout.py).
+and fan-out rows (bench/waits.py), the scale-out wakes (bench/scaleout.py)
+and the HTTP rows (bench/http_api.py), whose waiters can also be open event
+streams (``GET /sessions/{id}/events``): a stream needs no request a round,
+it waits again by itself once it has sent an event.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from bench.clients import (
+    EventStream,
     LineClient,
     close_all,
     connect_many,
@@ -42,7 +46,7 @@ from bench.procs import BenchError, Daemon, raise_nofile
 
 @dataclass(frozen=True)
 class Plan:
-    """What the child does: ``kind`` is "repl" or "redis"."""
+    """What the child does: ``kind`` is "repl", "sse" (``port`` is the HTTP one) or "redis"."""
 
     kind: str
     port: int
@@ -67,6 +71,8 @@ async def _child(plan: Plan, pipe: Connection) -> None:
     async with asyncio.timeout(plan.deadline_s):
         if plan.kind == "repl":
             await _repl_rounds(plan, pipe)
+        elif plan.kind == "sse":
+            await _sse_rounds(plan, pipe)
         else:
             await _redis_rounds(plan, pipe)
 
@@ -97,6 +103,25 @@ async def _repl_rounds(plan: Plan, pipe: Connection) -> None:
         acked = positions.pop()
         pipe.send(("round", max(t for t, _a in answers), acked))
     await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
+
+
+async def _sse_rounds(plan: Plan, pipe: Connection) -> None:
+    """Event streams from the head: each round, the one firing the round's send made."""
+    token = plan.token
+    assert token is not None
+
+    async def open_one(_i: int) -> EventStream:
+        return await EventStream.open(plan.port, token, plan.session)
+
+    streams: list[EventStream] = await connect_many(plan.waiters, open_one)
+    pipe.send(("ready",))
+    for _round in range(plan.rounds):
+        events = await asyncio.gather(*(stream.firing() for stream in streams))
+        seqs = {firing["seq"] for _t, firing in events}
+        if len(seqs) != 1:
+            raise BenchError(f"event streams disagree on the firing: {sorted(seqs)}")
+        pipe.send(("round", max(t for t, _f in events), seqs.pop()))
+    await asyncio.gather(*(stream.close() for stream in streams), return_exceptions=True)
 
 
 def _last_id(reply: Any) -> Any:
@@ -201,6 +226,7 @@ async def repl_rounds(
     *,
     on: Daemon | None = None,
     polls: list[int] | None = None,
+    kind: str = "repl",
 ) -> list[int]:
     """Wakes of ``waiters`` blocked on one session, each round by one send through ``daemon``.
 
@@ -209,7 +235,10 @@ async def repl_rounds(
     connection of its own; otherwise on ``daemon``, polled on the sender's
     connection. The session may exist already. ``polls``, when given, gets
     one entry per readiness poll (a ``stats`` request), so that what the
-    polls cost can be told apart from what the waits cost.
+    polls cost can be told apart from what the waits cost. ``kind`` "sse":
+    the waiters are event streams on the daemon's HTTP port (the send is
+    still a ``send`` of the line protocol); a stream counts among its
+    session's ``waiters`` while it waits, as a blocked ``wait`` does.
     """
     control = await LineClient.connect(daemon.port, daemon.token)
     connections = [control]
@@ -231,7 +260,8 @@ async def repl_rounds(
             seq: int = (await control.ok(send))["seq"]
             return seq
 
-        plan = Plan("repl", target.port, target.token, session, waiters, rounds, 600)
+        port = target.http_port if kind == "sse" else target.port
+        plan = Plan(kind, port, target.token, session, waiters, rounds, 600)
         return await timed_rounds(plan, blocked, fire)
     finally:
         await close_all(connections)
