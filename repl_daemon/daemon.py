@@ -127,8 +127,16 @@ async def serve_engine(
             from repl_daemon.http import serve_http
 
             host, wanted = config.http
-            idle = config.limits.idle_timeout
-            http_port = await tg.start(serve_http, engine, host, wanted, token, idle)
+            limits = config.limits
+            http_port = await tg.start(
+                serve_http,
+                engine,
+                host,
+                wanted,
+                token,
+                limits.idle_timeout,
+                limits.max_connections,
+            )
             log.info("serving HTTP on %s:%d", host, http_port)
         if config.announce:
             # the parent of a detached or test daemon reads this line for the port

@@ -465,6 +465,7 @@ async def serve_http(
     port: int,
     token: str,
     idle_timeout: float,
+    max_connections: int = 4096,
     *,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -500,6 +501,9 @@ async def serve_http(
         server_header=False,
         timeout_keep_alive=max(1, int(idle_timeout)),
         timeout_graceful_shutdown=1,
+        # past --max-connections (HTTP's own count), uvicorn answers 503 and closes; it
+        # counts the connection asking too, hence the one more
+        limit_concurrency=max_connections + 1,
         h11_max_incomplete_event_size=64 * 1024,
     )
     server = _server_class()(config)

@@ -93,3 +93,36 @@ def test_a_request_that_never_finishes_arriving_is_closed_and_a_stream_is_not(
     finally:
         d.close_clients()
         d.stop()
+
+
+def test_http_connections_past_max_connections_are_503(tmp_path: Path) -> None:
+    """``--max-connections`` bounds HTTP's connections too: an event stream holds one."""
+    d = DaemonProc(tmp_path / "home", "--memory", "--http", "127.0.0.1:0", "--max-connections", "3")
+    try:
+        assert d.http_port is not None
+        d.client().ok({"op": "start", "session": "s"})
+        request = (
+            b"GET /sessions/s/events HTTP/1.1\r\nHost: x\r\n"
+            + f"Authorization: Bearer {d.token}\r\n\r\n".encode()
+        )
+        streams = []
+        for _ in range(3):
+            conn = socket.create_connection(("127.0.0.1", d.http_port), timeout=10)
+            conn.sendall(request)
+            assert conn.recv(4096).startswith(b"HTTP/1.1 200")
+            streams.append(conn)
+        extra = socket.create_connection(("127.0.0.1", d.http_port), timeout=10)
+        extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert extra.recv(4096).startswith(b"HTTP/1.1 503")
+        extra.close()
+        streams.pop().close()
+        time.sleep(0.3)
+        again = socket.create_connection(("127.0.0.1", d.http_port), timeout=10)
+        again.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert again.recv(4096).startswith(b"HTTP/1.1 200")
+        again.close()
+        for conn in streams:
+            conn.close()
+    finally:
+        d.close_clients()
+        d.stop()
