@@ -38,6 +38,7 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -126,12 +127,13 @@ def check_installed() -> None:
         raise ConfigError(INSTALL_HINT) from None
 
 
-def error_response(code: str, message: str, status: int | None = None) -> Response:
+def error_response(
+    code: str, message: str, status: int | None = None, headers: dict[str, str] | None = None
+) -> Response:
     from starlette.responses import Response
 
     status = STATUS.get(code, 400) if status is None else status
     body = _json.encode({"code": code, "message": message})
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     return Response(body, status, headers=headers, media_type="application/json")
 
 
@@ -171,7 +173,9 @@ class Api:
             if not open and not self.authorized(request):
                 errors[Code.UNAUTHORIZED] += 1
                 return error_response(
-                    Code.UNAUTHORIZED, "give the daemon's token as Authorization: Bearer TOKEN"
+                    Code.UNAUTHORIZED,
+                    "give the daemon's token as Authorization: Bearer TOKEN",
+                    headers={"WWW-Authenticate": "Bearer"},
                 )
             try:
                 return await route(request)
@@ -198,6 +202,9 @@ class Api:
         return json_response(
             {"seq": sent.seq, "duplicate": sent.duplicate}, 200 if sent.duplicate else 201
         )
+
+    async def firings(self, request: Request) -> Response:
+        return await (self.send(request) if request.method == "POST" else self.read(request))
 
     async def read(self, request: Request) -> Response:
         after = _number(request, "after", 0)
@@ -287,8 +294,8 @@ class Api:
         session_id = request.path_params["id"]
         resume = request.headers.get("last-event-id")
         if resume is not None:
-            if not resume.strip().isdigit():
-                raise BadRequest(f"Last-Event-ID {resume!r} is not a seq")
+            if not _SEQ.fullmatch(resume.strip(" ")):
+                raise BadRequest(f"Last-Event-ID {_shown(resume)} is not a seq")
             after: int | None = int(resume)
         else:
             after = _number(request, "after", None)
@@ -415,25 +422,40 @@ async def _body(request: Request) -> bytes:
         raise too_large
     chunks = []
     size = 0
+    from starlette.requests import ClientDisconnect
+
     with anyio.move_on_after(BODY_TIMEOUT) as scope:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > MAX_BODY:
-                raise too_large
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > MAX_BODY:
+                    raise too_large
+                chunks.append(chunk)
+        except ClientDisconnect:  # gone before its body was in: nothing to record, or log
+            raise BadRequest("the client went away before its body arrived") from None
     if scope.cancelled_caught:
         raise IdleTimeout(f"the body did not arrive within {BODY_TIMEOUT:g} s")
     return b"".join(chunks)
 
 
+#: a seq as HTTP takes it: ASCII digits, at most 19 (seqs stop at 2**63 - 1)
+_SEQ = re.compile(r"[0-9]{1,19}")
+_NUMBER = re.compile(r"-?[0-9]{1,19}")
+
+
+def _shown(value: str, most: int = 40) -> str:
+    """``value`` as an error message shows it: quoted, and cut short when long."""
+    return repr(value if len(value) <= most else value[:most] + "…")
+
+
 def _number(request: Request, name: str, default: int | None) -> int | None:
+    """A whole number of the query (ASCII digits, a minus at most), or ``BadRequest``."""
     value = request.query_params.get(name)
     if value is None:
         return default
-    try:
-        return int(value)
-    except ValueError:
-        raise BadRequest(f"?{name}={value} is not a whole number") from None
+    if not _NUMBER.fullmatch(value):
+        raise BadRequest(f"?{name}={_shown(value)} is not a whole number")
+    return int(value)
 
 
 def make_app(engine: Engine, token: str) -> Any:
@@ -447,8 +469,8 @@ def make_app(engine: Engine, token: str) -> Any:
         # the page and its files need no token: they hold no data until it is given
         Route("/", guarded(api.page, open=True), methods=["GET"]),
         Mount("/static", app=_Static(directory=WEB), name="static"),
-        Route("/sessions/{id}/firings", guarded(api.send), methods=["POST"]),
-        Route("/sessions/{id}/firings", guarded(api.read), methods=["GET"]),
+        # one route for both methods, so a 405's Allow lists every method it serves
+        Route("/sessions/{id}/firings", guarded(api.firings), methods=["GET", "POST"]),
         Route("/sessions/{id}/events", guarded(api.events), methods=["GET"]),
         Route("/sessions", guarded(api.sessions), methods=["GET"]),
         Route("/metrics", guarded(api.metrics), methods=["GET"]),

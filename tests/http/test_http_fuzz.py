@@ -27,8 +27,10 @@ oracle of what the daemon must say:
   traceback.
 
 Then fixed cases of raw abuse (garbage request lines, bad framing, truncated and oversized
-bodies, byte-by-byte requests, half requests by the dozen). What is still wrong is an
-``xfail(strict=True)`` at the end, with its reason.
+bodies, byte-by-byte requests, half requests by the dozen). At the end, what the fuzz
+found and the daemon now gets right: a ``Last-Event-ID`` of non-ASCII digits (a 500),
+a client gone mid-body (a traceback in the log), and a 405 whose ``Allow`` missed a
+method. ``HTTP_FUZZ_EXAMPLES=N`` runs more examples.
 """
 
 from __future__ import annotations
@@ -258,8 +260,9 @@ def header_bytes(data: bytes) -> bytes:
 
 def _known_500(value: bytes) -> bool:
     """A ``Last-Event-ID`` that ``str.isdigit`` takes for a number and ``int`` refuses (the
-    latin-1 ``¹²³``, or over 4300 digits): a 500, left out of the fuzz so that it can find
-    what else there is (``test_a_last_event_id_that_int_refuses_is_a_400`` has it)."""
+    latin-1 ``¹²³``, or over 4300 digits): it was a 500 before the daemon took only ASCII
+    digits; ``test_a_last_event_id_that_int_refuses_is_a_400`` keeps it, and the fuzz
+    leaves it out so as to spend its examples elsewhere."""
     text = value.strip(b" \t").decode("latin-1").strip()
     try:
         int(text)
@@ -492,14 +495,17 @@ class _Bad:
 BAD = _Bad()
 
 
+#: the daemon's grammar of a number (docs/http.md): ASCII digits, at most 19, a minus for
+#: a query's, none for Last-Event-ID's
+QUERY_NUMBER = re.compile(r"-?[0-9]{1,19}")
+SEQ = re.compile(r"[0-9]{1,19}")
+
+
 def _number(req: Req, name: str) -> int | _Bad | None:
     value = req.query.get(name)
     if value is None:
         return None
-    try:
-        return int(value)
-    except ValueError:
-        return BAD
+    return int(value) if QUERY_NUMBER.fullmatch(value) else BAD
 
 
 def _route_table() -> list[tuple[str, Any]]:
@@ -567,6 +573,8 @@ def expect(req: Req, model: Model) -> Expect:
         return Expect("unparsable")
     method = req.method.decode()
     kind, _, params = route(req.path, method)
+    if kind == "send" and method != "POST":  # one route serves both: GET and HEAD read
+        kind = "read"
     if kind in ("redirect", "not_found", "not_allowed", "static", "unknown"):
         return Expect(kind)
     if kind in ("sessions", "metrics", "healthz", "page"):  # 200 (with the token)
@@ -620,13 +628,10 @@ def expect(req: Req, model: Model) -> Expect:
     if kind == "events":
         resume = req.header("last-event-id")
         if resume is not None:
-            text = resume.strip()
-            if not text.isdecimal():  # a seq, as the docs say (see _known_500)
+            text = resume.strip(" ")
+            if not SEQ.fullmatch(text):  # a seq, as the docs say
                 return Expect("refused", frozenset({"bad_request"}))
-            try:
-                after = int(text)
-            except ValueError:  # too many digits for int (see _known_500)
-                return Expect("refused", frozenset({"bad_request", "cursor_after_head"}))
+            after = int(text)
         else:
             after = _number(req, "after")
             if after is BAD:
@@ -844,8 +849,9 @@ def check_answer(req: Req, want: Expect, answer: Answer) -> None:
         assert answer.status == DOC_STATUS.get(error["code"], 400), error
         assert isinstance(error["message"], str) and error["message"]
         assert "\n" not in error["message"]
-        if answer.status == 401:
-            assert answer.headers["www-authenticate"] == "Bearer"
+        if answer.status == 401:  # a bearer token asked for; a webhook's signature is not one
+            bearer = "X-Hub-Signature-256" not in error["message"]
+            assert (answer.headers.get("www-authenticate") == "Bearer") == bearer, answer
     elif want.kind == "ok":
         assert answer.status == 200 and answer.stream == want.stream, (want, answer)
     elif want.kind in ("sessions", "metrics", "healthz", "page"):
@@ -1022,22 +1028,16 @@ def test_a_malformed_chunk_is_uvicorns_400_and_records_nothing(quiet: Model) -> 
     chunked = b"Transfer-Encoding: chunked\r\n\r\n5\r\nabcde\r\nzz\r\nab\r\n0\r\n\r\n"
     answer = raw(quiet, post_head(quiet, "fz-b", chunked))
     assert (answer.status, answer.body) == UNPARSABLE
-    # the route, reading the body, sees the client gone: the traceback of the xfail below
-    swallow_disconnect_tracebacks(quiet, 1)
+    # the route, reading the body, sees the client gone: no error of the daemon's
+    no_traceback_logged(quiet)
 
 
-def swallow_disconnect_tracebacks(model: Model, count: int) -> None:
-    """Wait for the ``count`` tracebacks of ``ClientDisconnect`` a test provoked, and drop
-    them from the log (``test_a_client_gone_mid_body_is_not_logged_as_an_error``)."""
-    logged = ""
-
-    def all_logged() -> bool:
-        nonlocal logged
-        logged += model.new_log()
-        return logged.count("starlette.requests.ClientDisconnect") >= count
-
-    eventually(all_logged, timeout=2.0)
-    assert logged.count("Traceback") == logged.count("starlette.requests.ClientDisconnect")
+def no_traceback_logged(model: Model) -> None:
+    """The daemon's log since the last look holds no traceback and no ERROR line (a client
+    gone mid-body is no error of the daemon's)."""
+    time.sleep(0.3)  # what the daemon logs for it, it has logged by now
+    logged = model.new_log()
+    assert "Traceback" not in logged and "ERROR" not in logged, logged
 
 
 def test_a_body_cut_short_by_a_close_records_nothing(quiet: Model) -> None:
@@ -1058,7 +1058,7 @@ def test_a_body_cut_short_by_a_close_records_nothing(quiet: Model) -> None:
     finally:
         sock.close()
     assert eventually(lambda: _fds(pid) <= fds), (fds, _fds(pid))
-    swallow_disconnect_tracebacks(model, 6)
+    no_traceback_logged(model)
 
 
 def test_a_declared_length_over_1mib_is_413_before_any_body(
@@ -1190,17 +1190,9 @@ def _fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-# -- what is still wrong -----------------------------------------------------------------------
+# -- what the fuzz found, fixed ---------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="Api.events checks Last-Event-ID with str.isdigit() and then calls int(), which "
-    "refuses what isdigit() takes: the superscripts ¹²³ (bytes B9 B2 B3, as latin-1) and "
-    "over 4300 digits (CPython's int limit); its ValueError is uncaught, so a 500 Internal "
-    "Server Error and a traceback in the log",
-)
 @pytest.mark.parametrize("resume", [b"\xb2", b"1\xb9", b"9" * 4301], ids=["²", "1¹", "4301-digits"])
 def test_a_last_event_id_that_int_refuses_is_a_400(model: Model, resume: bytes) -> None:
     data = _get(model, "/sessions/fz-a/events").replace(
@@ -1214,37 +1206,15 @@ def test_a_last_event_id_that_int_refuses_is_a_400(model: Model, resume: bytes) 
     assert answer.json()["code"] in ("bad_request", "cursor_after_head")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="_body lets starlette.requests.ClientDisconnect out of the route: a client that "
-    "closes before sending its Content-Length is logged by uvicorn as 'Exception in ASGI "
-    "application' with a traceback at ERROR (and Starlette answers a 500 to no one)",
-)
 def test_a_client_gone_mid_body_is_not_logged_as_an_error(model: Model) -> None:
     model.new_log()
     sock = socket.create_connection(("127.0.0.1", model.port), timeout=5)
     sock.sendall(post_head(model, "fz-b", b"Content-Length: 100\r\n\r\nonly ten b"))
     time.sleep(0.05)
     sock.close()
-    logged = ""
-
-    def traceback_logged() -> bool:
-        nonlocal logged
-        logged += model.new_log()
-        return "Traceback" in logged
-
-    eventually(traceback_logged, timeout=1.0)
-    assert "Exception in ASGI application" not in logged, logged
+    no_traceback_logged(model)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="POST and GET /sessions/{id}/firings are two Route objects; Starlette answers "
-    "another method from the first partial match, so the 405's Allow says POST only, though "
-    "GET and HEAD are served too (RFC 9110 15.5.6: Allow lists the resource's methods)",
-)
 def test_a_405_on_firings_allows_every_method_it_serves(model: Model) -> None:
     answer = raw(model, _get(model, "/sessions/fz-a/firings").replace(b"GET", b"PUT", 1))
     assert answer.status == 405
