@@ -16,6 +16,7 @@ OK = 0
 ERROR = 1
 TIMED_OUT = 2  # `repl wait --timeout` passed with nothing printed
 USAGE = 64  # EX_USAGE from sysexits.h
+FORBIDDEN = 77  # EX_NOPERM: the token lacks the right (SPEC §11)
 UNAVAILABLE = 75  # EX_TEMPFAIL: the daemon or its store is away, or shutting down; try again
 INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 
@@ -66,6 +67,7 @@ WIRE: dict[str, tuple[int, str]] = {
         "2 bytes, a control character 6): send it in parts, for example with `--lines`",
     ),
     Code.UNAUTHORIZED: (ERROR, "point --home (or REPL_HOME) at the daemon's state directory"),
+    Code.FORBIDDEN: (FORBIDDEN, ""),
     Code.IDLE_TIMEOUT: (UNAVAILABLE, "run the command again"),
     Code.NO_SUCH_SESSION: (ERROR, ""),
     Code.NO_SUCH_TIMER: (ERROR, "`repl timers` lists the pending ones"),

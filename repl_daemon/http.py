@@ -107,6 +107,7 @@ STATUS: dict[str, int] = {
     Code.SESSION_EXISTS: 409,
     Code.SESSION_STOPPED: 410,
     Code.UNAUTHORIZED: 401,
+    Code.FORBIDDEN: 403,
     Code.TOO_MANY: 429,
     Code.STORE_FAILED: 503,
     Code.SHUTTING_DOWN: 503,

@@ -34,6 +34,7 @@ class Code(enum.StrEnum):
     UNKNOWN_OP = "unknown_op"
     LINE_TOO_LONG = "line_too_long"
     UNAUTHORIZED = "unauthorized"
+    FORBIDDEN = "forbidden"
     IDLE_TIMEOUT = "idle_timeout"
     NO_SUCH_SESSION = "no_such_session"
     NO_SUCH_TIMER = "no_such_timer"
@@ -141,6 +142,12 @@ class Unauthorized(ReplError):
     code = Code.UNAUTHORIZED
 
 
+class Forbidden(ReplError):
+    """The token may see the session, but lacks the right the op needs (SPEC §11)."""
+
+    code = Code.FORBIDDEN
+
+
 class IdleTimeout(ReplError):
     """A connection sent nothing, or half a line, for too long; it is closed."""
 
@@ -218,6 +225,7 @@ BY_CODE: dict[str, type[ReplError]] = {
         UnknownOp,
         LineTooLong,
         Unauthorized,
+        Forbidden,
         IdleTimeout,
         NoSuchSession,
         NoSuchTimer,

@@ -1,0 +1,128 @@
+"""Tokens with scopes (SPEC §11): which sessions a token sees, and what it may do to them.
+
+Pure: the daemon makes a token's random secret and keeps its record in the
+store; what a record allows is decided here, and only here.
+
+- A scope is a list of glob patterns over session ids (``team-a.*``,
+  ``agent-7``; ``*`` and ``?`` and ``[...]`` as in ``fnmatch``, matched
+  case-sensitively) and a set of rights: ``read`` (read, wait, follow, ack,
+  cursors, poll), ``send`` (send, a one-shot scheduled send) and ``admin``
+  (start, stop, buffer, recurring timers, listing and cancelling timers,
+  webhooks).
+- For a scoped token a session outside its patterns does not exist: the
+  engine answers as for a missing session (``hidden``), so neither its
+  existence nor its figures leak.
+- A right the token lacks on a session it sees is ``forbidden``.
+- Only the root token (the ``token`` file) manages tokens and shuts the
+  daemon down.
+
+A token is kept only as the SHA-256 of its secret (``digest``): the secret
+is 32 random bytes, so a fast hash is enough (nothing to guess by brute
+force), and a stolen store reveals no token.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import re
+
+import msgspec
+
+from session.errors import BadRequest, Forbidden
+
+READ, SEND, ADMIN = "read", "send", "admin"
+RIGHTS = frozenset({READ, SEND, ADMIN})
+
+#: the right each op of the protocol needs on each session it names; None: the root's only
+#: (managing tokens, stopping the daemon); "" needs none (auth, ping, listings, which a scope
+#: filters instead)
+OP_RIGHTS: dict[str, str | None] = {
+    "auth": "",
+    "ping": "",
+    "sessions": "",
+    "stats": "",
+    "read": READ,
+    "wait": READ,
+    "ack": READ,
+    "cursors": READ,
+    "poll": READ,
+    "send": SEND,
+    "schedule": SEND,  # a one-shot; ``every`` needs admin (``schedule_right``)
+    "start": ADMIN,
+    "stop": ADMIN,
+    "buffer": ADMIN,
+    "timers": ADMIN,
+    "cancel": ADMIN,
+    "webhook": ADMIN,
+    "shutdown": None,
+    "token": None,
+}
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+MAX_PATTERNS = 64
+
+
+def schedule_right(recurring: bool) -> str:
+    """A scheduled send is a send; a recurring timer keeps firing, so it is the admin's."""
+    return ADMIN if recurring else SEND
+
+
+class Scope(msgspec.Struct, frozen=True):
+    """The sessions a token sees (``patterns``) and its ``rights`` on them."""
+
+    patterns: tuple[str, ...]
+    rights: frozenset[str]
+
+    def covers(self, session_id: str) -> bool:
+        """Whether the token sees ``session_id`` at all."""
+        return any(fnmatch.fnmatchcase(session_id, pattern) for pattern in self.patterns)
+
+    def allows(self, session_id: str, right: str) -> bool:
+        return right in self.rights and self.covers(session_id)
+
+
+class TokenRecord(msgspec.Struct, frozen=True):
+    """A scoped token as the store keeps it: never its secret, only its digest."""
+
+    name: str
+    digest: str
+    scope: Scope
+
+
+def check_token_name(name: str) -> str:
+    if not _NAME.fullmatch(name):
+        raise BadRequest(
+            f"token name {name!r} is not 1-64 of A-Z a-z 0-9 . _ - starting with a letter or digit"
+        )
+    return name
+
+
+def parse_scope(patterns: str, rights: str) -> Scope:
+    """``--sessions`` and ``--can`` as the CLI takes them (comma-separated), checked."""
+    globs = tuple(p.strip() for p in patterns.split(",") if p.strip())
+    if not globs:
+        raise BadRequest("--sessions needs at least one pattern, for example 'team-a.*'")
+    if len(globs) > MAX_PATTERNS:
+        raise BadRequest(f"--sessions takes at most {MAX_PATTERNS} patterns")
+    for glob in globs:
+        if len(glob) > 128 or not glob.isprintable() or " " in glob:
+            raise BadRequest(f"session pattern {glob!r} is not 1-128 printable characters")
+    can = frozenset(r.strip() for r in rights.split(",") if r.strip())
+    unknown = sorted(can - RIGHTS)
+    if not can or unknown:
+        what = f"{', '.join(unknown)} is not a right" if unknown else "--can needs a right"
+        raise BadRequest(f"{what}: the rights are read, send and admin")
+    return Scope(globs, can)
+
+
+def digest(secret: str) -> str:
+    """What the store keeps of a token: the SHA-256 of its secret, in hex."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def forbidden(right: str, session_id: str | None = None) -> Forbidden:
+    where = f" on session {session_id!r}" if session_id is not None else ""
+    if right == "root":
+        return Forbidden("only the root token (the daemon's token file) may do this")
+    return Forbidden(f"this token has no {right} right{where}: it needs a token with --can {right}")

@@ -1,0 +1,96 @@
+"""Scopes of tokens (SPEC §11), in the core: which sessions a pattern covers, which right each
+op needs, parsing ``--sessions`` and ``--can``, and what the store keeps of a token.
+
+Hypothesis checks the globs against a plain model of them (a regular expression built by
+hand from ``*``, ``?`` and literal characters).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from repl_daemon import protocol as p
+from session.errors import BadRequest, Code, Forbidden
+from session.scopes import (
+    ADMIN,
+    OP_RIGHTS,
+    READ,
+    SEND,
+    Scope,
+    check_token_name,
+    digest,
+    forbidden,
+    parse_scope,
+    schedule_right,
+)
+
+
+def test_every_op_of_the_protocol_has_its_right() -> None:
+    assert set(OP_RIGHTS) >= set(p.OPS)
+    assert {OP_RIGHTS[op] for op in ("read", "wait", "ack", "cursors", "poll")} == {READ}
+    assert OP_RIGHTS["send"] == SEND and schedule_right(False) == SEND
+    assert schedule_right(True) == ADMIN
+    assert {OP_RIGHTS[op] for op in ("start", "stop", "buffer", "timers", "cancel", "webhook")} == {
+        ADMIN
+    }
+    assert OP_RIGHTS["shutdown"] is None  # the root's only
+
+
+def test_a_scope_covers_its_patterns_and_allows_its_rights() -> None:
+    scope = parse_scope("team-a.*, agent-7", "read,send")
+    assert scope == Scope(("team-a.*", "agent-7"), frozenset({READ, SEND}))
+    assert scope.covers("team-a.inbox") and scope.covers("agent-7")
+    assert not scope.covers("team-b.inbox") and not scope.covers("agent-70")
+    assert not scope.covers("Team-a.inbox")  # case matters, as session ids are compared
+    assert scope.allows("team-a.x", SEND) and not scope.allows("team-a.x", ADMIN)
+    assert not scope.allows("team-b.x", READ)
+
+
+@pytest.mark.parametrize(
+    ("patterns", "rights", "says"),
+    [
+        ("", "read", "at least one pattern"),
+        (" , ", "read", "at least one pattern"),
+        ("a b", "read", "not 1-128 printable"),
+        ("x" * 129, "read", "not 1-128 printable"),
+        ("a", "", "needs a right"),
+        ("a", "read,write", "write is not a right"),
+        (",".join(["a"] * 65), "read", "at most 64"),
+    ],
+)
+def test_a_scope_that_does_not_parse_is_one_line(patterns: str, rights: str, says: str) -> None:
+    with pytest.raises(BadRequest, match=says):
+        parse_scope(patterns, rights)
+
+
+def test_token_names_digests_and_the_forbidden_error() -> None:
+    assert check_token_name("agent-7") == "agent-7"
+    with pytest.raises(BadRequest):
+        check_token_name("no spaces")
+    assert digest("secret") == digest("secret") != digest("secreT")
+    assert len(digest("x")) == 64 and "secret" not in digest("secret")
+    error = forbidden(SEND, "team-a.x")
+    assert isinstance(error, Forbidden) and error.code is Code.FORBIDDEN
+    assert error.message == (
+        "this token has no send right on session 'team-a.x': it needs a token with --can send"
+    )
+    assert "root token" in forbidden("root").message
+
+
+def _model(pattern: str) -> re.Pattern[str]:
+    """The glob as a regular expression, by hand: ``*`` any run, ``?`` one character."""
+    out = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
+    return re.compile(out, re.DOTALL)
+
+
+ids = st.text(alphabet="ab.-*?", min_size=1, max_size=8)
+
+
+@given(pattern=ids, session=st.text(alphabet="ab.-", min_size=1, max_size=8))
+def test_globs_agree_with_a_plain_model(pattern: str, session: str) -> None:
+    scope = Scope((pattern,), frozenset({READ}))
+    assert scope.covers(session) == bool(_model(pattern).fullmatch(session))
