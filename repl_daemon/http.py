@@ -52,6 +52,7 @@ from repl_daemon import protocol as p
 from repl_daemon.protocol import MAX_LINE
 from session.errors import (
     BadRequest,
+    BadSessionId,
     Code,
     ConfigError,
     IdleTimeout,
@@ -254,13 +255,17 @@ class Api:
         signature is 401; a session without a webhook 404.
         """
         session_id = request.path_params["id"]
-        body = await _body(request)
-        webhook = await self.engine.committer.execute(session_id, GetWebhook()).result()
+        no_webhook = NoSuchWebhook(
+            f"no webhook for session {session_id!r}: give it one with "
+            f"`repl webhook {session_id} --secret-file FILE`"
+        )
+        try:  # before the body is read: a hook nobody set costs no 1 MiB upload
+            webhook = await self.engine.committer.execute(session_id, GetWebhook()).result()
+        except (NoSuchSession, BadSessionId):  # the same answer: no token, so no probing ids
+            raise no_webhook from None
         if webhook is None:
-            raise NoSuchWebhook(
-                f"session {session_id!r} has no webhook: give it one with "
-                f"`repl webhook {session_id} --secret-file FILE`"
-            )
+            raise no_webhook
+        body = await _body(request)
         given = request.headers.get("x-hub-signature-256", "")
         digest = hmac.new(webhook.secret.encode(), body, hashlib.sha256).hexdigest()
         if not hmac.compare_digest(given.encode(), f"sha256={digest}".encode()):
@@ -316,7 +321,12 @@ class Api:
         return listed.sessions[0].head
 
     async def _stream(self, session_id: str, after: int) -> AsyncIterator[dict[str, str]]:
-        """The stream's events: a wait after ``after``, again and again, until the client goes."""
+        """The stream's events: a wait after ``after``, again and again, until the client goes.
+
+        It opens with a bare ``id:`` (no event): where it starts, so that a client that
+        reconnects before the first firing resumes from there, with no hole.
+        """
+        yield {"id": str(after)}
         while True:
             try:
                 woken = await self.call(p.Wait(sessions=[session_id], after=after))
@@ -326,8 +336,12 @@ class Api:
                 return
             assert isinstance(woken, p.Woken)
             for batch in woken.batches:
-                if batch.lost:
-                    yield {"event": "lost", "data": json.dumps({"lost": batch.lost})}
+                if batch.lost:  # its id: the last seq it stands for, so a resume counts it once
+                    yield {
+                        "event": "lost",
+                        "id": str(after + batch.lost),
+                        "data": json.dumps({"lost": batch.lost}),
+                    }
                 for firing in batch.firings:
                     yield {
                         "event": "firing",

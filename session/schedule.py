@@ -47,7 +47,7 @@ __all__ = [
 MAX_DUE_MS = 253_402_300_799_999
 
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_PART = re.compile(r"(\d+)(ms|s|m|h|d)")
+_PART = re.compile(r"([0-9]{1,15})(ms|s|m|h|d)")  # 15 digits of days pass the year 9999
 
 
 class Timer(msgspec.Struct, frozen=True, kw_only=True):

@@ -108,10 +108,13 @@ def check_timer(timer: Timer) -> Timer:
         check_key(timer.key)
     if not 0 <= timer.due_ms <= MAX_DUE_MS:
         raise BadTime(f"due time {timer.due_ms} ms is not between 1970 and the end of 9999")
-    if timer.every_ms is not None and not MIN_EVERY_MS <= timer.every_ms <= MAX_DUE_MS:
-        raise BadTime(
-            f"interval {timer.every_ms} ms is under {MIN_EVERY_MS // 1000} s, the shortest"
-        )
+    if timer.every_ms is not None:
+        if timer.every_ms < MIN_EVERY_MS:
+            raise BadTime(
+                f"interval {timer.every_ms} ms is under {MIN_EVERY_MS // 1000} s, the shortest"
+            )
+        if timer.every_ms > MAX_DUE_MS:
+            raise BadTime(f"interval {timer.every_ms} ms is longer than the calendar goes")
     return timer
 
 

@@ -40,6 +40,7 @@ from session.delta import Webhook
 from session.errors import (
     BadMax,
     BadRequest,
+    BadTime,
     StoreFailed,
     UnknownOp,
 )
@@ -59,7 +60,7 @@ from session.ops import (
     check_seq,
 )
 from session.rules import DEFAULT_HANDLER, DEFAULT_LIMIT, READ_CURSOR, TICK_HANDLER
-from session.schedule import Timer, parse_duration, parse_every, parse_time
+from session.schedule import MAX_DUE_MS, Timer, parse_duration, parse_every, parse_time
 from session.session import (
     Recorded,
     Scheduled,
@@ -245,6 +246,8 @@ class Engine:
         if req.in_ is not None and req.at is not None:
             raise BadRequest("give either in or at, not both")
         every = None if req.every is None else parse_every(req.every)
+        if every is not None and every > MAX_DUE_MS:  # said before the due time it makes
+            raise BadTime(f"interval {req.every!r} is longer than the calendar goes")
         now = now_ms()
         if req.in_ is not None:
             due = now + parse_duration(req.in_)

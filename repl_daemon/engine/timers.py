@@ -30,6 +30,7 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Iterable
 
 import anyio
 
@@ -66,6 +67,9 @@ class SharedTimers:
         self.ready = anyio.Event()
         #: how often the timer task woke (a test sees it stand still while none is due)
         self.turns = 0
+        # the soonest due time heard of each partition since a request about it was sent:
+        # its answer may have been read after a sooner one was published, so the two merge
+        self._heard: dict[str, int] = {}
 
     # -- what the wakes tell ----------------------------------------------------
 
@@ -84,30 +88,50 @@ class SharedTimers:
         known = self.earliest.get(partition, due)
         if known is None or due < known:
             self.earliest[partition] = due
+        heard = self._heard.get(partition)
+        self._heard[partition] = due if heard is None else min(heard, due)
         if self._sleeping_until is None or due < self._sleeping_until:
             self._wake.set()
+
+    def _asking(self, partitions: Iterable[str]) -> None:
+        """Requests about ``partitions`` are about to go: hear afresh from now on."""
+        for partition in partitions:
+            self._heard.pop(partition, None)
+
+    def _answered(self, partition: str, earliest: int | None) -> None:
+        """A partition's earliest due time as Redis answered it, merged with what was
+        heard while the answer was on its way (never later than either)."""
+        heard = self._heard.pop(partition, None)
+        if heard is not None and (earliest is None or heard < earliest):
+            earliest = heard
+        self.earliest[partition] = earliest
 
     # -- the operations ---------------------------------------------------------
 
     async def schedule(self, timer: Timer) -> Scheduled:
         """Index first (never later than the truth), then the timer itself."""
         partition = partition_of(timer.session)
-        await self.store.index(partition, lower=[(timer.session, timer.id, timer.due_ms)])
+        entry = (timer.session, timer.id, timer.due_ms)
+        await self.store.index(partition, lower=[entry])
         try:
             scheduled = await self.store.schedule(timer)
         except (NoSuchSession, TooMany):  # refused: no timer has this entry, take it back
             with contextlib.suppress(StoreFailed):
-                await self.store.index(partition, gone=[(timer.session, timer.id)])
+                gone = (timer.session, timer.id, timer.due_ms)  # unless a newer one moved it
+                await self.store.index(partition, gone=[gone])
             raise
         made = scheduled.timer
-        if scheduled.duplicate and made is not None and made.id != timer.id:
+        if made is not None:
+            # once more, now that the timer is there: a daemon may have claimed the entry
+            # in between, found no timer yet and taken the entry out
             await self.store.index(partition, lower=[(made.session, made.id, made.due_ms)])
         return scheduled
 
-    async def stopped(self, session_id: str, timer_ids: list[str]) -> None:
-        """A stopped session's timers went with it: their entries go too (best effort)."""
-        if timer_ids:
-            gone = [(session_id, timer_id) for timer_id in timer_ids]
+    async def stopped(self, session_id: str, timers: list[tuple[str, int]]) -> None:
+        """A stopped session's timers went with it: their entries go too (best effort),
+        each only while it is still at the timer's due time."""
+        if timers:
+            gone = [(session_id, timer_id, due) for timer_id, due in timers]
             with contextlib.suppress(StoreFailed):
                 await self.store.index(partition_of(session_id), gone=gone)
 
@@ -115,7 +139,8 @@ class SharedTimers:
         cancelled = await self.store.cancel_timer(session_id, timer_id)
         # should this fail, the entry stays: it costs one FIRE that fires nothing
         with contextlib.suppress(StoreFailed):
-            await self.store.index(partition_of(session_id), gone=[(session_id, timer_id)])
+            gone = (session_id, timer_id, cancelled.due_ms)  # unless a newer one moved it
+            await self.store.index(partition_of(session_id), gone=[gone])
         return cancelled
 
     # -- firing -----------------------------------------------------------------
@@ -142,9 +167,10 @@ class SharedTimers:
         for partition in PARTITION_IDS:
             if not self.wakes.holds(partition):
                 await self.wakes.subscribe(partition)
+        self._asking(PARTITION_IDS)
         asked = [self.store.index(partition) for partition in PARTITION_IDS]
         for partition, earliest in zip(PARTITION_IDS, asked, strict=True):
-            self.earliest[partition] = await earliest
+            self._answered(partition, await earliest)
         self.ready.set()
 
     async def _turn(self) -> None:
@@ -167,7 +193,9 @@ class SharedTimers:
         Each step is one pipeline for every partition and session at once.
         """
         ts = utc_now()
-        claims = [self.store.claim(p, now, now + LEASE_MS, CLAIM_MAX) for p in partitions]
+        lease = now + LEASE_MS
+        self._asking(partitions)
+        claims = [self.store.claim(p, now, lease, CLAIM_MAX) for p in partitions]
         by_session: dict[str, list[str]] = {}
         failure: StoreFailed | None = None  # one partition's failure does not stop the others
         for partition, claim in zip(partitions, claims, strict=True):
@@ -176,15 +204,17 @@ class SharedTimers:
             except StoreFailed as exc:
                 failure = exc
                 continue
-            self.earliest[partition] = now if len(pairs) == CLAIM_MAX else earliest
+            self._answered(partition, now if len(pairs) == CLAIM_MAX else earliest)
             for session_id, timer_id in pairs:
                 by_session.setdefault(session_id, []).append(timer_id)
         fires = {
             session_id: self.store.fire_timers(session_id, ids, now, ts)
             for session_id, ids in by_session.items()
         }
-        due: dict[str, list[tuple[str, str, int]]] = {}
-        gone: dict[str, list[tuple[str, str]]] = {}
+        # every entry claimed is at ``lease`` now: it is set or taken out only while it
+        # still is, so an entry a schedule lowered meanwhile (a timer just made) stays
+        due: dict[str, list[tuple[str, str, int | None, int]]] = {}
+        gone: dict[str, list[tuple[str, str, int | None]]] = {}
         count = 0
         for session_id, future in fires.items():
             partition = partition_of(session_id)
@@ -192,24 +222,28 @@ class SharedTimers:
                 fired: list[Fired] = await future
             except NoSuchSession:  # stopped: its timers went with it
                 fired = [Fired(i, None, None) for i in by_session[session_id]]
-            except StoreFailed:  # perhaps fired, perhaps not: due again now, FIRE decides
+            except StoreFailed as exc:  # perhaps fired, perhaps not: due again, FIRE decides
+                failure = exc  # and the task backs off before it tries again
                 fired = [Fired(i, None, now) for i in by_session[session_id]]
             recorded = 0
             for one in fired:
                 if one.due_ms is None:
-                    gone.setdefault(partition, []).append((session_id, one.timer))
+                    gone.setdefault(partition, []).append((session_id, one.timer, lease))
                 else:
-                    due.setdefault(partition, []).append((session_id, one.timer, one.due_ms))
+                    entry = (session_id, one.timer, lease, one.due_ms)
+                    due.setdefault(partition, []).append(entry)
                 recorded += one.seq is not None
             if recorded:
                 count += recorded
                 self.listener.changed(session_id)  # this daemon's waiters; others hear Redis
+        touched = {*due, *gone}
+        self._asking(touched)
         updates = {
-            p: self.store.index(p, due=due.get(p, ()), gone=gone.get(p, ())) for p in {*due, *gone}
+            p: self.store.index(p, due=due.get(p, ()), gone=gone.get(p, ())) for p in touched
         }
         for partition, update in updates.items():
             try:
-                self.earliest[partition] = await update
+                self._answered(partition, await update)
             except StoreFailed as exc:  # its claimed entries come due again after the lease
                 failure = exc
         if count:

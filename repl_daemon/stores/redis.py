@@ -805,11 +805,12 @@ class RedisStore:
         """Create the session; False when it exists already."""
         return self._script("START", session_id, (limit,), change=True, then=_yes)
 
-    def stop(self, session_id: str) -> asyncio.Future[list[str]]:
-        """Remove the session and all of it; answers the ids of the timers it had."""
+    def stop(self, session_id: str) -> asyncio.Future[list[tuple[str, int]]]:
+        """Remove the session and all of it; answers the (id, due time) of its timers."""
 
-        def stopped(answer: list[Any]) -> list[str]:
-            return [timer_id.decode() for timer_id in answer[0]]
+        def stopped(answer: list[Any]) -> list[tuple[str, int]]:
+            flat = answer[0]
+            return [(flat[i].decode(), int(float(flat[i + 1]))) for i in range(0, len(flat), 2)]
 
         return self._script("STOP", session_id, (self.origin,), change=True, then=stopped)
 
@@ -912,16 +913,21 @@ class RedisStore:
         partition: str,
         *,
         lower: Sequence[tuple[str, str, int]] = (),
-        due: Sequence[tuple[str, str, int]] = (),
-        gone: Sequence[tuple[str, str]] = (),
+        due: Sequence[tuple[str, str, int | None, int]] = (),
+        gone: Sequence[tuple[str, str, int | None]] = (),
     ) -> asyncio.Future[int | None]:
         """Update the partition's index: entries (session, timer, due time) to ``lower``
-        (added, or moved sooner only), to set (``due``), and to remove (``gone``).
-        Answers the partition's earliest due time after (published when it moved sooner)."""
+        (added, or moved sooner only); entries (session, timer, expected, due time) to set
+        and (session, timer, expected) to remove, each only while its score is still
+        ``expected`` (None: whatever it is). Answers the partition's earliest due time
+        after (published when it moved sooner)."""
         args: list[object] = [self.origin, len(lower), len(due)]
-        for session_id, timer_id, when in (*lower, *due):
+        for session_id, timer_id, when in lower:
             args += [f"{session_id} {timer_id}", when]
-        args += [f"{session_id} {timer_id}" for session_id, timer_id in gone]
+        for session_id, timer_id, expected, when in due:
+            args += [f"{session_id} {timer_id}", "" if expected is None else expected, when]
+        for session_id, timer_id, expected in gone:
+            args += [f"{session_id} {timer_id}", "" if expected is None else expected]
 
         def earliest(answer: list[Any]) -> int | None:
             return _score(answer[0])

@@ -239,12 +239,12 @@ return {'ok', 1}
 """
 )
 
-#: ARGV: origin. Answers {'ok', the ids of the timers that went with it}.
+#: ARGV: origin. Answers {'ok', {id, due, id, due, ...} of the timers that went with it}.
 STOP = (
     _PRELUDE
     + """
 if redis.call('EXISTS', meta) == 0 then return missing() end
-local cancelled = redis.call('HKEYS', timers)
+local cancelled = redis.call('ZRANGE', due, 0, -1, 'WITHSCORES')
 redis.call('DEL', meta, ring, cursors, keys, keyorder, timers, due)
 redis.call('SPUBLISH', wake, 'stop ' .. ARGV[1])
 return {'ok', cancelled}
@@ -397,24 +397,37 @@ return {'ok', due, first[2] or ''}
 """
 
 #: ARGV: origin, the number of entries to lower, the number to set, then (member, due)
-#: each (those to lower first: an entry only ever moves sooner that way, or is added),
-#: then the members to remove. Publishes the partition's earliest due time on its
-#: channel when it moved sooner; answers {'ok', the earliest due ('' for none)}.
+#: each of those (an entry lowered only ever moves sooner, or is added), then (member,
+#: expected, due) for each entry to set and (member, expected) for each to remove: set or
+#: removed only while its score is still ``expected`` (the lease its claimer wrote, or
+#: the due time it was indexed at; '' for any), so a late writer never undoes a newer
+#: entry. Publishes the partition's earliest due time on its channel when it moved
+#: sooner; answers {'ok', the earliest due ('' for none)}.
 INDEX = """#!lua
 local index, channel = KEYS[1], KEYS[2]
 local before = redis.call('ZRANGE', index, 0, 0, 'WITHSCORES')[2]
 local lower, set = tonumber(ARGV[2]), tonumber(ARGV[3])
+local function still(member, expected)
+  if expected == '' then return true end
+  local score = redis.call('ZSCORE', index, member)
+  return score and tonumber(score) == tonumber(expected)
+end
 local i = 4
 for _ = 1, lower do
   redis.call('ZADD', index, 'LT', ARGV[i + 1], ARGV[i])
   i = i + 2
 end
 for _ = 1, set do
-  redis.call('ZADD', index, ARGV[i + 1], ARGV[i])
-  i = i + 2
+  if still(ARGV[i], ARGV[i + 1]) then
+    redis.call('ZADD', index, ARGV[i + 2], ARGV[i])
+  end
+  i = i + 3
 end
-for j = i, #ARGV do
-  redis.call('ZREM', index, ARGV[j])
+while i < #ARGV do
+  if still(ARGV[i], ARGV[i + 1]) then
+    redis.call('ZREM', index, ARGV[i])
+  end
+  i = i + 2
 end
 local after = redis.call('ZRANGE', index, 0, 0, 'WITHSCORES')[2]
 if after and (not before or tonumber(after) < tonumber(before)) then

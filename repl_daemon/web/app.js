@@ -147,10 +147,13 @@ async function show(id) {
   } catch {
     return;
   }
+  if (current !== id) return; // another session was picked while this one was looked up
   follow(id, Math.max(0, head - SHOWN));
 }
 
 async function follow(id, after) {
+  if (current !== id) return;
+  if (stream) stream.abort(); // one stream at a time: the shown session's
   const control = new AbortController();
   stream = control;
   let last = after;
@@ -177,10 +180,9 @@ async function follow(id, after) {
           while ((end = buffer.indexOf("\n\n")) >= 0) {
             const event = parse(buffer.slice(0, end));
             buffer = buffer.slice(end + 2);
+            if (event.id !== undefined && /^[0-9]+$/.test(event.id)) last = Number(event.id);
             if (event.event === "firing") {
-              const firing = JSON.parse(event.data);
-              last = firing.seq;
-              add(firingItem(firing));
+              add(firingItem(JSON.parse(event.data)));
             } else if (event.event === "lost") {
               add(lostItem(JSON.parse(event.data).lost));
             } else if (event.event === "error") {

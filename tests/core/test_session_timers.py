@@ -115,6 +115,7 @@ def test_the_limit_of_timers_a_session_may_have() -> None:
         (timer("t", -1), BadTime),
         (timer("t", MAX_DUE_MS + 1), BadTime),
         (timer("t", 100, every=999), BadTime),
+        (timer("t", 100, every=MAX_DUE_MS + 1), BadTime),
         (timer("t", 100, handler="a b"), BadHandler),
         (timer("t", 100, key=""), BadKey),
         (timer("", 100), BadTime),

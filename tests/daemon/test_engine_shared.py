@@ -484,3 +484,40 @@ async def test_the_due_index_keeps_no_entry_of_a_refused_schedule_or_a_stopped_s
             tg.cancel_scope.cancel()
     finally:
         await committer.close()
+
+
+async def test_a_timer_claimed_before_it_was_written_still_fires(redis_any: AnyRedis) -> None:
+    """The race the index must survive: daemon A indexes a due timer, daemon B claims the entry
+    and finds no timer yet (A has not written it), then A writes it. The timer still fires,
+    once: A indexes it again once it is written, and B's late clean-up removes only the entry
+    it leased."""
+    from repl_daemon.engine.clock import now_ms
+
+    (one, first), (two, second) = [await opened(store_url(redis_any)) for _ in range(2)]
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one.run)
+            tg.start_soon(two.run)
+            await first.shared_timers.ready.wait()
+            await second.shared_timers.ready.wait()
+            await call(one, p.Start(session="a"))
+            real = first.store.schedule
+            partition = redis_store.partition_of("a")
+
+            async def racing(timer: Any) -> Any:
+                await second.shared_timers.fire([partition], now_ms() + 1000)
+                return await real(timer)
+
+            first.store.schedule = racing  # type: ignore[method-assign]
+            await call(one, p.Schedule(session="a", text="raced", at="2020-01-01T00:00:00Z"))
+            first.store.schedule = real  # type: ignore[method-assign]
+            woken = await call(one, p.Wait(sessions=["a"], cursor="c", timeout_ms=8000))
+            assert isinstance(woken, p.Woken) and not woken.timed_out
+            assert [f.result for f in woken.batches[0].firings] == ["raced"]
+            await anyio.sleep(0.3)
+            batch = await call(two, p.Read(session="a", after=0))
+            assert isinstance(batch, p.Firings) and [f.result for f in batch.firings] == ["raced"]
+            tg.cancel_scope.cancel()
+    finally:
+        await first.close()
+        await second.close()

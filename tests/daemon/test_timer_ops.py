@@ -39,6 +39,8 @@ def c(inproc: InProcDaemon) -> Client:
         ({"at": "99999-01-01T00:00:00Z"}, "bad_time", "is not RFC 3339"),
         ({"in": "99999999d"}, "bad_time", "not between 1970 and the end of 9999"),
         ({"every": "500ms"}, "bad_time", "interval '500ms' is under 1 s"),
+        ({"every": "99999999999d"}, "bad_time", "longer than the calendar goes"),
+        ({"in": "1" + "0" * 4400 + "s"}, "bad_time", "is not a number and a unit"),
         ({"every": "often"}, "bad_time", "duration 'often'"),
         ({"in": "1s", "at": "2099-01-01T00:00:00Z"}, "bad_request", "either in or at"),
         ({}, "bad_request", "needs in, at or every"),

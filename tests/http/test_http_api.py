@@ -94,6 +94,8 @@ class Stream:
             self.headers[name.lower()] = value.strip()
         self.chunked = self.headers.get("transfer-encoding") == "chunked"
         self.buffer = b""
+        #: the last ``id:`` the stream gave, as a browser's EventSource keeps it
+        self.last_id: str | None = None
 
     def _line(self) -> str:
         while b"\n" not in self.buffer:
@@ -112,13 +114,16 @@ class Stream:
         return line.decode().rstrip("\r")
 
     def event(self) -> dict[str, str]:
-        """The next event, comments skipped."""
+        """The next event, comments and bare ``id:`` blocks (``last_id`` keeps it) skipped."""
         fields: dict[str, str] = {}
         while True:
             line = self._line()
             if line == "":
-                if fields:
+                if "id" in fields:
+                    self.last_id = fields["id"]
+                if "event" in fields:
                     return fields
+                fields = {}
                 continue
             if line.startswith(":"):
                 continue
@@ -379,3 +384,34 @@ def test_metrics_have_prometheus_names_and_move(web_api: Web) -> None:
     labels = {k for family in after.values() for x in family.samples for k in x.labels}
     assert labels <= {"op", "code", "le"}
     assert web_api.request("GET", "/metrics", token="wrong")[0] == 401
+
+
+def test_a_stream_says_where_it_starts_and_a_gap_is_counted_once_across_a_resume(
+    web_api: Web,
+) -> None:
+    s = web_api.session(buffer=2)
+    for i in range(3):
+        web_api.send(s, f"m{i}")
+    fresh = Stream(web_api, f"/sessions/{s}/events")  # from the head: it says so at once
+    try:
+        web_api.send(s, "after the start")
+        assert fresh.event()["id"] == "4"
+        assert fresh.last_id == "4"
+    finally:
+        fresh.close()
+    for i in range(4):  # a gap: 5 and 6 leave the ring of 2
+        web_api.send(s, f"n{i}")
+    first = Stream(web_api, f"/sessions/{s}/events", {"Last-Event-ID": "4"})
+    try:
+        lost = first.event()
+        assert (lost["event"], lost["id"], json.loads(lost["data"])) == ("lost", "6", {"lost": 2})
+    finally:
+        first.close()
+    again = Stream(web_api, f"/sessions/{s}/events", {"Last-Event-ID": lost["id"]})
+    try:  # resumed after the gap it was told of: no second lost event
+        assert [(e["event"], e["id"]) for e in (again.event(), again.event())] == [
+            ("firing", "7"),
+            ("firing", "8"),
+        ]
+    finally:
+        again.close()
