@@ -1065,11 +1065,9 @@ def test_a_declared_length_over_1mib_is_413_before_any_body(
     data = post_head(model, "fz-b", b"Content-Length: %d\r\n\r\n" % (MAX_BODY + 1))
     sock = socket.create_connection(("127.0.0.1", model.port), timeout=5)
     try:
-        sock.sendall(data)  # and not one byte of the body
-        started = time.monotonic()
-        with sock.makefile("rb") as reader:
-            answer = read_answer(reader)
-        assert time.monotonic() - started < 2
+        sock.sendall(data)  # and not one byte of the body: an answer at all shows it was
+        with sock.makefile("rb") as reader:  # not waited for (the body's wait is 30 s, the
+            answer = read_answer(reader)  # socket's timeout 5 s)
     finally:
         sock.close()
     assert answer.status == 413 and answer.json()["code"] == "line_too_long"
