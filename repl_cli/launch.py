@@ -81,20 +81,29 @@ def detach(addr: str, home: Path, options: list[str]) -> None:
             start_new_session=True,  # outlives this shell and its Ctrl-C
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
-    bound = _await_listening(proc, log_path, offset)
-    line(f"repl daemon listening on {bound} (pid {proc.pid}); log: {log_path}")
+    wants_http = any(o == "--http" or o.startswith("--http=") for o in options)
+    bound, http = _await_listening(proc, log_path, offset, wants_http)
+    also = f", HTTP on {http}" if http else ""
+    line(f"repl daemon listening on {bound}{also} (pid {proc.pid}); log: {log_path}")
 
 
-def _await_listening(proc: subprocess.Popen[bytes], log_path: Path, offset: int) -> str:
+def _await_listening(
+    proc: subprocess.Popen[bytes], log_path: Path, offset: int, wants_http: bool = False
+) -> tuple[str, str | None]:
+    """The address it listens on, and (``--http``) its HTTP address, printed next."""
     deadline = time.monotonic() + START_TIMEOUT
     pause = 0.005
     while True:
         with open(log_path, "rb") as log:
             log.seek(offset)
             written = log.read().decode("utf-8", "replace").splitlines()
-        for text in written:
-            if text.startswith("listening on "):
-                return text.removeprefix("listening on ").strip()
+        bound = next((t for t in written if t.startswith("listening on ")), None)
+        http = next((t for t in written if t.startswith("http on ")), None)
+        if bound is not None and (http is not None or not wants_http):
+            return (
+                bound.removeprefix("listening on ").strip(),
+                None if http is None else http.removeprefix("http on ").strip(),
+            )
         if proc.poll() is not None:
             raise CliError(f"the daemon exited at start ({_last_words(written)}): see {log_path}")
         if time.monotonic() > deadline:

@@ -103,6 +103,23 @@ def test_detach_returns_once_the_daemon_accepts_connections(
     assert "no daemon at" in run("--addr", addr, "ping", env=env).stderr
 
 
+def test_detach_with_http_says_both_addresses(env: dict[str, str]) -> None:
+    done = run(
+        "--addr", "127.0.0.1:0", "daemon", "--memory", "--detach", "--http", "127.0.0.1:0", env=env
+    )
+    assert done.returncode == 0, done.stderr
+    found = re.match(
+        r"repl daemon listening on (\S+), HTTP on 127\.0\.0\.1:(\d+) \(pid (\d+)\)", done.stdout
+    )
+    assert found, done.stdout
+    addr, pid = found.group(1), int(found.group(3))
+    try:
+        assert run("--addr", addr, "ping", env=env).returncode == 0
+    finally:
+        os.kill(pid, signal.SIGTERM)
+        eventually(lambda: gone(pid), what="the detached daemon to stop")
+
+
 def test_detach_reports_a_daemon_that_could_not_start(env: dict[str, str]) -> None:
     home = Path(env["REPL_HOME"])
     home.mkdir()
