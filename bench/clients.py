@@ -198,7 +198,8 @@ class EventStream:
         return cls(reader, writer)
 
     async def event(self) -> dict[str, str]:
-        """The next event's fields (``event``, ``id``, ``data``); comments (pings) skipped."""
+        """The next event's fields (``event``, ``id``, ``data``); comments (pings) and bare
+        ``id:`` blocks skipped."""
         while True:
             block, blank, rest = self.buffer.partition(b"\n\n")
             if not blank:
@@ -215,7 +216,7 @@ class EventStream:
                     name, _, value = line.partition(":")
                     value = value[1:] if value.startswith(" ") else value
                     fields[name] = fields[name] + "\n" + value if name in fields else value
-            if fields:
+            if "event" in fields:  # a bare ``id:`` (where a stream starts) is no event
                 return fields
 
     async def firing(self) -> tuple[int, dict[str, Any]]:
