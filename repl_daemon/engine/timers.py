@@ -10,8 +10,12 @@ without polling:
   ``SESSION TIMER`` scored by due time. It is a hint, kept so that it is
   never *later* than the truth: scheduling lowers the entry *before* the
   timer is written (a schedule that then fails leaves an early entry,
-  which costs one ``FIRE`` that fires nothing), firing sets it to what the
-  script answered, cancelling removes it after;
+  which costs one ``FIRE`` that fires nothing) and again *after* (another
+  daemon may have claimed the entry in between, found no timer yet and
+  taken it out); firing sets the entry to what the script answered, and
+  cancelling or stopping removes it, each only while the entry is still
+  what that writer last saw (the claim's lease, the timer's due time), so
+  a late writer never undoes a newer entry;
 - claims: a daemon whose partition came due takes the due entries with
   ``CLAIM``, which moves each a lease ahead (``LEASE_MS``). Only a claimer
   that dies before it fires leaves them there; another daemon takes them
