@@ -174,6 +174,7 @@ class Api:
         async def endpoint(request: Request) -> Response:
             if not open and not self.authorized(request):
                 errors[Code.UNAUTHORIZED] += 1
+                await _drain(request)
                 return error_response(
                     Code.UNAUTHORIZED,
                     "give the daemon's token as Authorization: Bearer TOKEN",
@@ -183,6 +184,8 @@ class Api:
                 return await route(request)
             except ReplError as exc:
                 errors[exc.code.value] += 1
+                if exc.code is not Code.LINE_TOO_LONG:  # that one is refused unread, on purpose
+                    await _drain(request)
                 return error_response(exc.code.value, exc.message)
 
         return endpoint
@@ -256,8 +259,8 @@ class Api:
         """
         session_id = request.path_params["id"]
         no_webhook = NoSuchWebhook(
-            f"no webhook for session {session_id!r}: give it one with "
-            f"`repl webhook {session_id} --secret-file FILE`"
+            f"no webhook for session {_shown(session_id)}: give it one with "
+            "`repl webhook ID --secret-file FILE`"
         )
         try:  # before the body is read: a hook nobody set costs no 1 MiB upload
             webhook = await self.engine.committer.execute(session_id, GetWebhook()).result()
@@ -427,6 +430,25 @@ class _Snapshot:
         yield GaugeMetricFamily(
             "repl_uptime_seconds", "Seconds since the daemon started.", engine.uptime()
         )
+
+
+async def _drain(request: Request) -> None:
+    """Read what is left of a refused request's body (at most 1 MiB, for at most 2 s), so
+    that its client, still sending, reads the answer instead of a reset connection."""
+    from starlette.requests import ClientDisconnect
+
+    declared = request.headers.get("content-length", "")
+    if request.method in ("GET", "HEAD") and not declared:
+        return
+    size = 0
+    with anyio.move_on_after(2):
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > MAX_BODY:
+                    return
+        except (ClientDisconnect, RuntimeError):  # gone, or read already
+            return
 
 
 async def _body(request: Request) -> bytes:

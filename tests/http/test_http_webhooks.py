@@ -100,7 +100,8 @@ def test_a_session_without_a_webhook_is_404_and_the_token_is_no_substitute(
     session = api.session()
     status, answer = deliver(api, session, b"{}", Authorization=f"Bearer {web.token}")
     assert status == 404 and isinstance(answer, dict) and answer["code"] == "no_such_webhook"
-    assert f"repl webhook {session} --secret-file FILE" in answer["message"]
+    assert f"no webhook for session '{session}'" in answer["message"]
+    assert "repl webhook ID --secret-file FILE" in answer["message"]
     assert deliver(api, "nosuch", b"{}")[0] == 404
 
 
