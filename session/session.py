@@ -151,7 +151,8 @@ class Summary(msgspec.Struct, frozen=True):
     """A session's figures as ``sessions`` and ``stats`` list them.
 
     ``head`` is the newest seq readers may see; ``recorded`` the newest
-    recorded (they differ only while a firing is on its way to the disk).
+    recorded (they differ only while a firing is on its way to the disk);
+    ``lag`` how far the furthest-behind cursor is from ``head`` (0 with none).
     """
 
     id: str
@@ -162,6 +163,7 @@ class Summary(msgspec.Struct, frozen=True):
     recorded: int
     lost: int
     evaluations: int
+    lag: int = 0
 
 
 class Scheduled(msgspec.Struct, frozen=True):
@@ -461,7 +463,9 @@ class Session:
 
     def take_moved_timers(self) -> list[Timer]:
         """The timers added or moved since the last call (what a daemon's schedule indexes)."""
-        moved, self._moved_timers = self._moved_timers, []
+        moved = self._moved_timers
+        if moved:  # most changes (every send) move no timer: no new list for them
+            self._moved_timers = []
         return moved
 
     def _set_timer(self, timer: Timer) -> None:
@@ -498,15 +502,17 @@ class Session:
     def summary(self, visible: int | None = None) -> Summary:
         """The figures ``sessions`` and ``stats`` list; looking is not an evaluation."""
         ring = self.ring
+        head = ring.visible_head(visible)
         return Summary(
             id=self.id,
-            head=ring.visible_head(visible),
+            head=head,
             retained=ring.retained,
             limit=ring.limit,
             cursors=len(self._cursors),
             recorded=ring.head,
             lost=ring.dropped,
             evaluations=self.evaluations,
+            lag=max_(0, head - min_((seq for seq, _ in self._cursors.values()), default=head)),
         )
 
     # -- handing changes to a store --------------------------------------
@@ -595,3 +601,4 @@ def _timer_order(timer: Timer) -> tuple[int, str]:
 
 
 max_ = max
+min_ = min

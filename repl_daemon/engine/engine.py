@@ -291,7 +291,8 @@ class Engine:
 
         return sent
 
-    def _waiters_of(self, session_id: str) -> int:
+    def waiters_of(self, session_id: str) -> int:
+        """How many waits (event streams too) are blocked on the session here."""
         return len(self.waiters.get(session_id, ()))
 
     def _listing(self, rid: p.RequestId) -> Callable[[list[Summary]], p.SessionList]:
@@ -305,7 +306,7 @@ class Engine:
                         retained=s.retained,
                         limit=s.limit,
                         cursors=s.cursors,
-                        waiters=self._waiters_of(s.id),
+                        waiters=self.waiters_of(s.id),
                     )
                     for s in rows
                 ],
@@ -345,7 +346,7 @@ class Engine:
                 firings=s.recorded,
                 lost=s.lost,
                 evaluations=s.evaluations,
-                waiters=self._waiters_of(s.id),
+                waiters=self.waiters_of(s.id),
                 cursors=s.cursors,
             )
             for s in rows

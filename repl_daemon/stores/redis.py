@@ -1109,6 +1109,7 @@ def _description(session_id: str, answer: list[Any]) -> tuple[Summary, list[Curs
         recorded=head,
         lost=head - int(retained),
         evaluations=int(evals or 0),
+        lag=max((c.lag for c in cursors), default=0),
     )
     return summary, cursors
 
