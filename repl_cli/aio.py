@@ -32,6 +32,7 @@ from repl_cli.client import CALL_TIMEOUT, Client, decode_answer, parse_addr
 from repl_cli.errors import CliError
 from repl_cli.reconnect import DEFAULT_RECONNECT, Outage
 from repl_daemon import protocol as p
+from session.errors import Code
 from session.firing import CursorInfo
 from session.rules import ACK_CURSOR, DEFAULT_HANDLER, FOLLOW_CURSOR, WAIT_CURSOR
 
@@ -49,10 +50,12 @@ def connect(
     home: str | Path | None = None,
     *,
     reconnect: float = DEFAULT_RECONNECT,
+    token: str | None = None,
 ) -> AsyncRepl:
     """An ``AsyncRepl`` for the daemon at ``addr`` (``REPL_ADDR``, else 127.0.0.1:7427),
-    its token in ``home``; it connects on the first call. Use ``async with``."""
-    return AsyncRepl(addr, home, reconnect=reconnect)
+    with ``token`` (else ``REPL_TOKEN``, else the root token in ``home``); it connects on
+    the first call. Use ``async with``."""
+    return AsyncRepl(addr, home, reconnect=reconnect, token=token)
 
 
 class AsyncRepl:
@@ -65,9 +68,10 @@ class AsyncRepl:
         *,
         reconnect: float = DEFAULT_RECONNECT,
         note: Callable[[str], None] | None = None,
+        token: str | None = None,
     ) -> None:
         # the sync client knows where the daemon and its token are; it never connects here
-        self._where = Client(addr, home)
+        self._where = Client(addr, home, token=token)
         self.reconnect = reconnect
         self.note = note or _log_note
         self._stream: SocketStream | None = None
@@ -109,7 +113,12 @@ class AsyncRepl:
         self._stream = stream
         self._lines = BufferedByteReceiveStream(stream)
         token = self._where._token()
-        await self._exchange(p.Auth(token=token), p.Done, CALL_TIMEOUT)
+        try:
+            await self._exchange(p.Auth(token=token), p.Done, CALL_TIMEOUT)
+        except CliError as exc:
+            if exc.code == Code.UNAUTHORIZED:  # say which token that was
+                exc.message = f"{exc.message}; this one was {self._where._token_source()}"
+            raise
 
     async def _exchange(self, request: p.Request, expect: type[R], within: float | None) -> R:
         """Send ``request`` and read its answer (within ``within`` s, None: however long a
@@ -201,6 +210,17 @@ class AsyncRepl:
             session=session, text=text, handler=handler, in_=in_, at=at, every=every, key=key
         )
         return await self._call(request, p.TimerSet)
+
+    async def token_add(self, name: str, sessions: list[str], can: list[str]) -> p.TokenMade:
+        """Make a scoped token (the root token's only): its secret is in the answer, once."""
+        request = p.Token(action="add", name=name, sessions=sessions, can=can)
+        return await self._call(request, p.TokenMade)
+
+    async def token_list(self) -> list[p.TokenInfo]:
+        return (await self._call(p.Token(action="list"), p.TokenList)).tokens
+
+    async def token_revoke(self, name: str) -> None:
+        await self._call(p.Token(action="revoke", name=name), p.Done)
 
     async def timers(self, session: str | None = None) -> list[p.TimerInfo]:
         return (await self._call(p.Timers(session=session), p.TimerList)).timers

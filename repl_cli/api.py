@@ -83,11 +83,13 @@ def connect(
     home: str | Path | None = None,
     *,
     reconnect: float = DEFAULT_RECONNECT,
+    token: str | None = None,
 ) -> Repl:
-    """A ``Repl`` for the daemon at ``addr`` (``REPL_ADDR``, else 127.0.0.1:7427) whose
-    token is in ``home`` (``REPL_HOME``, else the default state directory). It connects
-    on the first call; use it in a ``with`` block, or ``close`` it."""
-    return Repl(Client(addr, home), reconnect=reconnect)
+    """A ``Repl`` for the daemon at ``addr`` (``REPL_ADDR``, else 127.0.0.1:7427) with
+    ``token`` (else ``REPL_TOKEN``, else the root token in ``home``: ``REPL_HOME``, else
+    the default state directory). It connects on the first call; use it in a ``with``
+    block, or ``close`` it."""
+    return Repl(Client(addr, home, token=token), reconnect=reconnect)
 
 
 class Repl:
@@ -193,6 +195,17 @@ class Repl:
     def webhook(self, session: str, secret: str | None, *, handler: str = WEBHOOK_HANDLER) -> None:
         """Give the session a webhook secret (``POST /hooks/{id}``), or with None take it away."""
         self._call(p.SetWebhook(session=session, secret=secret, handler=handler), p.Done)
+
+    def token_add(self, name: str, sessions: list[str], can: list[str]) -> p.TokenMade:
+        """Make a scoped token (the root token's only): its secret is in the answer, once."""
+        request = p.Token(action="add", name=name, sessions=sessions, can=can)
+        return self._call(request, p.TokenMade)
+
+    def token_list(self) -> list[p.TokenInfo]:
+        return self._call(p.Token(action="list"), p.TokenList).tokens
+
+    def token_revoke(self, name: str) -> None:
+        self._call(p.Token(action="revoke", name=name), p.Done)
 
     def timers(self, session: str | None = None) -> list[p.TimerInfo]:
         """The pending timers of ``session``, or of every session: soonest first."""

@@ -21,6 +21,7 @@ import msgspec
 from repl_cli.errors import USAGE, CliError, ReaderGone, from_wire, unavailable
 from repl_daemon import protocol as p
 from repl_daemon.locations import DEFAULT_ADDR, default_home, split_addr
+from session.errors import Code
 
 # how long an ordinary request may take; a wait has no client-side limit
 CALL_TIMEOUT = 30.0
@@ -98,8 +99,14 @@ class Client:
         home: str | Path | None = None,
         *,
         addr_from_env: bool = False,
+        token: str | None = None,
+        token_file: str | Path | None = None,
     ) -> None:
         from_env = addr_from_env or (not addr and bool(os.environ.get("REPL_ADDR")))
+        #: a scoped token (SPEC §11): given, read from ``token_file``, or ``REPL_TOKEN``;
+        #: with none of them, the root token in ``home``
+        self.token = token
+        self.token_file = Path(token_file) if token_file else None
         self.addr = addr or os.environ.get("REPL_ADDR") or DEFAULT_ADDR
         #: how an error names where the address came from
         self._from_env = " (from REPL_ADDR)" if from_env else ""
@@ -131,18 +138,38 @@ class Client:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock = sock
         self._quiet_since = time.monotonic()
-        self.call(p.Auth(token=self._token()), p.Done)
+        try:
+            self.call(p.Auth(token=self._token()), p.Done)
+        except CliError as exc:
+            if exc.code == Code.UNAUTHORIZED:  # say which token that was
+                exc.message = f"{exc.message}; this one was {self._token_source()}"
+            raise
+
+    def _token_source(self) -> str:
+        if self.token:
+            return "given to the client"
+        if self.token_file is not None:
+            return f"read from {self.token_file} (--token-file)"
+        if os.environ.get("REPL_TOKEN", "").strip():
+            return "REPL_TOKEN"
+        return (
+            f"the root token read from {self.token_path}: point --home (or REPL_HOME) "
+            "at the daemon's state directory"
+        )
 
     def _token(self) -> str:
-        try:
-            token = self.token_path.read_text().strip()
-        except OSError as exc:
-            reason = exc.strerror or str(exc)
-            raise CliError(
-                f"cannot read the daemon's token {self.token_path} ({reason}): "
-                "point --home (or REPL_HOME) at the daemon's state directory"
-            ) from None
-        return token
+        """The token to authenticate with: the one given, ``--token-file``'s, ``REPL_TOKEN``,
+        else the daemon's root token in its home."""
+        if self.token:
+            return self.token
+        if self.token_file is not None:
+            return _read_token(self.token_file, "check the --token-file path")
+        given = os.environ.get("REPL_TOKEN", "").strip()
+        if given:
+            return given
+        return _read_token(
+            self.token_path, "point --home (or REPL_HOME) at the daemon's state directory"
+        )
 
     def close(self) -> None:
         if self._sock is not None:
@@ -240,3 +267,14 @@ class Client:
             f"the daemon at {self.addr} closed the connection{reason}: "
             "check it with `repl ping` and run the command again"
         )
+
+
+def _read_token(path: Path, hint: str) -> str:
+    try:
+        token = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise CliError(f"cannot read the token {path} ({reason}): {hint}") from None
+    if not token:
+        raise CliError(f"the token file {path} is empty")
+    return token

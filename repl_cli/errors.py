@@ -16,7 +16,7 @@ OK = 0
 ERROR = 1
 TIMED_OUT = 2  # `repl wait --timeout` passed with nothing printed
 USAGE = 64  # EX_USAGE from sysexits.h
-FORBIDDEN = 77  # EX_NOPERM: the token lacks the right (SPEC §11)
+FORBIDDEN = 77  # EX_NOPERM: a token refused, or a right the token lacks (SPEC §11)
 UNAVAILABLE = 75  # EX_TEMPFAIL: the daemon or its store is away, or shutting down; try again
 INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 
@@ -66,12 +66,14 @@ WIRE: dict[str, tuple[int, str]] = {
         "the text must fit in that with its JSON escaping (a quote or a newline takes "
         "2 bytes, a control character 6): send it in parts, for example with `--lines`",
     ),
-    Code.UNAUTHORIZED: (ERROR, "point --home (or REPL_HOME) at the daemon's state directory"),
+    Code.UNAUTHORIZED: (FORBIDDEN, ""),
     Code.FORBIDDEN: (FORBIDDEN, ""),
     Code.IDLE_TIMEOUT: (UNAVAILABLE, "run the command again"),
     Code.NO_SUCH_SESSION: (ERROR, ""),
     Code.NO_SUCH_TIMER: (ERROR, "`repl timers` lists the pending ones"),
     Code.NO_SUCH_WEBHOOK: (ERROR, ""),
+    Code.NO_SUCH_TOKEN: (ERROR, "`repl token list` lists them"),
+    Code.TOKEN_EXISTS: (ERROR, "revoke it first, or choose another name"),
     Code.SESSION_EXISTS: (ERROR, ""),
     Code.SESSION_STOPPED: (ERROR, "it no longer exists: `repl start` it again to reuse the id"),
     Code.TOO_MANY: (ERROR, "stop what you no longer need, or raise the daemon's limit"),

@@ -115,6 +115,13 @@ class ReplGroup(_PlainHelp, click.Group):
     "[env REPL_HOME; default $XDG_STATE_HOME/repl].",
 )
 @click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="Authenticate with the token in FILE, one made by `repl token add` "
+    "[else env REPL_TOKEN, the token itself; else the daemon's root token in --home].",
+)
+@click.option(
     "-V",
     "--version",
     is_flag=True,
@@ -124,12 +131,13 @@ class ReplGroup(_PlainHelp, click.Group):
     help="Print the version and exit.",
 )
 @click.pass_context
-def cli(ctx: click.Context, addr: str | None, home: str | None) -> None:
+def cli(ctx: click.Context, addr: str | None, home: str | None, token_file: str | None) -> None:
     """A session inbox: send firings to sessions, and read, wait for or follow them."""
     from_env = ctx.get_parameter_source("addr") is click.core.ParameterSource.ENVIRONMENT
     from repl_cli.reconnect import stderr_note
 
-    repl = Repl(Client(addr, home, addr_from_env=from_env), note=stderr_note)
+    client = Client(addr, home, addr_from_env=from_env, token_file=token_file)
+    repl = Repl(client, note=stderr_note)
     ctx.obj = repl
     ctx.call_on_close(repl.close)
 
@@ -140,7 +148,7 @@ def complete_sessions(ctx: click.Context, _param: click.Parameter, incomplete: s
     # completing, click runs no command (nor the group's callback): the root's options
     # are parsed, so the client is made from them here
     params = ctx.find_root().params
-    client = Client(params.get("addr"), params.get("home"))
+    client = Client(params.get("addr"), params.get("home"), token_file=params.get("token_file"))
     try:
         client.timeout = 0.5
         listed = client.call(p.Sessions(), p.SessionList)
@@ -487,6 +495,82 @@ def timers(repl: Repl, session: str | None, as_json: bool) -> None:
 def cancel(repl: Repl, session: str, timer: str) -> None:
     """Cancel a pending timer; exit 1 when the session has no such timer."""
     repl.cancel(session, timer)
+
+
+# -- tokens ---------------------------------------------------------------------
+
+
+@cli.group()
+def token() -> None:
+    """Scoped tokens: one per program, each limited to some sessions and some rights.
+
+    Only the root token (the `token` file in the daemon's home) manages them.
+    A program uses its token through REPL_TOKEN (the token itself) or
+    --token-file FILE.
+    """
+
+
+@token.command("add")
+@click.argument("name")
+@click.option(
+    "--sessions",
+    "patterns",
+    required=True,
+    metavar="PATTERN[,PATTERN...]",
+    help="The sessions it sees: globs over ids, as 'team-a.*' (quote them for the shell).",
+)
+@click.option(
+    "--can",
+    required=True,
+    metavar="RIGHT[,RIGHT...]",
+    help="read (read, wait, follow, ack, cursors, poll), send (send, one-shot scheduled "
+    "sends), admin (start, stop, buffer, timers, webhooks).",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="One JSON object: token, name, sessions, can."
+)
+@click.pass_obj
+def token_add(repl: Repl, name: str, patterns: str, can: str, as_json: bool) -> None:
+    """Make a token NAME and print it, once: keep it, it cannot be shown again."""
+    from session.errors import ReplError
+    from session.scopes import check_token_name, parse_scope
+
+    try:  # checked here too: a usage error says so before anything is asked
+        check_token_name(name)
+        scope = parse_scope(patterns, can)
+    except ReplError as exc:
+        raise click.UsageError(exc.message) from None
+    made = repl.token_add(name, list(scope.patterns), sorted(scope.rights))
+    if as_json:
+        output.print_json(
+            {"token": made.token, "name": made.name, "sessions": made.sessions, "can": made.can}
+        )
+        return
+    output.line(made.token)
+
+
+@token.command("list")
+@click.option("--json", "as_json", is_flag=True, help="A JSON list of objects.")
+@click.pass_obj
+def token_list(repl: Repl, as_json: bool) -> None:
+    """List the scoped tokens: name, sessions, rights (never the token itself)."""
+    listed = repl.token_list()
+    if as_json:
+        output.print_json(listed)
+        return
+    output.table(
+        ("name", "sessions", "can"),
+        [(t.name, ",".join(t.sessions), ",".join(t.can)) for t in listed],
+        whole=("name",),
+    )
+
+
+@token.command("revoke")
+@click.argument("name")
+@click.pass_obj
+def token_revoke(repl: Repl, name: str) -> None:
+    """Revoke token NAME at once: its connections are closed, its waits end (exit 77)."""
+    repl.token_revoke(name)
 
 
 # -- reading --------------------------------------------------------------------

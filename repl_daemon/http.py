@@ -21,8 +21,14 @@ has a new firing; a client that goes away ends its wait at once.
 - ``GET /sessions``, ``GET /metrics`` (Prometheus, prometheus_client), and
   ``GET /healthz`` (no token; 503 when the store fails).
 
-Every data route needs ``Authorization: Bearer TOKEN`` (the daemon's token,
-compared in constant time): without it 401. Errors are JSON ``{"code",
+Every data route needs ``Authorization: Bearer TOKEN``: the daemon's root
+token or a scoped one (SPEC §11), checked by the engine as the line
+protocol's ``auth`` is; without it, or with a wrong or revoked one, 401. A
+scoped token sees only its sessions (``/sessions`` lists those, any other
+answers 404 as a missing one), a right it lacks is 403, and ``/metrics``
+(the whole daemon's figures) is the root's. A revocation ends the token's
+blocked requests and event streams at once (``event: error``, code
+``unauthorized``). Errors are JSON ``{"code",
 "message"}`` with the wire code of ``session.errors``; a missing session is
 404, a body over 1 MiB 413, a request the daemon cannot take 400.
 
@@ -49,6 +55,7 @@ import msgspec
 from anyio.abc import TaskStatus
 
 from repl_daemon import protocol as p
+from repl_daemon.engine.engine import REVOKED
 from repl_daemon.protocol import MAX_LINE
 from session.errors import (
     BadRequest,
@@ -64,6 +71,7 @@ from session.errors import (
 )
 from session.ops import GetWebhook
 from session.rules import DEFAULT_HANDLER
+from session.scopes import TokenRecord, forbidden
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -154,15 +162,30 @@ class Api:
 
     # -- plumbing ---------------------------------------------------------------
 
-    def authorized(self, request: Request) -> bool:
+    async def authenticate(self, request: Request) -> TokenRecord | None:
+        """The request's token: None for the root; ``Unauthorized`` for none or a wrong one."""
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer":
-            return False
-        return hmac.compare_digest(given.strip().encode(), self._token)
+        if scheme.lower() != "bearer" or not given.strip():
+            raise Unauthorized("give the daemon's token as Authorization: Bearer TOKEN")
+        return await self.engine.authenticate(given.strip(), self._token).result()
 
-    async def call(self, req: p.AnyRequest) -> p.Response:
-        self.engine.requests += 1
-        return await self.engine.handle(req).result()
+    async def call(self, req: p.AnyRequest, request: Request) -> p.Response:
+        """``req`` handled by the engine with the request's token; a blocked one (a wait)
+        holds the token, and its revocation answers it ``unauthorized``."""
+        engine = self.engine
+        engine.requests += 1
+        token: TokenRecord | None = request.state.token
+        outcome = engine.handle(req, token)
+        if token is None or outcome.job is None:
+            return await outcome.result()
+        held = _Held()
+        engine.hold(token, held)
+        try:
+            with anyio.CancelScope() as held.scope:
+                return await outcome.result()
+        finally:
+            engine.release(token, held)
+        raise held.error or Unauthorized(REVOKED)
 
     def guarded(
         self, route: Callable[[Request], Awaitable[Response]], *, open: bool = False
@@ -172,14 +195,16 @@ class Api:
         errors = self.engine.counts.errors
 
         async def endpoint(request: Request) -> Response:
-            if not open and not self.authorized(request):
-                errors[Code.UNAUTHORIZED] += 1
-                await _drain(request)
-                return error_response(
-                    Code.UNAUTHORIZED,
-                    "give the daemon's token as Authorization: Bearer TOKEN",
-                    headers={"WWW-Authenticate": "Bearer"},
-                )
+            request.state.token = None
+            if not open:
+                try:
+                    request.state.token = await self.authenticate(request)
+                except ReplError as exc:  # a wrong token, or the store that keeps tokens away
+                    errors[exc.code.value] += 1
+                    await _drain(request)
+                    challenge = {"WWW-Authenticate": "Bearer"}
+                    headers = challenge if exc.code is Code.UNAUTHORIZED else None
+                    return error_response(exc.code.value, exc.message, headers=headers)
             try:
                 return await route(request)
             except ReplError as exc:
@@ -201,7 +226,8 @@ class Api:
         handler = request.query_params.get("handler", DEFAULT_HANDLER)
         key = request.headers.get("idempotency-key")
         sent = await self.call(
-            p.Send(session=request.path_params["id"], text=text, handler=handler, key=key)
+            p.Send(session=request.path_params["id"], text=text, handler=handler, key=key),
+            request,
         )
         assert isinstance(sent, p.Sent)
         return json_response(
@@ -214,7 +240,9 @@ class Api:
     async def read(self, request: Request) -> Response:
         after = _number(request, "after", 0)
         most = _number(request, "max", None)
-        read = await self.call(p.Read(session=request.path_params["id"], after=after, max=most))
+        read = await self.call(
+            p.Read(session=request.path_params["id"], after=after, max=most), request
+        )
         assert isinstance(read, p.Firings)
         return json_response({"next": read.next, "lost": read.lost, "firings": read.firings})
 
@@ -223,7 +251,7 @@ class Api:
         engine = self.engine
         engine.requests += 1
         engine.counts.requests["sessions"] += 1
-        rows = await engine.committer.summaries(None).result()
+        rows = await engine.view(request.state.token).summaries(None).result()
         return json_response(
             [
                 {
@@ -296,6 +324,8 @@ class Api:
         from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
         from starlette.responses import Response
 
+        if request.state.token is not None:
+            raise forbidden("root")
         totals = await self.engine.committer.totals().result()
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Snapshot(self.engine, totals))
@@ -313,21 +343,23 @@ class Api:
         else:
             after = _number(request, "after", None)
         if after is None:  # from the head: what is recorded from now on
-            after = await self._head(session_id)
+            after = await self._head(session_id, request)
         else:  # refused now (a missing session, a seq after the head), not in the stream
-            await self.call(p.Read(session=session_id, after=after, max=1))
+            await self.call(p.Read(session=session_id, after=after, max=1), request)
         return EventSourceResponse(
-            self._stream(session_id, after),
+            self._stream(session_id, after, request),
             ping=HEARTBEAT,
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
 
-    async def _head(self, session_id: str) -> int:
-        listed = await self.call(p.Stats(session=session_id))
+    async def _head(self, session_id: str, request: Request) -> int:
+        listed = await self.call(p.Stats(session=session_id), request)
         assert isinstance(listed, p.StatsReply)
         return listed.sessions[0].head
 
-    async def _stream(self, session_id: str, after: int) -> AsyncIterator[dict[str, str]]:
+    async def _stream(
+        self, session_id: str, after: int, request: Request
+    ) -> AsyncIterator[dict[str, str]]:
         """The stream's events: a wait after ``after``, again and again, until the client goes.
 
         It opens with a bare ``id:`` (no event): where it starts, so that a client that
@@ -336,7 +368,7 @@ class Api:
         yield {"id": str(after)}
         while True:
             try:
-                woken = await self.call(p.Wait(sessions=[session_id], after=after))
+                woken = await self.call(p.Wait(sessions=[session_id], after=after), request)
             except ReplError as exc:  # stopped, the daemon closing, the store gone
                 error = {"code": exc.code.value, "message": exc.message}
                 yield {"event": "error", "data": _json.encode(error).decode()}
@@ -356,6 +388,19 @@ class Api:
                         "data": _json.encode(firing).decode(),
                     }
                 after = batch.next
+
+
+class _Held:
+    """An HTTP request's hold on its scoped token while it waits: a revocation cancels it."""
+
+    def __init__(self) -> None:
+        self.scope: anyio.CancelScope | None = None
+        self.error: Unauthorized | None = None
+
+    def revoke(self, error: Unauthorized) -> None:
+        self.error = error
+        if self.scope is not None:
+            self.scope.cancel()
 
 
 def _static_files() -> Any:

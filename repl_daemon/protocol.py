@@ -9,6 +9,8 @@ See docs/protocol.md for every op and error code.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
 from session.errors import BadRequest, ReplError, UnknownOp
@@ -138,17 +140,28 @@ class SetWebhook(Request, tag="webhook"):
     handler: str = WEBHOOK_HANDLER
 
 
+class Token(Request, tag="token"):
+    """Manage the scoped tokens (SPEC §11); the root token's only. ``add`` a token named
+    ``name`` that sees the sessions matching ``sessions`` (globs) with the rights ``can``
+    (``read``, ``send``, ``admin``); ``list`` them; ``revoke`` one by ``name``."""
+
+    action: Literal["add", "list", "revoke"]
+    name: str | None = None
+    sessions: list[str] = []
+    can: list[str] = []
+
+
 class Shutdown(Request, tag="shutdown"):
     """Stop the daemon as SIGTERM does: answered ``done``, then waiters are told and it exits."""
 
 
 AnyRequest = (
     Auth | Ping | Start | Stop | Sessions | Send | Read | Wait | Ack | Cursors | Buffer | Poll
-) | (Stats | Shutdown | Schedule | Timers | Cancel | SetWebhook)
+) | (Stats | Shutdown | Schedule | Timers | Cancel | SetWebhook | Token)
 
 OPS: tuple[str, ...] = ("auth", "ping", "start", "stop", "sessions", "send", "read", "wait")
 OPS += ("ack", "cursors", "buffer", "poll", "stats", "shutdown", "schedule", "timers", "cancel")
-OPS += ("webhook",)
+OPS += ("webhook", "token")
 
 
 # -- responses -------------------------------------------------------------
@@ -267,6 +280,27 @@ class TimerList(Response, kw_only=True):
 
 class Cancelled(Response, kw_only=True):
     timer: TimerInfo
+
+
+class TokenInfo(msgspec.Struct, kw_only=True):
+    """A scoped token as ``token list`` shows it: never its secret."""
+
+    name: str
+    sessions: list[str]
+    can: list[str]
+
+
+class TokenMade(Response, kw_only=True):
+    """``token add``'s answer: the token itself, shown this once."""
+
+    token: str
+    name: str
+    sessions: list[str]
+    can: list[str]
+
+
+class TokenList(Response, kw_only=True):
+    tokens: list[TokenInfo]
 
 
 class SessionStats(msgspec.Struct):

@@ -9,6 +9,13 @@ that is what lets many pipelined sends share one commit, and what notices
 at once that a waiting client has gone away (its jobs are then cancelled,
 moving no cursor).
 
+Authentication is the engine's too (``Engine.authenticate``): the first
+request must be ``auth`` with the root token or a scoped one (SPEC §11), and
+a wrong one closes the connection, so each connection gets one try. While a
+scoped token is looked up in a shared store nothing more is read. A
+connection holds its token: when the token is revoked, its waits are
+answered ``unauthorized`` and it is closed.
+
 A connection is an asyncio protocol, not a task reading an anyio stream:
 its requests are handled in the loop's own callback for the bytes that
 came, and an answer is written with the transport's non-blocking ``write``
@@ -24,11 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import hmac
 import logging
 import math
 import os
-from typing import cast
+from typing import Any, cast
 
 import anyio
 import msgspec
@@ -48,6 +54,7 @@ from session.errors import (
     TooMany,
     Unauthorized,
 )
+from session.scopes import TokenRecord
 
 log = logging.getLogger("repl.daemon")
 
@@ -69,14 +76,23 @@ class _JobAnswer(_Answer):
 
     __slots__ = ("connection", "job", "rid")
 
-    def __init__(self, connection: Connection, job: Job[p.Response], rid: p.RequestId) -> None:
+    def __init__(self, connection: Connection, job: Job[Any], rid: p.RequestId) -> None:
         super().__init__()
         self.connection = connection
-        self.job: Job[p.Response] | None = job
+        self.job: Job[Any] | None = job
         self.rid = rid
 
     def done(self, value: p.Response | None, error: Exception | None) -> None:
         self.connection._job_done(self, value, error)
+
+
+class _AuthAnswer(_JobAnswer):
+    """The place of an ``auth``'s answer while its token is looked up in the store."""
+
+    __slots__ = ()
+
+    def done(self, value: TokenRecord | None, error: Exception | None) -> None:  # type: ignore[override]
+        self.connection._auth_done(self, value, error)
 
 
 class _IdleClock:
@@ -202,6 +218,7 @@ class Connection(asyncio.Protocol):
     __slots__ = (
         "answers",
         "authed",
+        "authing",
         "buffer",
         "closed",
         "connections",
@@ -215,6 +232,7 @@ class Connection(asyncio.Protocol):
         "paused",
         "processing",
         "queued_bytes",
+        "secret",
         "seen",
         "token",
         "transport",
@@ -225,12 +243,15 @@ class Connection(asyncio.Protocol):
         self, engine: Engine, token: bytes, limits: Limits, connections: _Connections
     ) -> None:
         self.engine = engine
-        self.token = token
+        self.secret = token  # the root token
+        #: the scoped token this connection authenticated with (None: the root, or not yet)
+        self.token: TokenRecord | None = None
         self.limits = limits
         self.connections = connections
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.authed = False
+        self.authing = False  # its auth's token is being looked up: nothing more is read
         self.counted = False
         self.closed = False
         self.buffer = b""
@@ -282,6 +303,8 @@ class Connection(asyncio.Protocol):
         self._leave_idle_clock()
         self.answers.clear()
         self.transport = None
+        if self.token is not None:
+            self.engine.release(self.token, self)
         if self.counted:
             self.counted = False
             self.engine.connections -= 1
@@ -341,6 +364,7 @@ class Connection(asyncio.Protocol):
         """Too much waits to be written: stop reading requests until the client catches up."""
         return (
             self.write_paused
+            or self.authing
             or self.queued_bytes > self.limits.max_queued_bytes
             or len(self.answers) > self.limits.max_in_flight
         )
@@ -387,17 +411,9 @@ class Connection(asyncio.Protocol):
             self._queue(self._refused(exc, p.request_id(line)))
             return self.authed
         if not self.authed:
-            if isinstance(req, p.Auth) and hmac.compare_digest(req.token.encode(), self.token):
-                self.authed = True
-                self._queue(p.encode(p.Done(id=req.id)))
-                return True
-            err = Unauthorized("the first request must be auth with the daemon's token")
-            if isinstance(req, p.Auth):
-                err = Unauthorized("wrong token: the CLI reads it from the daemon's home")
-            self._queue(self._refused(err, req.id))
-            return False
+            return self._auth(req)
         try:
-            outcome = engine.handle(req)
+            outcome = engine.handle(req, self.token)
         except Exception as exc:  # every failure becomes an answer, never a crash
             self._queue(self._refused(self._report(exc), req.id))
             return True
@@ -425,6 +441,73 @@ class Connection(asyncio.Protocol):
         if self.in_flight:
             self._leave_idle_clock()  # a blocked wait exempts its connection
         return True
+
+    def _auth(self, req: p.AnyRequest) -> bool:
+        """The first request: an ``auth`` with a token the daemon knows, or the end."""
+        if not isinstance(req, p.Auth):
+            first = Unauthorized("the first request must be auth with the daemon's token")
+            self._queue(self._refused(first, req.id))
+            return False
+        try:
+            outcome = self.engine.authenticate(req.token, self.secret)
+        except ReplError as exc:
+            self._queue(self._refused(exc, req.id))
+            return False
+        job = outcome.job
+        if job is None:
+            self._authed(outcome.value)
+            self._queue(p.encode(p.Done(id=req.id)))
+            return True
+        # a scoped token this daemon has not seen: the store says; read nothing until then
+        self.authing = True
+        answer = _AuthAnswer(self, job, req.id)
+        self.answers.append(answer)
+        self.in_flight += 1
+        job.start(answer.done)
+        return True
+
+    def _authed(self, token: TokenRecord | None) -> None:
+        self.authed = True
+        self.token = token
+        if token is not None:
+            self.engine.hold(token, self)
+
+    def _auth_done(
+        self, answer: _AuthAnswer, value: TokenRecord | None, error: Exception | None
+    ) -> None:
+        if answer.job is None:
+            return  # cancelled: its connection is gone
+        answer.job = None
+        self.in_flight -= 1
+        self.authing = False
+        if error is not None:
+            self._ready(answer, self._refused(self._report(error), answer.rid))
+            self.close()
+            return
+        self._authed(value)
+        self._ready(answer, p.encode(p.Done(id=answer.rid)))
+        if not self.closed and self.idle_key is None:
+            self.seen = self.loop.time()
+            self.idle_key = self.connections.idle.add(self, self.seen + self.limits.idle_timeout)
+        self._resume_if_drained()
+
+    def revoke(self, error: Unauthorized) -> None:
+        """Its token was revoked: its waits are answered ``error``, and it is closed."""
+        self.token = None  # the engine holds it no more
+        if self.closed:
+            return
+        answered = False
+        for answer in self.answers:
+            if isinstance(answer, _JobAnswer) and answer.job is not None:
+                job, answer.job = answer.job, None
+                self.in_flight -= 1
+                job.cancel()
+                answer.data = self._refused(error, answer.rid)
+                self.queued_bytes += len(answer.data)
+                answered = True
+        if not answered:  # nothing asked: told all the same, as an idle connection is
+            self._queue(self._refused(error))
+        self.close()
 
     def _refused(self, exc: ReplError, rid: p.RequestId = msgspec.UNSET) -> bytes:
         """The error answer's line, counted by its code (``/metrics``)."""

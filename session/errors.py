@@ -39,6 +39,8 @@ class Code(enum.StrEnum):
     NO_SUCH_SESSION = "no_such_session"
     NO_SUCH_TIMER = "no_such_timer"
     NO_SUCH_WEBHOOK = "no_such_webhook"
+    NO_SUCH_TOKEN = "no_such_token"
+    TOKEN_EXISTS = "token_exists"
     SESSION_EXISTS = "session_exists"
     SESSION_STOPPED = "session_stopped"
     TOO_MANY = "too_many"
@@ -137,7 +139,8 @@ class LineTooLong(ReplError):
 
 
 class Unauthorized(ReplError):
-    """The first request was not an ``auth`` with the daemon's token."""
+    """The first request was not an ``auth`` with a token the daemon knows, or the
+    connection's token was revoked."""
 
     code = Code.UNAUTHORIZED
 
@@ -170,6 +173,18 @@ class NoSuchWebhook(ReplError):
     """A webhook was delivered to a session that has no webhook secret."""
 
     code = Code.NO_SUCH_WEBHOOK
+
+
+class NoSuchToken(ReplError):
+    """``token revoke`` named a token that does not exist (SPEC §11)."""
+
+    code = Code.NO_SUCH_TOKEN
+
+
+class TokenExists(ReplError):
+    """``token add`` named a token that already exists."""
+
+    code = Code.TOKEN_EXISTS
 
 
 class SessionExists(ReplError):
@@ -230,6 +245,8 @@ BY_CODE: dict[str, type[ReplError]] = {
         NoSuchSession,
         NoSuchTimer,
         NoSuchWebhook,
+        NoSuchToken,
+        TokenExists,
         SessionExists,
         SessionStopped,
         TooMany,

@@ -26,10 +26,11 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import re
+from collections.abc import Sequence
 
 import msgspec
 
-from session.errors import BadRequest, Forbidden
+from session.errors import BadRequest, Forbidden, NoSuchToken, TokenExists, TooMany
 
 READ, SEND, ADMIN = "read", "send", "admin"
 RIGHTS = frozenset({READ, SEND, ADMIN})
@@ -61,6 +62,8 @@ OP_RIGHTS: dict[str, str | None] = {
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 MAX_PATTERNS = 64
+#: the most scoped tokens a store keeps (each daemon holds all of them in memory)
+MAX_TOKENS = 1024
 
 
 def schedule_right(recurring: bool) -> str:
@@ -100,7 +103,12 @@ def check_token_name(name: str) -> str:
 
 def parse_scope(patterns: str, rights: str) -> Scope:
     """``--sessions`` and ``--can`` as the CLI takes them (comma-separated), checked."""
-    globs = tuple(p.strip() for p in patterns.split(",") if p.strip())
+    return make_scope(patterns.split(","), rights.split(","))
+
+
+def make_scope(patterns: Sequence[str], rights: Sequence[str]) -> Scope:
+    """A scope from its patterns and rights as lists (the wire's ``token`` op), checked."""
+    globs = tuple(dict.fromkeys(p.strip() for p in patterns if p.strip()))
     if not globs:
         raise BadRequest("--sessions needs at least one pattern, for example 'team-a.*'")
     if len(globs) > MAX_PATTERNS:
@@ -108,7 +116,7 @@ def parse_scope(patterns: str, rights: str) -> Scope:
     for glob in globs:
         if len(glob) > 128 or not glob.isprintable() or " " in glob:
             raise BadRequest(f"session pattern {glob!r} is not 1-128 printable characters")
-    can = frozenset(r.strip() for r in rights.split(",") if r.strip())
+    can = frozenset(r.strip() for r in rights if r.strip())
     unknown = sorted(can - RIGHTS)
     if not can or unknown:
         what = f"{', '.join(unknown)} is not a right" if unknown else "--can needs a right"
@@ -126,3 +134,15 @@ def forbidden(right: str, session_id: str | None = None) -> Forbidden:
     if right == "root":
         return Forbidden("only the root token (the daemon's token file) may do this")
     return Forbidden(f"this token has no {right} right{where}: it needs a token with --can {right}")
+
+
+def no_such_token(name: str) -> NoSuchToken:
+    return NoSuchToken(f"no token named {name!r}")
+
+
+def token_exists(name: str) -> TokenExists:
+    return TokenExists(f"a token named {name!r} exists")
+
+
+def too_many_tokens() -> TooMany:
+    return TooMany(f"the store keeps {MAX_TOKENS:,} tokens, its limit: revoke some first")

@@ -27,6 +27,7 @@ from repl_daemon.stores.redis import RedisStore
 from session.errors import ReplError, StoreFailed
 from session.ops import Op
 from session.schedule import Timer
+from session.scopes import TokenRecord
 from session.session import Summary
 
 R = TypeVar("R")
@@ -57,20 +58,13 @@ class Listener(Protocol):
     def fired(self, count: int) -> None:
         """This daemon's timers recorded ``count`` firings (``stats`` counts them)."""
 
+    def revoked(self, digest: str) -> None:
+        """The token with this digest was revoked (here, or by another daemon of the store)."""
 
-class Committer(Protocol):
-    @property
-    def store(self) -> Store | RedisStore:
-        """Where the sessions are kept (``stats`` names it)."""
 
-    async def load(self) -> int:
-        """Take over (or connect to) what the store holds; returns how many sessions it has."""
-
-    async def run(self) -> None:
-        """The committer's own work, until cancelled (group commit, or a wake listener)."""
-
-    async def close(self) -> None:
-        """Make everything that was answered durable; called once, at shutdown."""
+class Sessions(Protocol):
+    """What a request may do to the sessions: the committer, or a scoped token's view of it
+    (``repl_daemon.engine.scoped``)."""
 
     def execute(self, session_id: str, op: Op[R]) -> Outcome[R]:
         """Apply ``op`` to the session; ``NoSuchSession`` when there is none."""
@@ -99,6 +93,21 @@ class Committer(Protocol):
     def totals(self) -> Outcome[Totals]:
         """The daemon-wide figures of ``stats``."""
 
+
+class Committer(Sessions, Protocol):
+    @property
+    def store(self) -> Store | RedisStore:
+        """Where the sessions are kept (``stats`` names it)."""
+
+    async def load(self) -> int:
+        """Take over (or connect to) what the store holds; returns how many sessions it has."""
+
+    async def run(self) -> None:
+        """The committer's own work, until cancelled (group commit, or a wake listener)."""
+
+    async def close(self) -> None:
+        """Make everything that was answered durable; called once, at shutdown."""
+
     def watch(self, session_id: str) -> Outcome[None]:
         """A waiter here is about to read the session: be told of its new firings.
 
@@ -114,3 +123,18 @@ class Committer(Protocol):
 
     def vanished(self, session_id: str) -> ReplError:
         """What a wait is answered when a session it holds is found gone."""
+
+    # -- scoped tokens (SPEC §11): kept in the store, so every daemon sharing it knows them
+
+    def find_token(self, digest: str) -> Outcome[TokenRecord | None]:
+        """The token whose secret has this SHA-256, or None."""
+
+    def tokens(self) -> Outcome[list[TokenRecord]]:
+        """Every scoped token, by name."""
+
+    def add_token(self, record: TokenRecord) -> Outcome[None]:
+        """Keep a new token; ``TokenExists`` when its name is taken, ``TooMany`` past the limit."""
+
+    def revoke_token(self, name: str) -> Outcome[TokenRecord]:
+        """Forget a token (``NoSuchToken`` when there is none) and tell the listener, here and
+        on every daemon of the store."""

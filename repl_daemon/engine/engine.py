@@ -11,6 +11,12 @@ applied: a wait's acks on several sessions go through ``ack_all``, which
 applies all of them or none, and every other part of a wait (its cursor,
 its ``max``, its timeout, its sessions) is checked before those acks.
 
+A request made with a scoped token (SPEC §11) is checked here, in one
+place, before anything else: the rights its op needs on the token's
+sessions (``forbidden`` when it lacks one; managing tokens and shutting the
+daemon down are the root's), then it runs on ``Scoped``, the committer as
+that token sees it, where every session outside its patterns is missing.
+
 Waits are the engine's own (``repl_daemon.engine.wait``): a waiter
 subscribes to its sessions before it reads, so a firing recorded between
 the read and the sleep still wakes it, and a blocked waiter does no work at
@@ -20,20 +26,23 @@ all until the committer says that one of its sessions changed.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import logging
 import os
 import secrets
 import time
+from collections import Counter
 from collections.abc import Callable
-from typing import Any, Never, NoReturn, TypeVar
+from typing import Any, Never, NoReturn, Protocol, TypeVar
 
 import anyio
 import msgspec
 
 from repl_daemon import protocol as p
 from repl_daemon.engine.clock import ms_to_utc, now_ms, utc_now
-from repl_daemon.engine.committer import Committer, Totals
+from repl_daemon.engine.committer import Committer, Sessions, Totals
 from repl_daemon.engine.outcome import Outcome
+from repl_daemon.engine.scoped import Scoped
 from repl_daemon.engine.wait import Wait
 from repl_daemon.metrics import Counts
 from session.delta import Webhook
@@ -41,7 +50,9 @@ from session.errors import (
     BadMax,
     BadRequest,
     BadTime,
+    Forbidden,
     StoreFailed,
+    Unauthorized,
     UnknownOp,
 )
 from session.firing import Batch
@@ -61,6 +72,15 @@ from session.ops import (
 )
 from session.rules import DEFAULT_HANDLER, DEFAULT_LIMIT, READ_CURSOR, TICK_HANDLER
 from session.schedule import MAX_DUE_MS, Timer, parse_duration, parse_every, parse_time
+from session.scopes import (
+    OP_RIGHTS,
+    TokenRecord,
+    check_token_name,
+    digest,
+    forbidden,
+    make_scope,
+    schedule_right,
+)
 from session.session import (
     Recorded,
     Scheduled,
@@ -73,6 +93,18 @@ from session.session import (
 T = TypeVar("T")
 
 log = logging.getLogger("repl.daemon")
+
+WRONG_TOKEN = (
+    "wrong token: give the daemon's root token (the `token` file in its home) "
+    "or one made by `repl token add`"
+)
+REVOKED = "this token was revoked: ask whoever manages the daemon for a new one (`repl token add`)"
+
+
+class Holder(Protocol):
+    """What holds a scoped token now (a connection, an HTTP request): ended when it is revoked."""
+
+    def revoke(self, error: Unauthorized) -> None: ...
 
 
 class Engine:
@@ -104,6 +136,13 @@ class Engine:
         self.link_error: StoreFailed | None = None
         #: set by a ``shutdown`` request: the daemon then stops as on SIGTERM
         self.shutdown_requested = anyio.Event()
+        #: what holds each scoped token now, by its digest (revocation ends them)
+        self.holders: dict[str, set[Holder]] = {}
+        #: the requests of each scoped token in use (its ``stats``)
+        self.token_requests: Counter[str] = Counter()
+        #: the digests of the tokens revoked while this daemon runs: a request made with
+        #: one (a connection or an event stream authenticated before) is refused
+        self.gone: set[str] = set()
 
     # -- life --------------------------------------------------------------
 
@@ -152,17 +191,105 @@ class Engine:
     def fired(self, count: int) -> None:
         self.firings += count
 
+    def revoked(self, digest: str) -> None:
+        self.gone.add(digest)
+        self.token_requests.pop(digest, None)
+        error = Unauthorized(REVOKED)
+        for holder in list(self.holders.pop(digest, ())):
+            holder.revoke(error)
+
+    # -- tokens --------------------------------------------------------------
+
+    def authenticate(self, secret: str, root: bytes) -> Outcome[TokenRecord | None]:
+        """Who ``secret`` is: the root (None), a scoped token, or nobody (``Unauthorized``).
+
+        The root token is compared in constant time; a scoped one is found by
+        the SHA-256 of the secret, whose own comparison is constant-time too.
+        """
+        if hmac.compare_digest(secret.encode(), root):
+            root_token: Outcome[TokenRecord | None] = Outcome.now(None)
+            return root_token
+        wanted = digest(secret)
+
+        def known(record: TokenRecord | None) -> TokenRecord | None:
+            if record is None or not hmac.compare_digest(record.digest, wanted):
+                raise Unauthorized(WRONG_TOKEN)
+            return record
+
+        return self.committer.find_token(wanted).then(known)
+
+    def hold(self, token: TokenRecord, holder: Holder) -> None:
+        self.holders.setdefault(token.digest, set()).add(holder)
+
+    def release(self, token: TokenRecord, holder: Holder) -> None:
+        holders = self.holders.get(token.digest)
+        if holders is not None:
+            holders.discard(holder)
+            if not holders:
+                del self.holders[token.digest]
+
+    def view(self, token: TokenRecord | None) -> Sessions:
+        """The sessions as ``token`` sees them (None: the root sees all of them)."""
+        if token is None:
+            return self.committer
+        if token.digest in self.gone:
+            raise Unauthorized(REVOKED)
+        return Scoped(self.committer, token.scope)
+
+    def _scoped(self, req: p.AnyRequest, tag: str, token: TokenRecord) -> Sessions:
+        """The rights ``req`` needs, checked against the token; the sessions as it sees them."""
+        view = self.view(token)
+        self.token_requests[token.digest] += 1
+        scope = token.scope
+        right = OP_RIGHTS[tag]
+        if right is None:
+            raise forbidden("root")
+        if isinstance(req, p.Schedule):
+            right = schedule_right(req.every is not None)
+        if right and right not in scope.rights:
+            raise forbidden(right, getattr(req, "session", None))
+        if isinstance(req, p.Start) and (req.session is None or not scope.covers(req.session)):
+            raise Forbidden(
+                "a scoped token starts only sessions its patterns cover: give an id "
+                f"that matches {', '.join(scope.patterns)}"
+            )
+        return view
+
+    def _token(self, req: p.Token) -> Outcome[p.Response]:
+        rid, committer = req.id, self.committer
+        if req.action == "list":
+            listed = committer.tokens()
+            return listed.then(lambda ts: p.TokenList(id=rid, tokens=[_token_info(t) for t in ts]))
+        if not req.name:
+            raise BadRequest(f"token {req.action} needs a name")
+        name = check_token_name(req.name)
+        if req.action == "revoke":
+            return committer.revoke_token(name).then(lambda _: p.Done(id=rid))
+        scope = make_scope(req.sessions, req.can)
+        secret = "repl_" + secrets.token_urlsafe(32)
+        record = TokenRecord(name, digest(secret), scope)
+        info = _token_info(record)
+        return committer.add_token(record).then(
+            lambda _: p.TokenMade(
+                id=rid, token=secret, name=name, sessions=info.sessions, can=info.can
+            )
+        )
+
     def _wake_all(self) -> None:
         for waiter in {w for waiters in self.waiters.values() for w in waiters}:
             waiter.wake()
 
     # -- requests ----------------------------------------------------------
 
-    def handle(self, req: p.AnyRequest) -> Outcome[p.Response]:
-        """The answer to one request; raises a ``ReplError`` when it is refused at once."""
+    def handle(self, req: p.AnyRequest, token: TokenRecord | None = None) -> Outcome[p.Response]:
+        """The answer to one request made with ``token`` (None: the root); raises a
+        ``ReplError`` when it is refused at once."""
         rid = req.id
-        committer = self.committer
-        self.counts.requests[str(req.__struct_config__.tag)] += 1
+        tag = str(req.__struct_config__.tag)
+        self.counts.requests[tag] += 1
+        committer: Sessions = self.committer
+        if token is not None:
+            committer = self._scoped(req, tag, token)
         match req:
             case p.Send():
                 op = Record(req.handler, req.text, utc_now(), req.key)
@@ -177,7 +304,7 @@ class Engine:
                     read = ReadCursor(cursor, req.max, touch=not req.peek)
                 return committer.execute(req.session, read).then(_firings(rid))
             case p.Wait():
-                return self.wait(req)
+                return self.wait(req, committer)
             case p.Ack():
                 acked = committer.execute(req.session, Ack(req.cursor, req.seq))
                 return acked.then(lambda seq: p.Acked(id=rid, cursor=req.cursor, seq=seq))
@@ -198,7 +325,7 @@ class Engine:
             case p.Sessions():
                 return committer.summaries(None).then(self._listing(rid))
             case p.Stats():
-                return self._stats(req)
+                return self._stats(req, committer, token)
             case p.Schedule():
                 timer = self.timer_for(req)
                 scheduled = committer.execute(req.session, AddTimer(timer))
@@ -222,6 +349,8 @@ class Engine:
                 log.info("asked to shut down by a client")
                 self.shutdown_requested.set()
                 return Outcome.now(p.Done(id=rid))
+            case p.Token():
+                return self._token(req)
             case p.Auth():  # already authenticated: a second auth changes nothing
                 return Outcome.now(p.Done(id=rid))
             case _:
@@ -314,18 +443,30 @@ class Engine:
 
         return listing
 
-    def _stats(self, req: p.Stats) -> Outcome[p.Response]:
-        rows, totals = self.committer.summaries(req.session), self.committer.totals()
+    def _stats(
+        self, req: p.Stats, committer: Sessions, token: TokenRecord | None
+    ) -> Outcome[p.Response]:
+        rows = committer.summaries(req.session)
+        if token is not None:  # the daemon's figures would tell of the others' sessions
+            everything = committer.summaries(None)
+
+            async def scoped() -> p.Response:
+                mine = await everything.result()
+                return self._stats_reply(req, await rows.result(), self._token_figures(token, mine))
+
+            return Outcome.later(scoped)
+        totals = committer.totals()
         if rows.job is None and totals.job is None:
-            return Outcome.now(self._stats_reply(req, rows.value, totals.value))
+            return Outcome.now(self._stats_reply(req, rows.value, self._figures(totals.value)))
 
         async def stats() -> p.Response:
-            return self._stats_reply(req, await rows.result(), await totals.result())
+            figures = self._figures(await totals.result())
+            return self._stats_reply(req, await rows.result(), figures)
 
         return Outcome.later(stats)
 
-    def _stats_reply(self, req: p.Stats, rows: list[Summary], totals: Totals) -> p.StatsReply:
-        daemon = p.DaemonStats(
+    def _figures(self, totals: Totals) -> p.DaemonStats:
+        return p.DaemonStats(
             version=p.VERSION,
             uptime_s=round(self.uptime(), 3),
             store=self.committer.store.name,
@@ -337,6 +478,26 @@ class Engine:
             connections=self.connections,
             requests=self.requests,
         )
+
+    def _token_figures(self, token: TokenRecord, rows: list[Summary]) -> p.DaemonStats:
+        """The daemon block of a scoped token's ``stats``: its own sessions, connections and
+        requests only."""
+        return p.DaemonStats(
+            version=p.VERSION,
+            uptime_s=round(self.uptime(), 3),
+            store=self.committer.store.name,
+            sessions=len(rows),
+            firings=sum(row.recorded for row in rows),
+            lost=sum(row.lost for row in rows),
+            evaluations=sum(row.evaluations for row in rows),
+            waiters=sum(self.waiters_of(row.id) for row in rows),
+            connections=len(self.holders.get(token.digest, ())),
+            requests=self.token_requests[token.digest],
+        )
+
+    def _stats_reply(
+        self, req: p.Stats, rows: list[Summary], daemon: p.DaemonStats
+    ) -> p.StatsReply:
         sessions = [
             p.SessionStats(
                 id=s.id,
@@ -355,7 +516,7 @@ class Engine:
 
     # -- waits -------------------------------------------------------------
 
-    def wait(self, req: p.Wait) -> Outcome[p.Response]:
+    def wait(self, req: p.Wait, committer: Sessions | None = None) -> Outcome[p.Response]:
         """Block until a session has firings after the cursor (SPEC rules 8, 10, 11, 14).
 
         Everything about the request is checked here, before anything runs:
@@ -380,7 +541,7 @@ class Engine:
             raise BadRequest(f"ack names {', '.join(strays)}, which the wait is not on")
         acks = [(session_id, req.ack[session_id]) for session_id in ids if session_id in req.ack]
         # every session must exist before any is acked (or read: a read is an evaluation)
-        committer = self.committer
+        committer = committer or self.committer
         first: list[Outcome[Any]]
         if len(ids) == 1 and acks:  # the ack checks that its one session exists, in one step
             first = [committer.ack_all(req.cursor, acks)]
@@ -398,6 +559,11 @@ def _unknown(req: Never) -> NoReturn:
     has its case above; the raise covers a request made outside the decoder.
     """
     raise UnknownOp(f"the daemon has no op {type(req).__name__!r}")
+
+
+def _token_info(record: TokenRecord) -> p.TokenInfo:
+    scope = record.scope
+    return p.TokenInfo(name=record.name, sessions=list(scope.patterns), can=sorted(scope.rights))
 
 
 def _info(timer: Timer) -> p.TimerInfo:

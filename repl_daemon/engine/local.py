@@ -36,6 +36,7 @@ import logging
 import math
 import secrets
 import time
+from collections.abc import Callable
 from typing import TypeVar
 
 import anyio
@@ -56,11 +57,13 @@ from session.errors import (
 )
 from session.ops import FireTimers, Op, ack_all
 from session.schedule import Schedule, Timer
+from session.scopes import MAX_TOKENS, TokenRecord, no_such_token, token_exists, too_many_tokens
 from session.session import Session, Snapshot, Summary, check_session_id
 
 log = logging.getLogger("repl.daemon")
 
 R = TypeVar("R")
+T = TypeVar("T")
 
 #: how long the timer task waits before it fires again after a failed commit (doubling)
 FIRE_RETRY = (0.1, 5.0)
@@ -126,12 +129,17 @@ class LocalCommitter:
         self.timer_turns = 0
         #: why the last commit failed, until one succeeds (``/healthz``)
         self.failing: str | None = None
+        #: the scoped tokens by name, and the usable ones (written to the store) by digest
+        self._tokens: dict[str, TokenRecord] = {}
+        self._by_digest: dict[str, TokenRecord] = {}
 
     # -- life --------------------------------------------------------------
 
     async def load(self) -> int:
         for snapshot in self.store.load():
             self._host(Session.restore(snapshot))
+        for record in self.store.load_tokens():
+            self._tokens[record.name] = self._by_digest[record.digest] = record
         return len(self.sessions)
 
     async def run(self) -> None:
@@ -329,7 +337,11 @@ class LocalCommitter:
     # -- operations -----------------------------------------------------------
 
     def execute(self, session_id: str, op: Op[R]) -> Outcome[R]:
-        hosted = self._get(session_id)
+        hosted = self.sessions.get(session_id)
+        if hosted is None:  # the id, then the op's own values, as a shared store checks them
+            check_session_id(session_id)
+            op.check()
+            raise no_session(session_id)
         session = hosted.session
         before = session.changes
         result = op.run(session, hosted.cap())
@@ -420,6 +432,58 @@ class LocalCommitter:
 
     def vanished(self, session_id: str) -> ReplError:
         return SessionStopped(f"session {session_id!r} stopped")  # only a stop removes one
+
+    # -- scoped tokens (SPEC §11) -----------------------------------------------
+
+    def find_token(self, digest: str) -> Outcome[TokenRecord | None]:
+        return Outcome.now(self._by_digest.get(digest))
+
+    def tokens(self) -> Outcome[list[TokenRecord]]:
+        return Outcome.now([self._tokens[name] for name in sorted(self._tokens)])
+
+    def add_token(self, record: TokenRecord) -> Outcome[None]:
+        if record.name in self._tokens:
+            raise token_exists(record.name)
+        if len(self._tokens) >= MAX_TOKENS:
+            raise too_many_tokens()
+        self._tokens[record.name] = record  # the name is taken from now; usable once written
+
+        async def add() -> None:
+            try:
+                await self._token_write(self.store.put_token, record)
+            except BaseException:
+                del self._tokens[record.name]
+                raise
+            self._by_digest[record.digest] = record
+
+        return Outcome.later(add)
+
+    def revoke_token(self, name: str) -> Outcome[TokenRecord]:
+        record = self._tokens.get(name)
+        if record is None or record.digest not in self._by_digest:
+            raise no_such_token(name)
+
+        async def revoke() -> TokenRecord:
+            await self._token_write(self.store.drop_token, name)
+            if self._tokens.get(name) is record:
+                del self._tokens[name]
+                del self._by_digest[record.digest]
+                self.listener.revoked(record.digest)
+            return record
+
+        return Outcome.later(revoke)
+
+    async def _token_write(self, change: Callable[[T], None], arg: T) -> None:
+        """One change of the tokens, in the store's thread between two group commits."""
+        if not self._durable:
+            return
+        async with self._commit_lock:
+            try:
+                await anyio.to_thread.run_sync(change, arg)
+            except StoreFailed:
+                raise
+            except Exception as exc:
+                raise StoreFailed(f"store failed: {exc}") from None
 
 
 _WATCHED: Outcome[None] = Outcome.now(None)

@@ -19,6 +19,13 @@ firing publishes on it. This daemon's own changes wake its waiters at once
 (their wakes from Redis are skipped by origin); another daemon's arrive as
 messages. A broken subscription is repaired by ``Wakes``, and once it is
 back every waiter reads again: a lost wake never leaves a waiter asleep.
+
+Scoped tokens (SPEC §11) live in Redis too, so every daemon of the store
+knows them. A daemon keeps the ones it has seen; a token it has not seen
+yet (made on another daemon a moment ago) is looked up once. A revocation
+publishes on the tokens' channel, and every daemon ends the token's
+connections at once; after a broken link the daemon reads the tokens again
+and ends those that went meanwhile.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from repl_daemon.engine.committer import Listener, Totals
 from repl_daemon.engine.local import exists, made_up_id
 from repl_daemon.engine.outcome import Outcome, Settled
 from repl_daemon.engine.timers import SharedTimers
-from repl_daemon.stores.redis import RedisStore, Wakes, is_partition
+from repl_daemon.stores.redis import AUTH, RedisStore, Wakes, is_partition
 from session.errors import NoSuchSession, ReplError, StoreFailed
 from session.ops import (
     Ack,
@@ -57,6 +64,7 @@ from session.ops import (
 from session.ring import check_limit
 from session.rules import HANDLERS, POLL_CURSOR
 from session.schedule import Timer
+from session.scopes import TokenRecord, no_such_token
 from session.session import Recorded, Summary, check_cursor_name, check_session_id
 
 log = logging.getLogger("repl.daemon")
@@ -73,24 +81,38 @@ class SharedCommitter:
         self.wakes = Wakes(store, self._woken, self._restored)
         self.shared_timers = SharedTimers(store, self.wakes, listener)
         store.counts = listener.counts  # its round trips are this daemon's writes
+        #: the scoped tokens this daemon has seen, by digest (a miss asks Redis)
+        self._tokens: dict[str, TokenRecord] = {}
+        #: digests heard revoked: a lookup's answer that crossed its revocation is dropped
+        self._revoked: set[str] = set()
+        self._tg: Any = None
 
     # -- life --------------------------------------------------------------
 
     async def load(self) -> int:
         """Connect (``StoreFailed`` when Redis does not answer); Redis holds the sessions."""
         await self.store.open()
+        for record in await self.store.find_tokens():
+            self._tokens[record.digest] = record
         return len(await self.store.ids())
 
     async def run(self) -> None:
         async with anyio.create_task_group() as tg:
+            self._tg = tg
             tg.start_soon(self.wakes.run)
             tg.start_soon(self.shared_timers.run)
+            tg.start_soon(self._watch_tokens)
 
     async def close(self) -> None:
         """Disconnect: nothing to write, every change was made inside Redis by its operation."""
         await self.store.close()
 
     def _woken(self, session_id: str, payload: bytes) -> None:
+        if session_id == AUTH:
+            what, _, digest = payload.decode().partition(" ")
+            if what == "revoked":
+                self._forget(digest)
+            return
         if is_partition(session_id):  # a timer partition's earliest due time moved sooner
             self.shared_timers.heard(session_id, payload)
             return
@@ -105,6 +127,75 @@ class SharedCommitter:
     def _restored(self) -> None:
         self.shared_timers.restored()
         self.listener.link(None)
+        if self._tg is not None:  # a revocation may have gone unheard while the link was down
+            self._tg.start_soon(self._reread_tokens)
+
+    # -- scoped tokens ---------------------------------------------------------
+
+    async def _watch_tokens(self) -> None:
+        """Subscribe to the tokens' channel, then read them again (one may have gone since
+        ``load``); a subscription that fails is tried again."""
+        await self.wakes.ready.wait()
+        delay = 0.05
+        while True:
+            try:
+                await self.wakes.subscribe(AUTH)
+                break
+            except StoreFailed as exc:
+                log.warning("%s; trying again", exc.message)
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        await self._reread_tokens()
+
+    async def _reread_tokens(self) -> None:
+        try:
+            records = await self.store.find_tokens()
+        except StoreFailed as exc:  # the link is down again: its repair reads them once more
+            log.warning("cannot read the tokens again: %s", exc.message)
+            return
+        there = {record.digest for record in records}
+        for digest in [d for d in self._tokens if d not in there]:
+            self._forget(digest)
+        for record in records:
+            if record.digest not in self._revoked:
+                self._tokens[record.digest] = record
+
+    def _forget(self, digest: str) -> None:
+        self._revoked.add(digest)
+        if self._tokens.pop(digest, None) is not None:
+            self.listener.revoked(digest)
+
+    def find_token(self, digest: str) -> Outcome[TokenRecord | None]:
+        record = self._tokens.get(digest)
+        if record is not None or digest in self._revoked:
+            return Outcome.now(record)
+
+        def found(records: list[TokenRecord]) -> TokenRecord | None:
+            if not records or digest in self._revoked:
+                return None
+            self._tokens[digest] = records[0]
+            return records[0]
+
+        return Outcome.pending(lambda: self.store.find_tokens(digest)).then(found)
+
+    def tokens(self) -> Outcome[list[TokenRecord]]:
+        listed = Outcome.pending(self.store.find_tokens)
+        return listed.then(lambda records: sorted(records, key=lambda r: r.name))
+
+    def add_token(self, record: TokenRecord) -> Outcome[None]:
+        def added(_: None) -> None:
+            self._tokens[record.digest] = record
+
+        return Outcome.pending(lambda: self.store.add_token(record)).then(added)
+
+    def revoke_token(self, name: str) -> Outcome[TokenRecord]:
+        def revoked(record: TokenRecord | None) -> TokenRecord:
+            if record is None:  # its name was there without its record: gone all the same
+                raise no_such_token(name)
+            self._forget(record.digest)  # here at once; the others hear it on the channel
+            return record
+
+        return Outcome.pending(lambda: self.store.revoke_token(name)).then(revoked)
 
     # -- the Committer interface -------------------------------------------
 

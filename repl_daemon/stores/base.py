@@ -43,6 +43,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from session.delta import Delta
+from session.scopes import TokenRecord
 from session.session import Snapshot
 
 
@@ -66,6 +67,18 @@ class Store(Protocol):
 
     def write(self, batch: list[Delta]) -> None:
         """Make the batch durable atomically, or raise ``StoreFailed``. Runs in a thread."""
+        ...
+
+    def load_tokens(self) -> list[TokenRecord]:
+        """The scoped tokens (SPEC §11), by name; called at start."""
+        ...
+
+    def put_token(self, record: TokenRecord) -> None:
+        """Keep a new token (its name is not in use: the committer checked). Runs in a thread."""
+        ...
+
+    def drop_token(self, name: str) -> None:
+        """Forget a token. Runs in a thread."""
         ...
 
     def close(self) -> None: ...

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from session.delta import Delta
+from session.scopes import TokenRecord
 from session.session import Snapshot
 
 
@@ -20,6 +21,15 @@ class MemoryStore:
         return None
 
     def write(self, batch: list[Delta]) -> None:
+        pass
+
+    def load_tokens(self) -> list[TokenRecord]:
+        return []
+
+    def put_token(self, record: TokenRecord) -> None:
+        pass
+
+    def drop_token(self, name: str) -> None:
         pass
 
     def close(self) -> None:

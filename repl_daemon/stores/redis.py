@@ -58,6 +58,13 @@ from session.errors import (
 from session.firing import Batch, CursorInfo, Firing
 from session.rules import HANDLERS, MAX_CURSORS, MAX_KEYS, MAX_TIMERS
 from session.schedule import Timer
+from session.scopes import (
+    MAX_TOKENS,
+    TokenRecord,
+    no_such_token,
+    token_exists,
+    too_many_tokens,
+)
 from session.session import (
     Fired,
     Recorded,
@@ -69,6 +76,9 @@ from session.session import (
 )
 
 log = logging.getLogger("repl.daemon")
+
+_json = msgspec.json.Encoder()
+_token_record = msgspec.json.Decoder(TokenRecord)
 
 T = TypeVar("T")
 
@@ -91,14 +101,18 @@ _ERRORS: dict[str, type[ReplError]] = {
 # the timer scripts' refusals, with the core's own words (the script names the timer)
 _TIMER_ERRORS: dict[str, Callable[[str, str], ReplError]] = {
     "bad_time": timer_exists,
-    "too_many": lambda session_id, _: too_many_timers(session_id),
+    "too_many": lambda session_id, _: (
+        too_many_tokens() if session_id == AUTH else too_many_timers(session_id)
+    ),
     "no_such_timer": no_such_timer,
+    "token_exists": lambda _, name: token_exists(name),
+    "no_such_token": lambda _, name: no_such_token(name),
 }
 
 
 SCRIPTS: tuple[str, ...] = ("RECORD", "READ", "ACK", "CHECK_ACK", "SET_LIMIT", "DESCRIBE")
 SCRIPTS += ("START", "STOP", "SCHEDULE", "CANCEL", "TIMERS", "FIRE", "CLAIM", "INDEX")
-SCRIPTS += ("SET_WEBHOOK", "GET_WEBHOOK")
+SCRIPTS += ("SET_WEBHOOK", "GET_WEBHOOK", "TOKEN_ADD", "TOKEN_REVOKE", "TOKEN_FIND")
 #: the partitions of the timer index (``repl:{~tN}:due``); every daemon sharing a store
 #: must agree on it, so it is fixed. On a cluster they spread over the primaries.
 PARTITIONS = 8
@@ -198,6 +212,15 @@ PARTITION_IDS = tuple(f"~t{n}" for n in range(PARTITIONS))
 def partition_keys(partition: str) -> list[str]:
     """A partition's index of due timers and its channel, as ``CLAIM`` and ``INDEX`` take them."""
     return [f"repl:{{{partition}}}:due", wake_channel(partition)]
+
+
+#: where the scoped tokens are kept (``auth_keys``); as the timer partitions, no session id
+AUTH = "~auth"
+
+
+def auth_keys(_: str) -> list[str]:
+    """The tokens' keys and channel, as the ``TOKEN_*`` scripts take them."""
+    return [f"repl:{{{AUTH}}}:names", f"repl:{{{AUTH}}}:tokens", wake_channel(AUTH)]
 
 
 def is_partition(name: str) -> bool:
@@ -935,6 +958,28 @@ class RedisStore:
         return self._script(
             "INDEX", partition, tuple(args), change=True, then=earliest, keys=partition_keys
         )
+
+    # -- scoped tokens (SPEC §11) ----------------------------------------------------
+
+    def add_token(self, record: TokenRecord) -> asyncio.Future[None]:
+        args = (record.name, record.digest, _json.encode(record).decode(), MAX_TOKENS)
+        return self._script("TOKEN_ADD", AUTH, args, change=True, then=_nothing, keys=auth_keys)
+
+    def revoke_token(self, name: str) -> asyncio.Future[TokenRecord | None]:
+        def revoked(answer: list[Any]) -> TokenRecord | None:
+            return _token_record.decode(answer[0]) if answer[0] else None
+
+        return self._script(
+            "TOKEN_REVOKE", AUTH, (name,), change=True, then=revoked, keys=auth_keys
+        )
+
+    def find_tokens(self, digest: str = "") -> asyncio.Future[list[TokenRecord]]:
+        """The token with this digest (none or one), or every token with ``""``."""
+
+        def found(answer: list[Any]) -> list[TokenRecord]:
+            return [_token_record.decode(raw) for raw in answer]
+
+        return self._script("TOKEN_FIND", AUTH, (digest,), change=False, then=found, keys=auth_keys)
 
     def exists(self, session_id: str) -> asyncio.Future[bool]:
         key = session_keys(session_id)[0]

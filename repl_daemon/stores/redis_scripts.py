@@ -39,6 +39,13 @@ when the partition's earliest due time moved sooner, so every daemon sleeps
 until the earliest and none polls). An entry of the index that is stale
 costs one ``FIRE`` that fires nothing; see ``repl_daemon.stores.redis``.
 
+The scoped tokens (SPEC §11) are kept apart from every session, under the
+name ``~auth`` (no session id starts with ``~``): ``repl:{~auth}:names``
+(name -> the SHA-256 of its secret), ``repl:{~auth}:tokens`` (that digest ->
+the token's record, JSON made by the daemon) and the channel
+``repl:{~auth}:wake``, where a revocation publishes ``revoked DIGEST`` so
+every daemon ends that token's connections at once.
+
 A script answers ``{'ok', ...}`` or ``{'err', CODE, MESSAGE}`` with a wire
 code of ``session.errors``; Lua numbers are doubles, so seqs are exact up to
 2**53.
@@ -460,3 +467,38 @@ if not m[1] then return missing() end
 return {'ok', m[2] or '', m[3] or ''}
 """
 )
+
+
+# -- the scoped tokens: KEYS names, tokens, wake ---------------------------------
+
+#: ARGV: name, digest, record (JSON), the most tokens kept
+TOKEN_ADD = """#!lua
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return {'err', 'token_exists', ARGV[1]} end
+if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[4]) then return {'err', 'too_many', ''} end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+return {'ok'}
+"""
+
+#: ARGV: name; answers the revoked token's record
+TOKEN_REVOKE = """#!lua
+local digest = redis.call('HGET', KEYS[1], ARGV[1])
+if not digest then return {'err', 'no_such_token', ARGV[1]} end
+local record = redis.call('HGET', KEYS[2], digest)
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], digest)
+redis.call('SPUBLISH', KEYS[3], 'revoked ' .. digest)
+return {'ok', record or ''}
+"""
+
+#: ARGV: digest ('' for every token); answers the records found
+TOKEN_FIND = """#!lua
+if ARGV[1] == '' then
+  local out = {'ok'}
+  for _, record in ipairs(redis.call('HVALS', KEYS[2])) do out[#out + 1] = record end
+  return out
+end
+local record = redis.call('HGET', KEYS[2], ARGV[1])
+if not record then return {'ok'} end
+return {'ok', record}
+"""

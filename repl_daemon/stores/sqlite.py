@@ -16,8 +16,10 @@ use, which orders the LRU eviction), ``keys`` (the newest 1,024 dedup
 keys of each session, in the order they came), ``timers`` (the pending
 timers, SPEC §9: a firing and its timer's move or deletion are in one
 batch, so one transaction) and ``hooks`` (a session's webhook secret and
-handler, SPEC §10). ``PRAGMA user_version`` holds the schema's version (2;
-a file of schema 1 gets the ``timers`` and ``hooks`` tables when opened).
+handler, SPEC §10), and ``tokens`` (the scoped tokens, SPEC §11: a name, the
+SHA-256 of the secret, never the secret, and the scope). ``PRAGMA
+user_version`` holds the schema's version (3; a file of schema 1 or 2 gets
+the tables it lacks when opened).
 
 Only one daemon may use a home at a time: the store holds an exclusive
 ``flock`` on ``repl.db.lock`` next to the database for as long as it is
@@ -40,20 +42,25 @@ import threading
 from collections import defaultdict
 from pathlib import Path
 
+import msgspec
+
 from session.delta import CursorState, Delta, Webhook, gap
 from session.errors import ReplError, StoreFailed
 from session.firing import Firing
 from session.ring import check_limit
 from session.schedule import Timer
+from session.scopes import Scope, TokenRecord
 from session.session import Snapshot, check_session_id
 
 log = logging.getLogger("repl.daemon")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: how long a write waits for another program's lock on the file before it fails
 BUSY_TIMEOUT = 2.0
 #: the WAL file is cut back to this size once checkpointed
 WAL_SIZE_LIMIT = 64 << 20
+
+_scope = msgspec.json.Decoder(Scope)
 
 _SCHEMA = """
 CREATE TABLE sessions (
@@ -105,6 +112,15 @@ CREATE TABLE hooks (
     session TEXT PRIMARY KEY,
     secret TEXT NOT NULL,
     handler TEXT NOT NULL
+) WITHOUT ROWID;
+"""
+
+# schema 3 adds the scoped tokens (SPEC §11); the scope is JSON (patterns and rights)
+_SCHEMA_3 = """
+CREATE TABLE tokens (
+    name TEXT PRIMARY KEY,
+    digest TEXT NOT NULL UNIQUE,
+    scope TEXT NOT NULL
 ) WITHOUT ROWID;
 """
 
@@ -183,9 +199,10 @@ class SqliteStore:
         (version,) = conn.execute("PRAGMA user_version").fetchone()
         if version == SCHEMA_VERSION:
             return
-        if version == 1:  # written by the repl before timers: add their table
+        if version in (1, 2):  # written by the repl before timers, or before tokens
+            missing = (_SCHEMA_2 if version == 1 else "") + _SCHEMA_3
             conn.executescript(
-                f"BEGIN IMMEDIATE; {_SCHEMA_2} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+                f"BEGIN IMMEDIATE; {missing} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
             )
             return
         if version > SCHEMA_VERSION:
@@ -200,7 +217,7 @@ class SqliteStore:
                 f"{', '.join(sorted(tables)[:5])}): move it away, or give the daemon another --home"
             )
         conn.executescript(
-            f"BEGIN IMMEDIATE; {_SCHEMA} {_SCHEMA_2} "
+            f"BEGIN IMMEDIATE; {_SCHEMA} {_SCHEMA_2} {_SCHEMA_3} "
             f"PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
         )
 
@@ -360,6 +377,38 @@ class SqliteStore:
                 conn.execute("BEGIN IMMEDIATE")
                 for delta in batch:
                     _apply(conn, delta)
+                conn.execute("COMMIT")
+            except StoreFailed:
+                raise
+            except Exception as exc:
+                self._abort(exc)
+                raise StoreFailed(_write_failure(self.path, exc)) from None
+
+    def load_tokens(self) -> list[TokenRecord]:
+        with self._mutex:
+            try:
+                rows = self._connection().execute(
+                    "SELECT name, digest, scope FROM tokens ORDER BY name"
+                )
+                return [TokenRecord(name, d, _scope.decode(scope)) for name, d, scope in rows]
+            except (sqlite3.Error, msgspec.DecodeError) as exc:
+                raise StoreFailed(_load_failure(self.path, exc)) from None
+
+    def put_token(self, record: TokenRecord) -> None:
+        self._token_change(
+            "INSERT INTO tokens (name, digest, scope) VALUES (?, ?, ?)",
+            (record.name, record.digest, msgspec.json.encode(record.scope).decode()),
+        )
+
+    def drop_token(self, name: str) -> None:
+        self._token_change("DELETE FROM tokens WHERE name = ?", (name,))
+
+    def _token_change(self, sql: str, args: tuple[str, ...]) -> None:
+        with self._mutex:
+            try:
+                conn = self._connection()
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute(sql, args)
                 conn.execute("COMMIT")
             except StoreFailed:
                 raise

@@ -62,9 +62,9 @@ def test_wrong_token_says_where_the_token_was_read(repl: Repl, s: str, tmp_path:
     (other / "token").write_text("not-the-token\n")
     env = {**repl.env, "REPL_HOME": str(other)}
     done = repl.run("read", s, env=env)
-    assert done.returncode == 1
+    assert done.returncode == 77  # a token refused (SPEC §5)
     assert_one_error_line(done.stderr)
-    assert "REPL_HOME" in done.stderr
+    assert "REPL_HOME" in done.stderr and f"{other / 'token'}" in done.stderr
     missing = repl.run("read", s, env={**repl.env, "REPL_HOME": str(tmp_path / "none")})
     assert missing.returncode == 1
     assert_one_error_line(missing.stderr)

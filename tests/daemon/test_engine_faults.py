@@ -24,6 +24,7 @@ from repl_daemon.engine.local import LocalCommitter
 from repl_daemon.stores.sqlite import SqliteStore
 from session.delta import Delta
 from session.errors import StoreFailed
+from session.scopes import TokenRecord
 from session.session import Snapshot
 
 pytestmark = pytest.mark.anyio
@@ -53,6 +54,19 @@ class Flaky:
         if not self.writes:
             raise StoreFailed(f"cannot write {self.inner.path}: the disk is full")
         self.inner.write(batch)
+
+    def load_tokens(self) -> list[TokenRecord]:
+        return self.inner.load_tokens()
+
+    def put_token(self, record: TokenRecord) -> None:
+        if not self.writes:
+            raise StoreFailed(f"cannot write {self.inner.path}: the disk is full")
+        self.inner.put_token(record)
+
+    def drop_token(self, name: str) -> None:
+        if not self.writes:
+            raise StoreFailed(f"cannot write {self.inner.path}: the disk is full")
+        self.inner.drop_token(name)
 
     def close(self) -> None:
         self.inner.close()

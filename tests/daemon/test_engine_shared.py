@@ -25,8 +25,9 @@ from session.errors import BadSessionId, NoSuchSession, ReplError, StoreFailed
 from tests.helpers import RedisClusterProcs, RedisProc, eventually, store_url
 
 AnyRedis = RedisProc | RedisClusterProcs
-#: what a daemon always subscribes to: the channels of the timer partitions (SPEC §9)
-TIMER_CHANNELS = set(redis_store.PARTITION_IDS)
+#: what a daemon always subscribes to: the channels of the timer partitions (SPEC §9) and
+#: the tokens' channel (SPEC §11)
+TIMER_CHANNELS = {*redis_store.PARTITION_IDS, redis_store.AUTH}
 
 pytestmark = pytest.mark.anyio
 
@@ -84,20 +85,22 @@ async def test_the_daemon_keeps_nothing_of_the_sessions_it_serves(
     await committer.close()
 
 
-async def test_a_user_redis_refuses_scripts_gets_store_failed_and_nothing_is_written(
+async def test_a_user_redis_refuses_scripts_cannot_start_a_daemon_and_nothing_is_written(
     redis_any: AnyRedis,
 ) -> None:
+    """The daemon reads the tokens at start, with a script: refused, it says why at once."""
     for server in redis_any.servers:  # ACLs are each node's own
         with server.admin() as admin:
             admin.execute_command(
                 "ACL", "SETUSER", "noscripts", "on", ">pw", "~*", "&*", "+@all", "-evalsha", "-eval"
             )
     try:
-        engine, committer = await opened(store_url(redis_any).replace("://", "://noscripts:pw@"))
-        with pytest.raises(StoreFailed, match=r"redis.* at .*noscripts:\*\*\*@"):
-            await call(engine, p.Start(session="x"))
+        store = RedisStore(store_url(redis_any).replace("://", "://noscripts:pw@"))
+        engine = open_engine(store, settle=0)
+        with pytest.raises(StoreFailed, match=r"redis.* at .*noscripts:\*\*\*@.*'evalsha'"):
+            await engine.load()
         assert redis_any.dbsize() == 0
-        await committer.close()
+        await store.close()
     finally:
         for server in redis_any.servers:
             with server.admin() as admin:

@@ -19,6 +19,7 @@ from session.delta import Delta
 from session.errors import StoreFailed
 from session.firing import Firing
 from session.schedule import Timer
+from session.scopes import READ, Scope, TokenRecord, digest
 from session.session import CursorState, Session
 from tests.helpers import Mirror
 
@@ -57,16 +58,20 @@ def test_the_file_has_the_documented_schema(tmp_path: Path) -> None:
     assert count == (50,)
 
 
-def test_a_file_of_schema_1_opens_with_its_sessions_and_gains_the_tables_of_2(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("version", "dropped"), [(1, ("timers", "hooks", "tokens")), (2, ("tokens",))]
+)
+def test_an_older_file_opens_with_its_sessions_and_gains_the_newer_tables(
+    tmp_path: Path, version: int, dropped: tuple[str, ...]
 ) -> None:
-    """A home written by the repl before timers: it opens, keeps everything, takes timers."""
+    """A home written by the repl before timers (1) or before tokens (2): it opens, keeps
+    everything, and takes timers and tokens."""
     db = tmp_path / "repl.db"
     filled(db, sessions=2, firings=5).close()
     with sqlite3.connect(db) as conn:  # back to what that repl wrote
-        conn.execute("DROP TABLE timers")
-        conn.execute("DROP TABLE hooks")
-        conn.execute("PRAGMA user_version = 1")
+        for table in dropped:
+            conn.execute(f"DROP TABLE {table}")
+        conn.execute(f"PRAGMA user_version = {version}")
     conn.close()
     store = SqliteStore(db)
     before = {snap.id: snap for snap in store.load()}
@@ -75,10 +80,13 @@ def test_a_file_of_schema_1_opens_with_its_sessions_and_gains_the_tables_of_2(
     m.session = Session.restore(before["s0"])
     m.session.schedule(Timer(id="t1", session="s0", due_ms=5, handler="on-tick", text="x"))
     store.write([m.delta()])
+    token = TokenRecord("agent", digest("secret"), Scope(("team-a.*",), frozenset({READ})))
+    store.put_token(token)
     store.close()
     store = SqliteStore(db)
     (timer,) = {snap.id: snap for snap in store.load()}["s0"].timers
     assert (timer.id, timer.due_ms, timer.handler) == ("t1", 5, "on-tick")
+    assert store.load_tokens() == [token]
     store.close()
     with sqlite3.connect(db) as conn:
         assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
