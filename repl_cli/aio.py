@@ -24,11 +24,19 @@ from types import TracebackType
 from typing import Self, TypeVar
 
 import anyio
-from anyio.abc import SocketStream
+from anyio.abc import ByteStream
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from repl_cli.api import Unavailable, _log_note, _typed
-from repl_cli.client import CALL_TIMEOUT, Client, decode_answer, parse_addr
+from repl_cli.client import (
+    CALL_TIMEOUT,
+    Client,
+    decode_answer,
+    parse_addr,
+    plain_to_tls,
+    speaks_tls,
+    tls_failure,
+)
 from repl_cli.errors import CliError
 from repl_cli.reconnect import DEFAULT_RECONNECT, Outage
 from repl_daemon import protocol as p
@@ -51,11 +59,12 @@ def connect(
     *,
     reconnect: float = DEFAULT_RECONNECT,
     token: str | None = None,
+    tls_ca: str | Path | None = None,
 ) -> AsyncRepl:
     """An ``AsyncRepl`` for the daemon at ``addr`` (``REPL_ADDR``, else 127.0.0.1:7427),
     with ``token`` (else ``REPL_TOKEN``, else the root token in ``home``); it connects on
-    the first call. Use ``async with``."""
-    return AsyncRepl(addr, home, reconnect=reconnect, token=token)
+    the first call, over TLS as ``api.connect`` does. Use ``async with``."""
+    return AsyncRepl(addr, home, reconnect=reconnect, token=token, tls_ca=tls_ca)
 
 
 class AsyncRepl:
@@ -69,12 +78,13 @@ class AsyncRepl:
         reconnect: float = DEFAULT_RECONNECT,
         note: Callable[[str], None] | None = None,
         token: str | None = None,
+        tls_ca: str | Path | None = None,
     ) -> None:
         # the sync client knows where the daemon and its token are; it never connects here
-        self._where = Client(addr, home, token=token)
+        self._where = Client(addr, home, token=token, tls_ca=tls_ca)
         self.reconnect = reconnect
         self.note = note or _log_note
-        self._stream: SocketStream | None = None
+        self._stream: ByteStream | None = None
         self._lines: BufferedByteReceiveStream | None = None
 
     @property
@@ -103,13 +113,33 @@ class AsyncRepl:
     async def _connect(self) -> None:
         host, port = parse_addr(self.addr)
         try:
+            stream: ByteStream
             with anyio.fail_after(CALL_TIMEOUT):
-                stream = await anyio.connect_tcp(host, port)
-        except (OSError, TimeoutError) as exc:
+                if self._where.tls:  # anyio's TLS, over the standard library's ssl
+                    stream = await anyio.connect_tcp(
+                        host,
+                        port,
+                        ssl_context=self._where.tls_context(),
+                        tls_hostname=host,
+                        tls_standard_compatible=False,
+                    )
+                else:
+                    stream = await anyio.connect_tcp(host, port)
+        except TimeoutError as exc:
+            if self._where.tls:
+                raise _typed(tls_failure(exc, self.addr)) from None
             reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
             raise Unavailable(
                 f"no daemon at {self.addr} ({reason}): start one with `repl daemon`"
             ) from None
+        except OSError as exc:
+            if self._where.tls:
+                raise _typed(tls_failure(exc, self.addr)) from None
+            raise Unavailable(
+                f"no daemon at {self.addr} ({exc.strerror or exc}): start one with `repl daemon`"
+            ) from None
+        except (anyio.EndOfStream, anyio.BrokenResourceError):  # closed in the handshake
+            raise _typed(tls_failure(ConnectionResetError(0, "closed"), self.addr)) from None
         self._stream = stream
         self._lines = BufferedByteReceiveStream(stream)
         token = self._where._token()
@@ -118,6 +148,12 @@ class AsyncRepl:
         except CliError as exc:
             if exc.code == Code.UNAUTHORIZED:  # say which token that was
                 exc.message = f"{exc.message}; this one was {self._where._token_source()}"
+            elif (
+                exc.code is None
+                and not self._where.tls
+                and await anyio.to_thread.run_sync(speaks_tls, host, port)
+            ):
+                raise plain_to_tls(self.addr) from None
             raise
 
     async def _exchange(self, request: p.Request, expect: type[R], within: float | None) -> R:

@@ -20,7 +20,7 @@ import msgspec
 
 from repl_cli.errors import USAGE, CliError, ReaderGone, from_wire, unavailable
 from repl_daemon import protocol as p
-from repl_daemon.locations import DEFAULT_ADDR, default_home, split_addr
+from repl_daemon.locations import DEFAULT_ADDR, TLS_SCHEME, default_home, split_addr
 from session.errors import Code
 
 # how long an ordinary request may take; a wait has no client-side limit
@@ -42,8 +42,9 @@ __all__ = ["DEFAULT_ADDR", "Client", "default_home", "parse_addr"]
 
 
 def parse_addr(addr: str, where: str = "") -> tuple[str, int]:
-    """``HOST:PORT``; ``where`` names where it came from (" (from REPL_ADDR)") in the error."""
-    split = split_addr(addr)
+    """``HOST:PORT`` or ``tls://HOST:PORT``; ``where`` names where it came from
+    (" (from REPL_ADDR)") in the error."""
+    split = split_addr(addr.removeprefix(TLS_SCHEME))
     if split is None:
         raise CliError(
             f"address {addr!r}{where} is not HOST:PORT (for example {DEFAULT_ADDR})", USAGE
@@ -101,6 +102,7 @@ class Client:
         addr_from_env: bool = False,
         token: str | None = None,
         token_file: str | Path | None = None,
+        tls_ca: str | Path | None = None,
     ) -> None:
         from_env = addr_from_env or (not addr and bool(os.environ.get("REPL_ADDR")))
         #: a scoped token (SPEC §11): given, read from ``token_file``, or ``REPL_TOKEN``;
@@ -111,6 +113,12 @@ class Client:
         #: how an error names where the address came from
         self._from_env = " (from REPL_ADDR)" if from_env else ""
         self.home = Path(home) if home else default_home()
+        #: TLS (SPEC §12): with an address written tls://HOST:PORT, or a CA to trust given
+        #: (``--tls-ca``, ``REPL_TLS_CA``); without a CA, the system's trusted ones
+        ca = tls_ca or os.environ.get("REPL_TLS_CA") or None
+        self.tls_ca = Path(ca) if ca else None
+        self.tls = self.addr.startswith(TLS_SCHEME) or self.tls_ca is not None
+        self._tls_context: Any = None
         self._sock: socket.socket | None = None
         self._buf = bytearray()
         self._scanned = 0
@@ -134,6 +142,8 @@ class Client:
             raise unavailable(
                 f"no daemon at {self.addr}{self._from_env} ({reason}): start one with `repl daemon`"
             ) from None
+        if self.tls:
+            sock = self._handshake(sock, host)
         sock.settimeout(None)  # deadlines are kept by _fill, which can also watch stdout
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock = sock
@@ -143,6 +153,33 @@ class Client:
         except CliError as exc:
             if exc.code == Code.UNAUTHORIZED:  # say which token that was
                 exc.message = f"{exc.message}; this one was {self._token_source()}"
+            elif exc.code is None and not self.tls and speaks_tls(host, port):
+                raise plain_to_tls(self.addr, self._from_env) from None
+            raise
+
+    def tls_context(self) -> Any:
+        """The ``ssl.SSLContext`` that checks the daemon's certificate and host name."""
+        if self._tls_context is None:
+            import ssl  # only with TLS: the CLI's plain runs need not load it
+
+            try:
+                ca = None if self.tls_ca is None else str(self.tls_ca)
+                self._tls_context = ssl.create_default_context(cafile=ca)
+            except (OSError, ssl.SSLError) as exc:
+                reason = getattr(exc, "strerror", None) or getattr(exc, "reason", None) or exc
+                raise CliError(
+                    f"cannot load the CA certificate {self.tls_ca} (--tls-ca, REPL_TLS_CA): "
+                    f"{reason}"
+                ) from None
+        return self._tls_context
+
+    def _handshake(self, sock: socket.socket, host: str) -> socket.socket:
+        try:
+            return self.tls_context().wrap_socket(sock, server_hostname=host)  # type: ignore[no-any-return]
+        except BaseException as exc:
+            sock.close()
+            if isinstance(exc, OSError):
+                raise tls_failure(exc, self.addr, self._from_env) from None
             raise
 
     def _token_source(self) -> str:
@@ -237,7 +274,8 @@ class Client:
         poller.register(sock, select.POLLIN)
         if watch is not None:
             poller.register(watch, 0)  # POLLERR only: the pipe's reader closed it
-        while True:
+        pending = getattr(sock, "pending", None)  # what TLS decrypted already is not polled
+        while not (pending is not None and pending()):
             wait_ms = None
             if deadline is not None:
                 wait_ms = max(0, int((deadline - time.monotonic()) * 1000) + 1)
@@ -278,3 +316,65 @@ def _read_token(path: Path, hint: str) -> str:
     if not token:
         raise CliError(f"the token file {path} is empty")
     return token
+
+
+#: what an OpenSSL verification code means, and what to do (``tls_failure``)
+_VERIFY = {
+    10: "its certificate has expired: renew it, then send the daemon SIGHUP",
+    9: "its certificate is not valid yet: check the clocks",
+    18: "its certificate is self-signed: give it (or its CA) with --tls-ca FILE",
+    19: "its certificate was signed by a CA this client does not trust: "
+    "give the CA with --tls-ca FILE (or REPL_TLS_CA)",
+    20: "its certificate was signed by a CA this client does not trust: "
+    "give the CA with --tls-ca FILE (or REPL_TLS_CA)",
+    21: "its certificate was signed by a CA this client does not trust: "
+    "give the CA with --tls-ca FILE (or REPL_TLS_CA)",
+    62: "its certificate is for another host name: connect by a name it holds",
+    64: "its certificate is for another address: connect by a name or address it holds",
+}
+
+
+def tls_failure(exc: OSError, addr: str, from_env: str = "") -> CliError:
+    """The one line for a TLS handshake that failed: a certificate refused (exit 1), no
+    TLS at the other end (exit 1), or the daemon away (exit 75)."""
+    import ssl
+
+    where = f"{addr}{from_env}"
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        code = getattr(exc, "verify_code", 0)
+        message = (getattr(exc, "verify_message", "") or exc.reason or str(exc)).rstrip(".")
+        what = _VERIFY.get(code, "give the CA that signed it with --tls-ca FILE")
+        return CliError(f"refused the certificate of the daemon at {where} ({message}): {what}")
+    if isinstance(exc, ssl.SSLError | ConnectionResetError | BrokenPipeError):
+        reason = getattr(exc, "reason", None) or exc.strerror or type(exc).__name__
+        return CliError(
+            f"the daemon at {where} does not speak TLS ({reason}): connect without tls:// "
+            "and --tls-ca, or start the daemon with --tls-cert and --tls-key"
+        )
+    if isinstance(exc, TimeoutError):
+        return unavailable(f"the daemon at {where} did not finish the TLS handshake in time")
+    return unavailable(
+        f"no daemon at {where} ({exc.strerror or exc}): start one with `repl daemon`"
+    )
+
+
+def speaks_tls(host: str, port: int, timeout: float = 2.0) -> bool:
+    """Whether a TLS handshake succeeds at ``host:port`` (no certificate checked): asked
+    only once a plain connection was closed before its first answer."""
+    import ssl
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with _connect(host, port, timeout) as sock, context.wrap_socket(sock):
+            return True
+    except OSError:
+        return False
+
+
+def plain_to_tls(addr: str, from_env: str = "") -> CliError:
+    return CliError(
+        f"the daemon at {addr}{from_env} speaks TLS: connect with tls://{addr} "
+        "(and --tls-ca FILE when a private CA signed its certificate)"
+    )

@@ -83,6 +83,8 @@ def detach(addr: str, home: Path, options: list[str]) -> None:
         )
     wants_http = any(o == "--http" or o.startswith("--http=") for o in options)
     bound, http = _await_listening(proc, log_path, offset, wants_http)
+    if any(o.startswith("--tls-cert") for o in options):
+        bound, http = f"tls://{bound}", http and f"https://{http}"
     also = f", HTTP on {http}" if http else ""
     line(f"repl daemon listening on {bound}{also} (pid {proc.pid}); log: {log_path}")
 

@@ -105,7 +105,7 @@ class ReplGroup(_PlainHelp, click.Group):
     "--addr",
     envvar="REPL_ADDR",
     metavar="HOST:PORT",
-    help="The daemon's address [env REPL_ADDR; default 127.0.0.1:7427].",
+    help="The daemon's address, tls://HOST:PORT for TLS [env REPL_ADDR; default 127.0.0.1:7427].",
 )
 @click.option(
     "--home",
@@ -113,6 +113,13 @@ class ReplGroup(_PlainHelp, click.Group):
     metavar="DIR",
     help="The daemon's state directory, where its token is "
     "[env REPL_HOME; default $XDG_STATE_HOME/repl].",
+)
+@click.option(
+    "--tls-ca",
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="Connect with TLS, trusting the CA certificate(s) in FILE (PEM); an address "
+    "written tls://HOST:PORT uses TLS with the system's CAs [env REPL_TLS_CA].",
 )
 @click.option(
     "--token-file",
@@ -131,12 +138,18 @@ class ReplGroup(_PlainHelp, click.Group):
     help="Print the version and exit.",
 )
 @click.pass_context
-def cli(ctx: click.Context, addr: str | None, home: str | None, token_file: str | None) -> None:
+def cli(
+    ctx: click.Context,
+    addr: str | None,
+    home: str | None,
+    tls_ca: str | None,
+    token_file: str | None,
+) -> None:
     """A session inbox: send firings to sessions, and read, wait for or follow them."""
     from_env = ctx.get_parameter_source("addr") is click.core.ParameterSource.ENVIRONMENT
     from repl_cli.reconnect import stderr_note
 
-    client = Client(addr, home, addr_from_env=from_env, token_file=token_file)
+    client = Client(addr, home, addr_from_env=from_env, token_file=token_file, tls_ca=tls_ca)
     repl = Repl(client, note=stderr_note)
     ctx.obj = repl
     ctx.call_on_close(repl.close)
@@ -148,7 +161,12 @@ def complete_sessions(ctx: click.Context, _param: click.Parameter, incomplete: s
     # completing, click runs no command (nor the group's callback): the root's options
     # are parsed, so the client is made from them here
     params = ctx.find_root().params
-    client = Client(params.get("addr"), params.get("home"), token_file=params.get("token_file"))
+    client = Client(
+        params.get("addr"),
+        params.get("home"),
+        token_file=params.get("token_file"),
+        tls_ca=params.get("tls_ca"),
+    )
     try:
         client.timeout = 0.5
         listed = client.call(p.Sessions(), p.SessionList)

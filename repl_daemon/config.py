@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from repl_daemon.locations import DEFAULT_ADDR, default_home, split_addr
+from repl_daemon.locations import DEFAULT_ADDR, TLS_SCHEME, default_home, split_addr
 from repl_daemon.protocol import MAX_LINE
 from session.errors import ConfigError
 
@@ -98,6 +98,21 @@ OPTIONS: tuple[Option, ...] = (
         metavar="HOST:PORT",
     ),
     Option(
+        "--tls-cert",
+        str,
+        None,
+        "Serve TLS (the protocol, and --http) with this certificate chain (PEM); "
+        "SIGHUP loads it again.",
+        metavar="FILE",
+    ),
+    Option("--tls-key", str, None, "The private key of --tls-cert (PEM).", metavar="FILE"),
+    Option(
+        "--insecure",
+        bool,
+        False,
+        "Allow listening beyond loopback without TLS (tokens then cross the network in clear).",
+    ),
+    Option(
         "--loop",
         LOOPS,
         "auto",
@@ -153,6 +168,11 @@ class Config(msgspec.Struct, kw_only=True):
     loop: str = "auto"
     #: where to serve HTTP too (``--http``), or None
     http: tuple[str, int] | None = None
+    #: the certificate chain and key to serve TLS with (SPEC §12), or None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    #: listen beyond loopback without TLS all the same
+    insecure: bool = False
 
 
 def parse_addr(addr: str, where: str = "") -> tuple[str, int]:
@@ -188,9 +208,16 @@ def build_config(
     if given["memory"] and given["store"]:
         raise ConfigError("give --memory or --store, not both")
     if addr is None and os.environ.get("REPL_ADDR"):
-        host, port = parse_addr(os.environ["REPL_ADDR"], " (from REPL_ADDR)")
+        addr, where = os.environ["REPL_ADDR"], " (from REPL_ADDR)"
     else:
-        host, port = parse_addr(addr or DEFAULT_ADDR)
+        addr, where = addr or DEFAULT_ADDR, ""
+    wants_tls = addr.startswith(TLS_SCHEME)
+    host, port = parse_addr(addr.removeprefix(TLS_SCHEME), where)
+    cert, key = given["tls_cert"], given["tls_key"]
+    if (cert is None) != (key is None):
+        raise ConfigError("give --tls-cert FILE and --tls-key FILE together")
+    if wants_tls and cert is None:
+        raise ConfigError(f"{addr}{where} asks for TLS: give --tls-cert FILE and --tls-key FILE")
     return Config(
         home=home or default_home(),
         host=host,
@@ -203,4 +230,7 @@ def build_config(
         announce=True,
         loop=given["loop"],
         http=None if given["http"] is None else parse_addr(given["http"], " (--http)"),
+        tls_cert=None if cert is None else Path(cert),
+        tls_key=None if key is None else Path(key),
+        insecure=given["insecure"],
     )

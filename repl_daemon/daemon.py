@@ -8,6 +8,7 @@ engine a test built itself (so it can look at the engine's sessions).
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
@@ -27,6 +28,7 @@ from repl_daemon.server import serve
 from repl_daemon.stores.base import Store
 from repl_daemon.stores.memory import MemoryStore
 from repl_daemon.stores.redis import RedisStore
+from repl_daemon.tls import Certificate, is_loopback, refuse_clear_text
 from session.errors import ConfigError, StoreFailed
 
 log = logging.getLogger("repl.daemon")
@@ -83,6 +85,7 @@ async def serve_daemon(
     *,
     store: Store | RedisStore | None = None,
     stop: anyio.Event | None = None,
+    certificate: Certificate | None = None,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the daemon until ``stop`` is set (a clean shutdown) or it is cancelled."""
@@ -90,6 +93,7 @@ async def serve_daemon(
         from repl_daemon.http import check_installed
 
         check_installed()  # before anything is opened: the pip install to run, in one line
+    certificate = certificate or open_certificate(config)
     token = ensure_token(config.home)
     store = store or open_store(config)
     engine = open_engine(store, settle=config.settle, max_sessions=config.max_sessions)
@@ -99,7 +103,9 @@ async def serve_daemon(
         except StoreFailed as exc:
             raise ConfigError(exc.message) from None
         log.info("loaded %d session(s) from %s", count, store.name)
-        await serve_engine(engine, config, token, stop=stop, task_status=task_status)
+        await serve_engine(
+            engine, config, token, stop=stop, certificate=certificate, task_status=task_status
+        )
     finally:
         if isinstance(store, RedisStore):
             with anyio.CancelScope(shield=True):
@@ -114,14 +120,24 @@ async def serve_engine(
     token: str,
     *,
     stop: anyio.Event | None = None,
+    certificate: Certificate | None = None,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve a loaded engine on ``config``'s address until ``stop`` is set; closes no store."""
+    context = None if certificate is None else certificate.context
     async with anyio.create_task_group() as tg:
         tg.start_soon(engine.run)
         await anyio.lowlevel.checkpoint()  # the committer runs before the first request
-        port = await tg.start(serve, engine, config.host, config.port, token, config.limits)
-        log.info("listening on %s:%d (home %s)", config.host, port, config.home)
+        port = await tg.start(
+            functools.partial(serve, tls=context),
+            engine,
+            config.host,
+            config.port,
+            token,
+            config.limits,
+        )
+        scheme = "tls://" if context is not None else ""
+        log.info("listening on %s%s:%d (home %s)", scheme, config.host, port, config.home)
         http_port = None
         if config.http is not None:
             from repl_daemon.http import serve_http
@@ -136,6 +152,7 @@ async def serve_engine(
                 token,
                 limits.idle_timeout,
                 limits.max_connections,
+                context,
             )
             log.info("serving HTTP on %s:%d", host, http_port)
         if config.announce:
@@ -168,19 +185,42 @@ async def _drain(engine: Engine) -> None:
     await anyio.sleep(0.05)
 
 
-async def _run(config: Config, store: Store | RedisStore) -> None:
+def open_certificate(config: Config) -> Certificate | None:
+    """The config's TLS certificate, loaded; None without one. Refuses (one line) to
+    listen beyond loopback in clear text unless ``--insecure``."""
+    listeners = [("--addr", config.host)]
+    if config.http is not None:
+        listeners.append(("--http", config.http[0]))
+    tls = config.tls_cert is not None and config.tls_key is not None
+    refuse_clear_text(listeners, tls=tls, insecure=config.insecure)
+    if config.tls_cert is None or config.tls_key is None:
+        if config.insecure and not all(is_loopback(host) for _, host in listeners):
+            log.warning("listening beyond loopback without TLS (--insecure): tokens are clear text")
+        return None
+    certificate = Certificate(config.tls_cert, config.tls_key)
+    log.info("TLS with the certificate %s", config.tls_cert)
+    return certificate
+
+
+async def _run(config: Config, store: Store | RedisStore, certificate: Certificate | None) -> None:
     stop = anyio.Event()
     async with anyio.create_task_group() as tg:
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
 
-            async def stop_on_signal() -> None:
+            async def on_signal() -> None:
                 async for signum in signals:
+                    if signum == signal.SIGHUP:  # a renewed certificate: no one is dropped
+                        if certificate is None:
+                            log.info("received SIGHUP: no TLS certificate to reload")
+                        else:
+                            certificate.reload()
+                        continue
                     log.info("received %s: shutting down", signal.Signals(signum).name)
                     stop.set()
                     return
 
-            tg.start_soon(stop_on_signal)
-            await serve_daemon(config, store=store, stop=stop)
+            tg.start_soon(on_signal)
+            await serve_daemon(config, store=store, stop=stop, certificate=certificate)
             tg.cancel_scope.cancel()
 
 
@@ -193,6 +233,7 @@ def run(config: Config) -> None:
     )
     # set-up errors surface here, before the event loop, as one clear ConfigError
     use_uvloop = choose_loop(config.loop)
+    certificate = open_certificate(config)
     ensure_token(config.home)
     store = open_store(config)
     log.info("event loop: %s", "uvloop" if use_uvloop else "asyncio")
@@ -201,7 +242,7 @@ def run(config: Config) -> None:
     # waits are in flight takes 1.7 ms instead of 7.5-15 ms
     gc.freeze()
     try:
-        anyio.run(_run, config, store, backend_options={"use_uvloop": use_uvloop})
+        anyio.run(_run, config, store, certificate, backend_options={"use_uvloop": use_uvloop})
     except* ConfigError as group:  # an address it cannot bind, a store it cannot reach
         if not isinstance(store, RedisStore):  # a Redis store is closed by its daemon
             store.close()

@@ -46,6 +46,7 @@ import json
 import logging
 import re
 import socket
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -574,6 +575,7 @@ async def serve_http(
     token: str,
     idle_timeout: float,
     max_connections: int = 4096,
+    tls: ssl.SSLContext | None = None,
     *,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -614,6 +616,9 @@ async def serve_http(
         limit_concurrency=max_connections + 1,
         h11_max_incomplete_event_size=64 * 1024,
     )
+    if tls is not None:  # the daemon's own context (SPEC §12), shared with the protocol's
+        config.load()  # listener, so that a reload on SIGHUP serves both
+        config.ssl = tls
     server = _server_class()(config)
     serving = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
     task_status.started(sock.getsockname()[1])

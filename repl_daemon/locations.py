@@ -10,6 +10,8 @@ import os
 from pathlib import Path
 
 DEFAULT_ADDR = "127.0.0.1:7427"
+#: an address written ``tls://HOST:PORT`` is reached over TLS (SPEC §12)
+TLS_SCHEME = "tls://"
 
 
 def default_home() -> Path:

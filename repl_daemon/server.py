@@ -34,6 +34,7 @@ import errno
 import logging
 import math
 import os
+import ssl
 from typing import Any, cast
 
 import anyio
@@ -170,9 +171,11 @@ async def serve(
     token: str,
     limits: Limits | None = None,
     *,
+    tls: ssl.SSLContext | None = None,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Accept connections until cancelled; reports the bound port through ``task_status``."""
+    """Accept connections until cancelled (over TLS with ``tls``); reports the bound port
+    through ``task_status``."""
     limits = limits or Limits()
     secret = token.encode()
     loop = asyncio.get_running_loop()
@@ -183,6 +186,9 @@ async def serve(
             host,
             port,
             backlog=65_536,  # as anyio's listener: the kernel caps it at somaxconn
+            ssl=tls,
+            # a client that connects and never finishes its handshake is closed as an idle one
+            ssl_handshake_timeout=None if tls is None else min(60.0, limits.idle_timeout),
         )
     except OSError as exc:
         # asyncio rewords the system's message ("error while attempting to bind..."): say it plainly
@@ -287,6 +293,14 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
+            return
+        if not self.authed and not self.buffer and data.startswith(b"\x16\x03"):
+            # a TLS handshake (no request starts so) on a listener without TLS: closed at
+            # once, so the client's handshake fails now, not at its timeout
+            log.info("a TLS client reached this listener, which has no TLS: closing it")
+            self.closed = True
+            assert self.transport is not None
+            self.transport.abort()
             return
         self.seen = self.loop.time()
         self.buffer = self.buffer + data if self.buffer else data
