@@ -175,3 +175,27 @@ async def test_a_waits_ack_that_cannot_be_made_durable_fails_and_moves_no_cursor
         woken = await call(engine, p.Wait(sessions=["a"], timeout_ms=0))
         assert isinstance(woken, p.Woken)
         assert [f.result for f in woken.batches[0].firings] == ["one", "two"]
+
+
+async def test_a_token_change_that_cannot_be_written_changes_nothing(store: Flaky) -> None:
+    """A token add or revoke the store refuses is ``store_failed``, and the tokens are as
+    before: the added one does not work, the revoked one still does (SPEC §11)."""
+    async with running(store) as engine:
+        kept = await call(engine, p.Token(action="add", name="kept", sessions=["*"], can=["read"]))
+        assert isinstance(kept, p.TokenMade)
+        store.writes = False
+        with pytest.raises(StoreFailed, match="the disk is full"):
+            await call(engine, p.Token(action="add", name="new", sessions=["*"], can=["read"]))
+        with pytest.raises(StoreFailed, match="the disk is full"):
+            await call(engine, p.Token(action="revoke", name="kept"))
+        listed = await call(engine, p.Token(action="list"))
+        assert isinstance(listed, p.TokenList) and [t.name for t in listed.tokens] == ["kept"]
+        assert await engine.authenticate(kept.token, b"root").result() is not None
+        store.writes = True
+        made = await call(engine, p.Token(action="add", name="new", sessions=["*"], can=["read"]))
+        assert isinstance(made, p.TokenMade)
+    reopened = SqliteStore(store.inner.path)
+    try:
+        assert [t.name for t in reopened.load_tokens()] == ["kept", "new"]
+    finally:
+        reopened.close()
