@@ -17,6 +17,7 @@ from repl_daemon import protocol as p
 from session.errors import BadRequest, Code, Forbidden
 from session.scopes import (
     ADMIN,
+    MAX_TOKENS,
     OP_RIGHTS,
     READ,
     SEND,
@@ -24,8 +25,12 @@ from session.scopes import (
     check_token_name,
     digest,
     forbidden,
+    make_scope,
+    no_such_token,
     parse_scope,
     schedule_right,
+    token_exists,
+    too_many_tokens,
 )
 
 
@@ -94,3 +99,13 @@ ids = st.text(alphabet="ab.-*?", min_size=1, max_size=8)
 def test_globs_agree_with_a_plain_model(pattern: str, session: str) -> None:
     scope = Scope((pattern,), frozenset({READ}))
     assert scope.covers(session) == bool(_model(pattern).fullmatch(session))
+
+
+def test_token_refusals_say_what_and_carry_their_codes() -> None:
+    assert no_such_token("a").code is Code.NO_SUCH_TOKEN
+    assert no_such_token("a").message == "no token named 'a'"
+    assert token_exists("a").code is Code.TOKEN_EXISTS
+    assert (
+        too_many_tokens().code is Code.TOO_MANY and f"{MAX_TOKENS:,}" in too_many_tokens().message
+    )
+    assert make_scope(["a", " a ", "b"], ["read"]).patterns == ("a", "b")  # once each, in order

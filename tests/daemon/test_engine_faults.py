@@ -19,11 +19,11 @@ import anyio
 import pytest
 
 from repl_daemon import protocol as p
-from repl_daemon.engine import Engine, open_engine
+from repl_daemon.engine import Engine, local, open_engine
 from repl_daemon.engine.local import LocalCommitter
 from repl_daemon.stores.sqlite import SqliteStore
 from session.delta import Delta
-from session.errors import StoreFailed
+from session.errors import StoreFailed, TooMany
 from session.scopes import TokenRecord
 from session.session import Snapshot
 
@@ -199,3 +199,14 @@ async def test_a_token_change_that_cannot_be_written_changes_nothing(store: Flak
         assert [t.name for t in reopened.load_tokens()] == ["kept", "new"]
     finally:
         reopened.close()
+
+
+async def test_past_the_most_tokens_an_add_is_too_many(
+    store: Flaky, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(local, "MAX_TOKENS", 2)
+    async with running(store) as engine:
+        for name in ("a", "b"):
+            await call(engine, p.Token(action="add", name=name, sessions=["*"], can=["read"]))
+        with pytest.raises(TooMany, match="tokens, its limit"):
+            await call(engine, p.Token(action="add", name="c", sessions=["*"], can=["read"]))
