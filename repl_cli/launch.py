@@ -19,6 +19,7 @@ from pathlib import Path
 from repl_cli.client import parse_addr
 from repl_cli.errors import CliError
 from repl_cli.output import line
+from repl_daemon.locations import TLS_SCHEME
 
 START_TIMEOUT = 30.0
 #: how long ``repl shutdown`` waits for the daemon to exit
@@ -35,7 +36,15 @@ def already_running(addr: str) -> bool:
     if port == 0:
         return False
     try:
-        with socket.create_connection((host, port), timeout=1) as sock:
+        with socket.create_connection((host, port), timeout=1) as plain:
+            sock = plain
+            if addr.startswith(TLS_SCHEME):  # is anything there: its certificate is not asked
+                import ssl
+
+                context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+                sock = context.wrap_socket(plain)
             sock.sendall(b'{"op": "ping"}\n')
             answer = sock.makefile("rb").readline(4096)
     except OSError:
