@@ -336,12 +336,10 @@ class Api:
         from sse_starlette import EventSourceResponse
 
         session_id = request.path_params["id"]
-        token: TokenRecord | None = request.state.token
-        if token is not None and READ not in token.scope.rights:
-            # rights first, as the engine checks them: a stream from the head asks only for
-            # the head (no right) before its waits, so without this a token that may not read
-            # would get a 200 stream that ends at once (and an EventSource would retry forever)
-            raise forbidden(READ)
+        # rights first, as for any request: a stream from the head asks only for the head
+        # (``stats``, no right) before its waits, so without this a token that may not read
+        # would get a 200 stream that ends at once (and an EventSource would retry for ever)
+        self.engine.check_right(request.state.token, READ)
         resume = request.headers.get("last-event-id")
         if resume is not None:
             if not _SEQ.fullmatch(resume.strip(" ")):

@@ -246,14 +246,20 @@ class Engine:
             raise forbidden("root")
         if isinstance(req, p.Schedule):
             right = schedule_right(req.every is not None)
-        if right and right not in scope.rights:
-            raise forbidden(right, getattr(req, "session", None))
+        if right:
+            self.check_right(token, right, getattr(req, "session", None))
         if isinstance(req, p.Start) and (req.session is None or not scope.covers(req.session)):
             raise Forbidden(
                 "a scoped token starts only sessions its patterns cover: give an id "
                 f"that matches {', '.join(scope.patterns)}"
             )
         return view
+
+    def check_right(self, token: TokenRecord | None, right: str, session_id: Any = None) -> None:
+        """``forbidden`` unless ``token`` (None: the root) has ``right``; for the requests
+        of HTTP that are several ops (an event stream reads, though it opens with ``stats``)."""
+        if token is not None and right not in token.scope.rights:
+            raise forbidden(right, session_id)
 
     def _token(self, req: p.Token) -> Outcome[p.Response]:
         rid, committer = req.id, self.committer
@@ -540,6 +546,8 @@ class Engine:
         if strays:
             raise BadRequest(f"ack names {', '.join(strays)}, which the wait is not on")
         acks = [(session_id, req.ack[session_id]) for session_id in ids if session_id in req.ack]
+        for _, seq in acks:  # the acks' own values before any session is looked up, as for
+            check_seq(seq)  # every op (so a session a scoped token cannot see is missing)
         # every session must exist before any is acked (or read: a read is an evaluation)
         committer = committer or self.committer
         first: list[Outcome[Any]]
