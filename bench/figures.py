@@ -5,6 +5,7 @@
 - bench/memory.py: ``memory``; bench/cli.py: ``cli``; bench/restart.py: ``restart``
 - bench/timers.py: ``timers`` (SPEC §9)
 - bench/http_api.py: ``http``, the HTTP routes beside the line protocol (SPEC §10)
+- bench/tls.py: ``tls``, TLS beside plain TCP (SPEC §12)
 
 The ``scaleout`` group prints a table of its own (bench/scaleout.py). What
 the groups share (sizes, servers, requests, percentiles, rows) is in
@@ -13,7 +14,7 @@ bench/measure.py.
 
 from __future__ import annotations
 
-from bench import cli, http_api, memory, restart, sends, timers, waits
+from bench import cli, http_api, memory, restart, sends, timers, tls, waits
 from bench.measure import Group, Sizes
 from bench.table import Row
 
@@ -32,6 +33,7 @@ GROUPS: dict[str, Group] = {
         restart.RESTART,
         timers.TIMERS,
         http_api.HTTP,
+        tls.TLS,
     )
 }
 

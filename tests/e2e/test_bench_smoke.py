@@ -42,6 +42,17 @@ ROWS = (
     "SSE wake latency p50",
     "SSE fan-out, one send to",
     "memory per open event stream",
+    "TLS send round trip p50",
+    "TLS send round trip p99",
+    "TLS pipelined sends/s",
+    "TLS connection set-up p50",
+    "`repl send` over TLS, whole process",
+)
+# the tls group's notes: each figure over TLS and plain, repl then its anchors (bench/tls.py)
+TLS_NOTES = (
+    "note: TLS send round trip p50 / p99, µs: repl ",
+    "note: TLS pipelined sends/s: repl ",
+    "note: TLS connection set-up p50 / p99, µs: repl ",
 )
 COLUMNS = ["figure", "repl", "reference", "ratio", "goal", "met?", "floor"]
 
@@ -116,7 +127,12 @@ def check_rows(rows: list[dict[str, str]]) -> None:
         assert fragment in row["figure"], (fragment, row)
         if row["repl"].startswith("n/a"):
             # only a piece that does not exist yet, or is not installed, may leave repl unmeasured
-            missing = ("n/a (store missing)", "n/a (CLI missing)", "n/a (http extra missing)")
+            missing = (
+                "n/a (store missing)",
+                "n/a (CLI missing)",
+                "n/a (http extra missing)",
+                "n/a (no cryptography or openssl)",
+            )
             assert row["repl"] in missing, row
         else:
             parse_number(row["repl"])
@@ -124,6 +140,20 @@ def check_rows(rows: list[dict[str, str]]) -> None:
             if row[column]:
                 parse_number(row[column])
         assert row["met?"] in ("yes", "no", "n/a"), row
+
+
+def check_tls_notes(out: str, rows: list[dict[str, str]], *, redis: bool) -> None:
+    """The TLS figures' notes: repl and the floor, and Redis (over its TLS port) with it."""
+    if any(row["repl"] == "n/a (no cryptography or openssl)" for row in rows):
+        assert "`pip install -e '.[bench]'`" in out, out  # the hint, and no figures
+        return
+    redis = redis and "TLS: no Redis figures" not in out  # a redis-server built without TLS
+    lines = out.splitlines()
+    for start in TLS_NOTES:
+        found = [line for line in lines if line.startswith(start)]
+        assert len(found) == 1, (start, out)
+        assert "floor" in found[0], found
+        assert ("Redis" in found[0]) == redis, found
 
 
 def check_scale_rows(rows: list[dict[str, str]], *, redis: bool) -> None:
@@ -143,8 +173,9 @@ def check_scale_rows(rows: list[dict[str, str]], *, redis: bool) -> None:
 
 @pytest.mark.timeout(150)
 def test_quick_benchmark_prints_every_row_with_numbers() -> None:
-    _out, rows, scale = run_quick()
+    out, rows, scale = run_quick()
     check_rows(rows)
+    check_tls_notes(out, rows, redis=True)
     for table in scale:
         check_scale_rows(table, redis=True)
 
@@ -153,6 +184,7 @@ def test_quick_benchmark_prints_every_row_with_numbers() -> None:
 def test_without_redis_server_the_reference_column_is_empty_and_the_hint_printed() -> None:
     out, rows, scale = run_quick("--redis-server", "/nonexistent/redis-server")
     check_rows(rows)
+    check_tls_notes(out, rows, redis=False)
     for table in scale:
         check_scale_rows(table, redis=False)
     assert "apt-get install redis-server" in out
