@@ -308,8 +308,10 @@ class Connection(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         # the client is done: its jobs are for nobody now; what is ready is still written
+        # (over TLS the transport cannot stay half open: asyncio would warn about True)
+        tls = self.transport is not None and self.transport.get_extra_info("sslcontext")
         self.close()
-        return True
+        return not tls
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
