@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from itertools import count
 from pathlib import Path
 
 import pytest
@@ -28,43 +29,75 @@ class Cluster(SharedDaemons):
 
 @pytest.fixture
 def cluster(tmp_path: Path, redis_server: RedisProc) -> Iterator[Cluster]:
+    """Three fresh daemons on a redis-server of the test's own: to kill one, or the server."""
     c = Cluster(tmp_path, redis_server, 3)
     yield c
     c.close()
 
 
-def test_a_send_on_one_daemon_wakes_a_wait_on_another(cluster: Cluster) -> None:
-    a, b = cluster.client(0), cluster.client(1)
-    a.ok({"op": "start", "session": "x"})
-    b.send({"op": "wait", "sessions": ["x"], "id": "w"})
+@pytest.fixture(scope="module")
+def module_cluster(
+    tmp_path_factory: pytest.TempPathFactory, redis_single: RedisProc
+) -> Iterator[Cluster]:
+    """Three daemons on the session's redis-server, for the tests that kill nothing: the
+    daemons keep nothing of the sessions they serve, so each test works in a session of its
+    own (``x``) and none sees another's."""
+    redis_single.flush()
+    c = Cluster(tmp_path_factory.mktemp("redis-daemons"), redis_single, 3)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def shared(module_cluster: Cluster) -> Iterator[Cluster]:
+    """The module's daemons; the test's clients closed after it."""
+    yield module_cluster
+    for d in module_cluster.daemons:
+        d.close_clients()
+
+
+_ids = count(1)
+
+
+@pytest.fixture
+def x() -> str:
+    """A session id of the test's own, for the daemons the module's tests share."""
+    return f"x{next(_ids)}"
+
+
+def test_a_send_on_one_daemon_wakes_a_wait_on_another(shared: Cluster, x: str) -> None:
+    a, b = shared.client(0), shared.client(1)
+    a.ok({"op": "start", "session": x})
+    b.send({"op": "wait", "sessions": [x], "id": "w"})
     assert not b.pending(0.3)
-    assert a.ok({"op": "send", "session": "x", "text": "across"})["seq"] == 1
+    assert a.ok({"op": "send", "session": x, "text": "across"})["seq"] == 1
     answer = b.recv()
     assert answer["id"] == "w"
     assert answer["batches"][0]["firings"][0]["result"] == "across"
 
 
-def test_a_read_on_any_daemon_sees_a_send_on_any_other(cluster: Cluster) -> None:
-    clients = [cluster.client(i) for i in range(3)]
-    clients[0].ok({"op": "start", "session": "x"})
+def test_a_read_on_any_daemon_sees_a_send_on_any_other(shared: Cluster, x: str) -> None:
+    clients = [shared.client(i) for i in range(3)]
+    clients[0].ok({"op": "start", "session": x})
     for i, c in enumerate(clients):
-        assert c.ok({"op": "send", "session": "x", "text": f"from {i}"})["seq"] == i + 1
+        assert c.ok({"op": "send", "session": x, "text": f"from {i}"})["seq"] == i + 1
         for other in clients:
-            got = other.ok({"op": "read", "session": "x", "after": 0})
+            got = other.ok({"op": "read", "session": x, "after": 0})
             assert [f["result"] for f in got["firings"]] == [f"from {j}" for j in range(i + 1)]
 
 
 def test_concurrent_sends_through_three_daemons_give_gapless_unique_seqs(
-    cluster: Cluster,
+    shared: Cluster,
+    x: str,
 ) -> None:
-    cluster.client(0).ok({"op": "start", "session": "x", "buffer": 1000})
+    shared.client(0).ok({"op": "start", "session": x, "buffer": 1000})
     seqs: list[list[int]] = [[] for _ in range(6)]
 
     def sender(n: int) -> None:
-        c = Client(cluster.daemons[n % 3].port, cluster.daemons[n % 3].token)
+        c = Client(shared.daemons[n % 3].port, shared.daemons[n % 3].token)
         try:
             for i in range(60):
-                seqs[n].append(c.ok({"op": "send", "session": "x", "text": f"{n}:{i}"})["seq"])
+                seqs[n].append(c.ok({"op": "send", "session": x, "text": f"{n}:{i}"})["seq"])
         finally:
             c.close()
 
@@ -75,75 +108,75 @@ def test_concurrent_sends_through_three_daemons_give_gapless_unique_seqs(
         t.join(60)
     every = sorted(s for part in seqs for s in part)
     assert every == list(range(1, 361))
-    ring = cluster.client(2).ok({"op": "read", "session": "x", "after": 0})
+    ring = shared.client(2).ok({"op": "read", "session": x, "after": 0})
     by_seq = {f["seq"]: f["result"] for f in ring["firings"]}
     for n, part in enumerate(seqs):
         for i, seq in enumerate(part):
             assert by_seq[seq] == f"{n}:{i}"
 
 
-def test_acks_and_cursors_agree_everywhere_and_never_move_back(cluster: Cluster) -> None:
-    a, b, c = (cluster.client(i) for i in range(3))
-    a.ok({"op": "start", "session": "x"})
+def test_acks_and_cursors_agree_everywhere_and_never_move_back(shared: Cluster, x: str) -> None:
+    a, b, c = (shared.client(i) for i in range(3))
+    a.ok({"op": "start", "session": x})
     for i in range(5):
-        a.ok({"op": "send", "session": "x", "text": str(i)})
-    assert a.ok({"op": "ack", "session": "x", "cursor": "r", "seq": 4})["seq"] == 4
-    assert b.ok({"op": "ack", "session": "x", "cursor": "r", "seq": 2})["seq"] == 4
+        a.ok({"op": "send", "session": x, "text": str(i)})
+    assert a.ok({"op": "ack", "session": x, "cursor": "r", "seq": 4})["seq"] == 4
+    assert b.ok({"op": "ack", "session": x, "cursor": "r", "seq": 2})["seq"] == 4
     for client in (a, b, c):
-        rows = client.ok({"op": "cursors", "session": "x"})["cursors"]
+        rows = client.ok({"op": "cursors", "session": x})["cursors"]
         assert {r["name"]: r["seq"] for r in rows} == {"r": 4}
-    got = c.ok({"op": "read", "session": "x", "cursor": "r"})
+    got = c.ok({"op": "read", "session": x, "cursor": "r"})
     assert [f["seq"] for f in got["firings"]] == [5]
 
 
-def test_the_cursor_lru_is_shared(cluster: Cluster) -> None:
-    a, b = cluster.client(0), cluster.client(1)
-    a.ok({"op": "start", "session": "x"})
+def test_the_cursor_lru_is_shared(shared: Cluster, x: str) -> None:
+    a, b = shared.client(0), shared.client(1)
+    a.ok({"op": "start", "session": x})
     for i in range(16):
-        (a if i % 2 else b).ok({"op": "ack", "session": "x", "cursor": f"c{i}", "seq": 0})
-    b.ok({"op": "read", "session": "x", "cursor": "c0"})  # c0 used last, c1 is now oldest
-    a.ok({"op": "ack", "session": "x", "cursor": "c16", "seq": 0})
-    names = {r["name"] for r in b.ok({"op": "cursors", "session": "x"})["cursors"]}
+        (a if i % 2 else b).ok({"op": "ack", "session": x, "cursor": f"c{i}", "seq": 0})
+    b.ok({"op": "read", "session": x, "cursor": "c0"})  # c0 used last, c1 is now oldest
+    a.ok({"op": "ack", "session": x, "cursor": "c16", "seq": 0})
+    names = {r["name"] for r in b.ok({"op": "cursors", "session": x})["cursors"]}
     assert "c1" not in names and "c0" in names and "c16" in names and len(names) == 16
 
 
-def test_dedup_keys_and_the_ring_bound_are_shared(cluster: Cluster) -> None:
-    a, b = cluster.client(0), cluster.client(1)
-    a.ok({"op": "start", "session": "x", "buffer": 3})
-    first = a.ok({"op": "send", "session": "x", "text": "once", "key": "k1"})
-    again = b.ok({"op": "send", "session": "x", "text": "once", "key": "k1"})
+def test_dedup_keys_and_the_ring_bound_are_shared(shared: Cluster, x: str) -> None:
+    a, b = shared.client(0), shared.client(1)
+    a.ok({"op": "start", "session": x, "buffer": 3})
+    first = a.ok({"op": "send", "session": x, "text": "once", "key": "k1"})
+    again = b.ok({"op": "send", "session": x, "text": "once", "key": "k1"})
     assert again == {"ok": True, "seq": first["seq"], "duplicate": True}
     for i in range(5):
-        b.ok({"op": "send", "session": "x", "text": str(i)})
-    got = a.ok({"op": "read", "session": "x", "after": 0})
+        b.ok({"op": "send", "session": x, "text": str(i)})
+    got = a.ok({"op": "read", "session": x, "after": 0})
     assert got["lost"] == 3 and [f["seq"] for f in got["firings"]] == [4, 5, 6]
-    a.ok({"op": "buffer", "session": "x", "limit": 1})
-    assert [f["seq"] for f in b.ok({"op": "read", "session": "x", "after": 0})["firings"]] == [6]
+    a.ok({"op": "buffer", "session": x, "limit": 1})
+    assert [f["seq"] for f in b.ok({"op": "read", "session": x, "after": 0})["firings"]] == [6]
 
 
-def test_poll_hands_each_firing_to_one_daemon_only(cluster: Cluster) -> None:
-    clients = [cluster.client(i) for i in range(3)]
-    clients[0].ok({"op": "start", "session": "x"})
+def test_poll_hands_each_firing_to_one_daemon_only(shared: Cluster, x: str) -> None:
+    clients = [shared.client(i) for i in range(3)]
+    clients[0].ok({"op": "start", "session": x})
     for i in range(30):
-        clients[i % 3].ok({"op": "send", "session": "x", "text": str(i)})
+        clients[i % 3].ok({"op": "send", "session": x, "text": str(i)})
     polled: list[int] = []
     for round_ in range(12):
-        got = clients[round_ % 3].ok({"op": "poll", "session": "x", "max": 3})
+        got = clients[round_ % 3].ok({"op": "poll", "session": x, "max": 3})
         polled += [f["seq"] for f in got["firings"]]
     assert polled == list(range(1, 31))
 
 
-def test_stopping_on_one_daemon_wakes_waiters_on_every_daemon(cluster: Cluster) -> None:
-    waiters = [cluster.client(1), cluster.client(2)]
-    stopper = cluster.client(0)
-    stopper.ok({"op": "start", "session": "x"})
+def test_stopping_on_one_daemon_wakes_waiters_on_every_daemon(shared: Cluster, x: str) -> None:
+    waiters = [shared.client(1), shared.client(2)]
+    stopper = shared.client(0)
+    stopper.ok({"op": "start", "session": x})
     for w in waiters:
-        w.send({"op": "wait", "sessions": ["x"]})
+        w.send({"op": "wait", "sessions": [x]})
     assert not waiters[0].pending(0.3)
-    stopper.ok({"op": "stop", "session": "x"})
+    stopper.ok({"op": "stop", "session": x})
     for w in waiters:
         assert w.recv()["code"] == "session_stopped"
-    assert waiters[0].call({"op": "read", "session": "x"})["code"] == "no_such_session"
+    assert waiters[0].call({"op": "read", "session": x})["code"] == "no_such_session"
 
 
 def test_a_killed_daemon_loses_nothing(cluster: Cluster) -> None:
