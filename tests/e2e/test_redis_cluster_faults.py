@@ -153,18 +153,23 @@ def test_a_daemon_killed_mid_stream_loses_nothing_it_answered(
 
 
 class Failover:
-    """A fresh 3 + 3 cluster, two daemons on it, sessions started, waiters blocked on each
-    daemon on a session of every primary; ``kill_a_primary`` under four senders."""
+    """A whole, empty 3 + 3 cluster, three daemons on it, sessions started, waiters blocked on
+    two daemons on a session of every primary; ``kill_a_primary`` under four senders.
 
-    def __init__(self, tmp: Path, replicas: int) -> None:
-        require_redis(cluster=True)
-        self.cluster = RedisClusterProcs(tmp / "cluster", primaries=3, replicas=1)
+    The cluster is the module's (``failover_cluster``): a node an earlier test killed is
+    started again first, to rejoin as a replica, so each test finds 3 primaries with a
+    synced replica each, whichever ran before it.
+    """
+
+    def __init__(self, tmp: Path, cluster: RedisClusterProcs, replicas: int) -> None:
+        self.cluster = cluster
+        for node in cluster.nodes:
+            if not node.running:
+                node.start()
+        cluster.wait_ready()
+        cluster.flush()
         url = self.cluster.url + (f"?replicas={replicas}" if replicas else "")
-        try:
-            self.group = SharedDaemons(tmp, url, 3)
-        except BaseException:
-            self.cluster.stop()
-            raise
+        self.group = SharedDaemons(tmp, url, 3)
         try:
             self._set_up()
         except BaseException:
@@ -275,19 +280,31 @@ class Failover:
 
     def close(self) -> None:
         self.group.close()
-        self.cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def failover_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterProcs]:
+    """3 primaries with a replica each, for the module's failovers (see ``Failover``)."""
+    require_redis(cluster=True)
+    cluster = RedisClusterProcs(
+        tmp_path_factory.mktemp("failover") / "cluster", primaries=3, replicas=1
+    )
+    yield cluster
+    cluster.stop()
 
 
 @pytest.fixture
-def failover_replicated(tmp_path: Path) -> Iterator[Failover]:
-    f = Failover(tmp_path, replicas=1)
+def failover_replicated(tmp_path: Path, failover_cluster: RedisClusterProcs) -> Iterator[Failover]:
+    f = Failover(tmp_path, failover_cluster, replicas=1)
     yield f
     f.close()
 
 
 @pytest.fixture
-def failover_unreplicated(tmp_path: Path) -> Iterator[Failover]:
-    f = Failover(tmp_path, replicas=0)
+def failover_unreplicated(
+    tmp_path: Path, failover_cluster: RedisClusterProcs
+) -> Iterator[Failover]:
+    f = Failover(tmp_path, failover_cluster, replicas=0)
     yield f
     f.close()
 
@@ -330,10 +347,12 @@ def test_a_primary_killed_without_replicas_loses_at_most_its_newest_firings(
 
 
 def test_the_cluster_restarted_empty_ends_every_session_on_every_daemon_at_once(
-    tmp_path: Path,
+    tmp_path: Path, redis_cluster: RedisClusterProcs
 ) -> None:
-    require_redis(cluster=True)
-    cluster = RedisClusterProcs(tmp_path / "cluster", primaries=3)
+    """On the session's 3-primary cluster: restarted, it is as it was, empty (and every node
+    is started again however the test ends, for the tests that use it next)."""
+    cluster = redis_cluster
+    cluster.flush()
     group = SharedDaemons(tmp_path, cluster.url, 2)
     try:
         spread = cluster.by_primary(SESSIONS)
@@ -376,7 +395,10 @@ def test_the_cluster_restarted_empty_ends_every_session_on_every_daemon_at_once(
         assert w.recv()["batches"][0]["firings"][0]["result"] == "x"
     finally:
         group.close()
-        cluster.stop()
+        for node in cluster.nodes:
+            if not node.running:
+                node.start()
+        cluster.wait_ready()
 
 
 def _listing(c: Client) -> list[str] | None:
