@@ -8,6 +8,7 @@ left empty and the install hint is printed.
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 from pathlib import Path
@@ -78,6 +79,8 @@ SCALE_ROWS = (
     "daemons' CPU per send, µs, 3 daemons, a session each",
     "sends refused in the other loads",
 )
+#: the groups that never start a redis-server or look for one (bench/cli.py, bench/http_api.py)
+REDIS_FREE = ("cli", "http")
 SCALE_COLUMNS = COLUMNS[:-1]  # the main table's, but the floor
 SCALE_TITLES = ("scale-out on one Redis", "scale-out on a 3-primary Redis Cluster")
 
@@ -121,9 +124,9 @@ def parse_number(cell: str) -> float:
     return float(cell.replace(",", ""))
 
 
-def check_rows(rows: list[dict[str, str]]) -> None:
-    assert len(rows) == len(ROWS)
-    for fragment, row in zip(ROWS, rows, strict=True):
+def check_rows(rows: list[dict[str, str]], fragments: tuple[str, ...] = ROWS) -> None:
+    assert len(rows) == len(fragments)
+    for fragment, row in zip(fragments, rows, strict=True):
         assert fragment in row["figure"], (fragment, row)
         if row["repl"].startswith("n/a"):
             # only a piece that does not exist yet, or is not installed, may leave repl unmeasured
@@ -182,8 +185,21 @@ def test_quick_benchmark_prints_every_row_with_numbers() -> None:
 
 @pytest.mark.timeout(150)
 def test_without_redis_server_the_reference_column_is_empty_and_the_hint_printed() -> None:
-    out, rows, scale = run_quick("--redis-server", "/nonexistent/redis-server")
-    check_rows(rows)
+    """Every group that looks for redis-server, with none to find. The groups that never look
+    (``REDIS_FREE``) measure the same with or without it, as the test above sees: left out."""
+    from bench.figures import GROUPS
+    from bench.measure import QUICK
+    from bench.run import ALL_GROUPS
+
+    for group in REDIS_FREE:  # what makes leaving them out safe: their module never looks
+        assert "redis" not in Path(inspect.getfile(GROUPS[group].run)).read_text().lower()
+    groups = [group for group in ALL_GROUPS if group not in REDIS_FREE]
+    out, rows, scale = run_quick(
+        "--redis-server", "/nonexistent/redis-server", "--only", ",".join(groups)
+    )
+    # ROWS in table order is every group's rows in the groups' order (the test above checks)
+    of = [name for name, group in GROUPS.items() for _ in group.rows(QUICK)]
+    check_rows(rows, tuple(f for f, g in zip(ROWS, of, strict=True) if g not in REDIS_FREE))
     check_tls_notes(out, rows, redis=False)
     for table in scale:
         check_scale_rows(table, redis=False)
