@@ -3,7 +3,8 @@
 No timing is asserted (figures belong in the table, not in tests): only that
 every row is there, that its numbers parse, and that without redis-server
 the reference column and the scale-out rows (all of which need Redis) are
-left empty and the install hint is printed.
+left empty and the install hint is printed. The two runs start side by side
+(``runs``), as a run is mostly waiting on its servers and clocks.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import inspect
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -95,29 +97,75 @@ def parse_table(lines: list[str], columns: list[str]) -> list[dict[str, str]]:
     return rows
 
 
-def run_quick(*extra: str) -> tuple[str, list[dict[str, str]], list[list[dict[str, str]]]]:
-    """The output, the main table's rows and each scale-out table's rows."""
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", *extra],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=100,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    tables: list[list[str]] = []
-    previous = ""
-    for line in done.stdout.splitlines():
-        if line.startswith("|"):
-            if not previous.startswith("|"):
-                tables.append([])
-            tables[-1].append(line)
-        previous = line
-    assert len(tables) == 1 + len(SCALE_TITLES), done.stdout
-    for title in SCALE_TITLES:
-        assert title in done.stdout, done.stdout
-    scale = [parse_table(table, SCALE_COLUMNS) for table in tables[1:]]
-    return done.stdout, parse_table(tables[0], COLUMNS), scale
+class Quick:
+    """One ``python -m bench --quick`` run, started at once (its output into files);
+    ``result`` waits for it and gives the output, the main table's rows and each scale-out
+    table's rows."""
+
+    def __init__(self, workdir: Path, *extra: str) -> None:
+        self.out, self.err = workdir / "stdout", workdir / "stderr"
+        with open(self.out, "wb") as out, open(self.err, "wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "bench", "--quick", *extra],
+                cwd=ROOT,
+                stdout=out,
+                stderr=err,
+            )
+
+    def result(self) -> tuple[str, list[dict[str, str]], list[list[dict[str, str]]]]:
+        self.proc.wait(100)
+        stdout = self.out.read_text()
+        assert self.proc.returncode == 0, stdout + self.err.read_text()
+        tables: list[list[str]] = []
+        previous = ""
+        for line in stdout.splitlines():
+            if line.startswith("|"):
+                if not previous.startswith("|"):
+                    tables.append([])
+                tables[-1].append(line)
+            previous = line
+        assert len(tables) == 1 + len(SCALE_TITLES), stdout
+        for title in SCALE_TITLES:
+            assert title in stdout, stdout
+        scale = [parse_table(table, SCALE_COLUMNS) for table in tables[1:]]
+        return stdout, parse_table(tables[0], COLUMNS), scale
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:  # a test that failed before it waited
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+#: the module's tests, each with its run: with redis-server, and without one
+WITH = "test_quick_benchmark_prints_every_row_with_numbers"
+WITHOUT = "test_without_redis_server_the_reference_column_is_empty_and_the_hint_printed"
+
+
+def arguments(test: str) -> tuple[str, ...]:
+    """The run of ``test``; without redis-server, only the groups that look for it."""
+    if test == WITH:
+        return ()
+    from bench.run import ALL_GROUPS
+
+    groups = [group for group in ALL_GROUPS if group not in REDIS_FREE]
+    return ("--redis-server", "/nonexistent/redis-server", "--only", ",".join(groups))
+
+
+@pytest.fixture(scope="module")
+def runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Quick]]:
+    """The runs of the module's selected tests, started side by side: each mostly waits on
+    its servers and clocks, so together they take little longer than the longer alone."""
+    selected = [
+        item.name
+        for item in request.session.items
+        if getattr(item, "module", None) is request.module and item.name in (WITH, WITHOUT)
+    ]
+    started = {test: Quick(tmp_path_factory.mktemp("bench"), *arguments(test)) for test in selected}
+    yield started
+    for run in started.values():
+        run.stop()
 
 
 def parse_number(cell: str) -> float:
@@ -175,8 +223,8 @@ def check_scale_rows(rows: list[dict[str, str]], *, redis: bool) -> None:
 
 
 @pytest.mark.timeout(150)
-def test_quick_benchmark_prints_every_row_with_numbers() -> None:
-    out, rows, scale = run_quick()
+def test_quick_benchmark_prints_every_row_with_numbers(runs: dict[str, Quick]) -> None:
+    out, rows, scale = runs[WITH].result()
     check_rows(rows)
     check_tls_notes(out, rows, redis=True)
     for table in scale:
@@ -184,19 +232,17 @@ def test_quick_benchmark_prints_every_row_with_numbers() -> None:
 
 
 @pytest.mark.timeout(150)
-def test_without_redis_server_the_reference_column_is_empty_and_the_hint_printed() -> None:
+def test_without_redis_server_the_reference_column_is_empty_and_the_hint_printed(
+    runs: dict[str, Quick],
+) -> None:
     """Every group that looks for redis-server, with none to find. The groups that never look
     (``REDIS_FREE``) measure the same with or without it, as the test above sees: left out."""
     from bench.figures import GROUPS
     from bench.measure import QUICK
-    from bench.run import ALL_GROUPS
 
     for group in REDIS_FREE:  # what makes leaving them out safe: their module never looks
         assert "redis" not in Path(inspect.getfile(GROUPS[group].run)).read_text().lower()
-    groups = [group for group in ALL_GROUPS if group not in REDIS_FREE]
-    out, rows, scale = run_quick(
-        "--redis-server", "/nonexistent/redis-server", "--only", ",".join(groups)
-    )
+    out, rows, scale = runs[WITHOUT].result()
     # ROWS in table order is every group's rows in the groups' order (the test above checks)
     of = [name for name, group in GROUPS.items() for _ in group.rows(QUICK)]
     check_rows(rows, tuple(f for f, g in zip(ROWS, of, strict=True) if g not in REDIS_FREE))
