@@ -85,6 +85,8 @@ log = logging.getLogger("repl.daemon")
 
 #: the largest body a request may have (as a line of the protocol)
 MAX_BODY = MAX_LINE
+#: how much of a body nobody reads is read and dropped before the answer (``_drain``)
+MAX_DRAIN = 16 * MAX_BODY
 #: an event stream sends a comment line at least this often, so proxies keep it open
 HEARTBEAT = 15.0
 #: how long a request's body may take to arrive in full
@@ -207,7 +209,9 @@ class Api:
                     headers = challenge if exc.code is Code.UNAUTHORIZED else None
                     return error_response(exc.code.value, exc.message, headers=headers)
             try:
-                return await route(request)
+                response = await route(request)
+                await _drain(request)  # a body the route did not want (a GET's): see _drain
+                return response
             except ReplError as exc:
                 errors[exc.code.value] += 1
                 if exc.code is not Code.LINE_TOO_LONG:  # that one is refused unread, on purpose
@@ -487,8 +491,10 @@ class _Snapshot:
 
 
 async def _drain(request: Request) -> None:
-    """Read what is left of a refused request's body (at most 1 MiB, for at most 2 s), so
-    that its client, still sending, reads the answer instead of a reset connection."""
+    """Read and drop what is left of a request's body that nobody reads (a refused one, or
+    a GET's), at most ``MAX_DRAIN`` bytes for at most 2 s, before the answer: a connection
+    closed with bytes unread is reset by the kernel, and the client, still sending, would
+    lose the answer. Past those bounds it may (as with nginx's lingering close)."""
     from starlette.requests import ClientDisconnect
 
     declared = request.headers.get("content-length", "")
@@ -499,7 +505,7 @@ async def _drain(request: Request) -> None:
         try:
             async for chunk in request.stream():
                 size += len(chunk)
-                if size > MAX_BODY:
+                if size > MAX_DRAIN:
                     return
         except (ClientDisconnect, RuntimeError):  # gone, or read already
             return
