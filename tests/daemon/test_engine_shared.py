@@ -21,7 +21,8 @@ from repl_daemon.engine import Engine, open_engine
 from repl_daemon.engine.shared import SharedCommitter
 from repl_daemon.stores import redis as redis_store
 from repl_daemon.stores.redis import RedisStore
-from session.errors import BadSessionId, NoSuchSession, ReplError, StoreFailed
+from session import scopes
+from session.errors import BadSessionId, NoSuchSession, ReplError, StoreFailed, Unauthorized
 from tests.helpers import RedisClusterProcs, RedisProc, eventually, store_url
 
 AnyRedis = RedisProc | RedisClusterProcs
@@ -524,3 +525,59 @@ async def test_a_timer_claimed_before_it_was_written_still_fires(redis_any: AnyR
     finally:
         await first.close()
         await second.close()
+
+
+@pytest.mark.parametrize("redis_any", ["single"], indirect=True)
+async def test_tokens_are_the_stores_a_revocation_heard_or_missed_ends_them_everywhere(
+    redis_any: AnyRedis,
+) -> None:
+    """A daemon started after a token was made knows it from ``load``; a revocation through
+    another daemon is heard on the tokens' channel; one it missed (the link was down) is
+    found when the link comes back and it reads the tokens again (SPEC §11)."""
+    url = store_url(redis_any)
+    first, first_committer = await opened(url)
+    made = []
+    for name in ("heard", "missed", "kept"):
+        answer = await call(first, p.Token(action="add", name=name, sessions=["*"], can=["read"]))
+        assert isinstance(answer, p.TokenMade)
+        made.append(answer)
+    heard, missed, kept = made
+    second, committer = await opened(url)  # after the tokens: its load reads them
+    revoked: list[str] = []
+    told = [anyio.Event(), anyio.Event()]
+
+    def tell(digest: str) -> None:
+        revoked.append(digest)
+        told[len(revoked) - 1].set()
+
+    committer.listener.revoked = tell  # type: ignore[method-assign]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(second.run)
+        await committer.shared_timers.ready.wait()
+        with anyio.fail_after(5):
+            while not committer.wakes.holds(redis_store.AUTH):  # noqa: ASYNC110 - a bounded look at another task's state
+                await anyio.sleep(0.01)
+        assert len(committer._tokens) == 3
+        for answer in made:
+            assert await second.authenticate(answer.token, b"root").result() is not None
+        await call(first, p.Token(action="revoke", name="heard"))
+        with anyio.fail_after(5):
+            await told[0].wait()
+        # a revocation the second daemon does not hear: made in Redis while its link is down
+        for server in redis_any.servers:
+            with server.admin() as admin:
+                admin.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+        digest = scopes.digest(missed.token)
+        with redis_any.servers[0].admin() as admin:
+            admin.hdel("repl:{~auth}:names", "missed")
+            admin.hdel("repl:{~auth}:tokens", digest)
+        with anyio.fail_after(10):
+            await told[1].wait()
+        assert revoked == [scopes.digest(heard.token), digest]
+        for gone in (heard, missed):
+            with pytest.raises(Unauthorized):
+                await second.authenticate(gone.token, b"root").result()
+        assert await second.authenticate(kept.token, b"root").result() is not None
+        tg.cancel_scope.cancel()
+    await committer.close()
+    await first_committer.close()
