@@ -2,15 +2,18 @@
 
 Every ``python`` block of the "In Python" section is run on its own with
 the interpreter the tests use and ``REPL_ADDR``/``REPL_HOME`` naming a
-fresh daemon whose session ``inbox`` already holds "hello" and "quit" (so
-the monitor recipe ends). Each must exit 0 without a traceback.
+daemon whose session ``inbox`` already holds "hello" and "quit" (so the
+monitor recipe ends), started afresh for each recipe on the daemon they
+share. Each must exit 0 without a traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,10 +36,23 @@ def test_the_guide_has_python_recipes() -> None:
     assert not any("subprocess" in r for r in recipes)  # the API, not the CLI in a child
 
 
+@pytest.fixture(scope="module")
+def guide_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProc]:
+    """A memory daemon process for the recipes (settle 0), as the ``daemon`` fixture's."""
+    home = tmp_path_factory.mktemp("guide") / "home"
+    d = DaemonProc(home, "--memory", "--settle-ms", "0", "--idle-timeout", "5")
+    yield d
+    d.close_clients()
+    d.stop()
+
+
 @pytest.mark.parametrize("index", range(len(python_recipes())))
-def test_each_python_recipe_of_the_guide_runs(daemon: DaemonProc, index: int) -> None:
-    repl = Repl(daemon)
-    repl.ask({"op": "start", "session": "inbox", "exist_ok": True})
+def test_each_python_recipe_of_the_guide_runs(guide_daemon: DaemonProc, index: int) -> None:
+    repl = Repl(guide_daemon)
+    # an ``inbox`` of its own: whatever an earlier recipe left in it (firings, cursors) is gone
+    with contextlib.closing(guide_daemon.client()) as c:
+        c.call({"op": "stop", "session": "inbox"})  # no_such_session for the first recipe
+    repl.ask({"op": "start", "session": "inbox"})
     repl.send("inbox", "hello", "quit")
     done = subprocess.run(
         [sys.executable, "-c", python_recipes()[index]],
