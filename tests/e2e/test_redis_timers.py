@@ -6,21 +6,30 @@ firings, none twice, none missed, whichever daemons claimed them; a timer
 scheduled on a daemon that is then killed fires on time from the others;
 a recurring timer fires once a period however many daemons share it; a
 timer scheduled on one daemon is listed and cancelled on another.
+
+The first two tests run once a kind of Redis, and each kind has a store and
+three daemons of its own: a test's runs on the three kinds, which mostly
+wait for due times, go side by side (``Runs``), and each test waits for its
+kind's run.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 
 import pytest
 
 from tests.helpers import (
+    REDIS_KINDS,
     Client,
     RedisClusterProcs,
     RedisProc,
     SharedDaemons,
+    SideBySide,
     eventually,
     pipelined,
     store_url,
@@ -39,6 +48,7 @@ def groups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Share
         group.close()
 
 
+@contextlib.contextmanager
 def group_on(
     groups: dict[str, SharedDaemons], tmp: pytest.TempPathFactory, url: str
 ) -> Iterator[SharedDaemons]:
@@ -50,17 +60,73 @@ def group_on(
     for d in group.daemons:
         if d.proc is not None and d.proc.poll() is not None:
             d.start(d.port)
-    yield group
-    for d in group.daemons:
-        d.close_clients()
+    try:
+        yield group
+    finally:
+        for d in group.daemons:
+            d.close_clients()
 
 
-@pytest.fixture
-def three(
-    groups: dict[str, SharedDaemons], tmp_path_factory: pytest.TempPathFactory, redis_any: AnyRedis
-) -> Iterator[SharedDaemons]:
-    """Three daemons on each kind of Redis in turn (emptied before the test)."""
-    yield from group_on(groups, tmp_path_factory, store_url(redis_any))
+#: the session's store of each kind of Redis (tests/conftest.py)
+STORES = {
+    "single": "redis_single",
+    "cluster": "redis_cluster",
+    "cluster+replicas": "redis_cluster_replicated",
+}
+Run = Callable[[SharedDaemons], None]
+
+
+class Runs:
+    """A test's run on each kind of Redis, side by side: all of them start when the first of
+    its tests asks (for the kinds selected), each on its kind's emptied store and daemons,
+    once any other test's runs are over (they share the daemons). ``result`` waits for one
+    kind's run and raises what it raised."""
+
+    def __init__(
+        self,
+        request: pytest.FixtureRequest,
+        groups: dict[str, SharedDaemons],
+        tmp: pytest.TempPathFactory,
+    ) -> None:
+        self.request, self.groups, self.tmp = request, groups, tmp
+        self.started: dict[str, SideBySide] = {}
+
+    def result(self, run: Run, kind: str) -> None:
+        name = run.__name__
+        if name not in self.started:
+            self.close()
+            kinds = [
+                str(item.callspec.params["kind"])
+                for item in self.request.session.items
+                if isinstance(item, pytest.Function)
+                and item.originalname == f"test_{name}"
+                and item.module is self.request.module
+            ]
+            servers = {k: self.request.getfixturevalue(STORES[k]) for k in kinds}
+            self.started[name] = SideBySide(
+                {k: functools.partial(self._on, run, servers[k]) for k in kinds}
+            )
+        self.started[name].result(kind)
+
+    def _on(self, run: Run, server: AnyRedis) -> None:
+        server.flush()
+        with group_on(self.groups, self.tmp, store_url(server)) as group:
+            run(group)
+
+    def close(self) -> None:
+        for runs in self.started.values():
+            runs.close()
+
+
+@pytest.fixture(scope="module")
+def runs(
+    request: pytest.FixtureRequest,
+    groups: dict[str, SharedDaemons],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Runs]:
+    side_by_side = Runs(request, groups, tmp_path_factory)
+    yield side_by_side
+    side_by_side.close()
 
 
 @pytest.fixture
@@ -68,11 +134,15 @@ def three_on_one(
     groups: dict[str, SharedDaemons],
     tmp_path_factory: pytest.TempPathFactory,
     redis_single: RedisProc,
+    runs: Runs,
 ) -> Iterator[SharedDaemons]:
-    """Three daemons on one redis-server (emptied): for what does not depend on the kind of
-    Redis (the script that fires is the same on each, tests/stores/test_redis_differential.py)."""
+    """Three daemons on one redis-server (emptied, once no run is left on it): for what does
+    not depend on the kind of Redis (the script that fires is the same on each,
+    tests/stores/test_redis_differential.py)."""
+    runs.close()
     redis_single.flush()
-    yield from group_on(groups, tmp_path_factory, redis_single.url)
+    with group_on(groups, tmp_path_factory, redis_single.url) as group:
+        yield group
 
 
 def all_firings(c: Client) -> list[tuple[str, str]]:
@@ -89,7 +159,7 @@ def fired_by(daemons: SharedDaemons) -> list[int]:
     return [daemons.client(i).ok({"op": "stats"})["daemon"]["firings"] for i in range(3)]
 
 
-def test_a_thousand_timers_due_in_one_second_fire_exactly_once(three: SharedDaemons) -> None:
+def a_thousand_timers_due_in_one_second_fire_exactly_once(three: SharedDaemons) -> None:
     before = fired_by(three)  # the module's daemons may have fired timers of earlier tests
     c = three.client(0)
     for session in SESSIONS:
@@ -121,9 +191,12 @@ def test_a_thousand_timers_due_in_one_second_fire_exactly_once(three: SharedDaem
     assert sum(counts) == 1000, counts  # however the daemons shared the work
 
 
-def test_a_timer_fires_on_time_when_the_daemon_that_made_it_is_killed(
-    three: SharedDaemons,
-) -> None:
+@pytest.mark.parametrize("kind", REDIS_KINDS)
+def test_a_thousand_timers_due_in_one_second_fire_exactly_once(runs: Runs, kind: str) -> None:
+    runs.result(a_thousand_timers_due_in_one_second_fire_exactly_once, kind)
+
+
+def a_timer_fires_on_time_when_the_daemon_that_made_it_is_killed(three: SharedDaemons) -> None:
     a, b = three.client(0), three.client(1)
     a.ok({"op": "start", "session": "s0"})
     a.ok({"op": "schedule", "session": "s0", "text": "orphan", "in": "1500ms"})
@@ -137,6 +210,13 @@ def test_a_timer_fires_on_time_when_the_daemon_that_made_it_is_killed(
     assert [f["result"] for f in b.ok({"op": "read", "session": "s0", "after": 0})["firings"]] == [
         "orphan"
     ]
+
+
+@pytest.mark.parametrize("kind", REDIS_KINDS)
+def test_a_timer_fires_on_time_when_the_daemon_that_made_it_is_killed(
+    runs: Runs, kind: str
+) -> None:
+    runs.result(a_timer_fires_on_time_when_the_daemon_that_made_it_is_killed, kind)
 
 
 def test_a_recurring_timer_shared_by_three_daemons_fires_once_a_period(
