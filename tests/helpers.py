@@ -43,12 +43,12 @@ import sys
 import termios
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from concurrent.futures import Future
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from itertools import count
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import pytest
@@ -60,6 +60,9 @@ from repl_daemon.stores.base import Store
 from repl_daemon.stores.redis import session_keys
 from session.delta import Delta
 from session.session import Session, Snapshot
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 # -- the raw client ------------------------------------------------------------
 
@@ -922,6 +925,14 @@ def eventually(check: Callable[[], bool], timeout: float = 15, what: str = "cond
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.01)
+
+
+def each_at_once(run: Callable[[T], R], items: Iterable[T]) -> list[R]:
+    """``run`` of each item, as many at once as the machine has cores, in the items' order:
+    for independent ``repl`` runs, each mostly an interpreter starting. What one raised is
+    raised (the first in the items' order)."""
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        return list(pool.map(run, items))
 
 
 class SideBySide:

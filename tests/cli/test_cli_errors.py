@@ -14,6 +14,7 @@ from tests.helpers import (
     InProcDaemon,
     Repl,
     assert_one_error_line,
+    each_at_once,
     eventually,
     free_port,
     repl_argv,
@@ -23,14 +24,18 @@ from tests.helpers import (
 def test_no_daemon_is_one_line_saying_how_to_start_one(tmp_path: Path) -> None:
     addr = f"127.0.0.1:{free_port()}"
     env = {**os.environ, "REPL_ADDR": addr, "REPL_HOME": str(tmp_path)}
-    for args in (
+
+    def run(args: list[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(repl_argv(*args), capture_output=True, text=True, env=env, timeout=30)
+
+    commands = (
         ["ping"],
         ["read", "s"],
         ["wait", "s", "--reconnect", "0"],
         ["send", "s", "x"],
         ["sessions"],
-    ):
-        done = subprocess.run(repl_argv(*args), capture_output=True, text=True, env=env, timeout=30)
+    )
+    for done in each_at_once(run, commands):  # independent runs, side by side
         assert done.returncode == 75  # unavailable: try again later
         assert_one_error_line(done.stderr)
         assert done.stderr.startswith(f"repl: no daemon at {addr}")
@@ -50,8 +55,8 @@ def test_no_such_session_is_status_1_for_every_verb(repl: Repl) -> None:
         ["stop", "nope"],
         ["stats", "nope"],
     ]
-    for args in verbs:
-        stderr = repl.fails(1, *args)
+    errors = each_at_once(lambda args: repl.fails(1, *args), verbs)  # side by side
+    for args, stderr in zip(verbs, errors, strict=True):
         assert "no session 'nope'" in stderr, args
         assert "`repl start nope`" in stderr
 
@@ -75,7 +80,7 @@ def test_usage_errors_are_status_64(repl: Repl, s: str) -> None:
     no_args = repl.run()
     assert no_args.returncode == 64
     assert "Usage: repl" in no_args.stderr
-    for args in (
+    usage = [
         ["frobnicate"],
         ["read"],
         ["read", s, "--cursor", "c", "--after", "0"],
@@ -88,8 +93,9 @@ def test_usage_errors_are_status_64(repl: Repl, s: str) -> None:
         ["start", "not an id!"],
         ["read", s, "--cursor", "has space"],
         ["send", s, "x", "--handler", ""],
-    ):
-        stderr = repl.fails(64, *args)
+    ]
+    errors = each_at_once(lambda args: repl.fails(64, *args), usage)  # side by side
+    for args, stderr in zip(usage, errors, strict=True):
         assert "Usage:" not in stderr, args
 
 
@@ -99,8 +105,8 @@ def test_cursor_after_head_is_status_1(repl: Repl, s: str) -> None:
 
 
 def test_wait_timeout_with_nothing_is_status_2_and_prints_nothing(repl: Repl, s: str) -> None:
-    for flags in ([], ["--full"], ["--json"]):
-        done = repl.run("wait", s, "--timeout", "0.05", *flags)
+    flags = ([], ["--full"], ["--json"])
+    for done in each_at_once(lambda more: repl.run("wait", s, "--timeout", "0.05", *more), flags):
         assert (done.returncode, done.stdout, done.stderr) == (2, "", "")
     assert repl.cursor(s, "wait") is None
 

@@ -18,7 +18,7 @@ import termios
 import time
 from typing import IO
 
-from tests.helpers import Repl, assert_one_error_line, eventually, repl_argv
+from tests.helpers import Repl, assert_one_error_line, each_at_once, eventually, repl_argv
 
 FULL = "repl: cannot write to stdout (No space left on device)\n"
 
@@ -38,16 +38,18 @@ def test_a_stdout_closed_from_the_start_stops_quietly_and_acknowledges_nothing(
     repl: Repl, s: str
 ) -> None:
     repl.send(s, "one", "two")
-    for command in ("read", "wait", "poll --max 1", "follow"):
-        done = repl.shell(f"$REPL {command} {s} >&-")
+    readers = ("read", "wait", "poll --max 1", "follow")  # independent runs, side by side
+    shells = each_at_once(lambda command: repl.shell(f"$REPL {command} {s} >&-"), readers)
+    for command, done in zip(readers, shells, strict=True):
         assert (done.returncode, done.stdout, done.stderr) == (0, "", ""), command
     for cursor in ("read", "wait", "follow"):
         assert acked(repl, s, cursor) == 0, cursor
     assert repl.waiters(s) == 0
     # poll is the at-most-once drain: it took its firing, with no reader to show it to
     assert acked(repl, s, "poll") == 1
-    for command in ("sessions", "cursors " + s, "stats --json", "ping"):
-        done = repl.shell(f"$REPL {command} >&-")
+    others = ("sessions", "cursors " + s, "stats --json", "ping")
+    shells = each_at_once(lambda command: repl.shell(f"$REPL {command} >&-"), others)
+    for command, done in zip(others, shells, strict=True):
         assert (done.returncode, done.stderr) == (0, ""), command
 
 
@@ -59,13 +61,15 @@ def test_a_send_whose_stdout_is_closed_still_records_the_firing(repl: Repl, s: s
 
 def test_a_full_stdout_is_one_line_and_acknowledges_nothing(repl: Repl, s: str) -> None:
     repl.send(s, "one", "two")
-    for command in (f"read {s}", f"wait {s}", f"read {s} --json", f"follow {s}"):
-        done = repl.shell(f"$REPL {command} >/dev/full")
+    readers = (f"read {s}", f"wait {s}", f"read {s} --json", f"follow {s}")  # side by side
+    shells = each_at_once(lambda command: repl.shell(f"$REPL {command} >/dev/full"), readers)
+    for command, done in zip(readers, shells, strict=True):
         assert (done.returncode, done.stderr) == (1, FULL), command
     for cursor in ("read", "wait", "follow"):
         assert acked(repl, s, cursor) == 0, cursor
-    for command in ("sessions", "sessions --json", f"cursors {s}", "stats", "ping"):
-        done = repl.shell(f"$REPL {command} >/dev/full")
+    others = ("sessions", "sessions --json", f"cursors {s}", "stats", "ping")
+    shells = each_at_once(lambda command: repl.shell(f"$REPL {command} >/dev/full"), others)
+    for command, done in zip(others, shells, strict=True):
         assert (done.returncode, done.stderr) == (1, FULL), command
 
 
