@@ -11,7 +11,8 @@ within them.
 Each scenario mostly waits on real clocks, with a daemon of its own, so the
 scenarios of the selected tests run side by side (``SideBySide``, started
 at once) and each test waits for its own: it fails as it would have failed
-running the scenario itself.
+running the scenario itself. The firing in 1 s runs alone (no scenario
+beside it), as it must read and list before its second is over.
 """
 
 from __future__ import annotations
@@ -167,9 +168,8 @@ def keyed_retry(tmp: Path) -> None:
         assert repl.ok("read", "k", "--after", "0") == "on-message: hello\n"
 
 
-#: each test's scenario
+#: each test's scenario, run side by side (the firing in 1 s runs alone)
 SCENARIOS: dict[str, Callable[[Path], None]] = {
-    "test_a_firing_in_1s_is_absent_before_and_there_once_after": firing_in_1s,
     "test_timers_due_while_the_daemon_was_killed_fire_once_when_it_is_back": (
         killed_across_due_times
     ),
@@ -179,35 +179,55 @@ SCENARIOS: dict[str, Callable[[Path], None]] = {
 }
 
 
+class Scenarios:
+    """The scenarios of the module's selected tests, started side by side when the first of
+    those tests asks; ``close`` waits for every one started."""
+
+    def __init__(self, selected: set[str], tmp: pytest.TempPathFactory) -> None:
+        self.selected, self.tmp = selected, tmp
+        self.runs: SideBySide | None = None
+
+    def result(self, name: str) -> None:
+        if self.runs is None:
+            self.runs = SideBySide(
+                {
+                    test: functools.partial(run, self.tmp.mktemp(run.__name__))
+                    for test, run in SCENARIOS.items()
+                    if test in self.selected
+                }
+            )
+        self.runs.result(name)
+
+    def close(self) -> None:
+        if self.runs is not None:
+            self.runs.close()
+
+
 @pytest.fixture(scope="module")
 def scenarios(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[SideBySide]:
-    """The scenarios of the module's selected tests, started side by side."""
+) -> Iterator[Scenarios]:
     selected = {
         item.name
         for item in request.session.items
         if getattr(item, "module", None) is request.module
     }
-    runs = SideBySide(
-        {
-            name: functools.partial(run, tmp_path_factory.mktemp(run.__name__))
-            for name, run in SCENARIOS.items()
-            if name in selected
-        }
-    )
+    runs = Scenarios(selected, tmp_path_factory)
     yield runs
     runs.close()
 
 
 @pytest.fixture
-def scenario(request: pytest.FixtureRequest, scenarios: SideBySide) -> Callable[[], None]:
+def scenario(request: pytest.FixtureRequest, scenarios: Scenarios) -> Callable[[], None]:
     """Wait for this test's scenario: what it raised is raised here."""
     return functools.partial(scenarios.result, request.node.name)
 
 
-def test_a_firing_in_1s_is_absent_before_and_there_once_after(scenario: Callable[[], None]) -> None:
-    scenario()
+def test_a_firing_in_1s_is_absent_before_and_there_once_after(
+    scenarios: Scenarios, tmp_path: Path
+) -> None:
+    scenarios.close()  # alone: nothing runs beside its second
+    firing_in_1s(tmp_path)
 
 
 def test_timers_due_while_the_daemon_was_killed_fire_once_when_it_is_back(
