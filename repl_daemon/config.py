@@ -94,7 +94,7 @@ OPTIONS: tuple[Option, ...] = (
         str,
         None,
         "Also serve HTTP on HOST:PORT: send, read, live event streams, healthz "
-        "(pip install 'repl[http]').",
+        "(pip install 'repl-inbox[http]').",
         metavar="HOST:PORT",
     ),
     Option(
@@ -116,7 +116,7 @@ OPTIONS: tuple[Option, ...] = (
         "--loop",
         LOOPS,
         "auto",
-        "The event loop: uvloop (faster; pip install 'repl[uvloop]') when installed.",
+        "The event loop: uvloop (faster; pip install 'repl-inbox[uvloop]') when installed.",
     ),
 )
 

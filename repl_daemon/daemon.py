@@ -253,7 +253,7 @@ def choose_loop(loop: str) -> bool:
     """Whether to run on uvloop: asked for, or ``auto`` and installed.
 
     uvloop roughly halves the daemon's round trip here (docs/benchmarks.md);
-    it is an optional extra, ``pip install 'repl[uvloop]'``, so the default
+    it is an optional extra, ``pip install 'repl-inbox[uvloop]'``, so the default
     install stays pure Python. ``loop`` is one of ``config.LOOPS``:
     ``build_config`` checked it.
     """
@@ -261,7 +261,7 @@ def choose_loop(loop: str) -> bool:
         return False
     if find_spec("uvloop") is None:
         if loop == "uvloop":
-            raise ConfigError("--loop uvloop needs uvloop: pip install 'repl[uvloop]'")
+            raise ConfigError("--loop uvloop needs uvloop: pip install 'repl-inbox[uvloop]'")
         return False
     return True
 

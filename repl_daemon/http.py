@@ -106,7 +106,8 @@ PAGE_HEADERS = {
 }
 
 INSTALL_HINT = (
-    "--http needs Starlette, uvicorn, sse-starlette and prometheus_client: pip install 'repl[http]'"
+    "--http needs Starlette, uvicorn, sse-starlette and prometheus_client: "
+    "pip install 'repl-inbox[http]'"
 )
 
 # a wire code's HTTP status; every other refusal is 400

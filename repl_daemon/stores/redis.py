@@ -309,7 +309,7 @@ class RedisStore:
             import redis.asyncio  # noqa: F401 - the extra must be there before anything else
         except ImportError:
             raise StoreFailed(
-                "--store redis:// needs the redis client: pip install 'repl[redis]'"
+                "--store redis:// needs the redis client: pip install 'repl-inbox[redis]'"
             ) from None
         self.target = Target(url)
         self.name = f"redis:{self.target.name}"

@@ -80,5 +80,5 @@ def test_without_the_redis_extra_the_start_says_which_pip_install_brings_it(
     assert done.returncode == 1, done
     lines = [line for line in done.stderr.splitlines() if " INFO " not in line]
     assert lines == [
-        "repl daemon: --store redis:// needs the redis client: pip install 'repl[redis]'"
+        "repl daemon: --store redis:// needs the redis client: pip install 'repl-inbox[redis]'"
     ]

@@ -291,7 +291,7 @@ def test_the_event_loop_can_be_chosen(tmp_path: Path) -> None:
             timeout=30,
         )
         assert proc.returncode == 1
-        assert b"pip install 'repl[uvloop]'" in proc.stderr
+        assert b"pip install 'repl-inbox[uvloop]'" in proc.stderr
     else:
         d = DaemonProc(tmp_path / "h3", "--memory", "--loop", "uvloop")
         try:

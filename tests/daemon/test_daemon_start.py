@@ -96,9 +96,9 @@ def test_a_store_url_it_does_not_know_is_refused(
 def test_the_redis_store_without_the_redis_client_says_which_pip_install(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(sys.modules, "redis", None)  # as if `pip install repl` alone
+    monkeypatch.setitem(sys.modules, "redis", None)  # as if `pip install repl-inbox` alone
     assert refused(capsys, tmp_path / "home", "--store", "redis://127.0.0.1:1/0") == (
-        "--store redis:// needs the redis client: pip install 'repl[redis]'"
+        "--store redis:// needs the redis client: pip install 'repl-inbox[redis]'"
     )
 
 
@@ -127,7 +127,7 @@ def test_the_loop_is_uvloop_when_asked_or_installed(monkeypatch: pytest.MonkeyPa
     assert daemon.choose_loop("asyncio") is False
     monkeypatch.setattr(daemon, "find_spec", lambda name: None)
     assert daemon.choose_loop("auto") is False
-    with pytest.raises(ConfigError, match=r"pip install 'repl\[uvloop\]'"):
+    with pytest.raises(ConfigError, match=r"pip install 'repl-inbox\[uvloop\]'"):
         daemon.choose_loop("uvloop")
     monkeypatch.setattr(daemon, "find_spec", lambda name: object())
     assert daemon.choose_loop("auto") is True

@@ -27,10 +27,10 @@ def refused(capsys: pytest.CaptureFixture[str], home: Path, *args: str) -> str:
 def test_http_without_the_extra_says_which_pip_install(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(sys.modules, "starlette", None)  # as if `pip install repl` alone
+    monkeypatch.setitem(sys.modules, "starlette", None)  # as if `pip install repl-inbox` alone
     assert refused(capsys, tmp_path / "home", "--http", "127.0.0.1:0") == (
         "--http needs Starlette, uvicorn, sse-starlette and prometheus_client: "
-        "pip install 'repl[http]'"
+        "pip install 'repl-inbox[http]'"
     )
 
 
