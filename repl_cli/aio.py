@@ -30,8 +30,12 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from repl_cli.api import Unavailable, _log_note, _typed
 from repl_cli.client import (
     CALL_TIMEOUT,
+    HTTP_PROBE_AFTER,
     Client,
     decode_answer,
+    encoded,
+    http_answers,
+    not_a_daemon,
     parse_addr,
     plain_to_tls,
     speaks_tls,
@@ -86,6 +90,8 @@ class AsyncRepl:
         self.note = note or _log_note
         self._stream: ByteStream | None = None
         self._lines: BufferedByteReceiveStream | None = None
+        #: a daemon answered once: only then is a lost connection an outage to ride out
+        self._connected_once = False
 
     @property
     def addr(self) -> str:
@@ -144,7 +150,7 @@ class AsyncRepl:
         self._lines = BufferedByteReceiveStream(stream)
         token = self._where._token()
         try:
-            await self._exchange(p.Auth(token=token), p.Done, CALL_TIMEOUT)
+            await self._exchange(p.Auth(token=token), p.Done, CALL_TIMEOUT, probe=(host, port))
         except CliError as exc:
             if exc.code == Code.UNAUTHORIZED:  # say which token that was
                 exc.message = f"{exc.message}; this one was {self._where._token_source()}"
@@ -155,17 +161,26 @@ class AsyncRepl:
             ):
                 raise plain_to_tls(self.addr) from None
             raise
+        self._connected_once = True
 
-    async def _exchange(self, request: p.Request, expect: type[R], within: float | None) -> R:
+    async def _exchange(
+        self,
+        request: p.Request,
+        expect: type[R],
+        within: float | None,
+        probe: tuple[str, int] | None = None,
+    ) -> R:
         """Send ``request`` and read its answer (within ``within`` s, None: however long a
-        wait takes); a broken link is ``Unavailable``."""
+        wait takes); a broken link is ``Unavailable``. ``probe``: the host and port to ask
+        whether an HTTP server answers there, when the answer is slow to come (the auth)."""
+        data = encoded(request)
         if self._stream is None:
             await self._connect()
         assert self._stream is not None and self._lines is not None
         try:
             with anyio.fail_after(math.inf if within is None else within):
-                await self._stream.send(p.encode(request))
-                line = await self._lines.receive_until(b"\n", MAX_ANSWER)
+                await self._stream.send(data)
+                line = await self._answer(probe)
         except TimeoutError:
             await self.aclose()
             raise Unavailable(
@@ -184,6 +199,16 @@ class AsyncRepl:
                 "check it with `repl ping` and run the command again"
             ) from None
         return decode_answer(line, expect, self.addr)
+
+    async def _answer(self, probe: tuple[str, int] | None) -> bytes:
+        assert self._lines is not None
+        if probe is not None:
+            with anyio.move_on_after(HTTP_PROBE_AFTER):
+                return await self._lines.receive_until(b"\n", MAX_ANSWER)
+            if await anyio.to_thread.run_sync(http_answers, *probe, self._where.tls):
+                await self.aclose()
+                raise not_a_daemon(self.addr)
+        return await self._lines.receive_until(b"\n", MAX_ANSWER)
 
     async def _call(self, request: p.Request, expect: type[R]) -> R:
         try:
@@ -313,7 +338,7 @@ class AsyncRepl:
                 woken = await self._exchange(request, p.Woken, None)
             except CliError as exc:
                 try:
-                    pause = outage.lost(exc)
+                    pause = outage.lost(exc, was_there=self._connected_once)
                 except CliError as final:
                     raise _typed(final) from None
                 await self.aclose()

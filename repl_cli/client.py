@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from repl_cli.errors import USAGE, CliError, ReaderGone, from_wire, unavailable
+from repl_cli.errors import ERROR, USAGE, CliError, ReaderGone, from_wire, unavailable
 from repl_daemon import protocol as p
 from repl_daemon.locations import DEFAULT_ADDR, TLS_SCHEME, default_home, split_addr
 from session.errors import Code
@@ -52,8 +52,32 @@ def parse_addr(addr: str, where: str = "") -> tuple[str, int]:
     return split
 
 
+#: a first answer this late makes the client ask whether an HTTP server is what answers
+#: there (the daemon's ``--http`` port given as ``--addr``): one would wait for the rest of
+#: a request head until the client's own timeout
+HTTP_PROBE_AFTER = 1.0
+
+
+def encoded(request: p.Request) -> bytes:
+    """``request`` on the wire; a request over the daemon's line limit is refused here,
+    before anything is sent (the daemon would close the connection part-way)."""
+    data = p.encode(request)
+    if len(data) - 1 > p.MAX_LINE:
+        raise CliError(
+            f"the request is {len(data) - 1:,} bytes, over the {p.MAX_LINE:,} bytes (1 MiB) a "
+            "request may take: the text must fit in that with its JSON escaping (a quote or "
+            "a newline takes 2 bytes, a control character 6); send it in parts, for example "
+            "with `--lines`",
+            ERROR,
+            Code.LINE_TOO_LONG,
+        )
+    return data
+
+
 def decode_answer(line: bytes, expect: type[R], addr: str, from_env: str = "") -> R:
     """One answer line as ``expect``; an error answer, or one that is not, as a CliError."""
+    if line.startswith(b"HTTP/"):
+        raise not_a_daemon(addr, from_env)
     try:
         raw: Any = _decode_any(line)
         if not isinstance(raw, dict):
@@ -126,6 +150,24 @@ class Client:
         self._quiet_since = 0.0
         #: how long connecting, and an ordinary request, may take (not a wait)
         self.timeout = CALL_TIMEOUT
+        #: a daemon answered this client once: only then is a lost connection an outage to
+        #: ride out (SPEC §8); a first connection that fails is 75 at once
+        self.connected_once = False
+        self._addr_from_env = addr_from_env
+
+    def fresh(self) -> Client:
+        """A new client with this one's identity (address, home, token, TLS), unconnected."""
+        twin = Client(
+            self.addr,
+            self.home,
+            addr_from_env=self._addr_from_env,
+            token=self.token,
+            token_file=self.token_file,
+            tls_ca=self.tls_ca,
+        )
+        twin.timeout = self.timeout
+        twin.connected_once = self.connected_once
+        return twin
 
     # -- the connection ----------------------------------------------------
 
@@ -149,13 +191,18 @@ class Client:
         self._sock = sock
         self._quiet_since = time.monotonic()
         try:
-            self.call(p.Auth(token=self._token()), p.Done)
+            self.send(p.Auth(token=self._token()))
+            if not self._readable(HTTP_PROBE_AFTER) and http_answers(host, port, self.tls):
+                self.close()
+                raise not_a_daemon(self.addr, self._from_env)
+            self.receive(p.Done)
         except CliError as exc:
             if exc.code == Code.UNAUTHORIZED:  # say which token that was
                 exc.message = f"{exc.message}; this one was {self._token_source()}"
             elif exc.code is None and not self.tls and speaks_tls(host, port):
                 raise plain_to_tls(self.addr, self._from_env) from None
             raise
+        self.connected_once = True
 
     def tls_context(self) -> Any:
         """The ``ssl.SSLContext`` that checks the daemon's certificate and host name."""
@@ -224,7 +271,7 @@ class Client:
         return self.receive(expect)
 
     def send(self, request: p.Request) -> None:
-        self.send_raw(p.encode(request))
+        self.send_raw(encoded(request))
 
     def send_raw(self, data: bytes) -> None:
         """Put encoded requests on the wire (several at once when pipelining)."""
@@ -266,6 +313,15 @@ class Client:
                 return line
             self._scanned = len(buf)
             self._fill(deadline, watch)
+
+    def _readable(self, within: float) -> bool:
+        """Whether an answer (or the connection's end) arrives within ``within`` s."""
+        sock = self._sock
+        assert sock is not None
+        pending = getattr(sock, "pending", None)  # what TLS decrypted already
+        if self._buf or (pending is not None and pending()):
+            return True
+        return bool(select.select([sock], [], [], within)[0])
 
     def _fill(self, deadline: float | None, watch: int | None) -> None:
         sock = self._sock
@@ -371,6 +427,33 @@ def speaks_tls(host: str, port: int, timeout: float = 2.0) -> bool:
             return True
     except OSError:
         return False
+
+
+def http_answers(host: str, port: int, tls: bool, timeout: float = 2.0) -> bool:
+    """Whether an HTTP server answers at ``host:port`` (over TLS, no certificate checked):
+    asked only when the first answer of a connection is slow to come."""
+    request = f"HEAD / HTTP/1.0\r\nHost: {host}\r\n\r\n".encode()
+    try:
+        with _connect(host, port, timeout) as raw:
+            sock = raw
+            if tls:
+                import ssl
+
+                context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+                sock = context.wrap_socket(raw)
+            sock.sendall(request)
+            return sock.recv(5) == b"HTTP/"
+    except OSError:
+        return False
+
+
+def not_a_daemon(addr: str, from_env: str = "") -> CliError:
+    return CliError(
+        f"what answers at {addr}{from_env} is not a repl daemon (an HTTP server answers "
+        "there): give the daemon's own address, not its --http one"
+    )
 
 
 def plain_to_tls(addr: str, from_env: str = "") -> CliError:

@@ -116,8 +116,9 @@ def follow(
             woken = repl.wait(session, cursor=cursor, ack=carried, max=left, watch=printer.watch)
         except (ReaderGone, KeyboardInterrupt):
             # the wait carrying the ack may not have reached the session: ack it
-            # again on a fresh connection (acks are idempotent)
-            fresh = Client(client.addr, client.home)
+            # again on a fresh connection, as the same token over the same TLS (acks are
+            # idempotent)
+            fresh = client.fresh()
             try:
                 printer.ack_on_the_way_out(carried, fresh)
             finally:

@@ -37,6 +37,14 @@ def unavailable(message: str) -> CliError:
     return CliError(message, UNAVAILABLE)
 
 
+def not_utf8_message(what: str, detail: str) -> str:
+    """The one line for text that is not UTF-8, from stdin or an argument alike (exit 1)."""
+    return (
+        f"{what} is not UTF-8 text ({detail}), and repl sends text as UTF-8: convert it "
+        "first, for example with `iconv -f LATIN1 -t UTF-8`"
+    )
+
+
 class ReaderGone(Exception):
     """Whoever reads our stdout went away: stop quietly, acknowledging nothing more."""
 

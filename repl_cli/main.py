@@ -34,6 +34,7 @@ from repl_cli.errors import (
     CliError,
     Interrupted,
     ReaderGone,
+    not_utf8_message,
 )
 from repl_cli.sink import silence_stdout
 from repl_daemon import protocol as p
@@ -85,12 +86,118 @@ class _PlainHelp(click.Command):
         return self._plain_help
 
 
+#: the options every command takes, before or after its name (``repl read ID --addr X``
+#: as well as ``repl --addr X read ID``): a command's own copy wins over the group's
+GLOBAL_OPTIONS = ("addr", "home", "tls_ca", "token_file")
+
+
+def global_options(*, on_group: bool) -> list[click.Option]:
+    """The connection options; only the group's read the environment (a command's copy is
+    given on its command line or not at all)."""
+
+    def env(name: str) -> str | None:
+        return name if on_group else None
+
+    return [
+        click.Option(
+            ["--addr"],
+            envvar=env("REPL_ADDR"),
+            metavar="HOST:PORT",
+            help="The daemon's address, tls://HOST:PORT for TLS "
+            "[env REPL_ADDR; default 127.0.0.1:7427].",
+        ),
+        click.Option(
+            ["--home"],
+            envvar=env("REPL_HOME"),
+            metavar="DIR",
+            help="The daemon's state directory, where its token is "
+            "[env REPL_HOME; default $XDG_STATE_HOME/repl].",
+        ),
+        click.Option(
+            ["--tls-ca"],
+            type=click.Path(dir_okay=False),
+            metavar="FILE",
+            help="Connect with TLS, trusting the CA certificate(s) in FILE (PEM); an address "
+            "written tls://HOST:PORT uses TLS with the system's CAs [env REPL_TLS_CA].",
+        ),
+        click.Option(
+            ["--token-file"],
+            type=click.Path(dir_okay=False),
+            metavar="FILE",
+            help="Authenticate with the token in FILE, one made by `repl token add` "
+            "[else env REPL_TOKEN, the token itself; else the daemon's root token in --home].",
+        ),
+    ]
+
+
+def first_sentence(text: str) -> str:
+    """A help text's first sentence, whole: what ``repl --help`` lists for a command."""
+    paragraph = " ".join(text.split("\n\n", 1)[0].split())
+    cut = paragraph.find(". ")
+    return paragraph if cut < 0 else paragraph[: cut + 1]
+
+
 class ReplCommand(_PlainHelp):
-    pass
+    """A command that takes the global options after its name too, lists them apart in
+    its help, and gives ``repl --help`` its first sentence whole."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.params.extend(global_options(on_group=False))
+
+    def get_short_help_str(self, limit: int = 45) -> str:
+        return first_sentence(self.help or "")
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # completing an option's value (`repl read ID --cursor <TAB>`), click parses the
+        # words before it, ending in the option without its value, which fails and leaves
+        # the arguments unparsed: without the option, the completer sees the session id
+        if ctx.resilient_parsing and args:
+            options = (p for p in self.get_params(ctx) if isinstance(p, click.Option))
+            if any(not o.is_flag and args[-1] in o.opts for o in options):
+                args = args[:-1]
+        return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        given = {name: ctx.params.pop(name, None) for name in GLOBAL_OPTIONS}
+        if any(value is not None for value in given.values()) and isinstance(ctx.obj, Repl):
+            ctx.obj.client = client_for(ctx, given)
+        return super().invoke(ctx)
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        own: list[tuple[str, str]] = []
+        shared: list[tuple[str, str]] = []
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                (shared if param.name in GLOBAL_OPTIONS else own).append(record)
+        if own:
+            with formatter.section("Options"):
+                formatter.write_dl(own)
+        with formatter.section("Global options (before or after the command)"):
+            formatter.write_dl(shared)
+
+
+EPILOG = """\b
+Exit status: 0 done; 1 an error (no such session, session stopped, cursor
+after head, refused input); 2 `wait --timeout` passed with nothing printed;
+64 a usage error; 75 unavailable, try again later (no daemon, or its store
+is away); 77 not allowed (a token refused, or a right it lacks); 130
+interrupted.
+
+\b
+The global options may also come after the command (`repl read ID --addr X`).
+Shell completion of commands, options, session ids, cursors, timers and
+tokens: eval "$(repl completion bash)" (or zsh, fish): `repl completion --help`.
+"""
 
 
 class ReplGroup(_PlainHelp, click.Group):
     command_class = ReplCommand
+    group_class = type  # `repl token`'s commands are ReplCommands too
+
+    def get_short_help_str(self, limit: int = 45) -> str:
+        return first_sentence(self.help or "")
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -100,33 +207,28 @@ class ReplGroup(_PlainHelp, click.Group):
             raise Interrupted() from None
 
 
-@click.group(cls=ReplGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--addr",
-    envvar="REPL_ADDR",
-    metavar="HOST:PORT",
-    help="The daemon's address, tls://HOST:PORT for TLS [env REPL_ADDR; default 127.0.0.1:7427].",
-)
-@click.option(
-    "--home",
-    envvar="REPL_HOME",
-    metavar="DIR",
-    help="The daemon's state directory, where its token is "
-    "[env REPL_HOME; default $XDG_STATE_HOME/repl].",
-)
-@click.option(
-    "--tls-ca",
-    type=click.Path(dir_okay=False),
-    metavar="FILE",
-    help="Connect with TLS, trusting the CA certificate(s) in FILE (PEM); an address "
-    "written tls://HOST:PORT uses TLS with the system's CAs [env REPL_TLS_CA].",
-)
-@click.option(
-    "--token-file",
-    type=click.Path(dir_okay=False),
-    metavar="FILE",
-    help="Authenticate with the token in FILE, one made by `repl token add` "
-    "[else env REPL_TOKEN, the token itself; else the daemon's root token in --home].",
+def client_for(ctx: click.Context, given: dict[str, Any] | None = None) -> Client:
+    """The client the options make: a command's own (``given``) over the group's."""
+    root = ctx.find_root()
+    values = {name: root.params.get(name) for name in GLOBAL_OPTIONS}
+    values.update({name: v for name, v in (given or {}).items() if v is not None})
+    from_env = (given or {}).get("addr") is None and (
+        root.get_parameter_source("addr") is click.core.ParameterSource.ENVIRONMENT
+    )
+    return Client(
+        values["addr"],
+        values["home"],
+        addr_from_env=from_env,
+        token_file=values["token_file"],
+        tls_ca=values["tls_ca"],
+    )
+
+
+@click.group(
+    cls=ReplGroup,
+    params=global_options(on_group=True),
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog=EPILOG,
 )
 @click.option(
     "-V",
@@ -146,35 +248,76 @@ def cli(
     token_file: str | None,
 ) -> None:
     """A session inbox: send firings to sessions, and read, wait for or follow them."""
-    from_env = ctx.get_parameter_source("addr") is click.core.ParameterSource.ENVIRONMENT
     from repl_cli.reconnect import stderr_note
 
-    client = Client(addr, home, addr_from_env=from_env, token_file=token_file, tls_ca=tls_ca)
-    repl = Repl(client, note=stderr_note)
+    repl = Repl(client_for(ctx), note=stderr_note)
     ctx.obj = repl
     ctx.call_on_close(repl.close)
 
 
-def complete_sessions(ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[str]:
-    """Shell completion of a session id: the daemon's sessions, asked with a short timeout
-    (nothing when it is away or slow, never an error in the shell)."""
-    # completing, click runs no command (nor the group's callback): the root's options
-    # are parsed, so the client is made from them here
-    params = ctx.find_root().params
-    client = Client(
-        params.get("addr"),
-        params.get("home"),
-        token_file=params.get("token_file"),
-        tls_ca=params.get("tls_ca"),
-    )
+def _completing_client(ctx: click.Context) -> Client:
+    """The client of a completion: completing, click runs no callback, so it is made from
+    the options parsed so far (a command's own over the group's), with a short timeout."""
+    given = {name: ctx.params.get(name) for name in GLOBAL_OPTIONS}
+    client = client_for(ctx, given)
+    client.timeout = 0.5
+    return client
+
+
+def _completed(
+    ctx: click.Context, incomplete: str, ask: Callable[[Client], list[str]]
+) -> list[str]:
+    """What ``ask`` lists that starts with ``incomplete``; nothing when the daemon is away
+    or slow, never an error in the shell."""
+    client = _completing_client(ctx)
     try:
-        client.timeout = 0.5
-        listed = client.call(p.Sessions(), p.SessionList)
+        names = ask(client)
     except Exception:  # completion must never break the shell's line
         return []
     finally:
         client.close()
-    return [row.id for row in listed.sessions if row.id.startswith(incomplete)]
+    return [name for name in names if name.startswith(incomplete)]
+
+
+def complete_sessions(ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[str]:
+    """Shell completion of a session id: the daemon's sessions."""
+
+    def ask(client: Client) -> list[str]:
+        return [row.id for row in client.call(p.Sessions(), p.SessionList).sessions]
+
+    return _completed(ctx, incomplete, ask)
+
+
+def complete_cursors(ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[str]:
+    """Shell completion of a cursor name: the cursors of the session given before it."""
+    session = ctx.params.get("session") or (ctx.params.get("sessions") or [None])[0]
+    if not session:
+        return []
+
+    def ask(client: Client) -> list[str]:
+        listed = client.call(p.Cursors(session=session), p.CursorList)
+        return [cursor.name for cursor in listed.cursors]
+
+    return _completed(ctx, incomplete, ask)
+
+
+def complete_timers(ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[str]:
+    """Shell completion of a timer id: the pending timers of the session given before it."""
+    session = ctx.params.get("session")
+
+    def ask(client: Client) -> list[str]:
+        return [t.timer for t in client.call(p.Timers(session=session), p.TimerList).timers]
+
+    return _completed(ctx, incomplete, ask)
+
+
+def complete_tokens(ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[str]:
+    """Shell completion of a token's name (the root token's only: others list nothing)."""
+
+    def ask(client: Client) -> list[str]:
+        return [t.name for t in client.call(p.Token(action="list"), p.TokenList).tokens]
+
+    return _completed(ctx, incomplete, ask)
 
 
 def firing_formats(command: F) -> F:
@@ -370,7 +513,13 @@ def buffer(repl: Repl, session: str, limit: int) -> None:
     metavar="TIME",
     help="Record it at TIME (RFC 3339, e.g. 2026-12-01T05:00:00Z); prints the timer's id.",
 )
-@click.option("--json", "as_json", is_flag=True, help="One JSON object a firing: seq, duplicate.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="One JSON object a firing: seq, duplicate (with --in or --at: timer, due, every_ms, "
+    "duplicate, seq).",
+)
 @click.pass_obj
 def send(
     repl: Repl,
@@ -385,9 +534,13 @@ def send(
 ) -> None:
     """Record a firing; prints its seq (`SEQ duplicate` for a deduplicated send).
 
-    TEXT `-` or none reads stdin, less one trailing newline. With --in or
-    --at it is recorded later, once, even across a restart of the daemon:
-    prints the timer's id (`repl timers` lists it, `repl cancel` cancels it).
+    TEXT `-` or none reads stdin, less one trailing newline (empty stdin is
+    refused: `repl send ID ''` sends an empty text). A request may be at most
+    1 MiB (1,048,576 bytes) with the text's JSON escaping; a longer one is
+    refused before it is sent (exit 1): send it in parts, e.g. with --lines.
+    With --in or --at it is recorded later, once, even across a restart of
+    the daemon: prints the timer's id (`repl timers` lists it, `repl cancel`
+    cancels it).
     """
     from repl_cli import sending  # only send reads stdin: read and wait need not load it
 
@@ -426,7 +579,12 @@ def send(
 @click.option("--key", metavar="KEY", help="A dedup key: a retry with it makes no second timer.")
 @click.option("--in", "in_", metavar="DURATION", help="The first firing after DURATION.")
 @click.option("--at", metavar="TIME", help="The first firing at TIME (RFC 3339).")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object: timer, due, every_ms.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="One JSON object: timer, due, every_ms, duplicate, seq.",
+)
 @click.pass_obj
 def every(
     repl: Repl,
@@ -508,7 +666,7 @@ def timers(repl: Repl, session: str | None, as_json: bool) -> None:
 
 @cli.command()
 @click.argument("session", shell_complete=complete_sessions)
-@click.argument("timer")
+@click.argument("timer", shell_complete=complete_timers)
 @click.pass_obj
 def cancel(repl: Repl, session: str, timer: str) -> None:
     """Cancel a pending timer; exit 1 when the session has no such timer."""
@@ -584,7 +742,7 @@ def token_list(repl: Repl, as_json: bool) -> None:
 
 
 @token.command("revoke")
-@click.argument("name")
+@click.argument("name", shell_complete=complete_tokens)
 @click.pass_obj
 def token_revoke(repl: Repl, name: str) -> None:
     """Revoke token NAME at once: its connections are closed, its waits end (exit 77)."""
@@ -596,7 +754,12 @@ def token_revoke(repl: Repl, name: str) -> None:
 
 @cli.command()
 @click.argument("session", shell_complete=complete_sessions)
-@click.option("--cursor", metavar="NAME", help=f"Read after this cursor [default: {READ_CURSOR}].")
+@click.option(
+    "--cursor",
+    metavar="NAME",
+    shell_complete=complete_cursors,
+    help=f"Read after this cursor [default: {READ_CURSOR}].",
+)
 @click.option(
     "--after", type=click.IntRange(min=0), metavar="N", help="Read after seq N, no cursor."
 )
@@ -674,6 +837,7 @@ def parse_since(text: str) -> str:
     default=WAIT_CURSOR,
     show_default=True,
     metavar="NAME",
+    shell_complete=complete_cursors,
     help="Wait after this cursor.",
 )
 @click.option(
@@ -745,7 +909,12 @@ def wait(
 @cli.command("follow")
 @click.argument("session", shell_complete=complete_sessions)
 @click.option(
-    "--cursor", default=FOLLOW_CURSOR, show_default=True, metavar="NAME", help="Follow this cursor."
+    "--cursor",
+    default=FOLLOW_CURSOR,
+    show_default=True,
+    metavar="NAME",
+    shell_complete=complete_cursors,
+    help="Follow this cursor.",
 )
 @click.option("--from-now", is_flag=True, help="First acknowledge everything recorded so far.")
 @click.option(
@@ -809,7 +978,12 @@ def poll(
 @click.argument("session", shell_complete=complete_sessions)
 @click.argument("seq", type=click.IntRange(min=0))
 @click.option(
-    "--cursor", default=ACK_CURSOR, show_default=True, metavar="NAME", help="The cursor to move."
+    "--cursor",
+    default=ACK_CURSOR,
+    show_default=True,
+    metavar="NAME",
+    shell_complete=complete_cursors,
+    help="The cursor to move.",
 )
 @click.pass_obj
 def ack(repl: Repl, session: str, seq: int, cursor: str) -> None:
@@ -843,13 +1017,35 @@ def stats(repl: Repl, session: str | None, as_json: bool) -> None:
     output.stats_tables(got, with_daemon=session is None)
 
 
+@cli.command()
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell: str) -> None:
+    """Print the shell code that completes repl's commands and options, and the daemon's
+    session ids, cursors, timers and token names.
+
+    \b
+    bash:  eval "$(repl completion bash)"     in ~/.bashrc (bash 4.4 or newer)
+    zsh:   eval "$(repl completion zsh)"      in ~/.zshrc
+    fish:  repl completion fish > ~/.config/fish/completions/repl.fish
+    """
+    from click.shell_completion import get_completion_class
+
+    shell_class = get_completion_class(shell)
+    assert shell_class is not None  # click has all three
+    output.line(shell_class(cli, {}, "repl", COMPLETE_VAR).source())
+
+
+#: the environment variable click's completion scripts set to ask ``repl`` for completions
+COMPLETE_VAR = "_REPL_COMPLETE"
+
+
 # -- the entry point --------------------------------------------------------------
 
 
 def not_utf8(argv: list[str]) -> str | None:
-    """The first argument that is not UTF-8 text (Python hands such bytes over as lone
-    surrogates), shown with its bytes escaped; None when all are. ``--home`` is a path,
-    and a path may be any bytes: it is left alone."""
+    """The line for the first argument that is not UTF-8 text (Python hands such bytes
+    over as lone surrogates), shown with its bytes escaped; None when all are. ``--home``
+    is a path, and a path may be any bytes: it is left alone."""
     after_home = False
     for arg in argv:
         if not after_home and not arg.startswith("--home="):
@@ -857,7 +1053,11 @@ def not_utf8(argv: list[str]) -> str | None:
                 arg.encode("utf-8")
             except UnicodeEncodeError:
                 raw = arg.encode("utf-8", "surrogateescape")
-                return repr(raw)[2:-1]
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    detail = f"{exc.reason} at byte {exc.start}"
+                return not_utf8_message(f"the argument '{repr(raw)[2:-1]}'", detail)
         after_home = arg == "--home"
     return None
 
@@ -866,11 +1066,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``repl``; every outcome becomes an exit status here, and at most one stderr line."""
     bad = not_utf8(sys.argv[1:] if argv is None else argv)
     if bad is not None:
-        return _fail(
-            f"the argument '{bad}' is not UTF-8 text, and repl sends text as UTF-8: "
-            "convert it first (for example with iconv)",
-            USAGE,
-        )
+        return _fail(bad, ERROR)
     try:
         status = cli.main(args=argv, prog_name="repl", standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as exc:

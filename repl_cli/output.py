@@ -214,6 +214,13 @@ STATS_COLUMNS: tuple[str, ...] = ("id", "head", "retained", "limit", "firings", 
 STATS_COLUMNS += ("evaluations", "waiters", "cursors")
 DAEMON_COUNTERS: tuple[str, ...] = ("version", "uptime_s", "store", "sessions", "firings", "lost")
 DAEMON_COUNTERS += ("evaluations", "waiters", "connections", "requests")
+#: the daemon's counters as ``repl stats`` names them: those counted since it started say so
+DAEMON_LABELS = {
+    name: f"{name} since start" for name in ("firings", "lost", "evaluations", "requests")
+}
+DAEMON_LABELS["sessions"] = "sessions now"
+DAEMON_LABELS["waiters"] = "waiters now"
+DAEMON_LABELS["connections"] = "connections now"
 
 
 def _rows(items: Sequence[Any], columns: Sequence[str]) -> list[list[Any]]:
@@ -232,11 +239,20 @@ def cursor_table(cursors: Sequence[CursorInfo]) -> None:
 
 def stats_tables(stats: StatsReply, *, with_daemon: bool) -> None:
     """``repl stats``: the daemon's counters (unless one session was asked for), then sessions."""
-    if with_daemon:
-        counters = [[name, getattr(stats.daemon, name)] for name in DAEMON_COUNTERS]
-        table(("counter", "value"), counters, title="daemon")
-        line("")
-    table(STATS_COLUMNS, _rows(stats.sessions, STATS_COLUMNS), title="sessions")
+    if not with_daemon:
+        table(STATS_COLUMNS, _rows(stats.sessions, STATS_COLUMNS))
+        return
+    # the daemon counts since it started, a session over its whole life: said on both
+    counters = [
+        [DAEMON_LABELS.get(name, name), getattr(stats.daemon, name)] for name in DAEMON_COUNTERS
+    ]
+    table(("counter", "value"), counters, title="the daemon, since it started")
+    line("")
+    table(
+        STATS_COLUMNS,
+        _rows(stats.sessions, STATS_COLUMNS),
+        title="sessions, over each one's life (firings, lost, evaluations)",
+    )
 
 
 def pong(answer: Pong, addr: str) -> None:
@@ -256,13 +272,17 @@ def sent(answer: Sent, as_json: bool = False) -> None:
 
 
 TIMER_COLUMNS = ("timer", "session", "due", "every", "handler", "text")
+#: what ``send --in/--at --json`` and ``every --json`` print: the answer less its wire-only
+#: fields (``ok``, ``due_ms``)
+TIMER_SET_FIELDS = ("timer", "due", "every_ms", "duplicate", "seq")
 
 
 def timer_set(answer: TimerSet, as_json: bool = False) -> None:
     """``repl send --in/--at`` and ``repl every``: the timer's id (``ID duplicate`` for a
-    retry its key found; ``ID duplicate fired SEQ`` once that one fired); or JSON."""
+    retry its key found; ``ID duplicate fired SEQ`` once that one fired); or JSON with
+    ``timer``, ``due``, ``every_ms``, ``duplicate`` and ``seq`` (docs/protocol.md)."""
     if as_json:
-        print_json(answer)
+        print_json({name: getattr(answer, name) for name in TIMER_SET_FIELDS})
         return
     if answer.seq is not None:
         line(f"{answer.timer} duplicate fired {answer.seq}")

@@ -75,10 +75,12 @@ class Outage:
         self._lost_at: float | None = None  # when the current outage began
         self._pause = FIRST_PAUSE
 
-    def lost(self, exc: CliError) -> float:
+    def lost(self, exc: CliError, *, was_there: bool = True) -> float:
         """How long to pause after ``exc``; raises it again when it is no outage, or 75
-        (``gave up after N s``) once the outage has lasted ``seconds``."""
-        if exc.status != UNAVAILABLE or not self.seconds:
+        (``gave up after N s``) once the outage has lasted ``seconds``. ``was_there``: a
+        daemon answered the reader before; riding out is for a daemon that was there, so a
+        reader whose very first connection fails is refused at once."""
+        if exc.status != UNAVAILABLE or not self.seconds or not was_there:
             raise exc
         now = self.clock()
         if self._lost_at is None:
@@ -134,7 +136,7 @@ class Reconnect:
             try:
                 result = step()
             except CliError as exc:
-                pause = outage.lost(exc)
+                pause = outage.lost(exc, was_there=self.client.connected_once)
                 self.client.close()
                 time.sleep(pause)
                 if outage.timed_out:

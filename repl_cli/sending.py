@@ -15,8 +15,8 @@ from typing import TextIO
 
 import click
 
-from repl_cli.client import Client
-from repl_cli.errors import CliError
+from repl_cli.client import Client, encoded
+from repl_cli.errors import CliError, not_utf8_message
 from repl_cli.sink import write_text
 from repl_daemon import protocol as p
 
@@ -25,11 +25,18 @@ SEND_WINDOW = 256
 
 
 def stdin_text() -> str:
-    """All of stdin, less one trailing newline (``repl send ID -``)."""
+    """All of stdin, less one trailing newline (``repl send ID -``); empty stdin is refused
+    (``repl send ID </dev/null`` is a mistake more often than a wish: ``''`` says it)."""
     stdin = _stdin("give the TEXT as an argument, or pipe it in")
     if stdin.isatty():
         click.echo("repl: reading the text from the terminal: end it with Ctrl-D", err=True)
-    return utf8(stdin.buffer.read(), "stdin").removesuffix("\n")
+    data = stdin.buffer.read()
+    if not data:
+        raise CliError(
+            "stdin is empty, so there is nothing to send: give the TEXT as an argument "
+            "or pipe it in (`repl send ID ''` sends an empty text)"
+        )
+    return utf8(data, "stdin").removesuffix("\n")
 
 
 def _stdin(hint: str) -> TextIO:
@@ -47,19 +54,22 @@ def send_lines(client: Client, session: str, handler: str, as_json: bool = False
     """Pipelined over one connection: up to SEND_WINDOW sends on the wire at once.
 
     Each chunk of stdin is answered in full before the next is read, so a
-    slow writer (``tail -f``) sees its seqs as its lines go.
+    slow writer (``tail -f``) sees its seqs as its lines go. A line too long
+    for a request is refused before any line of its chunk is sent.
     """
     step = SEND_WINDOW // 4
+    number = 0  # lines before this chunk
     for chunk in stdin_lines():
+        wire = [_encoded_line(session, t, handler, number + n) for n, t in enumerate(chunk, 1)]
+        number += len(chunk)
         outstanding = 0
         seqs: list[str] = []
-        for first in range(0, len(chunk), step):
-            piece = chunk[first : first + step]
+        for first in range(0, len(wire), step):
+            piece = wire[first : first + step]
             while outstanding + len(piece) > SEND_WINDOW:
                 seqs.append(f"{client.receive(p.Sent).seq}\n")
                 outstanding -= 1
-            requests = (p.Send(session=session, text=text, handler=handler) for text in piece)
-            client.send_raw(b"".join(p.encode(r) for r in requests))
+            client.send_raw(b"".join(piece))
             outstanding += len(piece)
         while outstanding:
             seqs.append(f"{client.receive(p.Sent).seq}\n")
@@ -67,6 +77,14 @@ def send_lines(client: Client, session: str, handler: str, as_json: bool = False
         if as_json:  # a line never comes back a duplicate: it has no key
             seqs = [f'{{"seq": {seq.strip()}, "duplicate": false}}\n' for seq in seqs]
         write_text("".join(seqs))
+
+
+def _encoded_line(session: str, text: str, handler: str, number: int) -> bytes:
+    try:
+        return encoded(p.Send(session=session, text=text, handler=handler))
+    except CliError as exc:
+        exc.message = f"line {number} of stdin: {exc.message}"
+        raise
 
 
 def stdin_lines() -> Iterator[list[str]]:
@@ -90,4 +108,4 @@ def utf8(data: bytes, what: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise CliError(f"{what} is not UTF-8 ({exc.reason} at byte {exc.start})") from None
+        raise CliError(not_utf8_message(what, f"{exc.reason} at byte {exc.start}")) from None

@@ -55,7 +55,7 @@ from session.errors import (
     TooMany,
     Unauthorized,
 )
-from session.scopes import TokenRecord
+from session.scopes import TokenRecord, scoped_refusal
 
 log = logging.getLogger("repl.daemon")
 
@@ -526,7 +526,10 @@ class Connection(asyncio.Protocol):
         self.close()
 
     def _refused(self, exc: ReplError, rid: p.RequestId = msgspec.UNSET) -> bytes:
-        """The error answer's line, counted by its code (``/metrics``)."""
+        """The error answer's line, counted by its code (``/metrics``); a scoped token is
+        told a missing session with its own advice."""
+        if self.token is not None:
+            exc = scoped_refusal(self.token.scope, exc)
         self.engine.counts.errors[exc.code.value] += 1
         return p.encode(p.error(exc, rid))
 

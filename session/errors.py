@@ -158,9 +158,21 @@ class IdleTimeout(ReplError):
 
 
 class NoSuchSession(ReplError):
-    """No session has that id."""
+    """No session has that id; ``session`` is the id, when the error names one."""
 
     code = Code.NO_SUCH_SESSION
+
+    def __init__(self, message: str, session: str | None = None) -> None:
+        super().__init__(message)
+        self.session = session
+
+
+def no_such_session(session_id: str) -> NoSuchSession:
+    """The one refusal of an id no session has, in every store (a scoped token's own
+    advice replaces the hint: ``session.scopes.missing_session``)."""
+    return NoSuchSession(
+        f"no session {session_id!r}: start it with `repl start {session_id}`", session_id
+    )
 
 
 class NoSuchTimer(ReplError):

@@ -30,7 +30,15 @@ from collections.abc import Sequence
 
 import msgspec
 
-from session.errors import BadRequest, Forbidden, NoSuchToken, TokenExists, TooMany
+from session.errors import (
+    BadRequest,
+    Forbidden,
+    NoSuchSession,
+    NoSuchToken,
+    ReplError,
+    TokenExists,
+    TooMany,
+)
 
 READ, SEND, ADMIN = "read", "send", "admin"
 RIGHTS = frozenset({READ, SEND, ADMIN})
@@ -146,3 +154,27 @@ def token_exists(name: str) -> TokenExists:
 
 def too_many_tokens() -> TooMany:
     return TooMany(f"the store keeps {MAX_TOKENS:,} tokens, its limit: revoke some first")
+
+
+def missing_session(scope: Scope, session_id: str) -> NoSuchSession:
+    """The refusal of a session a scoped token does not see, missing or hidden alike: its
+    advice depends on the token and the id alone, never on whether the session exists.
+    Only a token that may start that id is told to start it."""
+    if scope.allows(session_id, ADMIN):
+        return NoSuchSession(
+            f"no session {session_id!r}: start it with `repl start {session_id}`", session_id
+        )
+    if scope.covers(session_id):
+        advice = (
+            "this token cannot start it (it lacks the admin right): ask whoever runs the daemon"
+        )
+    else:
+        advice = f"this token sees only {', '.join(scope.patterns)}: check the id"
+    return NoSuchSession(f"no session {session_id!r}: {advice}", session_id)
+
+
+def scoped_refusal(scope: Scope, exc: ReplError) -> ReplError:
+    """``exc`` as a scoped token is told it: a missing session with the token's advice."""
+    if isinstance(exc, NoSuchSession) and exc.session is not None:
+        return missing_session(scope, exc.session)
+    return exc

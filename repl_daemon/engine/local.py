@@ -54,6 +54,7 @@ from session.errors import (
     SessionStopped,
     StoreFailed,
     TooMany,
+    no_such_session,
 )
 from session.ops import FireTimers, Op, ack_all
 from session.schedule import Schedule, Timer
@@ -73,7 +74,7 @@ FIRE_SLICE = 512
 
 def no_session(session_id: str) -> NoSuchSession:
     check_session_id(session_id)  # a malformed id is a bad id, not a missing session
-    return NoSuchSession(f"no session {session_id!r}: start it with `repl start {session_id}`")
+    return no_such_session(session_id)
 
 
 def exists(session_id: str) -> SessionExists:

@@ -42,7 +42,7 @@ from repl_daemon.engine.local import exists, made_up_id
 from repl_daemon.engine.outcome import Outcome, Settled
 from repl_daemon.engine.timers import SharedTimers
 from repl_daemon.stores.redis import AUTH, RedisStore, Wakes, is_partition
-from session.errors import NoSuchSession, ReplError, StoreFailed
+from session.errors import NoSuchSession, ReplError, StoreFailed, no_such_session
 from session.ops import (
     Ack,
     AddTimer,
@@ -285,9 +285,7 @@ class SharedCommitter:
                 if error is not None:
                     raise error
                 if not there:
-                    raise NoSuchSession(
-                        f"no session {session_id!r}: start it with `repl start {session_id}`"
-                    )
+                    raise no_such_session(session_id)
 
         return Outcome.settle_all(asked).then(required)
 

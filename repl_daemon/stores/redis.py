@@ -54,6 +54,7 @@ from session.errors import (
     NoSuchSession,
     ReplError,
     StoreFailed,
+    no_such_session,
 )
 from session.firing import Batch, CursorInfo, Firing
 from session.rules import HANDLERS, MAX_CURSORS, MAX_KEYS, MAX_TIMERS
@@ -441,7 +442,7 @@ class RedisStore:
                     raise timer_error(session_id, message)
                 error = _ERRORS.get(code, StoreFailed)
                 if error is NoSuchSession:
-                    message = f"no session {session_id!r}: start it with `repl start {session_id}`"
+                    raise no_such_session(session_id)
                 raise error(message)
             return then(reply[1:])
 

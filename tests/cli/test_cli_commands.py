@@ -225,6 +225,6 @@ def test_stats_counts_per_daemon_and_per_session(lone: Repl) -> None:
     assert [s["id"] for s in one["sessions"]] == ["a"]
     text = repl.ok("stats")
     assert text.startswith("counter\tvalue\n")
-    assert "\nfirings\t1\n" in text
+    assert "\nfirings since start\t1\n" in text
     assert "\nid\thead\tretained\tlimit\tfirings\tlost\tevaluations\twaiters\tcursors\n" in text
     assert repl.ok("stats", "a").splitlines()[1].startswith("a\t1\t1\t256\t1\t0\t")

@@ -197,6 +197,8 @@ def test_repl_daemon_hands_every_option_on_as_it_was_given(values: dict[str, Any
     # and the click side reads the same argv as the same values
     clicked = daemon_command.make_context("daemon", list(argv)).params
     assert clicked.pop("detach") is False
+    # the global options every command takes after its name too (none given here)
+    assert all(clicked.pop(name) is None for name in ("addr", "home", "tls_ca", "token_file"))
     assert clicked == expected
 
 

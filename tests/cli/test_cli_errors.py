@@ -182,15 +182,16 @@ def test_read_loads_neither_anyio_nor_rich_nor_the_daemon(repl: Repl, s: str) ->
     ],
     ids=["text", "key", "handler", "cursor", "id"],
 )
-def test_an_argument_that_is_not_utf8_is_a_usage_error_naming_it(
+def test_an_argument_that_is_not_utf8_is_refused_naming_it_as_stdin_is(
     repl: Repl, args: list[bytes]
 ) -> None:
     s = repl.session("s")
     argv = [os.fsencode(a) for a in repl_argv()] + [a.replace(b"S", s.encode()) for a in args]
     done = subprocess.run(argv, capture_output=True, env=repl.env, timeout=30)
     stderr = done.stderr.decode()
-    assert done.returncode == 64, stderr
+    assert done.returncode == 1, stderr  # refused input, as the same bytes on stdin are
     assert_one_error_line(stderr)
     bad = next(a for a in args if b"\xe9" in a)
     assert f"the argument '{repr(bad)[2:-1]}' is not UTF-8 text" in stderr
+    assert "convert it first, for example with `iconv -f LATIN1 -t UTF-8`" in stderr
     assert repl.ask({"op": "stats", "session": s})[0]["sessions"][0]["head"] == 0  # nothing sent

@@ -201,9 +201,9 @@ def test_a_server_that_is_not_a_daemon_is_named_so(repl: Repl, not_a_daemon: str
     assert done.returncode == 1
     assert_one_error_line(done.stderr)
     assert f"what answers at {not_a_daemon} is not a repl daemon" in done.stderr
-    assert "HTTP/1.1 400" in done.stderr and "same version" not in done.stderr
+    assert "an HTTP server answers there" in done.stderr and "same version" not in done.stderr
 
 
 def test_a_line_too_long_says_what_fits(repl: Repl, s: str) -> None:
     stderr = repl.fails(1, "send", s, input="a" * 1_100_000)
-    assert "over 1,048,576 bytes" in stderr and "JSON escaping" in stderr
+    assert "over the 1,048,576 bytes (1 MiB)" in stderr and "JSON escaping" in stderr

@@ -117,11 +117,12 @@ def test_text_that_is_not_utf8_is_refused_naming_where(repl: Repl, s: str) -> No
     done = repl.run("send", s, input=b"caf\xe9\n")
     assert done.returncode == 1
     assert_one_error_line(done.stderr)
-    assert "stdin is not UTF-8 (invalid continuation byte at byte 3)" in done.stderr
+    assert "stdin is not UTF-8 text (invalid continuation byte at byte 3)" in done.stderr
+    assert "convert it first, for example with `iconv -f LATIN1 -t UTF-8`" in done.stderr
     lines = repl.run("send", s, "--lines", input=b"fine\ncaf\xe9\n")
     assert lines.returncode == 1
     assert_one_error_line(lines.stderr)
-    assert "line 2 of stdin is not UTF-8" in lines.stderr
+    assert "line 2 of stdin is not UTF-8 text" in lines.stderr
     assert head(repl, s) == 0  # a chunk is checked whole before any of it is sent
 
 

@@ -53,7 +53,8 @@ def test_add_json_and_a_token_that_works_from_the_environment_and_a_file(
     done = repl.run("read", mine, "--after", "0", env=env)
     assert (done.returncode, done.stdout) == (0, "on-message: hello\n")
     hidden = repl.run("read", other, "--after", "0", env=env)
-    missing = repl.run("read", f"{other}x", "--after", "0")
+    # the token is told of a session it does not see as of one that does not exist
+    missing = repl.run("read", f"{other}x", "--after", "0", env=env)
     assert hidden.returncode == missing.returncode == 1
     assert hidden.stderr == missing.stderr.replace(f"{other}x", other)
     file = tmp_path / "token"

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from repl_daemon import protocol as p
-from session.errors import BadRequest, Code, Forbidden
+from session.errors import BadRequest, Code, Forbidden, NoSuchSession, no_such_session
 from session.scopes import (
     ADMIN,
     MAX_TOKENS,
@@ -26,9 +26,11 @@ from session.scopes import (
     digest,
     forbidden,
     make_scope,
+    missing_session,
     no_such_token,
     parse_scope,
     schedule_right,
+    scoped_refusal,
     token_exists,
     too_many_tokens,
 )
@@ -109,3 +111,25 @@ def test_token_refusals_say_what_and_carry_their_codes() -> None:
         too_many_tokens().code is Code.TOO_MANY and f"{MAX_TOKENS:,}" in too_many_tokens().message
     )
     assert make_scope(["a", " a ", "b"], ["read"]).patterns == ("a", "b")  # once each, in order
+
+
+def test_a_scoped_token_is_told_of_a_missing_session_by_what_it_may_do() -> None:
+    """The advice depends on the token and the id, never on whether the session exists."""
+    readers = Scope(("team-a.*",), frozenset({READ}))
+    admins = Scope(("team-a.*",), frozenset({READ, ADMIN}))
+    missing = no_such_session("team-a.x")
+    assert missing.session == "team-a.x" and missing.code is Code.NO_SUCH_SESSION
+    assert "start it with `repl start team-a.x`" in missing.message
+    # the token that may start it is told to, as the root is
+    assert scoped_refusal(admins, missing).message == missing.message
+    covered = scoped_refusal(readers, missing)
+    assert isinstance(covered, NoSuchSession) and covered.session == "team-a.x"
+    assert "repl start" not in covered.message and "lacks the admin right" in covered.message
+    outside = scoped_refusal(admins, no_such_session("team-b.y"))
+    assert outside.message == "no session 'team-b.y': this token sees only team-a.*: check the id"
+    assert outside.message == missing_session(admins, "team-b.y").message
+    # an error that names no session, or is another error, is told as it is
+    vanished = NoSuchSession("session 'team-a.x' is gone")
+    assert scoped_refusal(readers, vanished) is vanished
+    other = Forbidden("no")
+    assert scoped_refusal(readers, other) is other

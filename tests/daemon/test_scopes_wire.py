@@ -43,6 +43,7 @@ import fnmatch
 import functools
 import itertools
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -63,6 +64,7 @@ from repl_daemon.engine.local import LocalCommitter
 from repl_daemon.stores.base import Store
 from repl_daemon.stores.memory import MemoryStore
 from repl_daemon.stores.sqlite import SqliteStore
+from session.scopes import Scope, missing_session
 from tests.helpers import Client, eventually
 
 Json = dict[str, Any]
@@ -190,6 +192,19 @@ def named(req: Json) -> list[str]:
         return list(dict.fromkeys(req["sessions"]))
     session = req.get("session")
     return [] if session is None else [session]
+
+
+def as_told(who: Principal, answer: Json) -> Json:
+    """The root's answer as the token is told it: a missing session with the token's own
+    advice (``session.scopes.missing_session``), which depends on its scope and the id
+    alone, never on whether the session exists."""
+    found = re.fullmatch(
+        r"no session '(.+)': start it with `repl start .+`", answer.get("message", "")
+    )
+    if who.root or answer.get("code") != "no_such_session" or found is None:
+        return answer
+    told = missing_session(Scope(who.patterns, who.rights), found.group(1))
+    return {**answer, "message": told.message}
 
 
 @dataclass
@@ -430,7 +445,7 @@ class Run:
                 assert w.a.state() == before, (req, a)
                 return  # nothing changed: no wait woken, the twin as it was
             if kind == "hidden":
-                g = self.ghost_answer(who, req, set(before))
+                g = as_told(who, self.ghost_answer(who, req, set(before)))
                 assert a == g, (req, a, g)
                 assert a["ok"] is False, (req, a)
                 assert w.a.state() == before, (req, a)
@@ -440,7 +455,7 @@ class Run:
             else:
                 b = who.b.call(self.twin(req))
                 self.learn(req, a, b)
-                expected = self.expected(who, req, norm(b, self.b_to_a))
+                expected = self.expected(who, req, norm(as_told(who, b), self.b_to_a))
                 assert norm(a, {}) == expected, (req, a, b)
         woken = self.wake(req, a)
         after = self.same_state()
@@ -518,7 +533,7 @@ class Run:
         assert outcomes[0] == outcomes[1], (req, outcomes)
         event("a wait answered at once" if outcomes[0] else "a wait blocked")
         if outcomes[0]:
-            a, b = who.a_wait.recv(), who.b_wait.recv()
+            a, b = who.a_wait.recv(), as_told(who, who.b_wait.recv())
             assert norm(a, {}) == norm(b, self.b_to_a), (req, a, b)
         else:
             who.pending = list(dict.fromkeys(req["sessions"]))
@@ -541,7 +556,7 @@ class Run:
 
     def answered(self, who: Principal) -> None:
         event("a blocked wait woken")
-        a, b = who.a_wait.recv(), who.b_wait.recv()
+        a, b = who.a_wait.recv(), as_told(who, who.b_wait.recv())
         assert norm(a, {}) == norm(b, self.b_to_a), (who.pending, a, b)
         assert a["ok"] is False or {batch["session"] for batch in a["batches"]} <= set(
             who.pending or ()
@@ -565,7 +580,7 @@ class Run:
 
     def answered_with(self, who: Principal, a: Json, session_id: str, seq: int) -> None:
         event("a blocked wait probed")
-        b = who.b_wait.recv()
+        b = as_told(who, who.b_wait.recv())
         assert norm(a, {}) == norm(b, self.b_to_a), (a, b)
         assert a["ok"] is True and a["timed_out"] is False, a
         (batch,) = a["batches"]

@@ -49,7 +49,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from repl_cli import aio, api
+from repl_cli.client import Client
+from repl_cli.deliver import Printer, follow
 from repl_cli.errors import CliError
+from repl_cli.main import firing_format
 from tests.helpers import (
     DaemonProc,
     Repl,
@@ -337,6 +340,49 @@ def test_follow_over_tls_prints_firings_as_they_come(shared: DaemonProc, pki: Pk
     finally:
         os.kill(follower.pid, signal.SIGTERM)
         follower.communicate(timeout=15)
+
+
+def test_an_interrupted_follow_acks_as_the_same_token_over_the_same_tls(
+    shared: DaemonProc, pki: Pki, tmp_path: Path
+) -> None:
+    """Ctrl-C after a batch is printed and before the wait that carries its ack goes out:
+    the ack is sent again on a fresh connection, which must be this follow's own (its
+    token file, its CA), not the root token over clear text, or it fails in silence and
+    the batch comes again."""
+    with connect(shared, pki.ca) as root:
+        root.start("f13")
+        token = root.token_add("f13-agent", ["f13"], ["read"]).token
+        root.send("f13", "one")
+    token_file = tmp_path / "agent.token"
+    token_file.write_text(token)
+    # a home with no root token in it: the agent has only its own
+    client = Client(
+        f"tls://localhost:{shared.port}",
+        tmp_path / "no-home",
+        token_file=token_file,
+        tls_ca=pki.ca,
+    )
+    repl = api.Repl(client)
+    real_wait, calls = repl.wait, []
+
+    def interrupted_second_time(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs.get("ack"))
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # before the wait carrying the ack was sent
+        return real_wait(*args, **kwargs)
+
+    repl.wait = interrupted_second_time  # type: ignore[method-assign]
+    printer = Printer(client, firing_format(False, False, True), "follow")
+    sigint = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            follow(printer, repl, "f13", "follow")
+    finally:
+        signal.signal(signal.SIGINT, sigint)  # the way out ignores a second Ctrl-C
+        repl.close()
+    assert calls == [{}, {"f13": 1}]
+    with connect(shared, pki.ca) as root:
+        assert {c.name: c.seq for c in root.cursors("f13")} == {"follow": 1}
 
 
 def test_the_sync_api_over_tls(shared: DaemonProc, pki: Pki) -> None:
