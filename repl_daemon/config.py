@@ -149,6 +149,9 @@ class Limits(msgspec.Struct, kw_only=True):
     # answers written but not yet taken by a slow client: past this the
     # connection's reader pauses, so a client that never reads costs at most this
     max_queued_bytes: int = 1 << 20
+    # what all connections together may hold of requests not yet whole (half lines):
+    # past it, the one that holds the most is closed (each is also bound by max_line)
+    max_buffered_bytes: int = 64 << 20
 
 
 class Config(msgspec.Struct, kw_only=True):

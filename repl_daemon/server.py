@@ -157,6 +157,8 @@ class _Connections:
         self.stopping = False
         self.ended = anyio.Event()
         self.idle = _IdleClock(loop, idle_timeout)
+        #: bytes the connections hold of requests not yet handled (half lines, mostly)
+        self.buffered = 0
 
     def discard(self, connection: Connection) -> None:
         self.open.discard(connection)
@@ -231,6 +233,7 @@ class Connection(asyncio.Protocol):
         "counted",
         "engine",
         "flush_soon",
+        "held",
         "idle_key",
         "in_flight",
         "limits",
@@ -269,7 +272,11 @@ class Connection(asyncio.Protocol):
         self.processing = False
         self.flush_soon = False
         self.write_paused = False
-        self.seen = 0.0  # loop time of the last bytes received (or of the last job's end)
+        #: loop time of the last whole request line (or of the start, or the last job's
+        #: end): bytes that end no line do not move it, so a line trickled a byte at a
+        #: time must still arrive whole within the idle timeout
+        self.seen = 0.0
+        self.held = 0  # the bytes of ``buffer`` counted in the connections' ``buffered``
         self.idle_key: int | None = None  # its bucket in the idle clock, while it is in one
 
     # -- the transport's callbacks ------------------------------------------
@@ -302,7 +309,6 @@ class Connection(asyncio.Protocol):
             assert self.transport is not None
             self.transport.abort()
             return
-        self.seen = self.loop.time()
         self.buffer = self.buffer + data if self.buffer else data
         self._process()
 
@@ -315,6 +321,8 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.connections.buffered -= self.held
+        self.held = 0
         self._cancel_jobs()
         self._leave_idle_clock()
         self.answers.clear()
@@ -353,6 +361,8 @@ class Connection(asyncio.Protocol):
                     if not self._handle(line):
                         self.close()
                         return
+                if start:
+                    self.seen = self.loop.time()
                     if self._backed_up():
                         self._flush()
                         if self._backed_up() and self.transport is not None:
@@ -375,6 +385,38 @@ class Connection(asyncio.Protocol):
                 return
         finally:
             self.processing = False
+            self._hold()
+
+    def _hold(self) -> None:
+        """Count what the buffer holds in the connections' total; past the daemon's bound,
+        the connection that holds the most is closed (half lines cost memory however they
+        are spread over connections)."""
+        if self.closed:
+            return
+        connections = self.connections
+        size = len(self.buffer)
+        connections.buffered += size - self.held
+        self.held = size
+        bound = self.limits.max_buffered_bytes
+        while connections.buffered > bound:
+            largest = max(connections.open, key=lambda c: c.held)
+            if not largest.held:
+                return
+            largest._shed(bound)
+            if largest is self:
+                return
+
+    def _shed(self, bound: int) -> None:
+        err = TooMany(
+            f"the daemon holds {bound:,} bytes of unfinished request lines, its bound, and "
+            "this connection held the most: closing it"
+        )
+        log.warning("closing a connection holding %d bytes of unfinished lines", self.held)
+        self.connections.buffered -= self.held
+        self.held = 0
+        self.buffer = b""
+        self._queue(self._refused(err))
+        self.close()
 
     def _backed_up(self) -> bool:
         """Too much waits to be written: stop reading requests until the client catches up."""
@@ -404,8 +446,9 @@ class Connection(asyncio.Protocol):
         if due > self.loop.time():
             self.idle_key = self.connections.idle.add(self, due)
             return
+        what = "no whole request line" if self.buffer else "nothing"
         err = IdleTimeout(
-            f"nothing received for {self.limits.idle_timeout:g} s: closing the connection"
+            f"{what} received for {self.limits.idle_timeout:g} s: closing the connection"
         )
         self._queue(self._refused(err))
         self.close()

@@ -357,8 +357,13 @@ class Engine:
                 return Outcome.now(p.Done(id=rid))
             case p.Token():
                 return self._token(req)
-            case p.Auth():  # already authenticated: a second auth changes nothing
-                return Outcome.now(p.Done(id=rid))
+            case p.Auth():
+                # a connection authenticates once: a second auth would answer ok for a
+                # token nobody checked, or switch a connection's identity mid-stream
+                raise BadRequest(
+                    "this connection is authenticated already and keeps its token: "
+                    "open a new connection to use another"
+                )
             case _:
                 _unknown(req)
 

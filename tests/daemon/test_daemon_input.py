@@ -133,6 +133,48 @@ def test_a_stalled_half_line_is_closed_after_the_idle_timeout(tmp_path: Path) ->
         assert staller.closed()
 
 
+def test_a_line_trickled_a_byte_at_a_time_is_closed_after_the_idle_timeout(
+    tmp_path: Path,
+) -> None:
+    """Bytes that end no line do not reset the idle clock: a request line must arrive whole
+    within the idle timeout, however its bytes are spread."""
+    config = daemon_config(tmp_path / "home", limits=Limits(idle_timeout=0.5))
+    with inproc_daemon(config) as d:
+        trickler = d.client()
+        line = json.dumps({"op": "ping", "pad": "x" * 200}).encode()
+        sent = 0
+        while not trickler.pending(0.05):  # a byte every 50 ms: ten each idle timeout
+            assert sent < len(line), "the whole line went: it was never timed out"
+            trickler.send_raw(line[sent : sent + 1])
+            sent += 1
+        answer = trickler.recv()
+        assert answer["code"] == "idle_timeout"
+        assert "no whole request line received for 0.5 s" in answer["message"]
+        assert trickler.closed()
+        assert sent < len(line)
+        assert d.client().ok({"op": "ping"})
+
+
+def test_half_lines_are_bounded_in_total_the_largest_holder_is_closed(tmp_path: Path) -> None:
+    limits = Limits(idle_timeout=30, max_buffered_bytes=100_000)
+    with inproc_daemon(daemon_config(tmp_path / "home", limits=limits)) as d:
+        small, middle, large = d.client(), d.client(), d.client()
+        half = b'{"op": "send", "session": "a", "text": "'
+        for c, size in ((small, 20_000), (middle, 30_000), (large, 40_000)):
+            c.send_raw(half + b"x" * size)
+        assert not any(c.pending(0.2) for c in (small, middle, large))  # 90 KB: within it
+        small.send_raw(b"y" * 25_000)  # 115 KB now: the 45 KB of small is the most
+        answer = small.recv()
+        assert answer["code"] == "too_many" and "unfinished request lines" in answer["message"]
+        assert small.closed()
+        # the others were not touched, and finish their lines as ever
+        middle.send_raw(b'"}\n')
+        assert middle.recv()["code"] == "no_such_session"
+        large.send_raw(b'"}\n')
+        assert large.recv()["code"] == "no_such_session"
+        assert d.client().ok({"op": "ping"})
+
+
 def test_a_blocked_wait_is_exempt_from_the_idle_timeout(tmp_path: Path) -> None:
     config = daemon_config(tmp_path / "home", limits=Limits(idle_timeout=0.3))
     with inproc_daemon(config) as d:
@@ -314,11 +356,28 @@ def test_a_home_that_cannot_be_made_ends_the_start_with_one_clear_line(tmp_path:
     assert b"Traceback" not in proc.stderr
 
 
-def test_a_second_auth_on_a_connection_changes_nothing(inproc: InProcDaemon) -> None:
-    c = inproc.client()
-    c.ok({"op": "start", "session": "a"})
-    assert c.ok({"op": "auth", "token": inproc.token, "id": 7}) == {"ok": True, "id": 7}
-    assert c.ok({"op": "send", "session": "a", "text": "still served"})["seq"] == 1
+def test_a_second_auth_is_refused_and_the_connection_keeps_its_token(
+    inproc: InProcDaemon,
+) -> None:
+    """A connection authenticates once. A second auth, whatever its token (the same, a
+    scoped one, a wrong one), is refused with bad_request and changes nothing: the
+    connection stays usable as what it was."""
+    root = inproc.client()
+    root.ok({"op": "start", "session": "a"})
+    made = root.ok(
+        {"op": "token", "action": "add", "name": "t", "sessions": ["a"], "can": ["read"]}
+    )
+    for token in (inproc.token, made["token"], "garbage"):
+        answer = root.call({"op": "auth", "token": token, "id": 7})
+        assert answer["ok"] is False and answer["code"] == "bad_request", answer
+        assert answer["id"] == 7 and "authenticated already" in answer["message"]
+        # still the root: a root-only op works, and so does a send
+        assert root.ok({"op": "token", "action": "list"})["tokens"]
+    assert root.ok({"op": "send", "session": "a", "text": "still served"})["seq"] == 1
+    scoped = Client(inproc.port, made["token"])
+    assert scoped.call({"op": "auth", "token": inproc.token})["code"] == "bad_request"
+    assert scoped.call({"op": "token", "action": "list"})["code"] == "forbidden"  # still scoped
+    scoped.close()
 
 
 def test_a_bug_in_the_engine_is_answered_internal_logged_and_the_connection_goes_on(

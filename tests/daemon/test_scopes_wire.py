@@ -265,7 +265,9 @@ def verdict(token: Principal, req: Json) -> tuple[str, str | None]:
         return "hidden", None
     if op in LISTINGS and req.get("session") is None:
         return "listing", None
-    if op in ("ping", "auth"):
+    if op == "auth":
+        return "second auth", None
+    if op == "ping":
         return "free", None
     return "visible", None
 
@@ -444,6 +446,11 @@ class Run:
                 assert a == {"id": req["id"], "ok": False, "code": "forbidden", "message": message}
                 assert w.a.state() == before, (req, a)
                 return  # nothing changed: no wait woken, the twin as it was
+            if kind == "second auth":  # refused, whatever the token; the connection keeps its own
+                assert a["ok"] is False and a["code"] == "bad_request", (req, a)
+                assert "authenticated already and keeps its token" in a["message"], (req, a)
+                assert w.a.state() == before, (req, a)
+                return
             if kind == "hidden":
                 g = as_told(who, self.ghost_answer(who, req, set(before)))
                 assert a == g, (req, a, g)
@@ -769,7 +776,7 @@ def play(run: Run, data: st.DataObject) -> None:
         req = data.draw(requests(run.timers(), mine))
         if who.root and req["op"] in ("token", "shutdown", "auth"):
             continue  # the root's token steps are above; it never shuts the daemon down
-        if req["op"] == "auth":  # a second auth changes nothing, even with the root's token
+        if req["op"] == "auth":  # a second auth is refused, even with the root's token
             secrets = {"own": who.secret, "root": run.world.a.token, "wrong": "repl_nope"}
             req["token"] = secrets[req["token"]]
         if who.root and req["op"] == "start" and req.get("session") is None:
