@@ -31,6 +31,7 @@ from __future__ import annotations
 import array
 import contextlib
 import fcntl
+import importlib.util
 import json
 import os
 import select
@@ -764,6 +765,17 @@ def require_chromium() -> str:
             pytest.fail("chromium missing in CI: .ci/run must install Debian's chromium")
         pytest.skip("chromium missing: apt-get install chromium")
     return found
+
+
+def require_build() -> None:
+    """The ``build`` package and a setuptools that builds wheels (the ``test`` extra brings
+    both), for building the wheel: skipped where they are missing, failed in CI."""
+    missing = [name for name in ("build", "setuptools") if importlib.util.find_spec(name) is None]
+    if missing:
+        what = f"{' and '.join(missing)} missing"
+        if os.environ.get("CI"):
+            pytest.fail(f"{what} in CI: .ci/run must install the test extra")
+        pytest.skip(f"{what}: pip install -e '.[test]'")
 
 
 # -- stores --------------------------------------------------------------------
