@@ -18,7 +18,7 @@ connection: give each task that waits its own.
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Self, TypeVar
@@ -26,8 +26,18 @@ from typing import Self, TypeVar
 import anyio
 from anyio.abc import ByteStream
 from anyio.streams.buffered import BufferedByteReceiveStream
+from msgspec import UNSET, UnsetType
 
-from repl_cli.api import Unavailable, _log_note, _typed
+from repl_cli.api import (
+    MatchLike,
+    Unavailable,
+    _log_note,
+    _typed,
+    as_match,
+    no_firing,
+    reply_tags,
+    wait_cursor,
+)
 from repl_cli.client import (
     CALL_TIMEOUT,
     HTTP_PROBE_AFTER,
@@ -45,8 +55,9 @@ from repl_cli.errors import CliError
 from repl_cli.reconnect import DEFAULT_RECONNECT, Outage
 from repl_daemon import protocol as p
 from session.errors import Code
-from session.firing import CursorInfo
+from session.firing import CursorInfo, Firing
 from session.rules import ACK_CURSOR, DEFAULT_HANDLER, FOLLOW_CURSOR, WAIT_CURSOR
+from session.tags import CORR, REPLY_TO, correlation_id
 
 __all__ = ["AsyncRepl", "connect"]
 
@@ -251,9 +262,17 @@ class AsyncRepl:
     # -- firings -------------------------------------------------------------
 
     async def send(
-        self, session: str, text: str, *, handler: str = DEFAULT_HANDLER, key: str | None = None
+        self,
+        session: str,
+        text: str,
+        *,
+        handler: str = DEFAULT_HANDLER,
+        key: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> p.Sent:
-        request = p.Send(session=session, text=text, handler=handler, key=key)
+        request = p.Send(
+            session=session, text=text, handler=handler, key=key, tags=dict(tags or {})
+        )
         return await self._call(request, p.Sent)
 
     async def schedule(
@@ -266,9 +285,17 @@ class AsyncRepl:
         every: str | None = None,
         handler: str | None = None,
         key: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> p.TimerSet:
         request = p.Schedule(
-            session=session, text=text, handler=handler, in_=in_, at=at, every=every, key=key
+            session=session,
+            text=text,
+            handler=handler,
+            in_=in_,
+            at=at,
+            every=every,
+            key=key,
+            tags=dict(tags or {}),
         )
         return await self._call(request, p.TimerSet)
 
@@ -297,9 +324,12 @@ class AsyncRepl:
         after: int | None = None,
         max: int | None = None,
         peek: bool = False,
+        match: MatchLike | None = None,
     ) -> p.Firings:
         """As ``api.Repl.read``: acknowledges nothing; ``ack`` the batch's ``next``."""
-        request = p.Read(session=session, cursor=cursor, after=after, max=max, peek=peek)
+        request = p.Read(
+            session=session, cursor=cursor, after=after, max=max, peek=peek, match=as_match(match)
+        )
         return await self._call(request, p.Firings)
 
     async def ack(self, session: str, seq: int, *, cursor: str = ACK_CURSOR) -> p.Acked:
@@ -312,10 +342,12 @@ class AsyncRepl:
         self,
         sessions: str | list[str],
         *,
-        cursor: str = WAIT_CURSOR,
+        cursor: str | UnsetType | None = UNSET,
         timeout: float | None = None,  # noqa: ASYNC109 - the daemon's own timeout_ms
         max: int | None = None,
         ack: dict[str, int] | None = None,
+        match: MatchLike | None = None,
+        after: int | None = None,
     ) -> p.Woken:
         """As ``api.Repl.wait``: blocks (without blocking the loop), rides out a restart.
 
@@ -326,13 +358,17 @@ class AsyncRepl:
         now = anyio.current_time
         deadline = None if timeout is None else now() + timeout
         outage = Outage(self.reconnect, self.addr, self.note, deadline, clock=now)
+        chosen = None if after is not None else wait_cursor(cursor, match, WAIT_CURSOR)
+        wanted = as_match(match)
         while True:
             request = p.Wait(
                 sessions=ids,
-                cursor=cursor,
+                cursor=chosen,
                 timeout_ms=outage.remaining_ms(),
                 max=max,
                 ack=ack or {},
+                match=wanted,
+                after=after,
             )
             try:
                 woken = await self._exchange(request, p.Woken, None)
@@ -350,12 +386,64 @@ class AsyncRepl:
             return woken
 
     async def follow(
-        self, session: str, *, cursor: str = FOLLOW_CURSOR, max: int | None = None
+        self,
+        session: str,
+        *,
+        cursor: str | UnsetType | None = UNSET,
+        max: int | None = None,
+        match: MatchLike | None = None,
     ) -> AsyncIterator[p.SessionBatch]:
         """As ``api.Repl.follow``: a batch is acknowledged when the next is asked for."""
+        chosen = wait_cursor(cursor, match, FOLLOW_CURSOR)
         carried: dict[str, int] = {}
+        after: int | None = None
         while True:
-            woken = await self.wait(session, cursor=cursor, max=max, ack=carried)
+            if chosen is None:
+                woken = await self.wait(session, cursor=None, max=max, match=match, after=after)
+            else:
+                woken = await self.wait(session, cursor=chosen, max=max, ack=carried, match=match)
             for batch in woken.batches:
                 yield batch
-                carried = {batch.session: batch.next}
+                carried, after = {batch.session: batch.next}, batch.next
+
+    # -- request and reply -------------------------------------------------------
+
+    async def request(
+        self,
+        session: str,
+        text: str,
+        *,
+        reply_to: str,
+        timeout: float | None = 30.0,  # noqa: ASYNC109 - the wait's own timeout
+        handler: str = DEFAULT_HANDLER,
+        tags: Mapping[str, str] | None = None,
+    ) -> Firing | None:
+        """As ``api.Repl.request``: the reply firing, or None at ``timeout``."""
+        corr = correlation_id()
+        await self.stats(reply_to)  # where the reply goes must exist before the request leaves
+        sent_tags = {**(tags or {}), REPLY_TO: reply_to, CORR: corr}
+        await self.send(session, text, handler=handler, tags=sent_tags)
+        woken = await self.wait(reply_to, cursor=None, match={CORR: corr}, timeout=timeout, max=1)
+        if woken.timed_out or not woken.batches:
+            return None
+        return woken.batches[0].firings[0]
+
+    async def reply(
+        self, session: str, seq: int, text: str, *, handler: str = DEFAULT_HANDLER
+    ) -> p.Sent:
+        """As ``api.Repl.reply``."""
+        firing = await self.firing(session, seq)
+        target, tags = reply_tags(firing, session)
+        return await self.send(target, text, handler=handler, tags=tags)
+
+    async def firing(self, session: str, seq: int) -> Firing:
+        """As ``api.Repl.firing``."""
+        if seq < 1:
+            raise CliError(f"seq {seq} names no firing: seqs start at 1")
+        head = (await self.stats(session)).sessions[0].head
+        if seq > head:
+            raise CliError(f"session {session!r} has no firing {seq}: its head is {head}")
+        batch = await self.read(session, after=seq - 1, max=1)
+        if not batch.firings or batch.firings[0].seq != seq:
+            raise no_firing(session, seq, batch)
+        return batch.firings[0]

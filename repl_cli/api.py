@@ -28,26 +28,72 @@ command itself is made of.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Self, TypeVar
 
+from msgspec import UNSET, UnsetType
+
 from repl_cli.client import Client
-from repl_cli.errors import UNAVAILABLE, CliError
+from repl_cli.errors import ERROR, UNAVAILABLE, CliError
 from repl_cli.reconnect import DEFAULT_RECONNECT, Reconnect, TimedOut
 from repl_daemon import protocol as p
 from session.firing import CursorInfo, Firing
 from session.rules import ACK_CURSOR, DEFAULT_HANDLER, FOLLOW_CURSOR, WAIT_CURSOR, WEBHOOK_HANDLER
+from session.tags import CORR, REPLY_TO, Match, correlation_id
 
 __all__ = [
     "CursorInfo",
     "Error",
     "Firing",
+    "Match",
     "Repl",
     "Unavailable",
     "connect",
 ]
+
+#: what a match may be given as: a ``Match``, or the tags that must hold (a value None:
+#: the tag is there, whatever its value)
+MatchLike = Match | Mapping[str, str | None]
+
+
+def as_match(match: MatchLike | None) -> Match | None:
+    """``match`` as the wire takes it; None for none."""
+    if match is None or isinstance(match, Match):
+        return match
+    return Match(dict(match))
+
+
+def wait_cursor(
+    cursor: str | UnsetType | None, match: MatchLike | None, default: str
+) -> str | None:
+    """The cursor a wait reads after: the one given (None: none), else ``default``, or none
+    for a matching wait (a matching reader given no cursor looks at the whole ring)."""
+    if cursor is not UNSET:
+        return cursor
+    return None if match is not None else default
+
+
+def reply_tags(firing: Firing, session: str) -> tuple[str, dict[str, str]]:
+    """Where a reply to ``firing`` goes, and the tags it carries; an ``Error`` (status 1)
+    when the firing was not sent as a request."""
+    target = firing.tags.get(REPLY_TO)
+    if target is None:
+        raise CliError(
+            f"firing {firing.seq} of session {session!r} has no reply-to tag: it was not sent "
+            "with `repl request` (send the answer with `repl send` instead)"
+        )
+    corr = firing.tags.get(CORR)
+    return target, {} if corr is None else {CORR: corr}
+
+
+def no_firing(session: str, seq: int, batch: p.Firings) -> CliError:
+    if batch.lost:
+        return CliError(
+            f"firing {seq} of session {session!r} is no longer in its ring: it was dropped"
+        )
+    return CliError(f"session {session!r} has no firing {seq}", ERROR)
 
 
 R = TypeVar("R", bound=p.Response)
@@ -172,9 +218,18 @@ class Repl:
     # -- firings -------------------------------------------------------------
 
     def send(
-        self, session: str, text: str, *, handler: str = DEFAULT_HANDLER, key: str | None = None
+        self,
+        session: str,
+        text: str,
+        *,
+        handler: str = DEFAULT_HANDLER,
+        key: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> p.Sent:
-        return self._call(p.Send(session=session, text=text, handler=handler, key=key), p.Sent)
+        request = p.Send(
+            session=session, text=text, handler=handler, key=key, tags=dict(tags or {})
+        )
+        return self._call(request, p.Sent)
 
     def schedule(
         self,
@@ -186,11 +241,20 @@ class Repl:
         every: str | None = None,
         handler: str | None = None,
         key: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> p.TimerSet:
         """Record a firing later: ``in_`` a duration (``"5m"``) or ``at`` an RFC 3339 time,
-        and/or ``every`` an interval (``"1m"``; handler ``on-tick`` unless named)."""
+        and/or ``every`` an interval (``"1m"``; handler ``on-tick`` unless named); each of its
+        firings carries ``tags``."""
         request = p.Schedule(
-            session=session, text=text, handler=handler, in_=in_, at=at, every=every, key=key
+            session=session,
+            text=text,
+            handler=handler,
+            in_=in_,
+            at=at,
+            every=every,
+            key=key,
+            tags=dict(tags or {}),
         )
         return self._call(request, p.TimerSet)
 
@@ -225,13 +289,18 @@ class Repl:
         after: int | None = None,
         max: int | None = None,
         peek: bool = False,
+        match: MatchLike | None = None,
     ) -> p.Firings:
         """The firings after ``cursor`` (default ``read``) or after seq ``after``.
 
         Like the wire's ``read`` it acknowledges nothing: ``ack`` the batch's
         ``next`` once it is handled (``repl read`` prints, then acknowledges).
+        With ``match`` only the firings that match come back; given neither
+        ``cursor`` nor ``after``, a matching read looks at the whole ring.
         """
-        request = p.Read(session=session, cursor=cursor, after=after, max=max, peek=peek)
+        request = p.Read(
+            session=session, cursor=cursor, after=after, max=max, peek=peek, match=as_match(match)
+        )
         return self._call(request, p.Firings)
 
     def ack(self, session: str, seq: int, *, cursor: str = ACK_CURSOR) -> p.Acked:
@@ -244,24 +313,37 @@ class Repl:
         self,
         sessions: str | list[str],
         *,
-        cursor: str = WAIT_CURSOR,
+        cursor: str | UnsetType | None = UNSET,
         timeout: float | None = None,
         max: int | None = None,
         ack: dict[str, int] | None = None,
         watch: int | None = None,
+        match: MatchLike | None = None,
+        after: int | None = None,
     ) -> p.Woken:
-        """Block until a session has firings after ``cursor``; ``timeout`` seconds at most
-        (then ``timed_out``). ``ack`` acknowledges the previous batch first. A daemon
-        restart meanwhile is ridden out for ``reconnect`` seconds, then ``Unavailable``.
-        ``watch``: a pipe we write to; its reader leaving ends the wait (``ReaderGone``)."""
+        """Block until a session has firings after ``cursor`` (default ``wait``);
+        ``timeout`` seconds at most (then ``timed_out``). ``ack`` acknowledges the previous
+        batch first. With ``match``, only firings that match end the wait, and with no
+        ``cursor`` given it looks at the whole ring and acknowledges nothing (``after``
+        goes on from a seq instead). A daemon restart meanwhile is ridden out for
+        ``reconnect`` seconds, then ``Unavailable``. ``watch``: a pipe we write to; its
+        reader leaving ends the wait (``ReaderGone``)."""
         ids = [sessions] if isinstance(sessions, str) else list(sessions)
         deadline = None if timeout is None else time.monotonic() + timeout
         again = self.again(deadline)
         client = self.client
+        chosen = None if after is not None else wait_cursor(cursor, match, WAIT_CURSOR)
+        wanted = as_match(match)
 
         def look() -> p.Woken:
             request = p.Wait(
-                sessions=ids, cursor=cursor, timeout_ms=again.remaining_ms(), max=max, ack=ack or {}
+                sessions=ids,
+                cursor=chosen,
+                timeout_ms=again.remaining_ms(),
+                max=max,
+                ack=ack or {},
+                match=wanted,
+                after=after,
             )
             client.send(request)
             return client.receive(p.Woken, timeout=None, watch=watch)
@@ -274,18 +356,75 @@ class Repl:
             raise _typed(exc) from None
 
     def follow(
-        self, session: str, *, cursor: str = FOLLOW_CURSOR, max: int | None = None
+        self,
+        session: str,
+        *,
+        cursor: str | UnsetType | None = UNSET,
+        max: int | None = None,
+        match: MatchLike | None = None,
     ) -> Iterator[p.SessionBatch]:
-        """Every batch after ``cursor``, as it comes, for ever (break to stop).
+        """Every batch after ``cursor`` (default ``follow``), as it comes, for ever (break
+        to stop).
 
         A batch is acknowledged when the caller asks for the next one, in the
         same request as the wait for it: one that was handed out and not
         finished (the loop broke, the program died) comes again to the next
-        follower. A daemon restart is ridden out as in ``wait``.
+        follower. A daemon restart is ridden out as in ``wait``. With
+        ``match`` and no ``cursor``, it follows the matching firings from the
+        whole ring on, acknowledging nothing.
         """
+        chosen = wait_cursor(cursor, match, FOLLOW_CURSOR)
         carried: dict[str, int] = {}
+        after: int | None = None
         while True:
-            woken = self.wait(session, cursor=cursor, max=max, ack=carried)
+            if chosen is None:
+                woken = self.wait(session, cursor=None, max=max, match=match, after=after)
+            else:
+                woken = self.wait(session, cursor=chosen, max=max, ack=carried, match=match)
             for batch in woken.batches:
                 yield batch
-                carried = {batch.session: batch.next}
+                carried, after = {batch.session: batch.next}, batch.next
+
+    # -- request and reply -------------------------------------------------------
+
+    def request(
+        self,
+        session: str,
+        text: str,
+        *,
+        reply_to: str,
+        timeout: float | None = 30.0,
+        handler: str = DEFAULT_HANDLER,
+        tags: Mapping[str, str] | None = None,
+    ) -> Firing | None:
+        """Send ``text`` to ``session`` tagged ``reply-to`` = ``reply_to`` and a fresh
+        ``corr``, then wait on ``reply_to`` for the firing tagged with that ``corr`` (one
+        that came before the wait is found too); the reply, or None at ``timeout``."""
+        corr = correlation_id()
+        self.stats(reply_to)  # where the reply goes must exist before the request leaves
+        sent_tags = {**(tags or {}), REPLY_TO: reply_to, CORR: corr}
+        self.send(session, text, handler=handler, tags=sent_tags)
+        woken = self.wait(reply_to, cursor=None, match={CORR: corr}, timeout=timeout, max=1)
+        if woken.timed_out or not woken.batches:
+            return None
+        return woken.batches[0].firings[0]
+
+    def reply(self, session: str, seq: int, text: str, *, handler: str = DEFAULT_HANDLER) -> p.Sent:
+        """Send ``text`` to the session named by the ``reply-to`` tag of firing ``seq`` of
+        ``session``, tagged with its ``corr``; an ``Error`` when it has no ``reply-to``."""
+        firing = self.firing(session, seq)
+        target, tags = reply_tags(firing, session)
+        return self.send(target, text, handler=handler, tags=tags)
+
+    def firing(self, session: str, seq: int) -> Firing:
+        """Firing ``seq`` of ``session``, read without a cursor; an ``Error`` when the ring
+        does not hold it."""
+        if seq < 1:
+            raise CliError(f"seq {seq} names no firing: seqs start at 1", ERROR)
+        head = self.stats(session).sessions[0].head
+        if seq > head:
+            raise CliError(f"session {session!r} has no firing {seq}: its head is {head}")
+        batch = self.read(session, after=seq - 1, max=1)
+        if not batch.firings or batch.firings[0].seq != seq:
+            raise no_firing(session, seq, batch)
+        return batch.firings[0]

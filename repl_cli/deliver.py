@@ -19,6 +19,7 @@ from repl_cli.output import FiringFormat
 from repl_cli.sink import Sink
 from repl_daemon import protocol as p
 from session.firing import Firing
+from session.tags import Match
 
 if TYPE_CHECKING:
     from repl_cli.api import Repl
@@ -104,16 +105,34 @@ def deliver(printer: Printer, batches: Sequence[Batch]) -> None:
 
 
 def follow(
-    printer: Printer, repl: Repl, session: str, cursor: str, count: int | None = None
+    printer: Printer,
+    repl: Repl,
+    session: str,
+    cursor: str | None,
+    count: int | None = None,
+    match: Match | None = None,
+    start: int | None = None,
 ) -> None:
     """Stream until interrupted (or ``count`` firings): one wait a batch, carrying the last
-    batch's ack; ``repl.wait`` rides out an outage and sends the same ack again."""
+    batch's ack; ``repl.wait`` rides out an outage and sends the same ack again.
+
+    With no ``cursor`` (a matching follow), nothing is acknowledged: each
+    wait goes on after the last seq the one before looked at, from ``start``
+    (None: the whole ring)."""
     client = printer.client
     carried: dict[str, int] = {}
+    after = start
     left = count
     while True:
         try:
-            woken = repl.wait(session, cursor=cursor, ack=carried, max=left, watch=printer.watch)
+            if cursor is None:
+                woken = repl.wait(
+                    session, cursor=None, max=left, watch=printer.watch, match=match, after=after
+                )
+            else:
+                woken = repl.wait(
+                    session, cursor=cursor, ack=carried, max=left, watch=printer.watch, match=match
+                )
         except (ReaderGone, KeyboardInterrupt):
             # the wait carrying the ack may not have reached the session: ack it
             # again on a fresh connection, as the same token over the same TLS (acks are
@@ -126,6 +145,8 @@ def follow(
             raise
         batches = [Batch(b.session, b.next, b.lost, b.firings) for b in woken.batches]
         carried = printer.show(batches)
+        if batches:
+            after = batches[-1].next
         if left is not None:
             left -= sum(len(b.firings) for b in batches)
             if left <= 0:  # done: the last batch's ack goes alone

@@ -65,6 +65,7 @@ WIRE: dict[str, tuple[int, str]] = {
     Code.BAD_HANDLER: (USAGE, ""),
     Code.BAD_KEY: (USAGE, ""),
     Code.BAD_TIME: (USAGE, ""),
+    Code.BAD_TAG: (USAGE, ""),
     Code.CURSOR_AFTER_HEAD: (ERROR, "read from the head or before it (`repl sessions` shows it)"),
     Code.ACK_AFTER_HEAD: (ERROR, "acknowledge a seq the session has recorded"),
     Code.BAD_REQUEST: (ERROR, "the daemon does not understand this client: upgrade both"),

@@ -320,6 +320,58 @@ def complete_tokens(ctx: click.Context, _param: click.Parameter, incomplete: str
     return _completed(ctx, incomplete, ask)
 
 
+def tag_option(command: F) -> F:
+    """``--tag KEY=VALUE``, repeatable: what the firing carries (docs/semantics.md R1)."""
+    return click.option(
+        "--tag",
+        "tag_words",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="A tag the firing carries (repeatable; at most 16; KEY of a-z 0-9 . _ -, "
+        "VALUE up to 1,024 characters).",
+    )(command)
+
+
+def match_options(command: F) -> F:
+    """``--match KEY=VALUE`` / ``--match KEY`` and ``--handler NAME``: a matching reader."""
+    command = click.option(
+        "--handler",
+        "handler_filter",
+        metavar="NAME",
+        help="Only the firings of handler NAME (with --match, both must hold).",
+    )(command)
+    return click.option(
+        "--match",
+        "match_words",
+        multiple=True,
+        metavar="KEY[=VALUE]",
+        help="Only the firings tagged KEY=VALUE (KEY alone: tagged KEY at all); repeatable, "
+        "all must hold. Without --cursor it looks at the whole ring and acknowledges nothing.",
+    )(command)
+
+
+def tags_of(words: tuple[str, ...]) -> dict[str, str]:
+    """The ``--tag`` words as tags; a usage error naming what is wrong."""
+    from session.errors import ReplError
+    from session.tags import parse_tags
+
+    try:
+        return parse_tags(words)
+    except ReplError as exc:
+        raise click.UsageError(exc.message) from None
+
+
+def match_of(words: tuple[str, ...], handler: str | None) -> Any:
+    """The ``--match`` words and ``--handler`` as a ``Match``, None for neither."""
+    from session.errors import ReplError
+    from session.tags import parse_match
+
+    try:
+        return parse_match(words, handler)
+    except ReplError as exc:
+        raise click.UsageError(exc.message) from None
+
+
 def firing_formats(command: F) -> F:
     """--seq, --full, --json: the output options of read, wait, follow and poll."""
     command = click.option(
@@ -513,6 +565,7 @@ def buffer(repl: Repl, session: str, limit: int) -> None:
     metavar="TIME",
     help="Record it at TIME (RFC 3339, e.g. 2026-12-01T05:00:00Z); prints the timer's id.",
 )
+@tag_option
 @click.option(
     "--json",
     "as_json",
@@ -530,6 +583,7 @@ def send(
     lines: bool,
     in_: str | None,
     at: str | None,
+    tag_words: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Record a firing; prints its seq (`SEQ duplicate` for a deduplicated send).
@@ -545,6 +599,7 @@ def send(
     from repl_cli import sending  # only send reads stdin: read and wait need not load it
 
     later = in_ is not None or at is not None
+    tags = tags_of(tag_words)
     if in_ is not None and at is not None:
         raise click.UsageError("give either --in or --at, not both")
     if lines:
@@ -554,15 +609,17 @@ def send(
             raise click.UsageError("--key names one firing: it cannot go with --lines")
         if later:
             raise click.UsageError("--in and --at schedule one firing: they cannot go with --lines")
-        sending.send_lines(repl.client, session, handler, as_json)
+        sending.send_lines(repl.client, session, handler, as_json, tags)
         return
     if text is None or text == "-":
         text = sending.stdin_text()
     if later:
-        scheduled = repl.schedule(session, text, in_=in_, at=at, handler=handler, key=key)
+        scheduled = repl.schedule(
+            session, text, in_=in_, at=at, handler=handler, key=key, tags=tags
+        )
         output.timer_set(scheduled, as_json)
         return
-    output.sent(repl.send(session, text, handler=handler, key=key), as_json)
+    output.sent(repl.send(session, text, handler=handler, key=key, tags=tags), as_json)
 
 
 @cli.command()
@@ -579,6 +636,7 @@ def send(
 @click.option("--key", metavar="KEY", help="A dedup key: a retry with it makes no second timer.")
 @click.option("--in", "in_", metavar="DURATION", help="The first firing after DURATION.")
 @click.option("--at", metavar="TIME", help="The first firing at TIME (RFC 3339).")
+@tag_option
 @click.option(
     "--json",
     "as_json",
@@ -595,6 +653,7 @@ def every(
     key: str | None,
     in_: str | None,
     at: str | None,
+    tag_words: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Record a firing every INTERVAL (at least 1s); prints the timer's id.
@@ -604,8 +663,9 @@ def every(
     """
     if in_ is not None and at is not None:
         raise click.UsageError("give either --in or --at, not both")
+    tags = tags_of(tag_words)
     scheduled = repl.schedule(
-        session, text, in_=in_, at=at, every=interval, handler=handler, key=key
+        session, text, in_=in_, at=at, every=interval, handler=handler, key=key, tags=tags
     )
     output.timer_set(scheduled, as_json)
 
@@ -774,6 +834,7 @@ def token_revoke(repl: Repl, name: str) -> None:
 )
 @click.option("--max", "max_", type=click.IntRange(min=1), metavar="N", help="At most N firings.")
 @click.option("--peek", is_flag=True, help="Do not acknowledge.")
+@match_options
 @firing_formats
 @click.pass_obj
 def read(
@@ -785,6 +846,8 @@ def read(
     since: str | None,
     max_: int | None,
     peek: bool,
+    match_words: tuple[str, ...],
+    handler_filter: str | None,
     seq: bool,
     ts: bool,
     full: bool,
@@ -792,7 +855,9 @@ def read(
 ) -> None:
     """Print the firings after the cursor, then acknowledge them.
 
-    --after, --last and --since look without a cursor and acknowledge nothing.
+    --after, --last and --since look without a cursor and acknowledge nothing,
+    and so does --match (or --handler) without --cursor: it looks at the whole
+    ring, so a reply that came before you asked is found.
     """
     chosen = [name for name, v in (("--cursor", cursor), ("--after", after)) if v is not None]
     if len(chosen) > 1:
@@ -801,6 +866,11 @@ def read(
         raise click.UsageError(f"--last and --since read without a cursor: leave out {chosen[0]}")
     if last is not None and max_ is not None:
         raise click.UsageError("give --last or --max, not both")
+    match = match_of(match_words, handler_filter)
+    if match is not None and (last is not None or since is not None):
+        raise click.UsageError(
+            "--match reads by cursor, --after or the whole ring: not --last or --since"
+        )
     fmt = firing_format(seq, full, as_json, ts=ts)
     if last is not None or since is not None:
         from repl_cli.recent import recent
@@ -808,8 +878,10 @@ def read(
         bound = None if since is None else parse_since(since)
         deliver(Printer(repl.client, fmt, None), [recent(repl, session, last, bound)])
         return
-    got = repl.read(session, cursor=cursor, after=after, max=max_, peek=peek)
+    got = repl.read(session, cursor=cursor, after=after, max=max_, peek=peek, match=match)
     ack_cursor = None if peek or after is not None else cursor or READ_CURSOR
+    if match is not None and cursor is None:
+        ack_cursor = None  # a matching reader without a cursor acknowledges nothing
     deliver(
         Printer(repl.client, fmt, ack_cursor), [Batch(session, got.next, got.lost, got.firings)]
     )
@@ -834,11 +906,9 @@ def parse_since(text: str) -> str:
 )
 @click.option(
     "--cursor",
-    default=WAIT_CURSOR,
-    show_default=True,
     metavar="NAME",
     shell_complete=complete_cursors,
-    help="Wait after this cursor.",
+    help=f"Wait after this cursor [default: {WAIT_CURSOR}; with --match, none].",
 )
 @click.option(
     "--timeout",
@@ -853,16 +923,19 @@ def parse_since(text: str) -> str:
     metavar="N",
     help="Wait until N firings are printed (in one batch or several), then exit.",
 )
+@match_options
 @reconnect_option
 @firing_formats
 @click.pass_obj
 def wait(
     repl: Repl,
     sessions: tuple[str, ...],
-    cursor: str,
+    cursor: str | None,
     timeout: float | None,
     peek: bool,
     count: int | None,
+    match_words: tuple[str, ...],
+    handler_filter: str | None,
     reconnect: float,
     seq: bool,
     ts: bool,
@@ -874,18 +947,25 @@ def wait(
     With several sessions, it returns with those that have firings and puts
     each line's session id first. Exit status 2: --timeout passed, nothing came.
     A daemon restart or a store outage meanwhile is ridden out (--reconnect).
+    With --match it returns only firings that match; without --cursor it then
+    looks at the whole ring (a firing that came before the wait is found at
+    once) and acknowledges nothing.
     """
     import time
     from functools import partial
 
     if peek and count is not None:
         raise click.UsageError("--count waits for new firings: a --peek would see the same again")
+    match = match_of(match_words, handler_filter)
+    if cursor is None and match is None:
+        cursor = WAIT_CURSOR
     ids = list(dict.fromkeys(sessions))
     fmt = firing_format(seq, full, as_json, several=len(ids) > 1, ts=ts)
     printer = Printer(repl.client, fmt, None if peek else cursor)
     repl.reconnect = reconnect
     deadline = None if timeout is None else time.monotonic() + timeout
     printed = 0
+    after: dict[str, int] = {}  # a cursorless --count goes on after what it printed
     while True:
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         woken = repl.wait(
@@ -894,6 +974,8 @@ def wait(
             timeout=left,
             max=None if count is None else count - printed,
             watch=printer.watch,
+            match=match,
+            after=after.get(ids[0]) if cursor is None and len(ids) == 1 else None,
         )
         if woken.timed_out:
             return OK if printed else TIMED_OUT
@@ -902,6 +984,7 @@ def wait(
         # printed: the ack is tried again across an outage too (acks are idempotent)
         repl.again().run(partial(printer.ack, taken))
         printed += sum(len(b.firings) for b in batches)
+        after.update((b.session, b.next) for b in batches)
         if count is None or printed >= count:
             return OK
 
@@ -910,25 +993,26 @@ def wait(
 @click.argument("session", shell_complete=complete_sessions)
 @click.option(
     "--cursor",
-    default=FOLLOW_CURSOR,
-    show_default=True,
     metavar="NAME",
     shell_complete=complete_cursors,
-    help="Follow this cursor.",
+    help=f"Follow this cursor [default: {FOLLOW_CURSOR}; with --match, none].",
 )
 @click.option("--from-now", is_flag=True, help="First acknowledge everything recorded so far.")
 @click.option(
     "--count", type=click.IntRange(min=1), metavar="N", help="Stop after N firings (exit 0)."
 )
+@match_options
 @reconnect_option
 @firing_formats
 @click.pass_obj
 def follow_command(
     repl: Repl,
     session: str,
-    cursor: str,
+    cursor: str | None,
     from_now: bool,
     count: int | None,
+    match_words: tuple[str, ...],
+    handler_filter: str | None,
     reconnect: float,
     seq: bool,
     ts: bool,
@@ -939,16 +1023,126 @@ def follow_command(
 
     A daemon restart or a store outage is ridden out (--reconnect): it goes
     on from the cursor, so nothing is lost and nothing unprinted acknowledged.
+    With --match, only firings that match; without --cursor it then follows
+    them from the whole ring on and acknowledges nothing.
     """
     fmt = firing_format(seq, full, as_json, ts=ts)
     repl.reconnect = reconnect
+    match = match_of(match_words, handler_filter)
+    if cursor is None and match is None:
+        cursor = FOLLOW_CURSOR
+    start: int | None = None
     if from_now:
+        if cursor is None:
+            start = repl.again().run(lambda: repl.stats(session).sessions[0].head)
+        else:
+            chosen = cursor
 
-        def skip() -> None:
-            repl.ack(session, repl.stats(session).sessions[0].head, cursor=cursor)
+            def skip() -> None:
+                repl.ack(session, repl.stats(session).sessions[0].head, cursor=chosen)
 
-        repl.again().run(skip)
-    follow(Printer(repl.client, fmt, cursor), repl, session, cursor, count)
+            repl.again().run(skip)
+    follow(Printer(repl.client, fmt, cursor), repl, session, cursor, count, match, start)
+
+
+@cli.command()
+@click.argument("session", shell_complete=complete_sessions)
+@click.argument("text", required=False)
+@click.option(
+    "--reply-to",
+    "reply_to",
+    required=True,
+    metavar="MINE",
+    shell_complete=complete_sessions,
+    help="The session the reply is to come to (yours); it must exist.",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    metavar="SECS",
+    help="Give up after SECS (exit status 2).",
+)
+@click.option(
+    "--handler",
+    default=DEFAULT_HANDLER,
+    show_default=True,
+    metavar="NAME",
+    help="What the request is recorded as.",
+)
+@tag_option
+@reconnect_option
+@firing_formats
+@click.pass_obj
+def request(
+    repl: Repl,
+    session: str,
+    text: str | None,
+    reply_to: str,
+    timeout: float,
+    handler: str,
+    tag_words: tuple[str, ...],
+    reconnect: float,
+    seq: bool,
+    ts: bool,
+    full: bool,
+    as_json: bool,
+) -> int:
+    """Send TEXT to SESSION and wait for its reply in session MINE; print it as wait does.
+
+    TEXT is tagged reply-to=MINE and corr= a fresh id; the reply is the
+    firing of MINE tagged with that corr (`repl reply` sends one), found
+    even when it came before the wait began. Nothing is acknowledged.
+    Exit status 2: --timeout passed with no reply.
+    """
+    from repl_cli import sending
+    from session.tags import CORR, REPLY_TO
+
+    tags = tags_of(tag_words)
+    for reserved in (REPLY_TO, CORR):
+        if reserved in tags:
+            raise click.UsageError(f"--tag {reserved} is the request's own: leave it out")
+    if text is None or text == "-":
+        text = sending.stdin_text()
+    repl.reconnect = reconnect
+    fmt = firing_format(seq, full, as_json, ts=ts)
+    answer = repl.request(
+        session, text, reply_to=reply_to, timeout=timeout, handler=handler, tags=tags
+    )
+    if answer is None:
+        return TIMED_OUT
+    deliver(Printer(repl.client, fmt, None), [Batch(reply_to, answer.seq, 0, [answer])])
+    return OK
+
+
+@cli.command()
+@click.argument("session", shell_complete=complete_sessions)
+@click.argument("seq", type=click.IntRange(min=1))
+@click.argument("text", required=False)
+@click.option(
+    "--handler",
+    default=DEFAULT_HANDLER,
+    show_default=True,
+    metavar="NAME",
+    help="What the reply is recorded as.",
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: seq, duplicate.")
+@click.pass_obj
+def reply(
+    repl: Repl, session: str, seq: int, text: str | None, handler: str, as_json: bool
+) -> None:
+    """Answer firing SEQ of SESSION, a request: send TEXT to its reply-to session.
+
+    The reply carries the request's corr tag, which its requester waits for.
+    TEXT `-` or none reads stdin. Exit status 1 when the firing has no
+    reply-to tag (it was not sent with `repl request`).
+    """
+    from repl_cli import sending
+
+    if text is None or text == "-":
+        text = sending.stdin_text()
+    output.sent(repl.reply(session, seq, text, handler=handler), as_json)
 
 
 @cli.command()

@@ -114,7 +114,9 @@ class FiringFormat:
     def _firing(self, session: str, f: Firing) -> str:
         if self.style == JSON:
             obj: dict[str, Any] = {"session": session} if self.several else {}
-            obj.update(seq=f.seq, handler=f.handler, result=f.result, event=f.event, ts=f.ts)
+            obj.update(
+                seq=f.seq, handler=f.handler, result=f.result, event=f.event, ts=f.ts, tags=f.tags
+            )
             return json_line(obj)
         pieces = self._prefix(session)
         if self.style == FULL:

@@ -50,7 +50,13 @@ def _stdin(hint: str) -> TextIO:
     return sys.stdin
 
 
-def send_lines(client: Client, session: str, handler: str, as_json: bool = False) -> None:
+def send_lines(
+    client: Client,
+    session: str,
+    handler: str,
+    as_json: bool = False,
+    tags: dict[str, str] | None = None,
+) -> None:
     """Pipelined over one connection: up to SEND_WINDOW sends on the wire at once.
 
     Each chunk of stdin is answered in full before the next is read, so a
@@ -60,7 +66,10 @@ def send_lines(client: Client, session: str, handler: str, as_json: bool = False
     step = SEND_WINDOW // 4
     number = 0  # lines before this chunk
     for chunk in stdin_lines():
-        wire = [_encoded_line(session, t, handler, number + n) for n, t in enumerate(chunk, 1)]
+        wire = [
+            _encoded_line(session, t, handler, number + n, tags or {})
+            for n, t in enumerate(chunk, 1)
+        ]
         number += len(chunk)
         outstanding = 0
         seqs: list[str] = []
@@ -79,9 +88,11 @@ def send_lines(client: Client, session: str, handler: str, as_json: bool = False
         write_text("".join(seqs))
 
 
-def _encoded_line(session: str, text: str, handler: str, number: int) -> bytes:
+def _encoded_line(
+    session: str, text: str, handler: str, number: int, tags: dict[str, str]
+) -> bytes:
     try:
-        return encoded(p.Send(session=session, text=text, handler=handler))
+        return encoded(p.Send(session=session, text=text, handler=handler, tags=tags))
     except CliError as exc:
         exc.message = f"line {number} of stdin: {exc.message}"
         raise

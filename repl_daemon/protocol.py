@@ -16,6 +16,7 @@ import msgspec
 from session.errors import BadRequest, ReplError, UnknownOp
 from session.firing import CursorInfo, Firing
 from session.rules import ACK_CURSOR, DEFAULT_HANDLER, WAIT_CURSOR, WEBHOOK_HANDLER
+from session.tags import Match
 
 VERSION = "0.1.0"
 MAX_LINE = 1 << 20
@@ -54,16 +55,21 @@ class Send(Request, tag="send"):
     text: str
     handler: str = DEFAULT_HANDLER
     key: str | None = None
+    #: what the firing carries: up to 16 ``KEY: VALUE`` (docs/semantics.md R1)
+    tags: dict[str, str] = {}
 
 
 class Read(Request, tag="read"):
-    """Read by ``cursor`` (default ``read``) or, with ``after``, without one."""
+    """Read by ``cursor`` (default ``read``) or, with ``after``, without one. With
+    ``match``, only the firings that match; with ``match`` and neither ``cursor`` nor
+    ``after``, the whole ring, through no cursor."""
 
     session: str
     cursor: str | None = None
     after: int | None = None
     max: int | None = None
     peek: bool = False
+    match: Match | None = None
 
 
 class Wait(Request, tag="wait"):
@@ -74,13 +80,16 @@ class Wait(Request, tag="wait"):
     """
 
     sessions: list[str]
-    cursor: str = WAIT_CURSOR
+    #: null: no cursor (with ``match``: the whole ring, as a matching reader looks)
+    cursor: str | None = WAIT_CURSOR
     timeout_ms: int | None = None
     max: int | None = None
     ack: dict[str, int] = {}
     #: wait for firings after this seq instead of after a cursor: one session, no ack,
     #: no cursor touched (what an HTTP event stream does)
     after: int | None = None
+    #: return only the firings that match; a firing that does not leaves the wait blocked
+    match: Match | None = None
 
 
 class Ack(Request, tag="ack"):
@@ -119,6 +128,8 @@ class Schedule(Request, tag="schedule"):
     at: str | None = None
     every: str | None = None
     key: str | None = None
+    #: what each of its firings carries
+    tags: dict[str, str] = {}
 
 
 class Timers(Request, tag="timers"):
@@ -260,6 +271,8 @@ class TimerInfo(msgspec.Struct, kw_only=True):
     handler: str
     text: str
     key: str | None = None
+    #: what each of its firings carries
+    tags: dict[str, str] = {}
 
 
 class TimerSet(Response, kw_only=True):

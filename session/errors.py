@@ -27,6 +27,7 @@ class Code(enum.StrEnum):
     BAD_HANDLER = "bad_handler"
     BAD_KEY = "bad_key"
     BAD_TIME = "bad_time"
+    BAD_TAG = "bad_tag"
     CURSOR_AFTER_HEAD = "cursor_after_head"
     ACK_AFTER_HEAD = "ack_after_head"
     # the daemon
@@ -99,6 +100,12 @@ class BadKey(ReplError):
     """A dedup key is empty or longer than 256 characters."""
 
     code = Code.BAD_KEY
+
+
+class BadTag(ReplError):
+    """A tag or a match is not one: its key's form, its value's length, too many of them."""
+
+    code = Code.BAD_TAG
 
 
 class BadTime(ReplError):
@@ -246,6 +253,7 @@ BY_CODE: dict[str, type[ReplError]] = {
         BadHandler,
         BadKey,
         BadTime,
+        BadTag,
         CursorAfterHead,
         AckAfterHead,
         BadRequest,

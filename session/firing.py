@@ -15,6 +15,8 @@ class Firing(msgspec.Struct, frozen=True, gc=False):
     A handled firing has a ``result`` and no ``event``; an unhandled one
     (the session has no handler of that name) keeps the raw ``event`` and
     has no ``result``. ``ts`` is an ISO 8601 UTC time given by the caller.
+    ``tags`` are what it was sent with (``session.tags``); never changed
+    once recorded, so firings without any may share ``NO_TAGS``.
     """
 
     seq: int
@@ -22,6 +24,11 @@ class Firing(msgspec.Struct, frozen=True, gc=False):
     result: str | None
     event: str | None
     ts: str
+    tags: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+#: the tags of a firing that has none, shared (a firing's tags are never changed)
+NO_TAGS: dict[str, str] = {}
 
 
 class Batch(msgspec.Struct, frozen=True):

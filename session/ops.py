@@ -27,9 +27,10 @@ import msgspec
 
 from session.delta import Webhook
 from session.errors import BadSeq
-from session.firing import Batch, CursorInfo
+from session.firing import NO_TAGS, Batch, CursorInfo
 from session.ring import check_limit
 from session.schedule import Timer
+from session.tags import Match, check_tags
 from session.session import (
     Fired,
     Recorded,
@@ -72,28 +73,44 @@ class Record(msgspec.Struct, frozen=True):
     key: str | None = None
     #: whether the text is the result (None: whether the session has the handler)
     handled: bool | None = None
+    tags: dict[str, str] = msgspec.field(default_factory=dict)
 
     def check(self) -> None:
         check_handler(self.handler)
         if self.key is not None:
             check_key(self.key)
+        if self.tags:
+            check_tags(self.tags)
 
     def run(self, session: Session, visible: int | None) -> Recorded:
-        return session.record(self.handler, self.text, self.ts, self.key, self.handled)
+        return session.record(
+            self.handler, self.text, self.ts, self.key, self.handled, self.tags or NO_TAGS
+        )
+
+
+def check_match(match: Match | None) -> None:
+    if match is not None:
+        match.check()
+        if match.handler is not None:
+            check_handler(match.handler)
 
 
 class ReadAfter(msgspec.Struct, frozen=True):
-    """Read after a seq, through no cursor (rule 3)."""
+    """Read after a seq, through no cursor (rule 3); ``after`` None: the whole ring, as a
+    matching reader with no position of its own looks (rule R2)."""
 
     durable: ClassVar[bool] = False
-    after: int
+    after: int | None
     max: int | None = None
+    match: Match | None = None
 
     def check(self) -> None:
-        check_seq(self.after)  # the head and ``max`` are checked against the session
+        if self.after is not None:
+            check_seq(self.after)  # the head and ``max`` are checked against the session
+        check_match(self.match)
 
     def run(self, session: Session, visible: int | None) -> Batch:
-        return session.read_after(self.after, self.max, visible)
+        return session.read_after(self.after, self.max, visible, self.match)
 
 
 class ReadCursor(msgspec.Struct, frozen=True):
@@ -103,12 +120,14 @@ class ReadCursor(msgspec.Struct, frozen=True):
     cursor: str
     max: int | None = None
     touch: bool = True
+    match: Match | None = None
 
     def check(self) -> None:
         check_cursor_name(self.cursor)
+        check_match(self.match)
 
     def run(self, session: Session, visible: int | None) -> Batch:
-        return session.read(self.cursor, self.max, visible, touch=self.touch)
+        return session.read(self.cursor, self.max, visible, self.touch, self.match)
 
 
 class Ack(msgspec.Struct, frozen=True):

@@ -34,7 +34,7 @@ import struct
 from collections.abc import Iterable
 from datetime import date, datetime
 
-from session.firing import Firing
+from session.firing import NO_TAGS, Firing
 
 HEADER = struct.Struct("<qHB")
 HEADER_SIZE = HEADER.size
@@ -136,9 +136,9 @@ def unpack(
             handler, unhandled = slots[low | high << 16]
             text = item[HEADER_SIZE:].decode()
             if unhandled:
-                add(Firing(seq, handler, None, text, prefix + _SUFFIXES[ms - base]))
+                add(Firing(seq, handler, None, text, prefix + _SUFFIXES[ms - base], NO_TAGS))
             else:
-                add(Firing(seq, handler, text, None, prefix + _SUFFIXES[ms - base]))
+                add(Firing(seq, handler, text, None, prefix + _SUFFIXES[ms - base], NO_TAGS))
         else:
             add(item)
         seq += 1

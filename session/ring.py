@@ -28,7 +28,8 @@ from itertools import islice
 
 from session import packed
 from session.errors import BadLimit, BadMax, BadSeq, CursorAfterHead
-from session.firing import Batch, Firing
+from session.firing import NO_TAGS, Batch, Firing
+from session.tags import Match
 from session.rules import DEFAULT_LIMIT, MAX_LIMIT
 
 __all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "Ring", "check_limit"]
@@ -66,7 +67,7 @@ class Ring:
         self._firings: deque[bytes | Firing] = deque(maxlen=limit)
         for f in kept:
             # Packing may rebuild the deque (``_compact_slots``): take it afresh.
-            item = self._pack(f.seq, f.handler, f.result, f.event, f.ts)
+            item = self._pack(f.seq, f.handler, f.result, f.event, f.ts, f.tags)
             self._firings.append(item)
 
     @property
@@ -101,13 +102,20 @@ class Ring:
     def firings(self) -> list[Firing]:
         return packed.unpack(self.first, self._firings, self._slots)
 
-    def record(self, handler: str, result: str | None, event: str | None, ts: str) -> int:
+    def record(
+        self,
+        handler: str,
+        result: str | None,
+        event: str | None,
+        ts: str,
+        tags: dict[str, str] = NO_TAGS,
+    ) -> int:
         """Record the next firing and return its seq; when the ring is full the oldest goes.
 
         ``append`` without building the ``Firing``: all that a send needs.
         """
         seq = self._head + 1
-        item = self._pack(seq, handler, result, event, ts)  # may rebuild the deque
+        item = self._pack(seq, handler, result, event, ts, tags)  # may rebuild the deque
         self._firings.append(item)
         self._head = seq
         return seq
@@ -117,10 +125,19 @@ class Ring:
         return Firing(self.record(handler, result, event, ts), handler, result, event, ts)
 
     def _pack(
-        self, seq: int, handler: str, result: str | None, event: str | None, ts: str
+        self,
+        seq: int,
+        handler: str,
+        result: str | None,
+        event: str | None,
+        ts: str,
+        tags: dict[str, str] = NO_TAGS,
     ) -> bytes | Firing:
-        """The firing as the deque keeps it: packed when it fits, else as itself."""
+        """The firing as the deque keeps it: packed when it fits (and has no tags), else as
+        itself."""
         text = event if result is None else result
+        if tags:
+            return Firing(seq, handler, result, event, ts, tags)
         if text is not None and (result is None or event is None):
             try:
                 data = text.encode()
@@ -136,7 +153,7 @@ class Ring:
                 item = packed.pack(ts, slot, data)
                 if item is not None:
                     return item
-        return Firing(seq, handler, result, event, ts)
+        return Firing(seq, handler, result, event, ts, NO_TAGS)
 
     def _add_slot(self, key: tuple[str, bool]) -> int:
         # Rebuilding only once the table is twice the ring's length (and some)
@@ -173,14 +190,24 @@ class Ring:
         return before - len(self._firings)
 
     def events_after(
-        self, after: int, max: int | None = None, visible: int | None = None, what: str = "cursor"
+        self,
+        after: int | None,
+        max: int | None = None,
+        visible: int | None = None,
+        what: str = "cursor",
+        match: Match | None = None,
     ) -> Batch:
         """The firings with seq > ``after``, oldest first, at most ``max`` (SPEC rule 3).
 
         ``what`` names ``after`` in the error when it is after the head: a
         cursor's position, or the seq a read without a cursor gave (``after``).
+        ``after`` None is just before the oldest firing the ring holds: the whole
+        ring, nothing lost. With ``match`` only the firings that match are
+        returned, at most ``max`` of them; ``next`` is the last seq looked at.
         """
         head = self.visible_head(visible)
+        if after is None:
+            after = min(self.first, head + 1) - 1
         if after < 0:
             raise BadSeq(f"seq {after} is negative")
         if after > head:
@@ -190,11 +217,37 @@ class Ring:
         first = self.first
         lost = max_(0, min(first, head + 1) - after - 1)
         start = max_(after + 1, first)
+        if match is not None:
+            return self._matching(start, head, lost, after, max, match)
         stop = head + 1 if max is None else min(head + 1, start + max)
         if stop <= start:
             return Batch(after + lost, lost, [])
         items = self._slice(start - first, stop - first)
         return Batch(stop - 1, lost, packed.unpack(start, items, self._slots))
+
+    def _matching(
+        self, start: int, head: int, lost: int, after: int, max: int | None, match: Match
+    ) -> Batch:
+        """The firings from ``start`` to ``head`` that ``match`` holds for, at most ``max``;
+        ``next`` is the last seq looked at: the last match when ``max`` stopped the look,
+        else ``head``. A packed firing has no tags: one needing tags skips it unread."""
+        if start > head:
+            return Batch(after + lost, lost, [])
+        found: list[Firing] = []
+        slots, needs_tags = self._slots, match.needs_tags
+        seq = start
+        for item in self._slice(start - self.first, head - self.first + 1):
+            if isinstance(item, bytes):
+                if not needs_tags:
+                    handler = slots[packed.slot_of(item)][0]
+                    if match.holds(handler, NO_TAGS):
+                        found += packed.unpack(seq, (item,), slots)
+            elif match.holds(item.handler, item.tags):
+                found.append(item)
+            if max is not None and len(found) == max:
+                return Batch(seq, lost, found)
+            seq += 1
+        return Batch(head, lost, found)
 
     def _slice(self, start: int, stop: int) -> list[bytes | Firing]:
         # A deque is cheap to walk from either end, so walk from the nearer one.

@@ -60,6 +60,7 @@ class Timer(msgspec.Struct, frozen=True, kw_only=True):
     handler: str
     text: str
     key: str | None = None  # the dedup key that made it (a retried schedule finds it)
+    tags: dict[str, str] | None = None  # what each of its firings carries (None: none)
 
 
 def parse_duration(text: str) -> int:

@@ -35,7 +35,7 @@ from session.errors import (
     NoSuchTimer,
     TooMany,
 )
-from session.firing import Batch, CursorInfo, Firing
+from session.firing import NO_TAGS, Batch, CursorInfo, Firing
 from session.ring import Ring
 from session.rules import (
     DEFAULT_LIMIT,
@@ -50,6 +50,7 @@ from session.rules import (
     POLL_CURSOR,
 )
 from session.schedule import MAX_DUE_MS, Timer, fire
+from session.tags import Match, check_tags
 
 _SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
@@ -106,6 +107,8 @@ def check_timer(timer: Timer) -> Timer:
     check_handler(timer.handler)
     if timer.key is not None:
         check_key(timer.key)
+    if timer.tags:
+        check_tags(timer.tags)
     if not 0 <= timer.due_ms <= MAX_DUE_MS:
         raise BadTime(f"due time {timer.due_ms} ms is not between 1970 and the end of 9999")
     if timer.every_ms is not None:
@@ -264,14 +267,17 @@ class Session:
         ts: str,
         key: str | None = None,
         handled: bool | None = None,
+        tags: dict[str, str] = NO_TAGS,
     ) -> Recorded:
-        """Record a firing for ``handler`` (SPEC rules 1, 2, 13).
+        """Record a firing for ``handler`` (SPEC rules 1, 2, 13), carrying ``tags``.
 
         Its text is the result when the session has the handler (``HANDLERS``),
         else the event; ``handled`` says which instead (a webhook's firing is
         handled whatever its handler is named, SPEC §10).
         """
         check_handler(handler)
+        if tags:
+            check_tags(tags)
         if key is not None:
             check_key(key)
             seq = self._keys.get(key)
@@ -279,9 +285,9 @@ class Session:
                 self.evaluations += 1
                 return Recorded(seq, duplicate=True)
         if handler in HANDLERS if handled is None else handled:
-            seq = self.ring.record(handler, text, None, ts)
+            seq = self.ring.record(handler, text, None, ts, tags)
         else:
-            seq = self.ring.record(handler, None, text, ts)
+            seq = self.ring.record(handler, None, text, ts, tags)
         if key is not None:
             self._keys[key] = seq
             self._new_keys.append((key, seq))
@@ -307,23 +313,36 @@ class Session:
 
     # -- reading ----------------------------------------------------------
 
-    def read_after(self, after: int, max: int | None = None, visible: int | None = None) -> Batch:
-        """Read without a cursor: nothing about the session changes but the count."""
-        batch = self.ring.events_after(after, max, visible, what="after")
+    def read_after(
+        self,
+        after: int | None,
+        max: int | None = None,
+        visible: int | None = None,
+        match: Match | None = None,
+    ) -> Batch:
+        """Read without a cursor: nothing about the session changes but the count. ``after``
+        None is the whole ring (a matching reader's look with no position of its own)."""
+        batch = self.ring.events_after(after, max, visible, "after", match)
         self.evaluations += 1
         return batch
 
     def read(
-        self, cursor: str, max: int | None = None, visible: int | None = None, touch: bool = True
+        self,
+        cursor: str,
+        max: int | None = None,
+        visible: int | None = None,
+        touch: bool = True,
+        match: Match | None = None,
     ) -> Batch:
         """Read after ``cursor``'s position; an unknown cursor reads from 0.
 
         The read is a use of the cursor (it is created if new) unless
-        ``touch`` is false, as for a peek.
+        ``touch`` is false, as for a peek. With ``match``, only the firings
+        that match come back (``next`` is the last seq looked at).
         """
         check_cursor_name(cursor)
         entry = self._cursors.get(cursor)
-        batch = self.ring.events_after(entry[0] if entry else 0, max, visible)
+        batch = self.ring.events_after(entry[0] if entry else 0, max, visible, "cursor", match)
         if touch:
             self._use(cursor)
         self.evaluations += 1
@@ -446,7 +465,7 @@ class Session:
             if not due:
                 continue
             key = timer.key if timer.every_ms is None else None
-            recorded = self.record(timer.handler, timer.text, ts, key)
+            recorded = self.record(timer.handler, timer.text, ts, key, tags=timer.tags or NO_TAGS)
             if left is None:
                 del self.timers[timer.id]
                 self._timer_changes[timer.id] = None

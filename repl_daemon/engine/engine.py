@@ -68,10 +68,12 @@ from session.ops import (
     SetLimit,
     SetWebhook,
     TimerList,
+    check_match,
     check_seq,
 )
 from session.rules import DEFAULT_HANDLER, DEFAULT_LIMIT, READ_CURSOR, TICK_HANDLER
 from session.schedule import MAX_DUE_MS, Timer, parse_duration, parse_every, parse_time
+from session.tags import check_tags
 from session.scopes import (
     OP_RIGHTS,
     TokenRecord,
@@ -298,16 +300,18 @@ class Engine:
             committer = self._scoped(req, tag, token)
         match req:
             case p.Send():
-                op = Record(req.handler, req.text, utc_now(), req.key)
+                op = Record(req.handler, req.text, utc_now(), req.key, tags=req.tags)
                 return committer.execute(req.session, op).then(self._sent(rid))
             case p.Read():
                 if req.after is not None:
                     if req.cursor is not None:
                         raise BadRequest("give either cursor or after, not both")
-                    read: ReadAfter | ReadCursor = ReadAfter(req.after, req.max)
+                    read: ReadAfter | ReadCursor = ReadAfter(req.after, req.max, req.match)
+                elif req.cursor is None and req.match is not None:
+                    read = ReadAfter(None, req.max, req.match)  # the whole ring (rule R2)
                 else:
                     cursor = READ_CURSOR if req.cursor is None else req.cursor
-                    read = ReadCursor(cursor, req.max, touch=not req.peek)
+                    read = ReadCursor(cursor, req.max, touch=not req.peek, match=req.match)
                 return committer.execute(req.session, read).then(_firings(rid))
             case p.Wait():
                 return self.wait(req, committer)
@@ -368,12 +372,18 @@ class Engine:
                 _unknown(req)
 
     def deliver(
-        self, session_id: str, webhook: Webhook, text: str, key: str | None
+        self,
+        session_id: str,
+        webhook: Webhook,
+        text: str,
+        key: str | None,
+        tags: dict[str, str] | None = None,
     ) -> Outcome[p.Sent]:
         """Record a webhook's delivery (its signature checked by the caller): a handled
-        firing of the webhook's handler, deduplicated by the delivery's key."""
+        firing of the webhook's handler, deduplicated by the delivery's key, carrying
+        ``tags`` (the delivery's ``event`` and ``delivery``, as HTTP read them)."""
         self.counts.requests["webhook"] += 1
-        record = Record(webhook.handler, text, utc_now(), key, handled=True)
+        record = Record(webhook.handler, text, utc_now(), key, handled=True, tags=tags or {})
         return self.committer.execute(session_id, record).then(self._sent(msgspec.UNSET))
 
     def timer_for(self, req: p.Schedule) -> Timer:
@@ -412,6 +422,7 @@ class Engine:
             handler=handler,
             text=req.text,
             key=req.key,
+            tags=dict(check_tags(req.tags)) if req.tags else None,
         )
 
     def ping(self, req: p.Ping) -> p.Pong:
@@ -533,7 +544,9 @@ class Engine:
         Everything about the request is checked here, before anything runs:
         a refused wait changes nothing.
         """
-        check_cursor_name(req.cursor)
+        if req.cursor is not None:
+            check_cursor_name(req.cursor)
+        check_match(req.match)
         if not req.sessions:
             raise BadRequest("wait needs at least one session")
         ids = list(dict.fromkeys(req.sessions))
@@ -547,6 +560,8 @@ class Engine:
             if len(ids) != 1 or req.ack:
                 raise BadRequest("a wait with after is on one session, with no ack")
             check_seq(req.after)
+        if req.cursor is None and req.ack:
+            raise BadRequest("a wait with no cursor acknowledges nothing: give no ack")
         strays = sorted(set(req.ack) - set(ids))
         if strays:
             raise BadRequest(f"ack names {', '.join(strays)}, which the wait is not on")
@@ -556,12 +571,13 @@ class Engine:
         # every session must exist before any is acked (or read: a read is an evaluation)
         committer = committer or self.committer
         first: list[Outcome[Any]]
+        cursor = req.cursor or ""  # acks need a cursor: refused above without one
         if len(ids) == 1 and acks:  # the ack checks that its one session exists, in one step
-            first = [committer.ack_all(req.cursor, acks)]
+            first = [committer.ack_all(cursor, acks)]
         else:
             first = [committer.require(ids)]
             if acks:
-                first.append(committer.ack_all(req.cursor, acks))
+                first.append(committer.ack_all(cursor, acks))
         return Outcome.of(Wait(self, req, ids, first))
 
 
@@ -589,6 +605,7 @@ def _info(timer: Timer) -> p.TimerInfo:
         handler=timer.handler,
         text=timer.text,
         key=timer.key,
+        tags=timer.tags or {},
     )
 
 

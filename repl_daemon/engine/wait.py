@@ -56,7 +56,7 @@ class Wait(Job[p.Response]):
         "engine",
         "first",
         "ids",
-        "look",
+        "looks",
         "loop",
         "req",
         "state",
@@ -73,11 +73,14 @@ class Wait(Job[p.Response]):
         self.ids = ids
         #: what must be done before the first read: every session required, then the acks
         self.first = first
-        self.look: ReadCursor | ReadAfter = (
-            ReadCursor(req.cursor, req.max, touch=False)
-            if req.after is None
-            else ReadAfter(req.after, req.max)
+        look: ReadCursor | ReadAfter = (
+            ReadCursor(req.cursor, req.max, touch=False, match=req.match)
+            if req.after is None and req.cursor is not None
+            else ReadAfter(req.after, req.max, req.match)  # after None: the whole ring
         )
+        #: each session's next look: a matching wait goes on after the last seq it looked
+        #: at, so a firing that does not match is looked at once (rule R3)
+        self.looks = dict.fromkeys(ids, look)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.state = _State.STARTING
         self.done: Done[p.Response] | None = None
@@ -176,28 +179,34 @@ class Wait(Job[p.Response]):
     def _read(self) -> None:
         """Read every session of the wait (a look moves no cursor); answer, or block again."""
         self._check_open()
-        committer, look = self.engine.committer, self.look
+        committer, looks = self.engine.committer, self.looks
         batches: list[p.SessionBatch] = []
         for index, session_id in enumerate(self.ids):
             try:
-                read = committer.execute(session_id, look)
+                read = committer.execute(session_id, looks[session_id])
             except NoSuchSession:  # it existed when the wait began
                 raise committer.vanished(session_id) from None
             if read.job is not None or read.ticket is not None:
                 self._read_later(index, read, batches)  # a shared store's round trip
                 return
-            batch = read.value
-            if batch.firings or batch.lost:
-                batches.append(p.SessionBatch(session_id, batch.next, batch.lost, batch.firings))
+            self._looked(session_id, read.value, batches)
         self._have_read(batches)
+
+    def _looked(self, session_id: str, batch: Batch, batches: list[p.SessionBatch]) -> None:
+        """A look's batch: an answer when it has firings or a loss; else, for a matching
+        wait, the next look starts after the last seq this one looked at."""
+        if batch.firings or batch.lost:
+            batches.append(p.SessionBatch(session_id, batch.next, batch.lost, batch.firings))
+        elif self.req.match is not None:
+            self.looks[session_id] = ReadAfter(batch.next, self.req.max, self.req.match)
 
     def _read_later(self, index: int, read: Outcome[Batch], batches: list[p.SessionBatch]) -> None:
         """The reads from the session at ``index`` on, all at once (a wake meanwhile counts)."""
-        committer, look, ids = self.engine.committer, self.look, self.ids[index:]
+        committer, looks, ids = self.engine.committer, self.looks, self.ids[index:]
         reads = [read]
         for session_id in ids[1:]:
             try:
-                reads.append(committer.execute(session_id, look))
+                reads.append(committer.execute(session_id, looks[session_id]))
             except NoSuchSession:  # it existed when the wait began
                 raise committer.vanished(session_id) from None
 
@@ -208,10 +217,7 @@ class Wait(Job[p.Response]):
                 if error is not None:
                     raise error
                 assert batch is not None
-                if batch.firings or batch.lost:
-                    batches.append(
-                        p.SessionBatch(session_id, batch.next, batch.lost, batch.firings)
-                    )
+                self._looked(session_id, batch, batches)
             self._have_read(batches)
 
         self.state = _State.LOOKING

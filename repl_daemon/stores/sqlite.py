@@ -18,8 +18,9 @@ timers, SPEC §9: a firing and its timer's move or deletion are in one
 batch, so one transaction) and ``hooks`` (a session's webhook secret and
 handler, SPEC §10), and ``tokens`` (the scoped tokens, SPEC §11: a name, the
 SHA-256 of the secret, never the secret, and the scope). ``PRAGMA
-user_version`` holds the schema's version (3; a file of schema 1 or 2 gets
-the tables it lacks when opened).
+user_version`` holds the schema's version (4; a file of schema 1, 2 or 3
+gets the tables and columns it lacks when opened: schema 4 added the tags
+of firings and timers).
 
 Only one daemon may use a home at a time: the store holds an exclusive
 ``flock`` on ``repl.db.lock`` next to the database for as long as it is
@@ -46,7 +47,7 @@ import msgspec
 
 from session.delta import CursorState, Delta, Webhook, gap
 from session.errors import ReplError, StoreFailed
-from session.firing import Firing
+from session.firing import NO_TAGS, Firing
 from session.ring import check_limit
 from session.schedule import Timer
 from session.scopes import Scope, TokenRecord
@@ -54,7 +55,7 @@ from session.session import Snapshot, check_session_id
 
 log = logging.getLogger("repl.daemon")
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: how long a write waits for another program's lock on the file before it fails
 BUSY_TIMEOUT = 2.0
 #: the WAL file is cut back to this size once checkpointed
@@ -123,6 +124,25 @@ CREATE TABLE tokens (
     scope TEXT NOT NULL
 ) WITHOUT ROWID;
 """
+
+# schema 4 adds a firing's tags and a timer's (the tags its firings carry): JSON objects,
+# NULL when none (so a firing without tags costs nothing more than before)
+_SCHEMA_4 = """
+ALTER TABLE firings ADD COLUMN tags TEXT;
+ALTER TABLE timers ADD COLUMN tags TEXT;
+"""
+
+_tags_json = msgspec.json.Encoder()
+_tags_of = msgspec.json.Decoder(dict[str, str]).decode
+
+
+def _tags_column(tags: dict[str, str] | None) -> str | None:
+    return _tags_json.encode(tags).decode() if tags else None
+
+
+def _tags(column: str | None) -> dict[str, str]:
+    return NO_TAGS if column is None else _tags_of(column)
+
 
 # what a user can do about each kind of failure, by SQLite's error name
 _HINTS = {
@@ -199,8 +219,8 @@ class SqliteStore:
         (version,) = conn.execute("PRAGMA user_version").fetchone()
         if version == SCHEMA_VERSION:
             return
-        if version in (1, 2):  # written by the repl before timers, or before tokens
-            missing = (_SCHEMA_2 if version == 1 else "") + _SCHEMA_3
+        if version in (1, 2, 3):  # written by the repl before timers, tokens, or tags
+            missing = {1: _SCHEMA_2 + _SCHEMA_3, 2: _SCHEMA_3, 3: ""}[version] + _SCHEMA_4
             conn.executescript(
                 f"BEGIN IMMEDIATE; {missing} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
             )
@@ -217,7 +237,7 @@ class SqliteStore:
                 f"{', '.join(sorted(tables)[:5])}): move it away, or give the daemon another --home"
             )
         conn.executescript(
-            f"BEGIN IMMEDIATE; {_SCHEMA} {_SCHEMA_2} {_SCHEMA_3} "
+            f"BEGIN IMMEDIATE; {_SCHEMA} {_SCHEMA_2} {_SCHEMA_3} {_SCHEMA_4} "
             f"PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
         )
 
@@ -269,10 +289,11 @@ class SqliteStore:
     def _load_all(self, conn: sqlite3.Connection) -> list[Snapshot]:
         firings: defaultdict[str, list[Firing]] = defaultdict(list)
         rows = conn.execute(
-            "SELECT session, seq, handler, result, event, ts FROM firings ORDER BY session, seq"
+            "SELECT session, seq, handler, result, event, ts, tags FROM firings"
+            " ORDER BY session, seq"
         )
-        for session_id, seq, handler, result, event, ts in rows:
-            firings[session_id].append(Firing(seq, handler, result, event, ts))
+        for session_id, seq, handler, result, event, ts, tags in rows:
+            firings[session_id].append(Firing(seq, handler, result, event, ts, _tags(tags)))
         cursors: defaultdict[str, list[CursorState]] = defaultdict(list)
         rows = conn.execute(
             "SELECT session, name, seq, last_use FROM cursors ORDER BY session, last_use"
@@ -286,7 +307,7 @@ class SqliteStore:
             keys[session_id].append((key, seq))
         timers: defaultdict[str, list[Timer]] = defaultdict(list)
         for session_id, *timer in conn.execute(
-            "SELECT session, id, due_ms, every_ms, handler, text, key FROM timers"
+            "SELECT session, id, due_ms, every_ms, handler, text, key, tags FROM timers"
             " ORDER BY session, due_ms, id"
         ):
             timers[session_id].append(_timer(session_id, *timer))
@@ -332,9 +353,9 @@ class SqliteStore:
             return None
         limit, head, uses = row
         firings = [
-            Firing(*f)
-            for f in conn.execute(
-                "SELECT seq, handler, result, event, ts FROM firings"
+            Firing(seq, handler, result, event, ts, _tags(tags))
+            for seq, handler, result, event, ts, tags in conn.execute(
+                "SELECT seq, handler, result, event, ts, tags FROM firings"
                 " WHERE session = ? ORDER BY seq",
                 (session_id,),
             )
@@ -355,7 +376,7 @@ class SqliteStore:
         timers = [
             _timer(session_id, *t)
             for t in conn.execute(
-                "SELECT id, due_ms, every_ms, handler, text, key FROM timers"
+                "SELECT id, due_ms, every_ms, handler, text, key, tags FROM timers"
                 " WHERE session = ? ORDER BY due_ms, id",
                 (session_id,),
             )
@@ -470,9 +491,12 @@ def _apply(conn: sqlite3.Connection, delta: Delta) -> None:
     )
     if delta.firings:
         conn.executemany(
-            "INSERT INTO firings (session, seq, handler, result, event, ts)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
-            [(sid, f.seq, f.handler, f.result, f.event, f.ts) for f in delta.firings],
+            "INSERT INTO firings (session, seq, handler, result, event, ts, tags)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [
+                (sid, f.seq, f.handler, f.result, f.event, f.ts, _tags_column(f.tags))
+                for f in delta.firings
+            ],
         )
     if not delta.reset:
         conn.execute("DELETE FROM firings WHERE session = ? AND seq < ?", (sid, oldest))
@@ -496,9 +520,13 @@ def _apply(conn: sqlite3.Connection, delta: Delta) -> None:
         )
     if delta.timers:
         conn.executemany(
-            "INSERT OR REPLACE INTO timers (session, id, due_ms, every_ms, handler, text, key)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [(sid, t.id, t.due_ms, t.every_ms, t.handler, t.text, t.key) for t in delta.timers],
+            "INSERT OR REPLACE INTO timers"
+            " (session, id, due_ms, every_ms, handler, text, key, tags)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (sid, t.id, t.due_ms, t.every_ms, t.handler, t.text, t.key, _tags_column(t.tags))
+                for t in delta.timers
+            ],
         )
     if delta.keys:
         (top,) = conn.execute(
@@ -525,6 +553,7 @@ def _timer(
     handler: str,
     text: str,
     key: str | None,
+    tags: str | None,
 ) -> Timer:
     return Timer(
         id=timer_id,
@@ -534,6 +563,7 @@ def _timer(
         handler=handler,
         text=text,
         key=key,
+        tags=_tags(tags) or None,
     )
 
 

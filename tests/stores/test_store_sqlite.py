@@ -49,43 +49,54 @@ def test_the_file_has_the_documented_schema(tmp_path: Path) -> None:
     conn.close()
     assert columns == {
         "sessions": ["id", "limit", "head", "uses"],
-        "firings": ["session", "seq", "handler", "result", "event", "ts"],
+        "firings": ["session", "seq", "handler", "result", "event", "ts", "tags"],
         "cursors": ["session", "name", "seq", "last_use"],
         "keys": ["session", "key", "seq", "ord"],
-        "timers": ["session", "id", "due_ms", "every_ms", "handler", "text", "key"],
+        "timers": ["session", "id", "due_ms", "every_ms", "handler", "text", "key", "tags"],
         "hooks": ["session", "secret", "handler"],
     }
     assert count == (50,)
 
 
 @pytest.mark.parametrize(
-    ("version", "dropped"), [(1, ("timers", "hooks", "tokens")), (2, ("tokens",))]
+    ("version", "dropped"),
+    [(1, ("timers", "hooks", "tokens")), (2, ("tokens",)), (3, ())],
 )
 def test_an_older_file_opens_with_its_sessions_and_gains_the_newer_tables(
     tmp_path: Path, version: int, dropped: tuple[str, ...]
 ) -> None:
-    """A home written by the repl before timers (1) or before tokens (2): it opens, keeps
-    everything, and takes timers and tokens."""
+    """A home written by the repl before timers (1), before tokens (2) or before tags (3):
+    it opens, keeps everything, and takes timers, tokens and tagged firings."""
     db = tmp_path / "repl.db"
     filled(db, sessions=2, firings=5).close()
     with sqlite3.connect(db) as conn:  # back to what that repl wrote
         for table in dropped:
             conn.execute(f"DROP TABLE {table}")
+        conn.execute("ALTER TABLE firings DROP COLUMN tags")
+        if "timers" not in dropped:
+            conn.execute("ALTER TABLE timers DROP COLUMN tags")
         conn.execute(f"PRAGMA user_version = {version}")
     conn.close()
     store = SqliteStore(db)
     before = {snap.id: snap for snap in store.load()}
     assert sorted(before) == ["s0", "s1"] and before["s0"].head == 5
+    assert all(f.tags == {} for f in before["s0"].firings)
     m = Mirror("s0")
     m.session = Session.restore(before["s0"])
-    m.session.schedule(Timer(id="t1", session="s0", due_ms=5, handler="on-tick", text="x"))
+    tags = {"corr": "c-1", "reply-to": "me"}
+    m.session.schedule(
+        Timer(id="t1", session="s0", due_ms=5, handler="on-tick", text="x", tags={"k": "v"})
+    )
+    m.session.record("on-message", "tagged", "2026-12-01T00:00:00.000Z", tags=tags)
     store.write([m.delta()])
     token = TokenRecord("agent", digest("secret"), Scope(("team-a.*",), frozenset({READ})))
     store.put_token(token)
     store.close()
     store = SqliteStore(db)
-    (timer,) = {snap.id: snap for snap in store.load()}["s0"].timers
-    assert (timer.id, timer.due_ms, timer.handler) == ("t1", 5, "on-tick")
+    after = {snap.id: snap for snap in store.load()}["s0"]
+    (timer,) = after.timers
+    assert (timer.id, timer.due_ms, timer.handler, timer.tags) == ("t1", 5, "on-tick", {"k": "v"})
+    assert after.firings[-1].tags == tags and after.firings[0].tags == {}
     assert store.load_tokens() == [token]
     store.close()
     with sqlite3.connect(db) as conn:

@@ -1,0 +1,133 @@
+"""Tags on firings, and the matches that readers select firings by.
+
+A firing may carry up to ``MAX_TAGS`` tags, ``KEY=VALUE``: a key of
+``[a-z0-9][a-z0-9._-]{0,63}``, a value of any text up to ``MAX_TAG_VALUE``
+characters. They are stored with the firing like the rest of it, and a
+reader may ask only for the firings whose tags match: ``Match`` holds what
+must hold (every tag it names equal to its value, or only there when its
+value is None), and optionally the firing's handler. A match never changes
+what a read counts as lost or where its ``next`` is: it only leaves out
+the firings that do not match (docs/semantics.md, rules R1-R4).
+
+``correlation_id`` makes the fresh id that request/reply tags a request
+with; ``parse_tag`` and ``parse_match`` read the CLI's ``KEY=VALUE`` words.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Iterable, Mapping
+
+import msgspec
+
+from session.errors import BadTag
+
+#: the most tags a firing may carry
+MAX_TAGS = 16
+#: the longest a tag's value may be, in characters
+MAX_TAG_VALUE = 1024
+#: the tags request and reply use: where the reply goes, and which request it answers
+REPLY_TO, CORR = "reply-to", "corr"
+
+_KEY = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+
+#: a firing's tags: what it carries (an empty dict when none)
+Tags = dict[str, str]
+
+
+def check_tag_key(key: str) -> str:
+    if not _KEY.fullmatch(key):
+        raise BadTag(
+            f"tag key {key!r} is not 1-64 of a-z 0-9 . _ - starting with a letter or digit"
+        )
+    return key
+
+
+def check_tags(tags: Mapping[str, str]) -> Mapping[str, str]:
+    """``tags`` as a firing may carry them; ``BadTag`` naming the first thing wrong."""
+    if len(tags) > MAX_TAGS:
+        raise BadTag(f"{len(tags)} tags: a firing carries at most {MAX_TAGS}")
+    for key, value in tags.items():
+        check_tag_key(key)
+        if not isinstance(value, str):
+            raise BadTag(f"tag {key!r}: its value must be text")
+        if len(value) > MAX_TAG_VALUE:
+            raise BadTag(
+                f"tag {key!r}: its value is {len(value):,} characters, over {MAX_TAG_VALUE:,}"
+            )
+    return tags
+
+
+def parse_tag(word: str) -> tuple[str, str]:
+    """``KEY=VALUE`` (the CLI's ``--tag``) as its key and value, the key checked."""
+    key, sep, value = word.partition("=")
+    if not sep:
+        raise BadTag(f"tag {word!r} is not KEY=VALUE")
+    return check_tag_key(key), value
+
+
+def parse_tags(words: Iterable[str]) -> Tags:
+    """The ``--tag`` words as tags; a key given twice is refused (which would win?)."""
+    tags: Tags = {}
+    for word in words:
+        key, value = parse_tag(word)
+        if key in tags:
+            raise BadTag(f"tag {key!r} is given twice")
+        tags[key] = value
+    check_tags(tags)
+    return tags
+
+
+class Match(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What a firing must be for a matching reader: each of ``tags`` there, with its value
+    (None: any value), and of ``handler`` when it names one."""
+
+    tags: dict[str, str | None] = msgspec.field(default_factory=dict)
+    handler: str | None = None
+
+    def check(self) -> Match:
+        if not self.tags and self.handler is None:
+            raise BadTag("a match names at least one tag or a handler")
+        if len(self.tags) > MAX_TAGS:
+            raise BadTag(f"a match names {len(self.tags)} tags, over the {MAX_TAGS} a firing has")
+        for key, value in self.tags.items():
+            check_tag_key(key)
+            if value is not None and len(value) > MAX_TAG_VALUE:
+                raise BadTag(f"match {key!r}: its value is over {MAX_TAG_VALUE:,} characters")
+        return self
+
+    def holds(self, handler: str, tags: Mapping[str, str]) -> bool:
+        """Whether a firing of ``handler`` carrying ``tags`` matches."""
+        if self.handler is not None and handler != self.handler:
+            return False
+        for key, value in self.tags.items():
+            have = tags.get(key)
+            if have is None or (value is not None and have != value):
+                return False
+        return True
+
+    @property
+    def needs_tags(self) -> bool:
+        """Whether only a firing with tags can match (one without any never does)."""
+        return bool(self.tags)
+
+
+def parse_match(words: Iterable[str], handler: str | None = None) -> Match | None:
+    """The ``--match`` words (``KEY=VALUE`` or ``KEY``) and ``--handler``: all must hold.
+    None when there are none."""
+    tags: dict[str, str | None] = {}
+    for word in words:
+        key, sep, value = word.partition("=")
+        check_tag_key(key)
+        if key in tags:
+            raise BadTag(f"--match {key!r} is given twice")
+        tags[key] = value if sep else None
+    if not tags and handler is None:
+        return None
+    return Match(tags, handler).check()
+
+
+def correlation_id() -> str:
+    """A fresh id for a request's ``corr`` tag: 96 random bits, never reused in practice."""
+    return f"c-{secrets.token_hex(12)}"
