@@ -603,7 +603,12 @@ async def serve_http(
     from session.errors import CannotListen
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not the default 0: asyncio sets TCP_NODELAY on an accepted connection
+    # only when its socket says TCP (uvloop always does). uvicorn writes an answer's head
+    # and its body apart, and with Nagle's algorithm on, the body waited for the ACK of
+    # the head, which the client delays: 40 ms for every answer after the first on a
+    # keep-alive connection (tests/http/test_http_inprocess.py)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
