@@ -10,6 +10,7 @@ here), on the asyncio loop, which is what ``pip install 'repl-inbox[http]'`` run
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 from collections.abc import Iterator
@@ -100,6 +101,50 @@ async def test_keep_alive_answers_are_not_held_back_by_nagle() -> None:
             assert conn.sock is not None  # still open: both answers came on it
             with accepted(conn.sock.getsockname()) as server_side:
                 assert server_side.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+        finally:
+            conn.close()
+        tg.cancel_scope.cancel()
+
+
+async def test_a_failure_of_the_daemons_own_is_a_json_500_and_the_daemon_serves_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bug in a route (here: the health check made to raise) is 500 ``internal`` in the
+    daemon's JSON, not Starlette's plain text; the next request is served."""
+    engine = open_engine(MemoryStore(), settle=0)
+    calls = []
+
+    async def broken() -> str | None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a bug")
+        return None
+
+    monkeypatch.setattr(engine, "health", broken)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.run)
+        port = await tg.start(http.serve_http, engine, "127.0.0.1", 0, "tok", 5.0)
+        conn = HTTPConnection("127.0.0.1", port, timeout=10)
+
+        def healthz() -> tuple[int, str, bytes]:
+            conn.request("GET", "/healthz")
+            answer = conn.getresponse()
+            return answer.status, answer.getheader("content-type", ""), answer.read()
+
+        try:
+            status, kind, body = await anyio.to_thread.run_sync(healthz)
+            assert (status, kind) == (500, "application/json")
+            assert json.loads(body) == {
+                "code": "internal",
+                "message": "the daemon failed on this request: its log (daemon.log in its "
+                "state directory) says why",
+            }
+            conn.close()
+            assert await anyio.to_thread.run_sync(healthz) == (
+                200,
+                "application/json",
+                b'{"ok":true}',
+            )
         finally:
             conn.close()
         tg.cancel_scope.cancel()

@@ -47,8 +47,15 @@ def url(web: DaemonProc) -> str:
     return f"http://127.0.0.1:{web.http_port}/"
 
 
-def logged_in(browser: Any, web: DaemonProc, **context: Any) -> Any:
+def logged_in(
+    browser: Any, web: DaemonProc, errors: list[str] | None = None, **context: Any
+) -> Any:
+    """A page past its login; ``errors`` collects what its console says is an error (a
+    resource that failed to load is one: the favicon's 404 was)."""
     page = browser.new_context(**context).new_page()
+    if errors is not None:
+        page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+        page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(url(web))
     page.fill("#token", web.token)
     page.click("#login button[type=submit]")
@@ -62,7 +69,8 @@ def test_the_page_follows_a_session_live_and_sends_from_its_box(
     repl = Repl(web)
     repl.ok("start", "page-live")
     repl.ok("send", "page-live", "sent before the page opened")
-    page = logged_in(browser, web, viewport={"width": 1280, "height": 800})
+    errors: list[str] = []
+    page = logged_in(browser, web, errors, viewport={"width": 1280, "height": 800})
     row = page.locator("#sessions tbody tr[data-id='page-live']")
     row.wait_for(timeout=SHOWN_WITHIN_MS)
     assert row.locator("td").nth(1).inner_text() == "1"  # its head
@@ -83,6 +91,13 @@ def test_the_page_follows_a_session_live_and_sends_from_its_box(
     page.reload()
     page.wait_for_selector("#app:not([hidden])", timeout=SHOWN_WITHIN_MS)
     assert page.locator("#login").is_hidden()
+    # the icon it links is what the browser shows, and nothing it loaded failed
+    icon = page.evaluate(
+        "fetch(document.querySelector('link[rel=icon]').href)"
+        ".then(r => [r.status, r.headers.get('content-type')])"
+    )
+    assert icon == [200, "image/svg+xml"]
+    assert errors == []
     page.context.close()
 
 
