@@ -17,7 +17,8 @@ has a new firing; a client that goes away ends its wait at once.
   before a gap; from ``Last-Event-ID`` or ``?after=N``, else from the head;
   a comment line every 15 s.
 - ``POST /hooks/{id}``: a webhook's delivery, signed as GitHub signs it (no
-  token: it carries its own secret).
+  token: it carries its own secret); one 401 for a wrong signature, no
+  webhook and no session alike.
 - ``GET /sessions``, ``GET /metrics`` (Prometheus, prometheus_client), and
   ``GET /healthz`` (no token; 503 when the store fails).
 - ``GET /`` and ``/static/...``: the page (``web/``); ``GET /favicon.ico`` its
@@ -52,6 +53,7 @@ import hmac
 import json
 import logging
 import re
+import secrets
 import socket
 import ssl
 from collections import Counter
@@ -74,7 +76,6 @@ from session.errors import (
     IdleTimeout,
     LineTooLong,
     NoSuchSession,
-    NoSuchWebhook,
     ReplError,
     Unauthorized,
 )
@@ -183,6 +184,9 @@ class Api:
     def __init__(self, engine: Engine, token: str) -> None:
         self.engine = engine
         self._token = token.encode()
+        #: what a delivery to no webhook is signed against, so that it costs what a real
+        #: one does: a secret of this process's alone, never stored, never told
+        self._nobodys_secret = secrets.token_bytes(32)
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -351,28 +355,31 @@ class Api:
         The signature is GitHub's: ``sha256=`` and the HMAC-SHA256 of the raw
         body with the session's secret, compared in constant time. The
         delivery id (``X-GitHub-Delivery``, else ``Idempotency-Key``) is the
-        dedup key, so a redelivery records nothing. A wrong or missing
-        signature is 401; a session without a webhook 404.
+        dedup key, so a redelivery records nothing.
+
+        The route needs no token, so its answer must not tell anyone who can
+        reach the port which sessions exist or have a webhook: a wrong or
+        missing signature, a session without a webhook, one that does not
+        exist and an id that is not one are the same 401, byte for byte, after
+        the same work (the body read, an HMAC made and compared: with a secret
+        nobody has when there is no webhook).
         """
         session_id = request.path_params["id"]
-        no_webhook = NoSuchWebhook(
-            f"no webhook for session {_shown(session_id)}: give it one with "
-            "`repl webhook ID --secret-file FILE`"
-        )
-        try:  # before the body is read: a hook nobody set costs no 1 MiB upload
+        try:
             webhook = await self.engine.committer.execute(session_id, GetWebhook()).result()
-        except (NoSuchSession, BadSessionId):  # the same answer: no token, so no probing ids
-            raise no_webhook from None
-        if webhook is None:
-            raise no_webhook
-        body = await _body(request)
+        except (NoSuchSession, BadSessionId):
+            webhook = None
+        body = await _body(request)  # a body over 1 MiB is 413 whichever it is
         given = request.headers.get("x-hub-signature-256", "")
-        digest = hmac.new(webhook.secret.encode(), body, hashlib.sha256).hexdigest()
-        if not hmac.compare_digest(given.encode(), f"sha256={digest}".encode()):
+        secret = self._nobodys_secret if webhook is None else webhook.secret.encode()
+        digest = hmac.new(secret, body, hashlib.sha256).hexdigest()
+        signed = hmac.compare_digest(given.encode(), f"sha256={digest}".encode())
+        if webhook is None or not signed:
             what = "a wrong" if given else "no"
             raise Unauthorized(
-                f"{what} X-Hub-Signature-256: sign the body with the webhook's secret "
-                "(HMAC-SHA256, as GitHub does)"
+                f"{what} X-Hub-Signature-256: sign the body with the session's webhook secret "
+                "(HMAC-SHA256, as GitHub does; `repl webhook ID --secret-file FILE` gives "
+                "one); a session without a webhook, or none at all, is answered the same"
             )
         try:
             text = body.decode()
