@@ -143,6 +143,13 @@ STATUS: dict[str, int] = {
     Code.INTERNAL: 500,
 }
 
+#: what a request with no token is told: which tokens are taken, and where the root's is,
+#: without the daemon's path (the client is not authenticated)
+NO_TOKEN = (
+    "no token: give Authorization: Bearer TOKEN, with the daemon's root token (the `token` "
+    "file in its state directory) or one made by `repl token add`"
+)
+
 _json = msgspec.json.Encoder()
 
 
@@ -179,7 +186,7 @@ def json_response(value: Any, status: int = 200) -> Response:
 
 
 class Api:
-    """The routes, over one engine and the daemon's token."""
+    """The routes, over one engine and the daemon's root token."""
 
     def __init__(self, engine: Engine, token: str) -> None:
         self.engine = engine
@@ -194,7 +201,7 @@ class Api:
         """The request's token: None for the root; ``Unauthorized`` for none or a wrong one."""
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
-            raise Unauthorized("give the daemon's token as Authorization: Bearer TOKEN")
+            raise Unauthorized(NO_TOKEN)
         return await self.engine.authenticate(given.strip(), self._token).result()
 
     async def call(self, req: p.AnyRequest, request: Request) -> p.Response:

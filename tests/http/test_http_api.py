@@ -171,6 +171,25 @@ def test_every_data_route_needs_the_token(
     )
 
 
+@pytest.mark.parametrize("token", [None, "wrong", "Basic"])
+def test_a_401_says_which_tokens_are_taken_and_not_where_the_daemon_keeps_its_own(
+    web_api: Web, token: str | None
+) -> None:
+    """An unauthenticated client is told what to give: the root token (the ``token`` file
+    in the daemon's state directory) or one made by ``repl token add``, which is taken too
+    (it once said "the daemon's token", as if none other were); not the daemon's path,
+    which it has no business knowing."""
+    headers = {"Authorization": "Basic dXNlcjpwdw=="} if token == "Basic" else {}
+    sent = None if token in (None, "Basic") else token
+    status, _, body = web_api.request("GET", "/sessions", headers=headers, token=sent)
+    assert (status, body["code"]) == (401, "unauthorized")
+    message = body["message"]
+    assert "root token (the `token` file in its state directory)" in message, message
+    assert "`repl token add`" in message, message
+    home = web_api.daemon.home
+    assert str(home) not in message and str(home.resolve()) not in message
+
+
 def test_a_send_is_201_then_200_for_its_idempotency_key(web_api: Web) -> None:
     s = web_api.session()
     assert web_api.send(s, "deploy 42", **{"Idempotency-Key": "d42"}) == (
