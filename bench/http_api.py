@@ -12,6 +12,14 @@ client.
 - send round trip: ``POST /sessions/{id}/firings`` one at a time on one
   keep-alive connection, alternating request by request with a ``send`` of
   the line protocol on one connection (another session), after a warm-up.
+- the same with a stock client: the standard library's ``http.client`` on
+  one keep-alive connection, against a ``--memory`` daemon on the asyncio
+  loop (what ``pip install 'repl-inbox[http]'`` runs: no uvloop), the line
+  protocol's ``send`` on that daemon beside it. It is the row that shows an answer held
+  back on a keep-alive connection (Nagle's algorithm and the client's
+  delayed ACK: 40 ms each before the daemon set ``TCP_NODELAY``), which the
+  row above, on uvloop when it is installed, could not: uvloop sets
+  ``TCP_NODELAY`` itself.
 - wake: one event stream (``GET /sessions/{id}/events``) in a child process
   (bench/waiters.py), woken by a ``send`` over TCP; the reference is one
   ``wait`` blocked in the same kind of child, re-issued with its ack each
@@ -33,9 +41,11 @@ directory is on ``sys.path``, and it would shadow the standard library's.
 from __future__ import annotations
 
 import asyncio
+import json
 import statistics
 import time
 from dataclasses import dataclass
+from http.client import HTTPConnection
 from importlib.util import find_spec
 
 from bench.clients import (
@@ -57,7 +67,7 @@ from bench.measure import (
     send_request,
     stats,
 )
-from bench.procs import BenchError, Daemon, raise_nofile, rss_bytes
+from bench.procs import HOST, BenchError, Daemon, raise_nofile, rss_bytes
 from bench.table import Goal, Row
 from bench.waiters import repl_rounds
 
@@ -67,7 +77,7 @@ HTTP_HINT = (
     "the http rows need the http extra (Starlette, uvicorn, sse-starlette, prometheus_client): "
     "`pip install -e '.[http]'` (the test extra has it too)"
 )
-KEYS = ("http_rt", "http_wake", "http_fanout", "http_mem")
+KEYS = ("http_rt", "http_keepalive", "http_wake", "http_fanout", "http_mem")
 
 
 def http_missing() -> bool:
@@ -111,6 +121,59 @@ async def round_trips(daemon: Daemon, s: Sizes) -> tuple[list[int], list[int]]:
     finally:
         await line.close()
         await web.close()
+
+
+# -- a stock client on one keep-alive connection ---------------------------------
+
+
+async def stock_round_trips(daemon: Daemon, s: Sizes) -> tuple[list[int], list[int]]:
+    """Nanoseconds per POST of ``http.client`` on one keep-alive connection, and per send of
+    the line protocol, alternating, after a warm-up. ``http.client`` blocks: each POST runs
+    in a thread and is timed there, so the hop to the thread is not counted."""
+    line = await LineClient.connect(daemon.port, daemon.token)
+    conn = HTTPConnection(HOST, daemon.http_port, timeout=30)
+    path = "/sessions/ka-http/firings"
+    body = PAYLOAD.encode()
+    headers = {
+        "Authorization": f"Bearer {daemon.token}",
+        "Content-Type": "text/plain; charset=utf-8",
+    }
+    kept: list[object] = []  # the connection's socket: the same one for every POST
+
+    def post(seq: int) -> int:
+        t0 = time.perf_counter_ns()
+        conn.request("POST", path, body, headers)
+        answer = conn.getresponse()
+        data = answer.read()
+        t1 = time.perf_counter_ns()
+        if answer.status != 201 or json.loads(data) != {"seq": seq, "duplicate": False}:
+            raise BenchError(f"POST {path} #{seq} answered {answer.status} {data[:200]!r}")
+        kept.append(conn.sock)
+        if conn.sock is None or conn.sock is not kept[0]:
+            raise BenchError(f"POST {path} #{seq}: the keep-alive connection was not kept")
+        return t1 - t0
+
+    try:
+        for session in ("ka-http", "ka-line"):
+            await line.ok({"op": "start", "session": session})
+        request = send_request("ka-line")
+        over_http: list[int] = []
+        over_line: list[int] = []
+        for i in range(s.http_warmup + s.http_round_trips):
+            took = await asyncio.to_thread(post, i + 1)
+            t2 = time.perf_counter_ns()
+            sent = await line.call(request)
+            t3 = time.perf_counter_ns()
+            if not sent.get("ok"):
+                raise BenchError(f"send failed: {sent}")
+            if i >= s.http_warmup:
+                over_http.append(took)
+                over_line.append(t3 - t2)
+            kept[1:] = []
+        return over_http, over_line
+    finally:
+        conn.close()
+        await line.close()
 
 
 # -- wake and fan-out ------------------------------------------------------------
@@ -222,6 +285,12 @@ def http_rows(s: Sizes) -> list[Row]:
             Goal("report", 0, "report (× line protocol send)"),
         ),
         Row(
+            "http_keepalive",
+            f"HTTP send round trip p50, stock client (http.client, {s.http_round_trips:,} "
+            "POSTs on one keep-alive connection, asyncio loop, --memory), ms",
+            Goal("report", 0, "report (× line protocol send)"),
+        ),
+        Row(
             "http_wake",
             "SSE wake latency p50 (one event stream, woken by a TCP send, settle 0), ms",
             Goal("report", 0, "report (× a blocked TCP wait)"),
@@ -270,11 +339,21 @@ def http(setup: Setup, rows: dict[str, Row]) -> None:
         over_http, over_line, wake, fan = run_async(sends_and_wakes(daemon), s.deadline_s)
     rows["http_rt"].repl = ms(over_http, 0.5)
     rows["http_rt"].reference = ms(over_line, 0.5)
+    # a daemon of its own, on asyncio whether or not uvloop is here (this module's top), in
+    # memory: what this row is about is the connection, not the disk
+    stock = Daemon(setup.dir("http-stock-daemon"), memory=True, http=True, loop="asyncio")
+    with stock.start() as daemon:
+        stock_http, stock_line = run_async(stock_round_trips(daemon, s), s.deadline_s)
+    rows["http_keepalive"].repl = ms(stock_http, 0.5)
+    rows["http_keepalive"].reference = ms(stock_line, 0.5)
     rows["http_wake"].repl = ms(wake.sse, 0.5)
     rows["http_wake"].reference = ms(wake.tcp, 0.5)
     rows["http_fanout"].repl = statistics.median(fan.sse) / 1e6
     rows["http_fanout"].reference = statistics.median(fan.tcp) / 1e6
     setup.notes.append(p50_p99("HTTP send round trip", over_http, over_line))
+    setup.notes.append(
+        p50_p99("HTTP send round trip, http.client, asyncio loop", stock_http, stock_line)
+    )
     setup.notes.append(p50_p99(f"SSE wake ({s.http_wakes} wakes)", wake.sse, wake.tcp))
     setup.notes.append(
         f"SSE fan-out: median of {s.fanout_rounds} rounds (ms): event streams "

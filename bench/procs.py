@@ -184,7 +184,8 @@ class Daemon(Child):
     ``store`` (a ``redis://`` URL) shares sessions with the other daemons on
     that Redis instead of keeping them in the home's SQLite file. ``http``
     serves HTTP too (``--http 127.0.0.1:0``, which needs the ``http``
-    extra), on the port the daemon announces second: ``http_port``.
+    extra), on the port the daemon announces second: ``http_port``. ``loop`` is
+    ``--loop`` (``asyncio`` or ``uvloop``; the daemon's own ``auto`` when None).
     """
 
     name = "daemon"
@@ -198,6 +199,7 @@ class Daemon(Child):
         max_connections: int | None = None,
         store: str | None = None,
         http: bool = False,
+        loop: str | None = None,
     ) -> None:
         super().__init__(workdir)
         self.home = workdir / "home"
@@ -207,6 +209,7 @@ class Daemon(Child):
         self.store = store
         self.http = http
         self.http_port = 0
+        self.loop = loop
 
     def argv(self) -> list[str]:
         argv = [sys.executable, "-m", "repl_daemon", "--addr", f"{HOST}:0"]
@@ -219,6 +222,8 @@ class Daemon(Child):
             argv += ["--max-connections", str(self.max_connections)]
         if self.http:
             argv += ["--http", f"{HOST}:0"]
+        if self.loop is not None:
+            argv += ["--loop", self.loop]
         return argv
 
     def start(self, deadline_s: float = 300.0) -> Self:

@@ -17,9 +17,12 @@ has a new firing; a client that goes away ends its wait at once.
   before a gap; from ``Last-Event-ID`` or ``?after=N``, else from the head;
   a comment line every 15 s.
 - ``POST /hooks/{id}``: a webhook's delivery, signed as GitHub signs it (no
-  token: it carries its own secret).
+  token: it carries its own secret); one 401 for a wrong signature, no
+  webhook and no session alike.
 - ``GET /sessions``, ``GET /metrics`` (Prometheus, prometheus_client), and
   ``GET /healthz`` (no token; 503 when the store fails).
+- ``GET /`` and ``/static/...``: the page (``web/``); ``GET /favicon.ico`` its
+  icon, which a browser asks for by itself (no token for any of them).
 
 Every data route needs ``Authorization: Bearer TOKEN``: the daemon's root
 token or a scoped one (SPEC §11), checked by the engine as the line
@@ -30,7 +33,12 @@ answers 404 as a missing one), a right it lacks is 403, and ``/metrics``
 blocked requests and event streams at once (``event: error``, code
 ``unauthorized``). Errors are JSON ``{"code",
 "message"}`` with the wire code of ``session.errors``; a missing session is
-404, a body over 1 MiB 413, a request the daemon cannot take 400.
+404, a body over 1 MiB 413, a request the daemon cannot take 400. So are the
+refusals the libraries would make in plain text: no route (404) or a method
+its route does not serve (405) are ``unknown_op``, as an unknown op is over
+the line protocol; a request uvicorn cannot parse is 400 ``bad_request``; a
+connection past ``--max-connections`` 503 ``too_many``; a failure of the
+daemon's own 500 ``internal``.
 
 The extra ``repl[http]`` brings Starlette, uvicorn and sse-starlette; without
 it ``--http`` stops the daemon at start with the ``pip install`` to run.
@@ -45,9 +53,11 @@ import hmac
 import json
 import logging
 import re
+import secrets
 import socket
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,7 +76,6 @@ from session.errors import (
     IdleTimeout,
     LineTooLong,
     NoSuchSession,
-    NoSuchWebhook,
     ReplError,
     Unauthorized,
 )
@@ -94,6 +103,13 @@ BODY_TIMEOUT = 30.0
 
 #: the page's files (``GET /`` and ``/static/...``), shipped in the package
 WEB = Path(__file__).with_name("web")
+#: the icon's type: an SVG, at /static/favicon.svg and at /favicon.ico
+SVG = "image/svg+xml"
+#: what a 404 of no route names, so the caller finds the right path
+ROUTES = (
+    "the routes are /sessions, /sessions/ID/firings, /sessions/ID/events, /hooks/ID, "
+    "/metrics, /healthz and the page at /"
+)
 #: the page loads nothing from anywhere else, and runs no script it did not ship
 PAGE_HEADERS = {
     "Content-Security-Policy": (
@@ -127,6 +143,13 @@ STATUS: dict[str, int] = {
     Code.INTERNAL: 500,
 }
 
+#: what a request with no token is told: which tokens are taken, and where the root's is,
+#: without the daemon's path (the client is not authenticated)
+NO_TOKEN = (
+    "no token: give Authorization: Bearer TOKEN, with the daemon's root token (the `token` "
+    "file in its state directory) or one made by `repl token add`"
+)
+
 _json = msgspec.json.Encoder()
 
 
@@ -142,13 +165,18 @@ def check_installed() -> None:
 
 
 def error_response(
-    code: str, message: str, status: int | None = None, headers: dict[str, str] | None = None
+    code: str, message: str, status: int | None = None, headers: Mapping[str, str] | None = None
 ) -> Response:
     from starlette.responses import Response
 
     status = STATUS.get(code, 400) if status is None else status
-    body = _json.encode({"code": code, "message": message})
-    return Response(body, status, headers=headers, media_type="application/json")
+    return Response(
+        error_body(code, message), status, headers=headers, media_type="application/json"
+    )
+
+
+def error_body(code: str, message: str) -> bytes:
+    return _json.encode({"code": code, "message": message})
 
 
 def json_response(value: Any, status: int = 200) -> Response:
@@ -158,11 +186,14 @@ def json_response(value: Any, status: int = 200) -> Response:
 
 
 class Api:
-    """The routes, over one engine and the daemon's token."""
+    """The routes, over one engine and the daemon's root token."""
 
     def __init__(self, engine: Engine, token: str) -> None:
         self.engine = engine
         self._token = token.encode()
+        #: what a delivery to no webhook is signed against, so that it costs what a real
+        #: one does: a secret of this process's alone, never stored, never told
+        self._nobodys_secret = secrets.token_bytes(32)
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -170,7 +201,7 @@ class Api:
         """The request's token: None for the root; ``Unauthorized`` for none or a wrong one."""
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
-            raise Unauthorized("give the daemon's token as Authorization: Bearer TOKEN")
+            raise Unauthorized(NO_TOKEN)
         return await self.engine.authenticate(given.strip(), self._token).result()
 
     async def call(self, req: p.AnyRequest, request: Request) -> p.Response:
@@ -280,6 +311,45 @@ class Api:
 
         return FileResponse(WEB / "index.html", headers=PAGE_HEADERS)
 
+    async def favicon(self, request: Request) -> Response:
+        """``/favicon.ico``, which a browser asks for by itself: the page's icon (an SVG, which
+        a browser takes by its type whatever the name)."""
+        from starlette.responses import FileResponse
+
+        return FileResponse(WEB / "favicon.svg", headers=PAGE_HEADERS, media_type=SVG)
+
+    async def refused(self, request: Request, exc: Exception) -> Response:
+        """Starlette's own refusals as the daemon's JSON: no route is 404 and a method its
+        route does not serve 405 (with ``Allow``), both ``unknown_op``, as an op the daemon
+        does not know is over the line protocol; a page file that is not there is a 404 of
+        the same kind."""
+        from starlette.exceptions import HTTPException
+
+        assert isinstance(exc, HTTPException)
+        path = _shown(request.url.path)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # Starlette joins a set: in order, the same every time
+            allowed = ", ".join(sorted(headers.get("Allow", "").replace(" ", "").split(",")))
+            headers["Allow"] = allowed
+            message = f"{request.method} is not served on {path}: it takes {allowed}"
+        elif exc.status_code == 404:
+            message = f"no route {request.method} {path}: {ROUTES}"
+        else:  # the page's files refuse nothing else, but a status is kept as it came
+            message = exc.detail
+        code = Code.UNKNOWN_OP if exc.status_code in (404, 405) else Code.BAD_REQUEST
+        self.engine.counts.errors[code.value] += 1
+        return error_response(code, message, exc.status_code, headers)
+
+    async def failed(self, request: Request, exc: Exception) -> Response:
+        """A failure of the daemon's own (a bug): 500 ``internal``, as JSON; uvicorn logs the
+        traceback."""
+        self.engine.counts.errors[Code.INTERNAL.value] += 1
+        return error_response(
+            Code.INTERNAL,
+            "the daemon failed on this request: its log (daemon.log in its state directory) "
+            "says why",
+        )
+
     async def healthz(self, request: Request) -> Response:
         problem = await self.engine.health()
         if problem is None:
@@ -292,28 +362,31 @@ class Api:
         The signature is GitHub's: ``sha256=`` and the HMAC-SHA256 of the raw
         body with the session's secret, compared in constant time. The
         delivery id (``X-GitHub-Delivery``, else ``Idempotency-Key``) is the
-        dedup key, so a redelivery records nothing. A wrong or missing
-        signature is 401; a session without a webhook 404.
+        dedup key, so a redelivery records nothing.
+
+        The route needs no token, so its answer must not tell anyone who can
+        reach the port which sessions exist or have a webhook: a wrong or
+        missing signature, a session without a webhook, one that does not
+        exist and an id that is not one are the same 401, byte for byte, after
+        the same work (the body read, an HMAC made and compared: with a secret
+        nobody has when there is no webhook).
         """
         session_id = request.path_params["id"]
-        no_webhook = NoSuchWebhook(
-            f"no webhook for session {_shown(session_id)}: give it one with "
-            "`repl webhook ID --secret-file FILE`"
-        )
-        try:  # before the body is read: a hook nobody set costs no 1 MiB upload
+        try:
             webhook = await self.engine.committer.execute(session_id, GetWebhook()).result()
-        except (NoSuchSession, BadSessionId):  # the same answer: no token, so no probing ids
-            raise no_webhook from None
-        if webhook is None:
-            raise no_webhook
-        body = await _body(request)
+        except (NoSuchSession, BadSessionId):
+            webhook = None
+        body = await _body(request)  # a body over 1 MiB is 413 whichever it is
         given = request.headers.get("x-hub-signature-256", "")
-        digest = hmac.new(webhook.secret.encode(), body, hashlib.sha256).hexdigest()
-        if not hmac.compare_digest(given.encode(), f"sha256={digest}".encode()):
+        secret = self._nobodys_secret if webhook is None else webhook.secret.encode()
+        digest = hmac.new(secret, body, hashlib.sha256).hexdigest()
+        signed = hmac.compare_digest(given.encode(), f"sha256={digest}".encode())
+        if webhook is None or not signed:
             what = "a wrong" if given else "no"
             raise Unauthorized(
-                f"{what} X-Hub-Signature-256: sign the body with the webhook's secret "
-                "(HMAC-SHA256, as GitHub does)"
+                f"{what} X-Hub-Signature-256: sign the body with the session's webhook secret "
+                "(HMAC-SHA256, as GitHub does; `repl webhook ID --secret-file FILE` gives "
+                "one); a session without a webhook, or none at all, is answered the same"
             )
         try:
             text = body.decode()
@@ -559,6 +632,7 @@ def _number(request: Request, name: str, default: int | None) -> int | None:
 def make_app(engine: Engine, token: str) -> Any:
     """The Starlette app of the daemon's HTTP routes."""
     from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
     from starlette.routing import Mount, Route
 
     api = Api(engine, token)
@@ -567,6 +641,7 @@ def make_app(engine: Engine, token: str) -> Any:
         # the page and its files need no token: they hold no data until it is given
         Route("/", guarded(api.page, open=True), methods=["GET"]),
         Mount("/static", app=_Static(directory=WEB), name="static"),
+        Route("/favicon.ico", guarded(api.favicon, open=True), methods=["GET"]),
         # one route for both methods, so a 405's Allow lists every method it serves
         Route("/sessions/{id}/firings", guarded(api.firings), methods=["GET", "POST"]),
         Route("/sessions/{id}/events", guarded(api.events), methods=["GET"]),
@@ -576,7 +651,9 @@ def make_app(engine: Engine, token: str) -> Any:
         # a webhook carries its own secret: no token
         Route("/hooks/{id}", guarded(api.hook, open=True), methods=["POST"]),
     ]
-    return Starlette(routes=routes)
+    return Starlette(
+        routes=routes, exception_handlers={HTTPException: api.refused, Exception: api.failed}
+    )
 
 
 async def serve_http(
@@ -603,7 +680,12 @@ async def serve_http(
     from session.errors import CannotListen
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not the default 0: asyncio sets TCP_NODELAY on an accepted connection
+    # only when its socket says TCP (uvloop always does). uvicorn writes an answer's head
+    # and its body apart, and with Nagle's algorithm on, the body waited for the ACK of
+    # the head, which the client delays: 40 ms for every answer after the first on a
+    # keep-alive connection (tests/http/test_http_inprocess.py)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
@@ -614,7 +696,7 @@ async def serve_http(
         raise CannotListen(f"cannot serve HTTP on {host}:{port}: {exc.strerror}") from None
     config = uvicorn.Config(
         make_app(engine, token),
-        http=_protocol_class(idle_timeout),
+        http=_protocol_class(idle_timeout, max_connections, engine.counts.errors),
         log_level="warning",
         access_log=False,
         lifespan="off",
@@ -622,9 +704,8 @@ async def serve_http(
         server_header=False,
         timeout_keep_alive=max(1, int(idle_timeout)),
         timeout_graceful_shutdown=1,
-        # past --max-connections (HTTP's own count), uvicorn answers 503 and closes; it
-        # counts the connection asking too, hence the one more
-        limit_concurrency=max_connections + 1,
+        # no limit_concurrency: the protocol class keeps --max-connections, so that what is
+        # past it is answered in JSON as every other refusal
         h11_max_incomplete_event_size=64 * 1024,
     )
     if tls is not None:  # the daemon's own context (SPEC §12), shared with the protocol's
@@ -642,8 +723,14 @@ async def serve_http(
         sock.close()
 
 
-def _protocol_class(deadline: float) -> Any:
-    """uvicorn's h11 protocol, with a deadline for each request's headers.
+def _json_headers(length: int, *, close: bool = False) -> list[tuple[bytes, bytes]]:
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % length)]
+    return [*headers, (b"connection", b"close")] if close else headers
+
+
+def _protocol_class(deadline: float, max_connections: int, errors: Counter[str]) -> Any:
+    """uvicorn's h11 protocol, with a deadline for each request's headers, and the refusals
+    uvicorn makes itself in the daemon's JSON.
 
     uvicorn closes a connection idle between requests (its keep-alive
     timeout), but not one whose request never finishes arriving: a client
@@ -652,11 +739,53 @@ def _protocol_class(deadline: float) -> Any:
     request in progress ``deadline`` seconds after it opened or after its
     last response, as the line protocol's idle timeout does; an event
     stream, a request in progress, is never cut.
+
+    A request h11 cannot parse is 400 ``bad_request`` (uvicorn's own answer
+    is plain text), and one that arrives while the HTTP connections are
+    past ``max_connections`` 503 ``too_many`` (uvicorn's ``limit_concurrency``
+    with its plain text: the same count, this connection's included, taken
+    at the same moment), each with ``Connection: close``.
     """
+    import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    busy_body = error_body(
+        Code.TOO_MANY,
+        f"over {max_connections:,} HTTP connections (--max-connections): "
+        "close one, or try again later",
+    )
+
+    async def busy(scope: Any, receive: Any, send: Any) -> None:
+        errors[Code.TOO_MANY.value] += 1
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 503,
+                "headers": _json_headers(len(busy_body), close=True),
+            }
+        )
+        await send({"type": "http.response.body", "body": busy_body})
+
+    unparsable = error_body(
+        Code.BAD_REQUEST, "not a request of HTTP/1.1: see RFC 9112, or use an HTTP client"
+    )
 
     class Protocol(H11Protocol):
         _deadline: asyncio.TimerHandle | None = None
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._served = self.app
+
+        def send_400_response(self, msg: str) -> None:
+            """uvicorn's answer to what h11 cannot parse, in JSON; then the close."""
+            errors[Code.BAD_REQUEST.value] += 1
+            headers = _json_headers(len(unparsable), close=True)
+            head = self.conn.send(h11.Response(status_code=400, headers=headers))
+            body = self.conn.send(h11.Data(data=unparsable))
+            end = self.conn.send(h11.EndOfMessage())
+            self.transport.write(b"".join(part or b"" for part in (head, body, end)))
+            self.transport.close()
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
@@ -671,6 +800,8 @@ def _protocol_class(deadline: float) -> Any:
             return self.cycle is not None and not self.cycle.response_complete
 
         def handle_events(self) -> None:
+            over = len(self.connections) > max_connections or len(self.tasks) > max_connections
+            self.app = busy if over else self._served  # the app for requests taken now
             super().handle_events()
             if self._busy() and self._deadline is not None:
                 self._deadline.cancel()  # its headers are in: the request runs as long as it must

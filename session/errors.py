@@ -189,7 +189,9 @@ class NoSuchTimer(ReplError):
 
 
 class NoSuchWebhook(ReplError):
-    """A webhook was delivered to a session that has no webhook secret."""
+    """A webhook was delivered to a session that has no webhook secret. No longer answered
+    (HTTP answers it as a wrong signature, so as not to tell which sessions have one); the
+    code stays, as every code does."""
 
     code = Code.NO_SUCH_WEBHOOK
 

@@ -97,7 +97,7 @@ T = TypeVar("T")
 log = logging.getLogger("repl.daemon")
 
 WRONG_TOKEN = (
-    "wrong token: give the daemon's root token (the `token` file in its home) "
+    "wrong token: give the daemon's root token (the `token` file in its state directory) "
     "or one made by `repl token add`"
 )
 REVOKED = "this token was revoked: ask whoever manages the daemon for a new one (`repl token add`)"

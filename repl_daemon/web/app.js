@@ -45,7 +45,9 @@ async function login(given) {
   if (!response.ok) {
     token = null;
     $("login-error").textContent =
-      response.status === 401 ? "That is not the daemon's token." : `The daemon answered ${response.status}.`;
+      response.status === 401
+        ? "That token was refused: give the root token, or one made by repl token add."
+        : `The daemon answered ${response.status}.`;
     return;
   }
   sessionStorage.setItem(KEY, token);

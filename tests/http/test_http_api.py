@@ -171,6 +171,25 @@ def test_every_data_route_needs_the_token(
     )
 
 
+@pytest.mark.parametrize("token", [None, "wrong", "Basic"])
+def test_a_401_says_which_tokens_are_taken_and_not_where_the_daemon_keeps_its_own(
+    web_api: Web, token: str | None
+) -> None:
+    """An unauthenticated client is told what to give: the root token (the ``token`` file
+    in the daemon's state directory) or one made by ``repl token add``, which is taken too
+    (it once said "the daemon's token", as if none other were); not the daemon's path,
+    which it has no business knowing."""
+    headers = {"Authorization": "Basic dXNlcjpwdw=="} if token == "Basic" else {}
+    sent = None if token in (None, "Basic") else token
+    status, _, body = web_api.request("GET", "/sessions", headers=headers, token=sent)
+    assert (status, body["code"]) == (401, "unauthorized")
+    message = body["message"]
+    assert "root token (the `token` file in its state directory)" in message, message
+    assert "`repl token add`" in message, message
+    home = web_api.daemon.home
+    assert str(home) not in message and str(home.resolve()) not in message
+
+
 def test_a_send_is_201_then_200_for_its_idempotency_key(web_api: Web) -> None:
     s = web_api.session()
     assert web_api.send(s, "deploy 42", **{"Idempotency-Key": "d42"}) == (
@@ -415,3 +434,75 @@ def test_a_stream_says_where_it_starts_and_a_gap_is_counted_once_across_a_resume
         ]
     finally:
         again.close()
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "says"),
+    [
+        ("GET", "/nope", 404, "no route GET '/nope': the routes are /sessions, "),
+        ("GET", "/sessions/S/nothing", 404, "no route GET '/sessions/S/nothing'"),
+        ("GET", "/static/nope.js", 404, "no route GET '/static/nope.js'"),
+        (
+            "PUT",
+            "/sessions/S/firings",
+            405,
+            "PUT is not served on '/sessions/S/firings': it takes GET, HEAD, POST",
+        ),
+        ("POST", "/healthz", 405, "POST is not served on '/healthz': it takes GET, HEAD"),
+        (
+            "POST",
+            "/static/app.js",
+            405,
+            "POST is not served on '/static/app.js': it takes GET, HEAD",
+        ),
+        ("GET", "/hooks/S", 405, "GET is not served on '/hooks/S': it takes POST"),
+    ],
+)
+@pytest.mark.parametrize("token", ["", None])
+def test_no_route_and_a_method_no_route_serves_are_json_errors_as_every_other(
+    web_api: Web, method: str, path: str, status: int, says: str, token: str | None
+) -> None:
+    """Starlette's own 404 and 405 were plain text; they are the daemon's JSON, code
+    ``unknown_op`` (as an op the daemon does not know over the line protocol), with or
+    without a token, and a 405 still says what the route takes (``Allow``)."""
+    s = web_api.session()
+    got, headers, answer = web_api.request(method, path.replace("/S/", f"/{s}/"), token=token)
+    assert (got, headers["content-type"]) == (status, "application/json"), answer
+    assert set(answer) == {"code", "message"} and answer["code"] == "unknown_op"
+    assert answer["message"].startswith(says.replace("/S/", f"/{s}/")), answer
+    if status == 405:  # in order, so that the message is the same every time
+        assert answer["message"].endswith(f"it takes {headers['allow']}")
+    assert web_api.daemon.client().ok({"op": "read", "session": s, "after": 0})["firings"] == []
+
+
+def test_a_request_uvicorn_cannot_parse_is_a_json_400_and_the_connection_closed(
+    web_api: Web,
+) -> None:
+    with socket.create_connection(("127.0.0.1", web_api.port), timeout=10) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nnocolon\r\n\r\n")
+        with sock.makefile("rb") as reader:
+            answer = reader.read()  # to the close
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    assert lines[0].startswith("HTTP/1.1 400 ")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    assert (headers["content-type"], headers["connection"]) == ("application/json", "close")
+    assert int(headers["content-length"]) == len(body)
+    assert json.loads(body) == {
+        "code": "bad_request",
+        "message": "not a request of HTTP/1.1: see RFC 9112, or use an HTTP client",
+    }
+
+
+def test_the_favicon_is_served_with_no_token_and_the_page_links_it(web_api: Web) -> None:
+    """A browser asks for ``/favicon.ico`` by itself (a 404 in the page's console before);
+    the page links its icon, a file shipped with it."""
+    from repl_daemon.http import WEB
+
+    shipped = (WEB / "favicon.svg").read_bytes()
+    for path in ("/favicon.ico", "/static/favicon.svg"):
+        status, headers, body = web_api.request("GET", path, token=None)
+        assert (status, headers["content-type"], body) == (200, "image/svg+xml", shipped)
+        assert headers["x-content-type-options"] == "nosniff"
+    _, _, page = web_api.request("GET", "/", token=None)
+    assert b'<link rel="icon" href="/static/favicon.svg" type="image/svg+xml">' in page

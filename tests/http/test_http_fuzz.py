@@ -10,13 +10,13 @@ UTF-8, empty, or over 1 MiB, sent whole or chunked. Each answer is checked again
 oracle of what the daemon must say:
 
 - Starlette routes it (its own route table, taken from ``make_app``): no route is
-  Starlette's plain-text ``404 Not Found``, a path one slash away from a route its ``307``
-  redirect, a route with another method its plain-text ``405 Method Not Allowed``; uvicorn
-  answers a request it cannot parse with a plain-text ``400 Invalid HTTP request
-  received.``. Everything else is the daemon's: its 4xx are JSON ``{"code", "message"}``
-  with the wire code the docs give for the status (docs/http.md), and a refusal's code is
-  one of those the request deserves (a bad id, handler, key, number or seq, a missing
-  session, a body over 1 MiB, no token). Never a 500.
+  ``404 unknown_op``, a path one slash away from a route Starlette's ``307`` redirect, a
+  route with another method ``405 unknown_op`` with ``Allow``; a request uvicorn cannot
+  parse is ``400 bad_request`` and the connection closed. Every refusal is JSON
+  ``{"code", "message"}`` with the wire code the docs give for the status
+  (docs/http.md), and a refusal's code is one of those the request deserves (a bad id,
+  handler, key, number or seq, a missing session, a body over 1 MiB, no token). Never a
+  500, and no refusal in plain text.
 - Before and after each request the state the line protocol shows (every fixed session's
   firings and stats, the daemon's totals) is compared: a refusal changes nothing, not
   even an evaluation; an accepted send or webhook delivery records exactly one firing,
@@ -72,7 +72,6 @@ STATUSES = {200, 201, 307, 400, 401, 404, 405, 408, 413, 429, 503}
 #: a wire code's status as docs/http.md gives it; every other refusal is 400
 DOC_STATUS = {
     "no_such_session": 404,
-    "no_such_webhook": 404,
     "line_too_long": 413,
     "unauthorized": 401,
     "idle_timeout": 408,
@@ -80,10 +79,10 @@ DOC_STATUS = {
     "store_failed": 503,
     "shutting_down": 503,
 }
-#: the plain-text answers that are not the daemon's own: Starlette's and uvicorn's
-NOT_FOUND = (404, b"Not Found")
-NOT_ALLOWED = (405, b"Method Not Allowed")
-UNPARSABLE = (400, b"Invalid HTTP request received.")
+#: what is refused before any route of the daemon's runs: uvicorn's parse, Starlette's routing
+NOT_FOUND = (404, "unknown_op")
+NOT_ALLOWED = (405, "unknown_op")
+UNPARSABLE = (400, "bad_request")
 
 #: the sessions the fuzz aims at: name -> ring size; ``fz-h`` has a webhook
 FIXED = {"fz-a": 8, "fz-b": 64, "fz-c": 2, "fz-h": 16}
@@ -299,7 +298,8 @@ ids = st.one_of(
 GET, POST, ANY = ["GET", "GET", "HEAD"], ["POST"], ["GET", "POST", "PUT", "DELETE", "OPTIONS"]
 
 
-OTHERS = ["/sessions", "/metrics", "/healthz", "/", *(f"/static/{p.name}" for p in WEB.iterdir())]
+OTHERS = ["/sessions", "/metrics", "/healthz", "/", "/favicon.ico"]
+OTHERS += [f"/static/{p.name}" for p in WEB.iterdir()]
 
 
 def routes(segments: st.SearchStrategy[str]) -> st.SearchStrategy[tuple[str, list[str]]]:
@@ -519,6 +519,7 @@ def _route_table() -> list[tuple[str, Any]]:
         ("/metrics", "GET"): "metrics",
         ("/healthz", "GET"): "healthz",
         ("/", "GET"): "page",
+        ("/favicon.ico", "GET"): "favicon",
         ("/hooks/{id}", "POST"): "hook",
     }
     table = []
@@ -577,16 +578,14 @@ def expect(req: Req, model: Model) -> Expect:
         kind = "read"
     if kind in ("redirect", "not_found", "not_allowed", "static", "unknown"):
         return Expect(kind)
-    if kind in ("sessions", "metrics", "healthz", "page"):  # 200 (with the token)
+    if kind in ("sessions", "metrics", "healthz", "page", "favicon"):  # 200 (with the token)
         if kind in ("sessions", "metrics") and not authorized(req, model.token):
             return Expect("refused", frozenset({"unauthorized"}))
         return Expect(kind)
     session = params.get("id", "")
-    if kind not in ("healthz", "page", "hook") and not authorized(req, model.token):
+    if kind not in ("healthz", "page", "favicon", "hook") and not authorized(req, model.token):
         return Expect("refused", frozenset({"unauthorized"}))
     body = req.body or b""
-    if kind == "hook" and session != "fz-h":  # looked up before the body: one answer for all
-        return Expect("refused", frozenset({"no_such_webhook"}))
     if kind in ("send", "hook") and len(body) > MAX_BODY:
         return Expect("refused", frozenset({"line_too_long"}))
     if kind == "send":
@@ -606,7 +605,8 @@ def expect(req: Req, model: Model) -> Expect:
         return Expect("recorded", session=session, text=text, handler=handler, key=key)
     if kind == "hook":
         sig = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
-        if req.header("x-hub-signature-256") != sig:
+        # no webhook (every session but fz-h), no session, a bad id: as a wrong signature
+        if session != "fz-h" or req.header("x-hub-signature-256") != sig:
             return Expect("refused", frozenset({"unauthorized"}))
         try:
             text = body.decode()
@@ -638,7 +638,7 @@ def expect(req: Req, model: Model) -> Expect:
             codes = session_codes(session)
             return Expect("refused", frozenset(codes)) if codes else Expect("ok", stream=True)
         return replace(_read_expect(session, after, 1, model), stream=True)
-    return Expect(kind)  # sessions, metrics, healthz, page: 200
+    return Expect(kind)  # sessions, metrics, healthz, page, favicon: 200
 
 
 def _read_expect(session: str, after: int, most: int | None, model: Model) -> Expect:
@@ -813,26 +813,30 @@ def check_answer(req: Req, want: Expect, answer: Answer) -> None:
     assert answer.status != 500, answer
     assert answer.status in STATUSES, answer
     head = req.method == b"HEAD"  # the answer GET would have, without its body
-    text_plain = answer.headers.get("content-type", "").startswith("text/plain")
 
-    def plain(status: int, body: bytes) -> None:
-        assert (answer.status, answer.body) == (status, b"" if head else body), (want, answer)
-        assert text_plain, answer
+    def refused(status: int, code: str) -> None:
+        assert answer.status == status, (want, answer)
+        assert answer.headers["content-type"] == "application/json", answer
+        if not head:
+            assert set(answer.json()) == {"code", "message"}, answer
+            assert answer.json()["code"] == code, answer
 
     if want.kind == "unparsable":
-        plain(*UNPARSABLE)
+        refused(*UNPARSABLE)
+        assert answer.headers["connection"] == "close"
     elif want.kind == "redirect":
         assert answer.status == 307 and answer.headers["location"].startswith("http://")
     elif want.kind == "not_found":
-        plain(*NOT_FOUND)
+        refused(*NOT_FOUND)
     elif want.kind == "not_allowed":
-        plain(*NOT_ALLOWED)
+        refused(*NOT_ALLOWED)
         assert answer.headers["allow"]
     elif want.kind == "static":
         if answer.status == 200:
             assert head or answer.body in SHIPPED, "only the page's own files are served"
         else:
-            assert answer.status in (404, 405) and text_plain
+            refused(answer.status, "unknown_op")
+            assert answer.status in (404, 405), answer
     elif want.kind == "unknown":
         assert answer.status < 500
     elif want.kind in ("refused", "ok", "recorded") and answer.status >= 400:
@@ -851,10 +855,11 @@ def check_answer(req: Req, want: Expect, answer: Answer) -> None:
             assert (answer.headers.get("www-authenticate") == "Bearer") == bearer, answer
     elif want.kind == "ok":
         assert answer.status == 200 and answer.stream == want.stream, (want, answer)
-    elif want.kind in ("sessions", "metrics", "healthz", "page"):
+    elif want.kind in ("sessions", "metrics", "healthz", "page", "favicon"):
         assert answer.status == 200, (want, answer)
         kinds = {"sessions": "application/json", "healthz": "application/json"}
         kinds |= {"metrics": "text/plain; version=", "page": "text/html"}
+        kinds |= {"favicon": "image/svg+xml"}
         assert answer.headers["content-type"].startswith(kinds[want.kind]), answer
     else:
         assert want.kind == "recorded" and answer.status in (200, 201), (want, answer)
@@ -999,11 +1004,11 @@ def quiet(model: Model) -> Iterator[Model]:
         pytest.param(bytes.fromhex("16030100a5010000a10303") + bytes(40), id="TLS-client-hello"),
     ],
 )
-def test_what_uvicorn_cannot_parse_is_its_plain_400(quiet: Model, data: bytes) -> None:
+def test_what_uvicorn_cannot_parse_is_a_json_400_and_closes(quiet: Model, data: bytes) -> None:
     model = quiet
     answer = raw(model, data)
-    assert (answer.status, answer.body) == UNPARSABLE
-    assert answer.headers["content-type"].startswith("text/plain")
+    assert (answer.status, answer.json()["code"]) == UNPARSABLE
+    assert answer.headers["content-type"] == "application/json"
     assert answer.headers["connection"] == "close"
 
 
@@ -1024,7 +1029,7 @@ def test_what_h11_tolerates_is_answered(quiet: Model, data: bytes) -> None:
 def test_a_malformed_chunk_is_uvicorns_400_and_records_nothing(quiet: Model) -> None:
     chunked = b"Transfer-Encoding: chunked\r\n\r\n5\r\nabcde\r\nzz\r\nab\r\n0\r\n\r\n"
     answer = raw(quiet, post_head(quiet, "fz-b", chunked))
-    assert (answer.status, answer.body) == UNPARSABLE
+    assert (answer.status, answer.json()["code"]) == UNPARSABLE
     # the route, reading the body, sees the client gone: no error of the daemon's
     no_traceback_logged(quiet)
 

@@ -47,8 +47,15 @@ def url(web: DaemonProc) -> str:
     return f"http://127.0.0.1:{web.http_port}/"
 
 
-def logged_in(browser: Any, web: DaemonProc, **context: Any) -> Any:
+def logged_in(
+    browser: Any, web: DaemonProc, errors: list[str] | None = None, **context: Any
+) -> Any:
+    """A page past its login; ``errors`` collects what its console says is an error (a
+    resource that failed to load is one: the favicon's 404 was)."""
     page = browser.new_context(**context).new_page()
+    if errors is not None:
+        page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+        page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(url(web))
     page.fill("#token", web.token)
     page.click("#login button[type=submit]")
@@ -62,7 +69,8 @@ def test_the_page_follows_a_session_live_and_sends_from_its_box(
     repl = Repl(web)
     repl.ok("start", "page-live")
     repl.ok("send", "page-live", "sent before the page opened")
-    page = logged_in(browser, web, viewport={"width": 1280, "height": 800})
+    errors: list[str] = []
+    page = logged_in(browser, web, errors, viewport={"width": 1280, "height": 800})
     row = page.locator("#sessions tbody tr[data-id='page-live']")
     row.wait_for(timeout=SHOWN_WITHIN_MS)
     assert row.locator("td").nth(1).inner_text() == "1"  # its head
@@ -83,6 +91,13 @@ def test_the_page_follows_a_session_live_and_sends_from_its_box(
     page.reload()
     page.wait_for_selector("#app:not([hidden])", timeout=SHOWN_WITHIN_MS)
     assert page.locator("#login").is_hidden()
+    # the icon it links is what the browser shows, and nothing it loaded failed
+    icon = page.evaluate(
+        "fetch(document.querySelector('link[rel=icon]').href)"
+        ".then(r => [r.status, r.headers.get('content-type')])"
+    )
+    assert icon == [200, "image/svg+xml"]
+    assert errors == []
     page.context.close()
 
 
@@ -97,8 +112,41 @@ def test_a_wrong_token_is_refused_and_asked_for_again(browser: Any, web: DaemonP
         "document.getElementById('login-error').textContent.length > 0",
         timeout=SHOWN_WITHIN_MS,
     )
-    assert "not the daemon's token" in error.inner_text()
+    assert "refused" in error.inner_text() and "repl token add" in error.inner_text()
     assert page.locator("#app").is_hidden()
+    page.context.close()
+
+
+def test_the_login_says_where_a_token_is_without_a_path_of_this_daemons(
+    browser: Any, web: DaemonProc
+) -> None:
+    """The page is served to anyone, so it names no path of the daemon's: it says the root
+    token is the file ``token`` in the daemon's state directory (whatever ``--home`` or
+    ``REPL_HOME`` made it), and that a token from ``repl token add`` is taken too. It once
+    said ``cat ~/.local/state/repl/token`` whatever the daemon's home."""
+    page = browser.new_context().new_page()
+    page.goto(url(web))
+    hint = page.locator("#login").inner_text()
+    assert "root token" in hint and "state directory" in hint and "repl token add" in hint
+    assert "cat ~/.local/state/repl/token" not in hint
+    assert str(web.home) not in page.content()
+    page.context.close()
+
+
+def test_a_token_from_repl_token_add_opens_the_page_on_its_own_sessions(
+    browser: Any, web: DaemonProc
+) -> None:
+    repl = Repl(web)
+    repl.ok("start", "page-scoped.1")
+    repl.ok("start", "page-other")
+    made = repl.ok("token", "add", "page-agent", "--sessions", "page-scoped.*", "--can", "read")
+    page = browser.new_context().new_page()
+    page.goto(url(web))
+    page.fill("#token", made.strip())
+    page.click("#login button[type=submit]")
+    page.wait_for_selector("#app:not([hidden])", timeout=SHOWN_WITHIN_MS)
+    page.locator("#sessions tbody tr[data-id='page-scoped.1']").wait_for(timeout=SHOWN_WITHIN_MS)
+    assert page.locator("#sessions tbody tr[data-id='page-other']").count() == 0
     page.context.close()
 
 

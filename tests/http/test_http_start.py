@@ -4,6 +4,7 @@ the daemon announces both addresses."""
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
 import time
@@ -94,7 +95,8 @@ def test_a_request_that_never_finishes_arriving_is_closed_and_a_stream_is_not(
 
 
 def test_http_connections_past_max_connections_are_503(tmp_path: Path) -> None:
-    """``--max-connections`` bounds HTTP's connections too: an event stream holds one."""
+    """``--max-connections`` bounds HTTP's connections too: an event stream holds one. The
+    refusal is JSON, as every other (it was uvicorn's plain text), and closes."""
     d = DaemonProc(tmp_path / "home", "--memory", "--http", "127.0.0.1:0", "--max-connections", "3")
     try:
         assert d.http_port is not None
@@ -111,7 +113,14 @@ def test_http_connections_past_max_connections_are_503(tmp_path: Path) -> None:
             streams.append(conn)
         extra = socket.create_connection(("127.0.0.1", d.http_port), timeout=10)
         extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert extra.recv(4096).startswith(b"HTTP/1.1 503")
+        with extra.makefile("rb") as reader:
+            head, _, body = reader.read().partition(b"\r\n\r\n")  # to the close
+        assert head.startswith(b"HTTP/1.1 503")
+        assert b"\r\ncontent-type: application/json\r\n" in head + b"\r\n"
+        assert json.loads(body) == {
+            "code": "too_many",
+            "message": "over 3 HTTP connections (--max-connections): close one, or try again later",
+        }
         extra.close()
         streams.pop().close()
         time.sleep(0.3)

@@ -1,7 +1,9 @@
 """Webhooks (SPEC §10): ``repl webhook ID --secret-file FILE``, then ``POST /hooks/{id}`` signed
 as GitHub signs it. A valid signature records the body as a handled firing; a redelivery
 (the same ``X-GitHub-Delivery``) records nothing; a wrong or missing signature is 401 and
-records nothing; a session without a webhook is 404. The real CLI gives the secret.
+records nothing, and so is a session without a webhook, or a missing one, byte for byte
+(issue 24.3: the route needs no token, so it must not tell which sessions have webhooks).
+The real CLI gives the secret.
 """
 
 from __future__ import annotations
@@ -9,10 +11,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import socket
 from pathlib import Path
 
 import pytest
 
+from repl_daemon.http import MAX_BODY
 from tests.helpers import DaemonProc, Repl
 from tests.http.test_http_api import Web
 
@@ -93,16 +97,71 @@ def test_a_signature_of_another_body_is_refused(hooked: tuple[Web, str, str]) ->
     assert status == 401 and firings(api, session) == []
 
 
-def test_a_session_without_a_webhook_is_404_and_the_token_is_no_substitute(
+def test_a_session_without_a_webhook_is_401_as_a_wrong_signature_and_the_token_is_no_substitute(
     web: DaemonProc,
 ) -> None:
     api = Web(web)
     session = api.session()
     status, answer = deliver(api, session, b"{}", Authorization=f"Bearer {web.token}")
-    assert status == 404 and isinstance(answer, dict) and answer["code"] == "no_such_webhook"
-    assert f"no webhook for session '{session}'" in answer["message"]
+    assert status == 401 and isinstance(answer, dict) and answer["code"] == "unauthorized"
     assert "repl webhook ID --secret-file FILE" in answer["message"]
-    assert deliver(api, "nosuch", b"{}")[0] == 404
+    assert session not in answer["message"]
+    assert deliver(api, "nosuch", b"{}")[0] == 401
+    assert firings(api, session) == []
+
+
+def raw_delivery(api: Web, session: str, body: bytes, headers: dict[str, str]) -> bytes:
+    """The whole answer to a delivery, as it came off the socket, but a ``Date`` line. A
+    ``Content-Length`` in ``headers`` is sent instead of the body's (and the body not)."""
+    lines = [f"POST /hooks/{session} HTTP/1.1", "Host: 127.0.0.1", "Connection: close"]
+    if "Content-Length" in headers:
+        body = b""  # a length past 1 MiB is refused before the body: none is sent
+    lines += [f"{k}: {v}" for k, v in {"Content-Length": str(len(body)), **headers}.items()]
+    with socket.create_connection(("127.0.0.1", api.port), timeout=10) as sock:
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+        with sock.makefile("rb") as reader:
+            answer = reader.read()  # to the close
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    kept = [line for line in head.split(b"\r\n") if not line.lower().startswith(b"date:")]
+    return b"\r\n".join(kept) + b"\r\n\r\n" + rest
+
+
+@pytest.mark.parametrize("signature", ["wrong", "none", "over 1 MiB"])
+def test_a_wrong_signature_no_webhook_and_no_session_get_one_answer_byte_for_byte(
+    hooked: tuple[Web, str, str], signature: str
+) -> None:
+    """``POST /hooks/{id}`` needs no token, so it must not tell anyone who can reach the port
+    which sessions exist or have a webhook: a wrong (or no) signature on a session with a
+    webhook, a session without one, a session that does not exist and an id that is not
+    one get the very same bytes (status, headers, body). It was 401 for the first and 404
+    for the others. A body declared over 1 MiB is 413 for all of them alike (before, a
+    session without a webhook answered 404)."""
+    api, session, secret = hooked
+    bare = api.session()
+    body = PUSH.encode()
+    headers = {"Content-Type": "application/json", "X-GitHub-Delivery": "d-same"}
+    if signature == "over 1 MiB":
+        headers["Content-Length"] = str(MAX_BODY + 1)
+    if signature == "wrong":
+        headers["X-Hub-Signature-256"] = signed("not-the-secret", body)
+    answers = {
+        name: raw_delivery(api, target, body, headers)
+        for name, target in [
+            ("a wrong signature", session),
+            ("no webhook", bare),
+            ("no session", "nosuch-hooked"),
+            ("not an id", "bad%20id"),
+            ("an id too long", "a" * 65),
+        ]
+    }
+    first = answers["a wrong signature"]
+    assert {name: got for name, got in answers.items() if got != first} == {}, first
+    status = 413 if signature == "over 1 MiB" else 401
+    assert first.startswith(f"HTTP/1.1 {status} ".encode()), first
+    assert firings(api, session) == [] and firings(api, bare) == []
+    # and the secret still works: the refusals changed nothing
+    good = {"X-Hub-Signature-256": signed(secret, PUSH.encode())}
+    assert deliver(api, session, PUSH.encode(), **good) == (201, {"seq": 1, "duplicate": False})
 
 
 def test_a_custom_handler_the_idempotency_key_and_remove(web: DaemonProc, tmp_path: Path) -> None:
@@ -118,7 +177,7 @@ def test_a_custom_handler_the_idempotency_key_and_remove(web: DaemonProc, tmp_pa
         ("on-ci", "build 42 passed")
     ]
     repl.ok("webhook", session, "--remove")
-    assert deliver(api, session, body, **headers)[0] == 404
+    assert deliver(api, session, body, **headers)[0] == 401
 
 
 def test_the_webhook_outlives_a_restart(tmp_path: Path) -> None:
@@ -157,4 +216,4 @@ def test_repl_webhook_refuses_what_it_cannot_use(
     (tmp_path / "empty").write_text("")
     argv = [str(tmp_path / "empty") if a == "EMPTY" else a for a in args]
     assert says in repl.fails(64, "webhook", session, *argv)
-    assert deliver(api, session, b"{}")[0] == 404
+    assert deliver(api, session, b"{}")[0] == 401  # no webhook was given

@@ -1,0 +1,238 @@
+"""Every sample of docs/http.md runs, as written, against a real daemon (issue 24.5).
+
+The samples are read from the document itself, so the page and this test
+cannot drift: a fenced block is found by its language and a few words of
+it, and ``test_every_sample_of_the_page_is_run_here`` fails for a block no
+test here runs. What a sample cannot know is filled in the way a reader
+would: the daemon's ports for ``7428``, ``TOKEN`` in the environment, the
+daemon's token file for the scrape config's. The shell samples run in
+bash with the installed ``repl`` first on ``PATH``; ``curl -N``, which
+streams until stopped, gets ``--max-time``; the JavaScript one runs in
+Debian's headless Chromium, driven by Playwright, on the daemon's own
+origin (its ``fetch`` paths are relative), and must log each firing.
+
+The JavaScript sample of before split the stream on ``"\\n\\n"``; the
+stream's lines end in CRLF, so it logged nothing (0 of 30 firings).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import SCRIPT, DaemonProc, eventually, free_port, require_chromium
+from tests.http.test_http_page import ARGS
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "http.md"
+#: the address every sample is written for
+WRITTEN = "127.0.0.1:7428"
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+#: a firing's time, which no two runs share
+TS = re.compile(r'"ts":"[^"]*"')
+
+
+@dataclass(frozen=True)
+class Sample:
+    lang: str
+    text: str
+    line: int  # where its fence opens, for messages
+
+
+def samples(path: Path = PAGE) -> list[Sample]:
+    text = path.read_text()
+    return [
+        Sample(m.group(1), m.group(2), text.count("\n", 0, m.start()) + 1)
+        for m in FENCE.finditer(text)
+    ]
+
+
+#: each sample a test runs: its language and words only it has
+CLAIMED = {
+    "setup": ("sh", "repl daemon --http"),
+    "stream": ("console", "event: lost"),
+    "curl": ("sh", "curl -N"),
+    "javascript": ("js", "getReader"),
+    "scrape": ("yaml", "scrape_configs"),
+}
+
+
+def sample(name: str) -> str:
+    lang, words = CLAIMED[name]
+    found = [s for s in samples() if s.lang == lang and words in s.text]
+    assert len(found) == 1, f"docs/http.md has {len(found)} {lang} samples with {words!r}"
+    return found[0].text
+
+
+def test_every_sample_of_the_page_is_run_here() -> None:
+    unclaimed = [
+        f"docs/http.md:{s.line}: a {s.lang or 'plain'} sample"
+        for s in samples()
+        if not any(s.lang == lang and words in s.text for lang, words in CLAIMED.values())
+    ]
+    assert not unclaimed, "samples no test runs:\n" + "\n".join(unclaimed)
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[DaemonProc]:
+    """A daemon of the test's own (the samples name the session ``inbox``)."""
+    d = DaemonProc(tmp_path / "home", "--memory", "--http", "127.0.0.1:0", "--settle-ms", "0")
+    yield d
+    d.close_clients()
+    d.stop()
+
+
+def env(daemon: DaemonProc | None = None, **more: str) -> dict[str, str]:
+    """A reader's shell: the installed ``repl`` first on PATH, and ``TOKEN`` as the page's
+    first sample leaves it."""
+    found = {**os.environ, "PATH": f"{SCRIPT.parent}{os.pathsep}{os.environ['PATH']}"}
+    if daemon is not None:
+        found |= {"TOKEN": daemon.token, **daemon.env()}
+    return found | more
+
+
+def aimed(text: str, http_port: int) -> str:
+    assert WRITTEN in text, text
+    return text.replace(WRITTEN, f"127.0.0.1:{http_port}")
+
+
+def test_the_setup_sample_starts_a_daemon_and_reads_its_token(tmp_path: Path) -> None:
+    line, http = free_port(), free_port()
+    home = tmp_path / "home"
+    shell = env(REPL_HOME=str(home), REPL_ADDR=f"127.0.0.1:{line}")
+    script = aimed(sample("setup"), http) + '\nprintf "\\n%s\\n" "$TOKEN"\n'
+    try:
+        done = subprocess.run(
+            ["bash", "-e", "-c", script], env=shell, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        assert f"HTTP on 127.0.0.1:{http}" in done.stdout, done.stdout
+        token = done.stdout.splitlines()[-1]
+        assert token == (home / "token").read_text().strip()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{http}/sessions", headers={"Authorization": f"Bearer {token}"}
+        )
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            assert (answer.status, json.loads(answer.read())) == (200, [])
+    finally:  # the daemon the sample detached: stopped as a reader would
+        subprocess.run(["repl", "shutdown"], env=shell, capture_output=True, timeout=30)
+
+
+def curl(command: str, seconds: float) -> str:
+    """``curl -N`` bounded to ``seconds``, as no reader's would be."""
+    assert command.count("curl -N ") == 1, command
+    return command.replace("curl -N ", f"curl -sS -N --max-time {seconds:g} ")
+
+
+def test_the_stream_sample_is_what_curl_prints(daemon: DaemonProc) -> None:
+    """The session the prose describes: a ring of one, six firings; then the sample's
+    command, whose output must be the sample's, but the firing's time."""
+    assert daemon.http_port is not None
+    c = daemon.client()
+    c.ok({"op": "start", "session": "inbox", "buffer": 1})
+    for n in range(37, 43):
+        c.ok({"op": "send", "session": "inbox", "text": f"build {n} passed"})
+    first, *printed = sample("stream").split("\n")
+    command = aimed(first.removeprefix("$ "), daemon.http_port)
+    done = subprocess.run(
+        ["bash", "-c", curl(command, 2)], env=env(daemon), capture_output=True, timeout=30
+    )
+    assert done.returncode == 28, done.stderr  # curl's own: --max-time ran out, as intended
+    got = done.stdout.decode()
+    assert "\r\n" in got and "\n" not in got.replace("\r\n", "")  # CRLF, as the page says
+    assert TS.sub('"ts":""', got.replace("\r\n", "\n")) == TS.sub('"ts":""', "\n".join(printed))
+
+
+def test_the_curl_sample_follows_a_session(daemon: DaemonProc) -> None:
+    assert daemon.http_port is not None
+    c = daemon.client()
+    c.ok({"op": "start", "session": "inbox"})
+    command = aimed(sample("curl").strip(), daemon.http_port)
+    proc = subprocess.Popen(
+        ["bash", "-c", curl(command, 10)], env=env(daemon), stdout=subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None
+        eventually(lambda: c.ok({"op": "stats", "session": "inbox"})["sessions"][0]["waiters"] == 1)
+        seq = c.ok({"op": "send", "session": "inbox", "text": "from the test"})["seq"]
+        lines = [proc.stdout.readline().decode().rstrip("\r\n") for _ in range(6)]
+    finally:
+        proc.terminate()  # the curl this test started
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    assert lines[:2] == ["id: 0", ""]  # where it starts: the head
+    assert lines[2:4] == [f"id: {seq}", "event: firing"]
+    firing = json.loads(lines[4].removeprefix("data: "))
+    assert (firing["seq"], firing["result"]) == (seq, "from the test")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    path = require_chromium()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        launched = pw.chromium.launch(executable_path=path, headless=True, args=ARGS)
+        yield launched
+        launched.close()
+
+
+def test_the_javascript_sample_logs_every_firing_in_chromium(
+    browser: Any, daemon: DaemonProc
+) -> None:
+    """The sample as a page of the daemon's origin would run it (``token`` given, as the
+    sample expects it), 30 firings sent while it reads: it logs the 30, in order."""
+    c = daemon.client()
+    c.ok({"op": "start", "session": "inbox"})
+    page = browser.new_context().new_page()
+    logged: list[Any] = []
+    errors: list[str] = []
+    page.on("console", lambda m: (logged if m.type == "log" else errors).append(m))
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"http://127.0.0.1:{daemon.http_port}/healthz")  # the origin, and no script
+    page.evaluate(
+        "token => { (async () => {\n" + sample("javascript") + "\n})()"
+        ".catch((e) => console.error(String(e))); }",
+        daemon.token,
+    )
+    eventually(lambda: c.ok({"op": "stats", "session": "inbox"})["sessions"][0]["waiters"] == 1)
+    for n in range(1, 31):
+        c.ok({"op": "send", "session": "inbox", "text": f"firing {n}"})
+    deadline = time.monotonic() + 10  # a bound, not a figure: generous on a loaded machine
+    while len(logged) < 30 and not errors and time.monotonic() < deadline:
+        page.wait_for_timeout(50)  # Playwright's sync API delivers events while it is called
+    assert errors == []
+    firings = [m.args[0].json_value() for m in logged]
+    assert [(f["seq"], f["result"]) for f in firings] == [(n, f"firing {n}") for n in range(1, 31)]
+    page.context.close()
+
+
+def test_the_scrape_config_reads_metrics_as_prometheus_would(daemon: DaemonProc) -> None:
+    """No Prometheus here: what it does with the config, done by hand. Its default path
+    (``/metrics``) on the target, the credentials file's content (trimmed, as Prometheus
+    trims it) as a Bearer token."""
+    assert daemon.http_port is not None
+    config = aimed(sample("scrape"), daemon.http_port)
+    assert re.search(r"^\s+type: Bearer$", config, re.MULTILINE), config
+    (written,) = re.findall(r"^\s+credentials_file: (\S+)$", config, re.MULTILINE)
+    assert written.endswith("/repl/token")  # the token file of a state directory
+    (target,) = re.findall(r'targets: \["([^"]+)"\]', config)
+    secret = (daemon.home / "token").read_text().strip()
+    request = urllib.request.Request(
+        f"http://{target}/metrics", headers={"Authorization": f"Bearer {secret}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        assert answer.status == 200
+        assert answer.headers["Content-Type"].startswith("text/plain; version=")
+        assert b"repl_firings_total" in answer.read()
