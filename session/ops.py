@@ -30,7 +30,6 @@ from session.errors import BadSeq
 from session.firing import NO_TAGS, Batch, CursorInfo
 from session.ring import check_limit
 from session.schedule import Timer
-from session.tags import Match, check_tags
 from session.session import (
     Fired,
     Recorded,
@@ -43,6 +42,7 @@ from session.session import (
     check_timer,
     check_webhook,
 )
+from session.tags import Match, check_tags
 
 R_co = TypeVar("R_co", covariant=True)
 

@@ -29,8 +29,8 @@ from itertools import islice
 from session import packed
 from session.errors import BadLimit, BadMax, BadSeq, CursorAfterHead
 from session.firing import NO_TAGS, Batch, Firing
-from session.tags import Match
 from session.rules import DEFAULT_LIMIT, MAX_LIMIT
+from session.tags import Match
 
 __all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "Ring", "check_limit"]
 

@@ -73,7 +73,6 @@ from session.ops import (
 )
 from session.rules import DEFAULT_HANDLER, DEFAULT_LIMIT, READ_CURSOR, TICK_HANDLER
 from session.schedule import MAX_DUE_MS, Timer, parse_duration, parse_every, parse_time
-from session.tags import check_tags
 from session.scopes import (
     OP_RIGHTS,
     TokenRecord,
@@ -91,6 +90,7 @@ from session.session import (
     check_key,
     check_session_id,
 )
+from session.tags import check_tags
 
 T = TypeVar("T")
 
