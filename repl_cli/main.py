@@ -885,6 +885,9 @@ def read(
     deliver(
         Printer(repl.client, fmt, ack_cursor), [Batch(session, got.next, got.lost, got.firings)]
     )
+    if match is not None and ack_cursor is not None and not got.firings and got.next:
+        # a matching reader that found nothing still looked at everything up to next
+        repl.ack(session, got.next, cursor=ack_cursor)
 
 
 def parse_since(text: str) -> str:
