@@ -767,6 +767,17 @@ def require_chromium() -> str:
     return found
 
 
+def require_tool(name: str) -> str:
+    """A command a test runs (Debian's ``jq`` for the GUIDE's shell recipes): skipped where
+    it is missing, failed in CI (``.ci/run`` installs it); its path."""
+    found = shutil.which(name)
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{name} missing in CI: .ci/run must install Debian's {name}")
+        pytest.skip(f"{name} missing: apt-get install {name}")
+    return found
+
+
 def require_build() -> None:
     """The ``build`` package and a setuptools that builds wheels (the ``test`` extra brings
     both), for building the wheel: skipped where they are missing, failed in CI."""
