@@ -1214,6 +1214,42 @@ def stats(repl: Repl, session: str | None, as_json: bool) -> None:
     output.stats_tables(got, with_daemon=session is None)
 
 
+@cli.command("mcp")
+@click.option(
+    "--progress-every",
+    type=click.FloatRange(min=0.1),
+    default=5.0,
+    show_default=True,
+    metavar="SECS",
+    help="While a wait blocks, tell a client that asked for progress this often.",
+)
+@click.pass_obj
+def mcp_command(repl: Repl, progress_every: float) -> None:
+    """Serve the Model Context Protocol on stdin/stdout: sessions as tools for an agent.
+
+    An agent harness starts it as a child (for Claude Code: `claude mcp add
+    repl -- repl mcp`). It connects to the daemon as every command does
+    (--addr, --home, --token-file, REPL_TOKEN, TLS); logs go to stderr.
+    Needs the mcp extra: pip install 'repl-inbox[mcp]'.
+    """
+    try:
+        from repl_cli import mcp_server
+    except ImportError:
+        raise CliError(
+            "repl mcp needs the official MCP SDK: pip install 'repl-inbox[mcp]' "
+            "(or pipx install --force '.[mcp]' in a checkout)"
+        ) from None
+    client = repl.client
+    settings = mcp_server.Settings(
+        addr=client.addr,
+        home=client.home,
+        token_file=client.token_file,
+        tls_ca=client.tls_ca,
+        progress_every=progress_every,
+    )
+    mcp_server.serve(settings)
+
+
 @cli.command()
 @click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
 def completion(shell: str) -> None:
