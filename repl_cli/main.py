@@ -1135,7 +1135,7 @@ def request(
 def reply(
     repl: Repl, session: str, seq: int, text: str | None, handler: str, as_json: bool
 ) -> None:
-    """Answer firing SEQ of SESSION, a request: send TEXT to its reply-to session.
+    """Answer a request, firing SEQ of SESSION: send TEXT where it asks for the answer.
 
     The reply carries the request's corr tag, which its requester waits for.
     TEXT `-` or none reads stdin. Exit status 1 when the firing has no
