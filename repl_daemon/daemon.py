@@ -103,6 +103,8 @@ async def serve_daemon(
         except StoreFailed as exc:
             raise ConfigError(exc.message) from None
         log.info("loaded %d session(s) from %s", count, store.name)
+        if isinstance(store, RedisStore):  # how many replicas each change waits for, and why
+            log.log(*store.replication)
         await serve_engine(
             engine, config, token, stop=stop, certificate=certificate, task_status=task_status
         )

@@ -547,6 +547,13 @@ class _Snapshot:
             "Writes the store refused or did not answer.",
             counts.store_failures,
         )
+        yield CounterMetricFamily(
+            "repl_heads_went_back",
+            "Times a session's head came back from Redis below one this daemon had learned: "
+            "Redis lost answered firings (a failover to a lagging replica), and their seqs go "
+            "to new ones.",
+            counts.heads_went_back,
+        )
         yield GaugeMetricFamily("repl_sessions", "Sessions in the store.", self.totals.sessions)
         yield GaugeMetricFamily(
             "repl_lost_firings",

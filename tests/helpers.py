@@ -435,7 +435,8 @@ class RedisProc:
     its ``nodes.conf`` in its directory, its bus on a second free port, node
     timeout ``node_timeout_ms``): ``RedisClusterProcs`` joins several into a
     cluster. A restart keeps the ports (and a cluster node its ``nodes.conf``,
-    so it comes back as the same node of the same cluster).
+    so it comes back as the same node of the same cluster). ``replica_of``: the
+    port of a (non-cluster) primary this one replicates (``--replicaof``).
     """
 
     def __init__(
@@ -445,11 +446,13 @@ class RedisProc:
         appendonly: bool = False,
         cluster: bool = False,
         node_timeout_ms: int = 1000,
+        replica_of: int | None = None,
     ) -> None:
         self.dir = workdir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.appendonly = appendonly
         self.cluster = cluster
+        self.replica_of = replica_of
         self.node_timeout_ms = node_timeout_ms
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
@@ -480,13 +483,15 @@ class RedisProc:
                 args += ["--appendonly", "yes", "--appendfsync", "always"]
             else:
                 args += ["--appendonly", "no"]
+            # a replica's first sync starts at once, not after the default 5 s
+            args += ["--repl-diskless-sync-delay", "0"]
             if self.cluster:
                 bus = self.bus_port or free_port()
                 args += ["--cluster-enabled", "yes", "--cluster-port", str(bus)]
                 args += ["--cluster-config-file", str(self.dir / "nodes.conf")]
                 args += ["--cluster-node-timeout", str(self.node_timeout_ms)]
-                # a replica's first sync starts at once, not after the default 5 s
-                args += ["--repl-diskless-sync-delay", "0"]
+            if self.replica_of is not None:
+                args += ["--replicaof", "127.0.0.1", str(self.replica_of)]
             self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             if _wait_for_port(port, self.proc):
                 self.port = port
@@ -503,8 +508,27 @@ class RedisProc:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)  # a test may have left it stopped
             self.proc.terminate()
             self.proc.wait(10)
+
+    def wait_synced(self, timeout: float = 15) -> None:
+        """Until this replica's link to its primary is up and its first sync done."""
+
+        def synced() -> bool:
+            with self.admin() as admin:
+                info = admin.info("replication")
+            return info.get("master_link_status") == "up" and not info.get(
+                "master_sync_in_progress"
+            )
+
+        eventually(synced, timeout, f"the replica on {self.port} to sync")
+
+    def commands(self, name: str) -> int:
+        """How many times this server has run the command ``name`` (``INFO commandstats``)."""
+        with self.admin() as admin:
+            stats = admin.info("commandstats")
+        return int(stats.get(f"cmdstat_{name.lower()}", {}).get("calls", 0))
 
     def admin(self) -> Any:
         """A plain redis-py client of this server, for the test's own looks (close it)."""

@@ -40,4 +40,4 @@ def open_engine(
         def make(engine: Engine) -> Committer:
             return LocalCommitter(local, engine, max_sessions=max_sessions)
 
-    return Engine(make, settle=settle, store_name=store.name)
+    return Engine(make, settle=settle)

@@ -117,11 +117,8 @@ class Engine:
         make_committer: Callable[[Engine], Committer],
         *,
         settle: float = 0.1,
-        store_name: str = "memory",
     ) -> None:
         self.settle = settle
-        #: the store as ``ping`` shows it (a Redis URL without its password)
-        self.store_name = store_name
         #: requests by op, refusals by code, the store's write latency (``/metrics``)
         self.counts = Counts()
         self.committer = make_committer(self)
@@ -431,7 +428,7 @@ class Engine:
             version=p.VERSION,
             uptime_s=round(self.uptime(), 3),
             pid=os.getpid(),
-            store=self.store_name,
+            store=self.committer.store.name,
         )
 
     def _sent(self, rid: p.RequestId) -> Callable[[Recorded], p.Sent]:

@@ -13,7 +13,10 @@ here.
 The keys, in this order in every script's KEYS:
 
 1. ``meta``     hash: ``limit``, ``head``, ``uses`` (the cursor-use clock), ``evals``,
-   and ``hook_secret``, ``hook_handler`` when the session has a webhook (SPEC §10)
+   ``inc`` (the incarnation: a random token each start writes, answered with the
+   head so a daemon can tell a restarted session from a head Redis took back,
+   ``repl_daemon.stores.heads``), and ``hook_secret``, ``hook_handler`` when the
+   session has a webhook (SPEC §10)
 2. ``ring``     stream: the retained firings, entry id ``SEQ-0``; fields ``t`` (ts),
    ``h`` (handler), then ``r`` (result) or ``e`` (event)
 3. ``cursors``  hash: name -> ``SEQ:LAST_USE``
@@ -120,11 +123,12 @@ end
 """
 
 #: ARGV: handler, text, handled ('1': the text is the result), ts, key ('' for none),
-#: max_keys, origin (the publishing daemon, so it can skip its own wakes)
+#: max_keys, origin (the publishing daemon, so it can skip its own wakes). Answers
+#: {'ok', seq, duplicate, head, incarnation}.
 RECORD = (
     _PRELUDE
     + """
-local m = redis.call('HMGET', meta, 'head', 'limit', 'evals')
+local m = redis.call('HMGET', meta, 'head', 'limit', 'evals', 'inc')
 if not m[1] then return missing() end
 local field = 'e'
 if ARGV[3] == '1' then field = 'r' end
@@ -134,16 +138,18 @@ redis.call('HSET', meta, 'head', head, 'evals', tonumber(m[3]) + 1)
 if duplicate == 0 then
   redis.call('SPUBLISH', wake, string.format('%d %s', head, ARGV[7]))
 end
-return {'ok', seq, duplicate}
+return {'ok', seq, duplicate, head, m[4]}
 """
 )
 
 #: ARGV: mode ('after', 'cursor' or 'poll'), after (for 'after') or the cursor's name,
-#: max ('' for none), touch ('1': the read is a use of its cursor), max_cursors
+#: max ('' for none), touch ('1': the read is a use of its cursor), max_cursors. Answers
+#: {'ok', next, lost, entries, head, incarnation}.
 READ = (
     _PRELUDE
     + """
-local h = redis.call('HGET', meta, 'head')
+local m = redis.call('HMGET', meta, 'head', 'inc')
+local h = m[1]
 if not h then return missing() end
 local mode, touch, max_cursors = ARGV[1], ARGV[4] == '1', tonumber(ARGV[5])
 local head = tonumber(h)
@@ -182,7 +188,7 @@ elseif mode == 'cursor' and touch then
   set_cursor(ARGV[2], seq, uses)
 end
 redis.call('HINCRBY', meta, 'evals', 1)
-return {'ok', next, lost, entries}
+return {'ok', next, lost, entries, head, m[2]}
 """
 )
 
@@ -235,13 +241,13 @@ return {'ok', tonumber(m[1]), tonumber(m[2]), tonumber(m[3]), redis.call('XLEN',
 """
 )
 
-#: ARGV: limit
+#: ARGV: limit, incarnation (a random token)
 START = (
     _PRELUDE
     + """
 if redis.call('EXISTS', meta) == 1 then return {'ok', 0} end
 redis.call('DEL', ring, cursors, keys, keyorder, timers, due)
-redis.call('HSET', meta, 'limit', ARGV[1], 'head', 0, 'uses', 0, 'evals', 0)
+redis.call('HSET', meta, 'limit', ARGV[1], 'head', 0, 'uses', 0, 'evals', 0, 'inc', ARGV[2])
 return {'ok', 1}
 """
 )
