@@ -3,7 +3,9 @@
 ``inproc`` is the daemon in the test process (tests/helpers.py
 ``InProcDaemon``): no subprocess, memory store unless the test asks for the
 default SQLite store with ``@pytest.mark.parametrize("inproc", ["durable"],
-indirect=True)``. ``daemon`` / ``durable_daemon`` are real daemon processes
+indirect=True)``. A test that also asks for ``clock`` (a ``MovedClock``) gets
+its ``inproc`` daemon on that clock: its timers come due when the test
+moves it. ``daemon`` / ``durable_daemon`` are real daemon processes
 (``DaemonProc``), for tests that signal, kill or restart the daemon or read
 its stderr. Each is on a port the OS chose and a fresh home, and is stopped
 when the test ends.
@@ -28,6 +30,7 @@ from tests.helpers import (
     REDIS_KINDS,
     DaemonProc,
     InProcDaemon,
+    MovedClock,
     RedisClusterProcs,
     RedisProc,
     daemon_config,
@@ -45,8 +48,19 @@ def inproc(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[InProcDae
     """
     store = getattr(request, "param", "memory")
     assert store in DAEMON_STORES, f"inproc is one of {DAEMON_STORES}, not {store!r}"
-    with inproc_daemon(daemon_config(tmp_path / "home", durable=store == "durable")) as d:
-        yield d
+    config = daemon_config(tmp_path / "home", durable=store == "durable")
+    if "clock" in request.fixturenames:
+        with inproc_daemon(config, request.getfixturevalue("clock")) as d:
+            yield d
+    else:
+        with inproc_daemon(config) as d:
+            yield d
+
+
+@pytest.fixture
+def clock() -> MovedClock:
+    """A clock that stands still until the test moves it; the test's ``inproc`` runs on it."""
+    return MovedClock()
 
 
 @pytest.fixture

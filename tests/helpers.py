@@ -7,7 +7,10 @@ comes in two kinds with one face (``port``, ``home``, ``token``, ``addr``,
 - ``InProcDaemon`` runs ``serve_daemon`` on an event loop thread of the test
   process (an anyio blocking portal): no subprocess, so it starts in a few
   milliseconds. Most tests over the wire use it. ``running_daemon`` is the
-  same for async tests, in the test's own task group.
+  same for async tests, in the test's own task group. Handed a
+  ``MovedClock``, its timers are due by a clock that stands still until the
+  test moves it, so a timer test moves the clock and checks exactly what
+  fired, whatever the load on the machine.
 - ``DaemonProc`` runs ``python -m repl_daemon`` as a child process, for the
   tests that need a real one: SIGTERM and its exit status, SIGKILL,
   restarts on the same home, its stderr and its log.
@@ -29,6 +32,7 @@ No tests and no fixtures live here: the fixtures are declared once, in
 from __future__ import annotations
 
 import array
+import asyncio
 import contextlib
 import fcntl
 import json
@@ -56,6 +60,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from repl_daemon.config import DEFAULTS, Config, Limits
 from repl_daemon.daemon import serve_daemon
+from repl_daemon.engine.clock import REAL, Clock, ms_to_utc
 from repl_daemon.stores.base import Store
 from repl_daemon.stores.redis import session_keys
 from session.delta import Delta
@@ -199,8 +204,10 @@ def daemon_config(
     settle: float = 0.0,
     limits: Limits | None = None,
     max_sessions: int = DEFAULTS["max_sessions"],
+    store_url: str | None = None,
 ) -> Config:
-    """A test daemon's Config: port 0, memory (or the default SQLite store), settle 0.
+    """A test daemon's Config: port 0, memory (or the default SQLite store, or the shared
+    store at ``store_url``), settle 0.
 
     The idle timeout is 5 s unless ``limits`` says otherwise, as the
     ``daemon`` fixture's process has it.
@@ -209,7 +216,8 @@ def daemon_config(
         home=home,
         host="127.0.0.1",
         port=0,
-        memory=not durable,
+        memory=not durable and store_url is None,
+        store_url=store_url,
         settle=settle,
         limits=limits or Limits(idle_timeout=5.0),
         max_sessions=max_sessions,
@@ -222,12 +230,14 @@ class InProcDaemon(Daemon):
     Started on construction; ``stop`` is the clean shutdown ``repl daemon``
     does on SIGTERM (the ``stop`` event is set: waiters are answered, the
     store is closed) and raises whatever the daemon raised, so a test whose
-    daemon failed fails too.
+    daemon failed fails too. ``start`` again serves the same home (on a new
+    port) and the same clock: the real one, or the ``MovedClock`` it was given.
     """
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, clock: Clock = REAL) -> None:
         super().__init__(config.home)
         self.config = config
+        self.clock = clock
         self._portal: BlockingPortal | None = None
         self._running = contextlib.ExitStack()
         self._stop: anyio.Event | None = None
@@ -240,7 +250,7 @@ class InProcDaemon(Daemon):
             portal = running.enter_context(start_blocking_portal("asyncio"))
             stop: anyio.Event = portal.call(anyio.Event)
             self._served, self.port = portal.start_task(
-                partial(serve_daemon, self.config, stop=stop)
+                partial(serve_daemon, self.config, stop=stop, clock=self.clock)
             )
             self._portal, self._stop, self._running = portal, stop, running.pop_all()
 
@@ -270,9 +280,9 @@ class InProcDaemon(Daemon):
 
 
 @contextlib.contextmanager
-def inproc_daemon(config: Config) -> Iterator[InProcDaemon]:
+def inproc_daemon(config: Config, clock: Clock = REAL) -> Iterator[InProcDaemon]:
     """An in-process daemon for the ``with`` block; its clients closed, then stopped cleanly."""
-    d = InProcDaemon(config)
+    d = InProcDaemon(config, clock)
     try:
         yield d
     finally:
@@ -294,6 +304,55 @@ async def running_daemon(config: Config, *, store: Store | None = None) -> Async
             yield port
         finally:
             stop.set()
+
+
+class MovedClock(Clock):
+    """A daemon's clock that stands still until the test moves it (``advance``).
+
+    Nothing fires by the wall clock: a timer is due when the test says so.
+    A timer task asleep on it (``sleep_until``) is woken when it moves,
+    whichever event loop it sleeps in, so several in-process daemons may
+    share one, as daemons sharing a store share the wall clock. It starts on
+    a whole second of the real time, so stamps look like today's.
+    """
+
+    def __init__(self, ms: int | None = None) -> None:
+        self.ms = time.time_ns() // 1_000_000_000 * 1000 if ms is None else ms
+        self._lock = threading.Lock()
+        self._sleepers: dict[int, tuple[anyio.Event, asyncio.AbstractEventLoop]] = {}
+
+    def now_ms(self) -> int:
+        return self.ms
+
+    def utc_now(self) -> str:
+        return ms_to_utc(self.ms)
+
+    def at(self, ms: int) -> str:
+        """``ms`` since the epoch in RFC 3339, as ``--at`` and ``at`` take it."""
+        return ms_to_utc(ms)
+
+    async def sleep_until(self, due_ms: int | None, wake: anyio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if due_ms is not None and self.ms >= due_ms:
+                return  # moved since the caller looked
+            self._sleepers[id(wake)] = (wake, loop)
+        try:
+            await wake.wait()
+        finally:
+            with self._lock:
+                self._sleepers.pop(id(wake), None)
+
+    def advance(self, ms: int) -> int:
+        """Move the clock ``ms`` on and wake every timer task asleep on it; the new time."""
+        assert ms >= 0, "a moved clock only goes forward"
+        with self._lock:
+            self.ms += ms
+            sleepers = list(self._sleepers.values())
+        for wake, loop in sleepers:
+            with contextlib.suppress(RuntimeError):  # its loop closed meanwhile: nothing sleeps
+                loop.call_soon_threadsafe(wake.set)
+        return self.ms
 
 
 class DaemonProc(Daemon):

@@ -39,7 +39,7 @@ import anyio
 import msgspec
 
 from repl_daemon import protocol as p
-from repl_daemon.engine.clock import ms_to_utc, now_ms, utc_now
+from repl_daemon.engine.clock import REAL, Clock, ms_to_utc
 from repl_daemon.engine.committer import Committer, Sessions, Totals
 from repl_daemon.engine.outcome import Outcome
 from repl_daemon.engine.scoped import Scoped
@@ -116,8 +116,11 @@ class Engine:
         *,
         settle: float = 0.1,
         store_name: str = "memory",
+        clock: Clock = REAL,
     ) -> None:
         self.settle = settle
+        #: what stamps a firing and what a schedule's due time is counted from
+        self.clock = clock
         #: the store as ``ping`` shows it (a Redis URL without its password)
         self.store_name = store_name
         #: requests by op, refusals by code, the store's write latency (``/metrics``)
@@ -298,7 +301,7 @@ class Engine:
             committer = self._scoped(req, tag, token)
         match req:
             case p.Send():
-                op = Record(req.handler, req.text, utc_now(), req.key)
+                op = Record(req.handler, req.text, self.clock.utc_now(), req.key)
                 return committer.execute(req.session, op).then(self._sent(rid))
             case p.Read():
                 if req.after is not None:
@@ -368,7 +371,7 @@ class Engine:
         """Record a webhook's delivery (its signature checked by the caller): a handled
         firing of the webhook's handler, deduplicated by the delivery's key."""
         self.counts.requests["webhook"] += 1
-        record = Record(webhook.handler, text, utc_now(), key, handled=True)
+        record = Record(webhook.handler, text, self.clock.utc_now(), key, handled=True)
         return self.committer.execute(session_id, record).then(self._sent(msgspec.UNSET))
 
     def timer_for(self, req: p.Schedule) -> Timer:
@@ -383,7 +386,7 @@ class Engine:
         every = None if req.every is None else parse_every(req.every)
         if every is not None and every > MAX_DUE_MS:  # said before the due time it makes
             raise BadTime(f"interval {req.every!r} is longer than the calendar goes")
-        now = now_ms()
+        now = self.clock.now_ms()
         if req.in_ is not None:
             due = now + parse_duration(req.in_)
         elif req.at is not None:
