@@ -22,8 +22,6 @@ the installed ``repl`` against a test daemon, with REPL_ADDR and REPL_HOME
 in its environment. ``RedisProc`` is a redis-server of the test's own,
 ``RedisClusterProcs`` a Redis Cluster of them on loopback, and
 ``SharedDaemons`` daemon processes that share one ``--store`` URL.
-``SideBySide`` runs scenarios that mostly wait on clocks in threads, all at
-once, for the tests that each check one.
 
 No tests and no fixtures live here: the fixtures are declared once, in
 ``tests/conftest.py`` or in the conftest of the one folder that uses them.
@@ -992,40 +990,6 @@ def each_at_once(run: Callable[[T], R], items: Iterable[T]) -> list[R]:
     raised (the first in the items' order)."""
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         return list(pool.map(run, items))
-
-
-class SideBySide:
-    """Scenarios that mostly wait on clocks, each run in a thread of its own, all started at
-    once; ``result`` waits for one and raises whatever it raised, so its test fails as if it
-    had run the scenario itself. ``close`` waits for every one (call it before the next
-    module, so nothing of these runs beside other tests)."""
-
-    def __init__(self, scenarios: dict[str, Callable[[], None]]) -> None:
-        self.errors: dict[str, BaseException] = {}
-        self.threads = {
-            name: threading.Thread(target=self._run, args=(name, run), name=name, daemon=True)
-            for name, run in scenarios.items()
-        }
-        for thread in self.threads.values():
-            thread.start()
-
-    def _run(self, name: str, run: Callable[[], None]) -> None:
-        try:
-            run()
-        except BaseException as exc:  # handed to the test by ``result``
-            self.errors[name] = exc
-
-    def result(self, name: str, timeout: float = 50) -> None:
-        thread = self.threads[name]
-        thread.join(timeout)
-        assert not thread.is_alive(), f"{name} still running after {timeout} s"
-        if name in self.errors:
-            raise self.errors.pop(name)
-
-    def close(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        for thread in self.threads.values():
-            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def read_line(proc: subprocess.Popen[bytes], timeout: float = 15) -> bytes:
