@@ -16,6 +16,13 @@ restart). ``redis_single``, ``redis_cluster`` (3 primaries) and
 per test session, on first use, and shared; ``redis_any`` is one of the
 three per parameter (``REDIS_KINDS``), emptied before its test (FLUSHALL on
 every primary).
+
+Tests marked ``slow`` (soaks, long variants of property tests) are skipped
+unless a marker expression is given: ``pytest -m slow`` runs them (as
+``.ci/run`` does, after ``scripts/check``). Every property test runs
+without a deadline and without hypothesis's ``too_slow`` health check: a
+loaded machine is slow, not wrong. How many examples each runs is its own
+(``tests.helpers.examples``).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.helpers import (
     DAEMON_STORES,
@@ -37,6 +45,19 @@ from tests.helpers import (
     inproc_daemon,
     require_redis,
 )
+
+settings.register_profile("repl", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("repl")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the ``slow`` tests unless ``-m`` chose what runs."""
+    if config.option.markexpr:
+        return
+    later = pytest.mark.skip(reason="slow: `pytest -m slow` runs it")
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(later)
 
 
 @pytest.fixture

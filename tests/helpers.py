@@ -969,6 +969,13 @@ class Repl:
         )
 
 
+def examples(suite: int, variable: str) -> int:
+    """How many examples a property test runs: ``suite`` in the suite (a few seconds' worth,
+    far from the 60 s timeout under coverage on a loaded 2-core machine), or ``$variable``
+    for a longer search."""
+    return int(os.environ.get(variable, suite))
+
+
 def assert_one_error_line(stderr: str) -> None:
     assert stderr.startswith("repl: "), stderr
     assert stderr.endswith("\n") and stderr.count("\n") == 1, stderr
