@@ -90,7 +90,7 @@ FIXTURES = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 
 
 # each example is a run of repl (half a second under coverage): 25 in the suite,
-# CLI_FUZZ_EXAMPLES=N for more, and the slow variant runs 300
+# CLI_FUZZ_EXAMPLES=N for more, and the slow variant runs 100
 @settings(max_examples=examples(25, "CLI_FUZZ_EXAMPLES"), suppress_health_check=FIXTURES)
 @given(**RUNS)
 def test_no_traceback_whatever_the_arguments_environment_or_stdio(
@@ -108,7 +108,7 @@ def test_no_traceback_whatever_the_arguments_environment_or_stdio(
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@settings(max_examples=examples(300, "CLI_FUZZ_EXAMPLES"), suppress_health_check=FIXTURES)
+@settings(max_examples=examples(100, "CLI_FUZZ_EXAMPLES"), suppress_health_check=FIXTURES)
 @given(**RUNS)
 def test_no_traceback_whatever_the_arguments_environment_or_stdio_over_a_long_search(
     daemon: DaemonProc,

@@ -339,7 +339,7 @@ class SessionMachine(RuleBasedStateMachine):
 
 
 # each example is up to 50 steps, and a flood step sends up to 1,324 firings: 40 examples
-# are some 5 s of the suite (STATEFUL_EXAMPLES=N for more); the slow variant runs 500
+# are some 5 s of the suite (STATEFUL_EXAMPLES=N for more); the slow variant runs 300
 SessionMachine.TestCase.settings = settings(
     max_examples=examples(40, "STATEFUL_EXAMPLES"),
     stateful_step_count=50,
@@ -354,7 +354,7 @@ class LongSessionMachine(SessionMachine):
 
 
 LongSessionMachine.TestCase.settings = settings(
-    SessionMachine.TestCase.settings, max_examples=examples(500, "STATEFUL_EXAMPLES")
+    SessionMachine.TestCase.settings, max_examples=examples(300, "STATEFUL_EXAMPLES")
 )
 test_a_session_keeps_every_rule_under_a_long_search = pytest.mark.timeout(900)(
     pytest.mark.slow(LongSessionMachine.TestCase)

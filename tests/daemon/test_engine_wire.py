@@ -199,7 +199,7 @@ def test_a_refused_request_changes_no_session(
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@settings(max_examples=examples(1000, "ENGINE_WIRE_EXAMPLES"), suppress_health_check=FIXTURES)
+@settings(max_examples=examples(300, "ENGINE_WIRE_EXAMPLES"), suppress_health_check=FIXTURES)
 @given(script=requests)
 def test_a_refused_request_changes_no_session_over_a_long_search(
     inprocess: InProcess, script: list[dict[str, Any] | bytes]

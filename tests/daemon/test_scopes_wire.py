@@ -771,7 +771,7 @@ FIXTURES = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 
 @pytest.mark.timeout(300)  # shrinking a failure may take minutes
 # 25 examples a store in the suite (some 4 s; runs of 300-400 found nothing more than 60
-# did); SCOPES_EXAMPLES=N for more, and the slow variant runs 300
+# did); SCOPES_EXAMPLES=N for more, and the slow variant runs 100
 @settings(max_examples=examples(25, "SCOPES_EXAMPLES"), suppress_health_check=FIXTURES)
 @given(data=st.data())
 def test_a_token_sees_its_sessions_and_nothing_else(world: World, data: st.DataObject) -> None:
@@ -784,7 +784,7 @@ def test_a_token_sees_its_sessions_and_nothing_else(world: World, data: st.DataO
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@settings(max_examples=examples(300, "SCOPES_EXAMPLES"), suppress_health_check=FIXTURES)
+@settings(max_examples=examples(100, "SCOPES_EXAMPLES"), suppress_health_check=FIXTURES)
 @given(data=st.data())
 def test_a_token_sees_its_sessions_and_nothing_else_over_a_long_search(
     world: World, data: st.DataObject

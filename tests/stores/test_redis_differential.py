@@ -284,7 +284,7 @@ def test_redis_answers_as_the_core_does(
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@settings(max_examples=examples(600, "DIFFERENTIAL_EXAMPLES"), suppress_health_check=FIXTURES)
+@settings(max_examples=examples(200, "DIFFERENTIAL_EXAMPLES"), suppress_health_check=FIXTURES)
 @given(**SCRIPTS)
 def test_redis_answers_as_the_core_does_over_a_long_search(
     both: Both, session_id: str, limit: int, script: list[Op[Any]]
