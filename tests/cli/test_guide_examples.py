@@ -10,7 +10,9 @@ share. Each must exit 0 without a traceback.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -91,13 +93,14 @@ def test_the_request_and_reply_recipes_run(guide_daemon: DaemonProc, kind: str) 
         worker, requester = request_recipes("python")
         run = [sys.executable, "-c"]
     env = {**repl.env, "PATH": f"{Path(sys.executable).parent}:{repl.env.get('PATH', '')}"}
-    with subprocess.Popen([*run, worker], env=env, stderr=subprocess.PIPE) as background:
+    # the worker in a process group of its own: its `repl wait` goes with it when it ends
+    with subprocess.Popen([*run, worker], env=env, start_new_session=True) as background:
         try:
             done = subprocess.run(
                 [*run, requester], capture_output=True, text=True, env=env, timeout=60
             )
         finally:
-            background.kill()
-            background.communicate()
+            os.killpg(background.pid, signal.SIGKILL)
+            background.wait()
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1].endswith("done: resize images/"), done.stdout

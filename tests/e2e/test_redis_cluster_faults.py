@@ -237,7 +237,13 @@ class Failover:
             if bring_back:
                 victim.start()
                 self.cluster.wait_ready()
-                assert self.cluster.topology()[self.victim]["primary"] == self.replica
+                # the old primary comes back as the new one's replica: the cluster says so
+                # once its configuration has spread, which under load takes a while
+                eventually(
+                    lambda: self.cluster.topology()[self.victim]["primary"] == self.replica,
+                    30,
+                    "the old primary to rejoin as a replica",
+                )
             # every daemon found the new primary, the one without waiters too (no wake link
             # repair reads the cluster's table for it): sends to its sessions are answered
             eventually(
