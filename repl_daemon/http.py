@@ -9,16 +9,20 @@ any other (``wait`` with ``after``), blocked with no work until its session
 has a new firing; a client that goes away ends its wait at once.
 
 - ``POST /sessions/{id}/firings``: the body is the text (UTF-8, at most
-  1 MiB); ``?handler=NAME``; ``Idempotency-Key`` is the dedup key. 201, or
-  200 for a duplicate.
-- ``GET /sessions/{id}/firings?after=N&max=M``: ``{next, lost, firings}``.
+  1 MiB); ``?handler=NAME``; ``?tag=KEY=VALUE`` (repeatable) its tags;
+  ``Idempotency-Key`` is the dedup key. 201, or 200 for a duplicate.
+- ``GET /sessions/{id}/firings?after=N&max=M``: ``{next, lost, firings}``;
+  ``?match=KEY=VALUE`` / ``?match=KEY`` (repeatable) and ``?handler=NAME``
+  keep only the firings that match, and without ``after`` look at the whole
+  ring.
 - ``GET /sessions/{id}/events``: Server-Sent Events (sse-starlette): ``event:
   firing``, ``id:`` the seq, ``data:`` the firing's JSON; ``event: lost``
   before a gap; from ``Last-Event-ID`` or ``?after=N``, else from the head;
-  a comment line every 15 s.
+  a comment line every 15 s; with a match, only the firings that match.
 - ``POST /hooks/{id}``: a webhook's delivery, signed as GitHub signs it (no
   token: it carries its own secret); one 401 for a wrong signature, no
-  webhook and no session alike.
+  webhook and no session alike. Its firing carries the tags ``event`` (the
+  ``X-GitHub-Event`` header) and ``delivery`` (the delivery id).
 - ``GET /sessions``, ``GET /metrics`` (Prometheus, prometheus_client), and
   ``GET /healthz`` (no token; 503 when the store fails).
 - ``GET /`` and ``/static/...``: the page (``web/``); ``GET /favicon.ico`` its
@@ -71,6 +75,7 @@ from repl_daemon.protocol import MAX_LINE
 from session.errors import (
     BadRequest,
     BadSessionId,
+    BadTag,
     Code,
     ConfigError,
     IdleTimeout,
@@ -79,9 +84,10 @@ from session.errors import (
     ReplError,
     Unauthorized,
 )
-from session.ops import GetWebhook
+from session.ops import GetWebhook, check_match
 from session.rules import DEFAULT_HANDLER
 from session.scopes import READ, TokenRecord, forbidden
+from session.tags import Match, check_tag_key, parse_tags
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -261,9 +267,12 @@ class Api:
         except UnicodeDecodeError:
             raise BadRequest("the body is not UTF-8 text") from None
         handler = request.query_params.get("handler", DEFAULT_HANDLER)
+        tags = _tags(request)
         key = request.headers.get("idempotency-key")
         sent = await self.call(
-            p.Send(session=request.path_params["id"], text=text, handler=handler, key=key),
+            p.Send(
+                session=request.path_params["id"], text=text, handler=handler, key=key, tags=tags
+            ),
             request,
         )
         assert isinstance(sent, p.Sent)
@@ -275,10 +284,12 @@ class Api:
         return await (self.send(request) if request.method == "POST" else self.read(request))
 
     async def read(self, request: Request) -> Response:
-        after = _number(request, "after", 0)
+        match = _match(request)
+        # a matching read given no ``after`` looks at the whole ring (an early reply is found)
+        after = _number(request, "after", None if match else 0)
         most = _number(request, "max", None)
         read = await self.call(
-            p.Read(session=request.path_params["id"], after=after, max=most), request
+            p.Read(session=request.path_params["id"], after=after, max=most, match=match), request
         )
         assert isinstance(read, p.Firings)
         return json_response({"next": read.next, "lost": read.lost, "firings": read.firings})
@@ -393,7 +404,10 @@ class Api:
         except UnicodeDecodeError:
             raise BadRequest("the body is not UTF-8 text") from None
         key = request.headers.get("x-github-delivery") or request.headers.get("idempotency-key")
-        sent = await self.engine.deliver(session_id, webhook, text, key).result()
+        # what kind of delivery it is, and which one, for a reader that matches on them
+        tags = {"event": request.headers.get("x-github-event", ""), "delivery": key or ""}
+        tags = {name: value for name, value in tags.items() if value}
+        sent = await self.engine.deliver(session_id, webhook, text, key, tags).result()
         return json_response(
             {"seq": sent.seq, "duplicate": sent.duplicate}, 200 if sent.duplicate else 201
         )
@@ -418,6 +432,7 @@ class Api:
         # (``stats``, no right) before its waits, so without this a token that may not read
         # would get a 200 stream that ends at once (and an EventSource would retry for ever)
         self.engine.check_right(request.state.token, READ)
+        match = _match(request)
         resume = request.headers.get("last-event-id")
         if resume is not None:
             if not _SEQ.fullmatch(resume.strip(" ")):
@@ -430,7 +445,7 @@ class Api:
         else:  # refused now (a missing session, a seq after the head), not in the stream
             await self.call(p.Read(session=session_id, after=after, max=1), request)
         return EventSourceResponse(
-            self._stream(session_id, after, request),
+            self._stream(session_id, after, match, request),
             ping=HEARTBEAT,
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
@@ -441,17 +456,21 @@ class Api:
         return listed.sessions[0].head
 
     async def _stream(
-        self, session_id: str, after: int, request: Request
+        self, session_id: str, after: int, match: Match | None, request: Request
     ) -> AsyncIterator[dict[str, str]]:
         """The stream's events: a wait after ``after``, again and again, until the client goes.
 
         It opens with a bare ``id:`` (no event): where it starts, so that a client that
-        reconnects before the first firing resumes from there, with no hole.
+        reconnects before the first firing resumes from there, with no hole. With a
+        match, a batch may end past its last firing (the firings after it did not
+        match): a bare ``id:`` then says how far it looked, so a resume does not look
+        again.
         """
         yield {"id": str(after)}
         while True:
+            wait = p.Wait(sessions=[session_id], after=after, match=match)
             try:
-                woken = await self.call(p.Wait(sessions=[session_id], after=after), request)
+                woken = await self.call(wait, request)
             except ReplError as exc:  # stopped, the daemon closing, the store gone
                 error = {"code": exc.code.value, "message": exc.message}
                 yield {"event": "error", "data": _json.encode(error).decode()}
@@ -464,12 +483,16 @@ class Api:
                         "id": str(after + batch.lost),
                         "data": json.dumps({"lost": batch.lost}),
                     }
+                told = after + batch.lost
                 for firing in batch.firings:
                     yield {
                         "event": "firing",
                         "id": str(firing.seq),
                         "data": _json.encode(firing).decode(),
                     }
+                    told = firing.seq
+                if batch.next > told:
+                    yield {"id": str(batch.next)}
                 after = batch.next
 
 
@@ -627,6 +650,30 @@ def _number(request: Request, name: str, default: int | None) -> int | None:
     if not _NUMBER.fullmatch(value):
         raise BadRequest(f"?{name}={_shown(value)} is not a whole number")
     return int(value)
+
+
+def _tags(request: Request) -> dict[str, str]:
+    """A send's ``?tag=KEY=VALUE`` words (repeatable) as its tags; ``BadTag`` when not."""
+    return parse_tags(request.query_params.getlist("tag"))
+
+
+def _match(request: Request) -> Match | None:
+    """A reader's ``?match=KEY=VALUE`` / ``?match=KEY`` (repeatable: all must hold) and
+    ``?handler=NAME``, or None when it gives neither."""
+    query = request.query_params
+    handler = query.get("handler")
+    wanted: dict[str, str | None] = {}
+    for word in query.getlist("match"):
+        key, sep, value = word.partition("=")
+        check_tag_key(key)
+        if key in wanted:
+            raise BadTag(f"?match={key} is given twice: which value should it have?")
+        wanted[key] = value if sep else None
+    if not wanted and handler is None:
+        return None
+    match = Match(wanted, handler)
+    check_match(match)
+    return match
 
 
 def make_app(engine: Engine, token: str) -> Any:

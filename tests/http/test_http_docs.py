@@ -61,6 +61,7 @@ def samples(path: Path = PAGE) -> list[Sample]:
 CLAIMED = {
     "setup": ("sh", "repl daemon --http"),
     "stream": ("console", "event: lost"),
+    "tags": ("console", "?match=corr=c-42"),
     "curl": ("sh", "curl -N"),
     "javascript": ("js", "getReader"),
     "scrape": ("yaml", "scrape_configs"),
@@ -151,6 +152,34 @@ def test_the_stream_sample_is_what_curl_prints(daemon: DaemonProc) -> None:
     got = done.stdout.decode()
     assert "\r\n" in got and "\n" not in got.replace("\r\n", "")  # CRLF, as the page says
     assert TS.sub('"ts":""', got.replace("\r\n", "\n")) == TS.sub('"ts":""', "\n".join(printed))
+
+
+def transcript(text: str, daemon: DaemonProc) -> list[tuple[str, str]]:
+    """Each ``$ `` command of a console sample with what it printed here and what the sample
+    says it prints (a firing's time left out of both), run one after another in bash."""
+    assert daemon.http_port is not None
+    ran = []
+    for block in text.split("$ ")[1:]:
+        command, _, printed = block.partition("\n")
+        done = subprocess.run(
+            ["bash", "-c", aimed(command, daemon.http_port)],
+            env=env(daemon),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 0, (command, done.stderr)
+        got = done.stdout if done.stdout.endswith("\n") else done.stdout + "\n"
+        ran.append((TS.sub('"ts":""', got), TS.sub('"ts":""', printed)))
+    return ran
+
+
+def test_the_tags_sample_prints_what_it_says(daemon: DaemonProc) -> None:
+    daemon.client().ok({"op": "start", "session": "inbox"})
+    ran = transcript(sample("tags"), daemon)
+    assert len(ran) == 3
+    for got, printed in ran:
+        assert got == printed
 
 
 def test_the_curl_sample_follows_a_session(daemon: DaemonProc) -> None:

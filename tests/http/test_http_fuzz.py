@@ -616,42 +616,59 @@ def expect(req: Req, model: Model) -> Expect:
         if key is not None and not _valid(check_key, key):
             return Expect("refused", frozenset({"bad_key"}))
         return Expect("recorded", session=session, text=text, handler=WEBHOOK_HANDLER, key=key)
+    # a reader's ``?handler=`` is a match: only that handler's firings (docs/http.md)
+    handler = req.query.get("handler")
+    bad_match = (
+        {"bad_handler"} if handler is not None and not _valid(check_handler, handler) else set()
+    )
     if kind == "read":
         after, most = _number(req, "after"), _number(req, "max")
         if after is BAD or most is BAD:
-            return Expect("refused", frozenset({"bad_request"}))
+            return Expect("refused", frozenset({"bad_request"} | bad_match))
         assert not isinstance(after, _Bad) and not isinstance(most, _Bad)
-        return _read_expect(session, 0 if after is None else after, most, model)
+        if after is None and handler is None:
+            after = 0  # a matching read with no after looks at the whole ring
+        return _read_expect(session, after, most, model, handler, bad_match)
     if kind == "events":
         resume = req.header("last-event-id")
         if resume is not None:
             text = resume.strip(" ")
             if not SEQ.fullmatch(text):  # a seq, as the docs say
-                return Expect("refused", frozenset({"bad_request"}))
+                return Expect("refused", frozenset({"bad_request"} | bad_match))
             after = int(text)
         else:
             after = _number(req, "after")
             if after is BAD:
-                return Expect("refused", frozenset({"bad_request"}))
+                return Expect("refused", frozenset({"bad_request"} | bad_match))
         assert not isinstance(after, _Bad)
         if after is None:
-            codes = session_codes(session)
+            codes = session_codes(session) | bad_match
             return Expect("refused", frozenset(codes)) if codes else Expect("ok", stream=True)
-        return replace(_read_expect(session, after, 1, model), stream=True)
+        return replace(_read_expect(session, after, 1, model, None, bad_match), stream=True)
     return Expect(kind)  # sessions, metrics, healthz, page, favicon: 200
 
 
-def _read_expect(session: str, after: int, most: int | None, model: Model) -> Expect:
-    codes = session_codes(session)
-    if after < 0:
+def _read_expect(
+    session: str,
+    after: int | None,
+    most: int | None,
+    model: Model,
+    handler: str | None = None,
+    bad_match: set[str] | None = None,
+) -> Expect:
+    codes = session_codes(session) | (bad_match or set())
+    if after is not None and after < 0:
         codes.add("bad_seq")
     if most is not None and most < 1:
         codes.add("bad_max")
-    if session in FIXED and after > model.heads[session]:
+    if after is not None and session in FIXED and after > model.heads[session]:
         codes.add("cursor_after_head")
     if codes:
         return Expect("refused", frozenset(codes))
-    return Expect("ok", read={"op": "read", "session": session, "after": after, "max": most})
+    read: dict[str, Any] = {"op": "read", "session": session, "after": after, "max": most}
+    if handler is not None:
+        read["match"] = {"handler": handler}
+    return Expect("ok", read=read)
 
 
 # -- the state the line protocol shows ----------------------------------------------------------
