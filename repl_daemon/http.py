@@ -19,6 +19,13 @@ has a new firing; a client that goes away ends its wait at once.
   firing``, ``id:`` the seq, ``data:`` the firing's JSON; ``event: lost``
   before a gap; from ``Last-Event-ID`` or ``?after=N``, else from the head;
   a comment line every 15 s; with a match, only the firings that match.
+- The consumer's routes, so that a program in any language runs the loop
+  ``repl wait`` runs: ``POST /sessions`` (start), ``DELETE /sessions/{id}``
+  (stop), ``GET /sessions/{id}/wait`` (a long poll: ``?ack=SEQ`` first, then
+  blocked like any wait until firings exist after the cursor or
+  ``?timeout=`` passes; it acknowledges nothing it returns, and a client
+  that goes away releases it at once), ``POST /sessions/{id}/cursors/{name}``
+  (ack).
 - ``POST /hooks/{id}``: a webhook's delivery, signed as GitHub signs it (no
   token: it carries its own secret); one 401 for a wrong signature, no
   webhook and no session alike. Its firing carries the tags ``event`` (the
@@ -34,8 +41,8 @@ protocol's ``auth`` is; without it, or with a wrong or revoked one, 401. A
 scoped token sees only its sessions (``/sessions`` lists those, any other
 answers 404 as a missing one), a right it lacks is 403, and ``/metrics``
 (the whole daemon's figures) is the root's. A revocation ends the token's
-blocked requests and event streams at once (``event: error``, code
-``unauthorized``). Errors are JSON ``{"code",
+blocked requests (a long poll: 401) and event streams at once (``event:
+error``, code ``unauthorized``). Errors are JSON ``{"code",
 "message"}`` with the wire code of ``session.errors``; a missing session is
 404, a body over 1 MiB 413, a request the daemon cannot take 400. So are the
 refusals the libraries would make in plain text: no route (404) or a method
@@ -63,7 +70,7 @@ import ssl
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import msgspec
@@ -71,6 +78,8 @@ from anyio.abc import TaskStatus
 
 from repl_daemon import protocol as p
 from repl_daemon.engine.engine import REVOKED
+from repl_daemon.engine.outcome import Outcome
+from repl_daemon.engine.wait import Wait
 from repl_daemon.protocol import MAX_LINE
 from session.errors import (
     BadRequest,
@@ -85,8 +94,8 @@ from session.errors import (
     Unauthorized,
 )
 from session.ops import GetWebhook, check_match
-from session.rules import DEFAULT_HANDLER
-from session.scopes import READ, TokenRecord, forbidden
+from session.rules import DEFAULT_HANDLER, WAIT_CURSOR
+from session.scopes import ADMIN, READ, TokenRecord, forbidden
 from session.tags import Match, check_tag_key, parse_tags
 
 if TYPE_CHECKING:
@@ -106,6 +115,10 @@ MAX_DRAIN = 16 * MAX_BODY
 HEARTBEAT = 15.0
 #: how long a request's body may take to arrive in full
 BODY_TIMEOUT = 30.0
+#: a long poll's ``?timeout=`` when none is given, and the most it may be, in seconds: one
+#: longer than an hour would outlive every proxy between, and the client may ask again
+WAIT_TIMEOUT = 30.0
+MAX_WAIT_TIMEOUT = 3600.0
 
 #: the page's files (``GET /`` and ``/static/...``), shipped in the package
 WEB = Path(__file__).with_name("web")
@@ -113,8 +126,9 @@ WEB = Path(__file__).with_name("web")
 SVG = "image/svg+xml"
 #: what a 404 of no route names, so the caller finds the right path
 ROUTES = (
-    "the routes are /sessions, /sessions/ID/firings, /sessions/ID/events, /hooks/ID, "
-    "/metrics, /healthz and the page at /"
+    "the routes are /sessions, /sessions/ID, /sessions/ID/firings, /sessions/ID/events, "
+    "/sessions/ID/wait, /sessions/ID/cursors/NAME, /hooks/ID, /metrics, /healthz and the "
+    "page at /"
 )
 #: the page loads nothing from anywhere else, and runs no script it did not ship
 PAGE_HEADERS = {
@@ -213,10 +227,18 @@ class Api:
     async def call(self, req: p.AnyRequest, request: Request) -> p.Response:
         """``req`` handled by the engine with the request's token; a blocked one (a wait)
         holds the token, and its revocation answers it ``unauthorized``."""
+        return await self.answer(self.handle(req, request), request)
+
+    def handle(self, req: p.AnyRequest, request: Request) -> Outcome[p.Response]:
+        """``req`` given to the engine with the request's token: refused at once, or its
+        outcome (for a wait, the job that blocks: ``answer`` awaits it)."""
+        self.engine.requests += 1
+        return self.engine.handle(req, request.state.token)
+
+    async def answer(self, outcome: Outcome[p.Response], request: Request) -> p.Response:
+        """``outcome``'s answer; a revocation of the request's token ends a blocked one."""
         engine = self.engine
-        engine.requests += 1
         token: TokenRecord | None = request.state.token
-        outcome = engine.handle(req, token)
         if token is None or outcome.job is None:
             return await outcome.result()
         held = _Held()
@@ -314,6 +336,132 @@ class Api:
                 for s in rows
             ]
         )
+
+    async def sessions_root(self, request: Request) -> Response:
+        return await (self.start(request) if request.method == "POST" else self.sessions(request))
+
+    async def start(self, request: Request) -> Response:
+        """``POST /sessions``: start a session, as ``repl start`` does. The body (JSON, or
+        none) may name its ``id``, its ``buffer`` and ``exist_ok``."""
+        self.engine.check_right(request.state.token, ADMIN)
+        body = await _body(request)
+        asked = _decode(body, _StartBody, '{"id": ID, "buffer": N, "exist_ok": true}')
+        started = await self.call(
+            p.Start(session=asked.id, buffer=asked.buffer, exist_ok=asked.exist_ok), request
+        )
+        assert isinstance(started, p.Started)
+        return json_response(
+            {"session": started.session, "created": started.created},
+            201 if started.created else 200,
+        )
+
+    async def stop(self, request: Request) -> Response:
+        """``DELETE /sessions/{id}``: stop it, as ``repl stop`` does; its waiters are told."""
+        from starlette.responses import Response
+
+        session_id = request.path_params["id"]
+        self.engine.check_right(request.state.token, ADMIN, session_id)
+        await self.call(p.Stop(session=session_id), request)
+        return Response(status_code=204)
+
+    async def ack(self, request: Request) -> Response:
+        """``POST /sessions/{id}/cursors/{name}`` with ``{"seq": N}``: acknowledge."""
+        session_id = request.path_params["id"]
+        self.engine.check_right(request.state.token, READ, session_id)
+        asked = _decode(await _body(request), _AckBody, '{"seq": N}')
+        acked = await self.call(
+            p.Ack(session=session_id, seq=asked.seq, cursor=request.path_params["name"]), request
+        )
+        assert isinstance(acked, p.Acked)
+        return json_response({"cursor": acked.cursor, "seq": acked.seq})
+
+    async def wait(self, request: Request) -> Response:
+        """``GET /sessions/{id}/wait``: a long poll, the consumer's ``repl wait``.
+
+        ``?ack=SEQ`` is acknowledged on the cursor first; then it answers as soon as
+        firings exist after the cursor (``?cursor=``, default ``wait``; with a match
+        and no cursor, the whole ring; ``?after=N``: after a seq, through no cursor),
+        or at ``?timeout=`` with ``timed_out``. It acknowledges nothing of what it
+        returns: the next call's ``ack`` does. Blocked, it is the engine's wait, which
+        does no work; a client that hangs up releases it at once, having moved nothing.
+        """
+        session_id = request.path_params["id"]
+        self.engine.check_right(request.state.token, READ, session_id)
+        query = request.query_params
+        match = _match(request)
+        cursor = query.get("cursor")
+        after = _number(request, "after", None)
+        ack = _number(request, "ack", None)
+        if after is not None and cursor is not None:
+            raise BadRequest("give either ?cursor= or ?after=, not both")
+        if cursor is None and after is None and match is None:
+            cursor = WAIT_CURSOR
+        if ack is not None and cursor is None:
+            raise BadRequest(
+                "?ack= needs a cursor: a wait with ?after=, or matching with no ?cursor=, "
+                "acknowledges nothing"
+            )
+        timeout = _seconds(request, "timeout", WAIT_TIMEOUT)
+        req = p.Wait(
+            sessions=[session_id],
+            cursor=cursor,
+            timeout_ms=round(timeout * 1000),
+            max=_number(request, "max", None),
+            ack={} if ack is None else {session_id: ack},
+            after=after,
+            match=match,
+        )
+        outcome = self.handle(req, request)
+        waited = await self._unless_gone(outcome, request)
+        if waited is None:  # nobody to answer: the wait is released, nothing moved
+            from starlette.responses import Response
+
+            return Response(status_code=204)
+        assert isinstance(waited, p.Woken)
+        if waited.batches:
+            (batch,) = waited.batches
+            return json_response(
+                {
+                    "next": batch.next,
+                    "lost": batch.lost,
+                    "firings": batch.firings,
+                    "timed_out": False,
+                }
+            )
+        job = outcome.job
+        assert isinstance(job, Wait)
+        here = job.position(session_id)
+        assert here is not None  # a wait times out only once it has looked
+        return json_response({"next": here, "lost": 0, "firings": [], "timed_out": True})
+
+    async def _unless_gone(
+        self, outcome: Outcome[p.Response], request: Request
+    ) -> p.Response | None:
+        """``outcome``'s answer, or None once the client has hung up (its job cancelled).
+
+        The ASGI server says that a client went away by answering ``receive`` with
+        ``http.disconnect``; nothing else arrives on a request whose body is in.
+        """
+        await _drain(request)  # a body (a GET's, unasked): read first, so only the end is left
+        answers: list[p.Response | ReplError] = []
+        async with anyio.create_task_group() as tg:
+
+            async def hang_up() -> None:
+                while (await request.receive())["type"] != "http.disconnect":
+                    pass
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(hang_up)
+            try:
+                answers.append(await self.answer(outcome, request))
+            except ReplError as exc:
+                answers.append(exc)
+            tg.cancel_scope.cancel()
+        if not answers:
+            return None
+        if isinstance(answers[0], ReplError):
+            raise answers[0]
+        return answers[0]
 
     async def page(self, request: Request) -> Response:
         """The page (``GET /``): plain HTML shipped in the package; it holds no data until
@@ -635,6 +783,7 @@ async def _body(request: Request) -> bytes:
 #: a seq as HTTP takes it: ASCII digits, at most 19 (seqs stop at 2**63 - 1)
 _SEQ = re.compile(r"[0-9]{1,19}")
 _NUMBER = re.compile(r"-?[0-9]{1,19}")
+_SECONDS = re.compile(r"[0-9]{1,7}(\.[0-9]{1,6})?")
 
 
 def _shown(value: str, most: int = 40) -> str:
@@ -650,6 +799,18 @@ def _number(request: Request, name: str, default: int | None) -> int | None:
     if not _NUMBER.fullmatch(value):
         raise BadRequest(f"?{name}={_shown(value)} is not a whole number")
     return int(value)
+
+
+def _seconds(request: Request, name: str, default: float) -> float:
+    """A number of seconds of the query (``30``, ``2.5``), from 0 to ``MAX_WAIT_TIMEOUT``."""
+    value = request.query_params.get(name)
+    if value is None:
+        return default
+    if not _SECONDS.fullmatch(value) or float(value) > MAX_WAIT_TIMEOUT:
+        raise BadRequest(
+            f"?{name}={_shown(value)} is not a number of seconds from 0 to {MAX_WAIT_TIMEOUT:g}"
+        )
+    return float(value)
 
 
 def _tags(request: Request) -> dict[str, str]:
@@ -676,6 +837,37 @@ def _match(request: Request) -> Match | None:
     return match
 
 
+class _StartBody(msgspec.Struct, kw_only=True):
+    """``POST /sessions``'s body, every field optional; unknown ones are ignored, as the
+    line protocol ignores them."""
+
+    id: str | None = None
+    buffer: int | None = None
+    exist_ok: bool = False
+
+
+class _AckBody(msgspec.Struct, kw_only=True):
+    """``POST /sessions/{id}/cursors/{name}``'s body."""
+
+    seq: int
+
+
+_Body = TypeVar("_Body", _StartBody, _AckBody)
+
+
+def _decode(body: bytes, kind: type[_Body], shape: str) -> _Body:
+    """A JSON body as ``kind`` (an empty one: its defaults), or ``BadRequest`` with msgspec's
+    path to what is wrong and the shape it should have."""
+    if not body.strip():
+        body = b"{}"
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError as exc:
+        raise BadRequest(f"bad body: {exc}; send {shape}") from None
+    except msgspec.DecodeError as exc:
+        raise BadRequest(f"the body is not JSON ({exc}): send {shape}") from None
+
+
 def make_app(engine: Engine, token: str) -> Any:
     """The Starlette app of the daemon's HTTP routes."""
     from starlette.applications import Starlette
@@ -692,7 +884,11 @@ def make_app(engine: Engine, token: str) -> Any:
         # one route for both methods, so a 405's Allow lists every method it serves
         Route("/sessions/{id}/firings", guarded(api.firings), methods=["GET", "POST"]),
         Route("/sessions/{id}/events", guarded(api.events), methods=["GET"]),
-        Route("/sessions", guarded(api.sessions), methods=["GET"]),
+        Route("/sessions/{id}/wait", guarded(api.wait), methods=["GET"]),
+        # a cursor's name may hold a slash (any printable character but whitespace)
+        Route("/sessions/{id}/cursors/{name:path}", guarded(api.ack), methods=["POST"]),
+        Route("/sessions/{id}", guarded(api.stop), methods=["DELETE"]),
+        Route("/sessions", guarded(api.sessions_root), methods=["GET", "POST"]),
         Route("/metrics", guarded(api.metrics), methods=["GET"]),
         Route("/healthz", guarded(api.healthz, open=True), methods=["GET"]),
         # a webhook carries its own secret: no token
