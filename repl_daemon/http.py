@@ -411,8 +411,9 @@ class Api:
             after=after,
             match=match,
         )
-        outcome = self.handle(req, request)
-        waited = await self._unless_gone(outcome, request)
+        job = self.handle(req, request).job
+        assert isinstance(job, Wait)  # a wait is the engine's job, started here
+        waited = await self._unless_gone(job, request)
         if waited is None:  # nobody to answer: the wait is released, nothing moved
             from starlette.responses import Response
 
@@ -428,40 +429,35 @@ class Api:
                     "timed_out": False,
                 }
             )
-        job = outcome.job
-        assert isinstance(job, Wait)
         here = job.position(session_id)
         assert here is not None  # a wait times out only once it has looked
         return json_response({"next": here, "lost": 0, "firings": [], "timed_out": True})
 
-    async def _unless_gone(
-        self, outcome: Outcome[p.Response], request: Request
-    ) -> p.Response | None:
-        """``outcome``'s answer, or None once the client has hung up (its job cancelled).
+    async def _unless_gone(self, job: Wait, request: Request) -> p.Response | None:
+        """The wait's answer, or None once the client has hung up (the wait is then
+        cancelled, having moved nothing).
 
-        The ASGI server says that a client went away by answering ``receive`` with
-        ``http.disconnect``; nothing else arrives on a request whose body is in.
+        The wait is driven by its own callback, beside a task that reads the ASGI
+        receive channel until ``http.disconnect`` (uvicorn sends nothing else once a
+        request's body is in): whichever ends first ends the other, and this request's
+        task is never cancelled. A revocation of the request's token answers it
+        ``unauthorized``, as it answers a wait of the line protocol.
         """
         await _drain(request)  # a body (a GET's, unasked): read first, so only the end is left
-        answers: list[p.Response | ReplError] = []
-        async with anyio.create_task_group() as tg:
-
-            async def hang_up() -> None:
-                while (await request.receive())["type"] != "http.disconnect":
-                    pass
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(hang_up)
-            try:
-                answers.append(await self.answer(outcome, request))
-            except ReplError as exc:
-                answers.append(exc)
-            tg.cancel_scope.cancel()
-        if not answers:
-            return None
-        if isinstance(answers[0], ReplError):
-            raise answers[0]
-        return answers[0]
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[p.Response] = loop.create_future()
+        poll = _Poll(self.engine, request.state.token, job, answer)
+        gone = loop.create_task(_hung_up(request))
+        job.start(poll.answered)
+        try:
+            await asyncio.wait((answer, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not answer.done():  # the client went away, or this request was cancelled
+                poll.release()
+                job.cancel()
+                answer.cancel()
+        return None if answer.cancelled() else answer.result()
 
     async def page(self, request: Request) -> Response:
         """The page (``GET /``): plain HTML shipped in the package; it holds no data until
@@ -642,6 +638,50 @@ class Api:
                 if batch.next > told:
                     yield {"id": str(batch.next)}
                 after = batch.next
+
+
+class _Poll:
+    """A long poll's wait, its answer, and its hold on its token while it waits: the wait's
+    answer and a revocation each end the hold, so only the first of them is told."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        token: TokenRecord | None,
+        job: Wait,
+        answer: asyncio.Future[p.Response],
+    ) -> None:
+        self.engine = engine
+        self.token = token
+        self.job = job
+        self.answer = answer
+        if token is not None:
+            engine.hold(token, self)
+
+    def release(self) -> None:
+        if self.token is not None:
+            self.engine.release(self.token, self)
+
+    def answered(self, value: p.Response | None, error: Exception | None) -> None:
+        """The wait's callback (never called once the wait is cancelled)."""
+        self.release()
+        if error is not None:
+            self.answer.set_exception(error)
+            return
+        assert value is not None
+        self.answer.set_result(value)
+
+    def revoke(self, error: Unauthorized) -> None:
+        """The token was revoked while the wait held it: the wait ends, unanswered."""
+        self.job.cancel()
+        self.answer.set_exception(error)
+
+
+async def _hung_up(request: Request) -> None:
+    """Return once the request's client has gone: what the ASGI server tells by answering
+    ``receive`` with ``http.disconnect``."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 class _Held:

@@ -263,6 +263,7 @@ def test_a_blocked_poll_costs_no_evaluation(web_api: Web) -> None:
         ("GET", "/sessions/S/wait?cursor=c&after=0", None, 400, "bad_request"),
         ("GET", "/sessions/S/wait?after=0&ack=0", None, 400, "bad_request"),
         ("GET", "/sessions/S/wait?max=0", None, 400, "bad_max"),
+        ("GET", "/sessions/S/wait?after=5", None, 400, "cursor_after_head"),
         ("GET", "/sessions/S/wait?match=Bad", None, 400, "bad_tag"),
         ("GET", "/sessions/S/wait?handler=a%20b", None, 400, "bad_handler"),
         ("GET", "/sessions/nosuch/wait", None, 404, "no_such_session"),

@@ -711,7 +711,7 @@ CONSUMER: dict[str, frozenset[str]] = {
     "stop": frozenset({"bad_session_id", "no_such_session"}),
     "wait": frozenset(
         {"bad_request", "bad_seq", "bad_max", "bad_cursor_name", "bad_tag", "bad_handler"}
-        | {"bad_session_id", "no_such_session", "ack_after_head"}
+        | {"bad_session_id", "no_such_session", "ack_after_head", "cursor_after_head"}
     ),
     "ack": frozenset(
         {"bad_request", "bad_seq", "bad_cursor_name", "bad_session_id", "no_such_session"}
