@@ -437,27 +437,24 @@ class Api:
         """The wait's answer, or None once the client has hung up (the wait is then
         cancelled, having moved nothing).
 
-        The wait is driven by its own callback, beside a task that reads the ASGI
-        receive channel until ``http.disconnect`` (uvicorn sends nothing else once a
-        request's body is in): whichever ends first ends the other, and this request's
-        task is never cancelled. A revocation of the request's token answers it
-        ``unauthorized``, as it answers a wait of the line protocol.
+        The wait is driven by its own callback (``_Poll``), which this request awaits,
+        so its answer goes out in the first pass of the event loop after the wake;
+        beside it, a task reads the ASGI receive channel until ``http.disconnect``
+        (uvicorn sends nothing else once a request's body is in) and then ends the
+        wait. This request's task is never cancelled for it. A revocation of the
+        request's token answers it ``unauthorized``, as it answers a wait of the line
+        protocol.
         """
         await _drain(request)  # a body (a GET's, unasked): read first, so only the end is left
-        loop = asyncio.get_running_loop()
-        answer: asyncio.Future[p.Response] = loop.create_future()
-        poll = _Poll(self.engine, request.state.token, job, answer)
-        gone = loop.create_task(_hung_up(request))
+        poll = _Poll(self.engine, request.state.token, job)
+        gone = asyncio.get_running_loop().create_task(_hung_up(request, poll))
         job.start(poll.answered)
         try:
-            await asyncio.wait((answer, gone), return_when=asyncio.FIRST_COMPLETED)
+            return await poll.result()
+        except _Gone:
+            return None
         finally:
             gone.cancel()
-            if not answer.done():  # the client went away, or this request was cancelled
-                poll.release()
-                job.cancel()
-                answer.cancel()
-        return None if answer.cancelled() else answer.result()
 
     async def page(self, request: Request) -> Response:
         """The page (``GET /``): plain HTML shipped in the package; it holds no data until
@@ -640,48 +637,65 @@ class Api:
                 after = batch.next
 
 
-class _Poll:
-    """A long poll's wait, its answer, and its hold on its token while it waits: the wait's
-    answer and a revocation each end the hold, so only the first of them is told."""
+class _Gone(Exception):
+    """A long poll's client hung up: nobody is there to answer."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        token: TokenRecord | None,
-        job: Wait,
-        answer: asyncio.Future[p.Response],
-    ) -> None:
+
+class _Poll:
+    """A long poll's wait and its hold on its token while it waits. The first to come of
+    the wait's answer, a revocation and the client's hang-up is what ``result`` gives; the
+    request's end, however it comes (its task cancelled too), ends the wait if it is still
+    on. An event, not a future, is awaited: a cancellation of the request's task cancels
+    the event's own waiter, and this never finds its answer taken away from under it."""
+
+    def __init__(self, engine: Engine, token: TokenRecord | None, job: Wait) -> None:
         self.engine = engine
         self.token = token
         self.job = job
-        self.answer = answer
+        self.over = asyncio.Event()
+        self.value: p.Response | None = None
+        self.error: Exception | None = None
         if token is not None:
             engine.hold(token, self)
 
-    def release(self) -> None:
+    def answered(self, value: p.Response | None, error: Exception | None) -> None:
+        """The wait's callback (never called once the wait is cancelled)."""
+        self._release()
+        self.value, self.error = value, error
+        self.over.set()
+
+    def revoke(self, error: Unauthorized) -> None:
+        """The token was revoked while the wait held it (so before its answer)."""
+        self.job.cancel()
+        self.answered(None, error)
+
+    def hung_up(self) -> None:
+        """The client went away: nobody wants the answer, whatever it is or would be."""
+        self.job.cancel()  # nothing, once it has answered
+        self.answered(None, _Gone())
+
+    async def result(self) -> p.Response:
+        try:
+            await self.over.wait()
+        finally:  # the answer is in, or this request ended first: the wait ends with it
+            self.job.cancel()
+            self._release()
+        if self.error is not None:
+            raise self.error
+        assert self.value is not None
+        return self.value
+
+    def _release(self) -> None:
         if self.token is not None:
             self.engine.release(self.token, self)
 
-    def answered(self, value: p.Response | None, error: Exception | None) -> None:
-        """The wait's callback (never called once the wait is cancelled)."""
-        self.release()
-        if error is not None:
-            self.answer.set_exception(error)
-            return
-        assert value is not None
-        self.answer.set_result(value)
 
-    def revoke(self, error: Unauthorized) -> None:
-        """The token was revoked while the wait held it: the wait ends, unanswered."""
-        self.job.cancel()
-        self.answer.set_exception(error)
-
-
-async def _hung_up(request: Request) -> None:
-    """Return once the request's client has gone: what the ASGI server tells by answering
-    ``receive`` with ``http.disconnect``."""
+async def _hung_up(request: Request, poll: _Poll) -> None:
+    """Wait for the request's client to go, then end its poll: the ASGI server tells that
+    a client went away by answering ``receive`` with ``http.disconnect``."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
+    poll.hung_up()
 
 
 class _Held:
