@@ -642,8 +642,9 @@ class _Gone(Exception):
 
 
 class _Poll:
-    """A long poll's wait and its hold on its token while it waits. The first to come of
-    the wait's answer, a revocation and the client's hang-up is what ``result`` gives; the
+    """A long poll's wait and its hold on its token while it waits. ``result`` gives the
+    wait's answer or a revocation, whichever comes first (each releases the hold, so the
+    other cannot follow), unless the client hangs up, after which nobody wants either; the
     request's end, however it comes (its task cancelled too), ends the wait if it is still
     on. An event, not a future, is awaited: a cancellation of the request's task cancels
     the event's own waiter, and this never finds its answer taken away from under it."""
