@@ -48,6 +48,7 @@ ROWS = (
     "HTTP send round trip p50 (",
     "HTTP send round trip p50, stock client (http.client",
     "SSE wake latency p50",
+    "HTTP long-poll wake latency p50",
     "SSE fan-out, one send to",
     "memory per open event stream",
     "TLS send round trip p50",
