@@ -51,6 +51,17 @@ ROWS = (
     "TLS pipelined sends/s",
     "TLS connection set-up p50",
     "`repl send` over TLS, whole process",
+    "send with 4 tags, round trip p50, durable",
+    "send with 4 tags, round trip p50, --memory",
+    "send with 4 tags, pipelined sends/s, durable",
+    "send with 4 tags, pipelined sends/s, --memory",
+    "memory per retained firing with 4 tags",
+    "matching wait's wake latency p50, after 100 firings that do not match",
+    "matching wait's wake latency p99, after 100 firings that do not match",
+    "MCP wait's wake latency p50",
+    "MCP wait's wake latency p99",
+    "MCP send round trip p50",
+    "MCP send round trip p99",
 )
 # the tls group's notes: each figure over TLS and plain, repl then its anchors (bench/tls.py)
 TLS_NOTES = (
@@ -82,8 +93,9 @@ SCALE_ROWS = (
     "daemons' CPU per send, µs, 3 daemons, a session each",
     "sends refused in the other loads",
 )
-#: the groups that never start a redis-server or look for one (bench/cli.py, bench/http_api.py)
-REDIS_FREE = ("cli", "http")
+#: the groups that never start a redis-server or look for one (bench/cli.py, bench/http_api.py,
+#: bench/matching.py, bench/mcp_agent.py)
+REDIS_FREE = ("cli", "http", "tags", "mcp")
 SCALE_COLUMNS = COLUMNS[:-1]  # the main table's, but the floor
 SCALE_TITLES = ("scale-out on one Redis", "scale-out on a 3-primary Redis Cluster")
 
@@ -184,6 +196,7 @@ def check_rows(rows: list[dict[str, str]], fragments: tuple[str, ...] = ROWS) ->
                 "n/a (CLI missing)",
                 "n/a (http extra missing)",
                 "n/a (no cryptography or openssl)",
+                "n/a (mcp extra missing)",
             )
             assert row["repl"] in missing, row
         else:
