@@ -10,12 +10,13 @@ so the ratio says what tags or a match cost: the repl column is the tagged
   with tags, driven alternately, request by request for the round trip
   (the roundtrip row's method) and batch by batch for the pipelined rate
   (the pipelined row's: ``batch`` written at once, then their answers),
-  each durable (the default SQLite store) and ``--memory``. A note gives
+  on one pair durable (the default SQLite store) and one ``--memory``. A note gives
   the p99s and each daemon's CPU per send (/proc, over the timed loop).
 - memory per retained firing: two fresh ``--memory`` daemons, one filled
   with plain firings and one with tagged ones, ``mem_sessions`` sessions ×
   ``mem_firings`` (each ring exactly full), the memory row's method: RSS
-  growth from before the sessions were started, over the firings. A note
+  growth from before the sessions were started, over the firings (the
+  wake's daemon is started with them, and idles meanwhile). A note
   breaks a tagged firing down as the ring keeps it (``sys.getsizeof`` of
   what the daemon decodes from the same request line): a plain firing is
   packed into one ``bytes``, a tagged one is kept as its ``Firing``.
@@ -38,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -60,7 +61,6 @@ from bench.measure import (
 from bench.paired_wakes import ChildProcess, Waker, alternate, children, plain_waker, waiting_on
 from bench.procs import BenchError, Daemon, cpu_seconds, rss_bytes
 from bench.table import Goal, Row, number
-from bench.tls import start_both
 
 NOISE = 100  # firings that do not match, before the one that does
 #: the goal's bound: a tagged send at most 1.15 × a plain one's time
@@ -183,19 +183,34 @@ async def pipelined(daemons: tuple[Daemon, Daemon], total: int, batch: int) -> P
         await sides.close()
 
 
-def on_pair(
-    setup: Setup,
-    name: str,
-    memory: bool,
-    measure: Callable[[tuple[Daemon, Daemon]], Any],
-) -> Any:
-    """``measure`` two fresh daemons alive side by side (plain, tagged), then stop them."""
+def start_all(*daemons: Daemon) -> None:
+    """Start daemons at once (each waits on its own child's announcement); the caller's
+    ``with`` stops them, started or not."""
+    with ThreadPoolExecutor(len(daemons)) as pool:
+        for started in [pool.submit(daemon.start) for daemon in daemons]:
+            started.result()
+
+
+def send_pair(setup: Setup, rows: dict[str, Row], label: str, memory: bool) -> list[str]:
+    """The round trip and pipelined rows of one kind of daemon, on one pair of fresh
+    daemons alive side by side (plain, tagged); the notes' parts."""
+    s, key = setup.sizes, "mem" if memory else "durable"
+    total = s.pipelined if memory else s.pipelined_durable
     with (
-        Daemon(setup.dir(f"{name}-plain"), memory=memory) as plain,
-        Daemon(setup.dir(f"{name}-tagged"), memory=memory) as tagged,
+        Daemon(setup.dir(f"tags-{key}-plain"), memory=memory) as plain,
+        Daemon(setup.dir(f"tags-{key}-tagged"), memory=memory) as tagged,
     ):
-        start_both(plain, tagged)
-        return run_async(measure((plain, tagged)), setup.sizes.deadline_s)
+        start_all(plain, tagged)
+        rt = run_async(round_trips((plain, tagged), s), s.deadline_s)
+        pipe = run_async(pipelined((plain, tagged), total, s.batch), s.deadline_s)
+    row = rows[f"tag_rt_{key}"]
+    row.reference, row.repl = (percentile(t, 0.5) / 1000 for t in (rt.plain, rt.tagged))
+    row = rows[f"tag_pipe_{key}"]
+    row.reference, row.repl = pipe.plain, pipe.tagged
+    return [
+        f"{label} {us(rt.tagged)} tagged, {us(rt.plain)} plain, {cpu_text(rt)}",
+        f"{label} ({total:,} each): {cpu_text(pipe)}",
+    ]
 
 
 # -- memory -------------------------------------------------------------------------
@@ -398,40 +413,29 @@ def tags_group(setup: Setup, rows: dict[str, Row]) -> None:
         "column is the plain figure, on a twin daemon alive beside it (driven alternately) "
         "or, for the wake, a plain wait beside the matching one"
     )
-    rt_notes, pipe_notes = [], []
+    notes = []
     for label, memory in KINDS:
-        key = "mem" if memory else "durable"
         if not memory and setup.store_missing:
-            rows[f"tag_rt_{key}"].missing = rows[f"tag_pipe_{key}"].missing = "store missing"
+            rows["tag_rt_durable"].missing = rows["tag_pipe_durable"].missing = "store missing"
             continue
-        rt: Pair = on_pair(setup, f"tags-rt-{key}", memory, lambda d: round_trips(d, s))
-        row = rows[f"tag_rt_{key}"]
-        row.reference, row.repl = (percentile(t, 0.5) / 1000 for t in (rt.plain, rt.tagged))
-        rt_notes.append(f"{label} {us(rt.tagged)} tagged, {us(rt.plain)} plain, {cpu_text(rt)}")
-        total = s.pipelined_durable if not memory else s.pipelined
-        pipe: Pair = on_pair(
-            setup, f"tags-pipe-{key}", memory, lambda d, n=total: pipelined(d, n, s.batch)
-        )
-        row = rows[f"tag_pipe_{key}"]
-        row.reference, row.repl = pipe.plain, pipe.tagged
-        pipe_notes.append(f"{label} ({total:,} each): {cpu_text(pipe)}")
-    if rt_notes:
+        notes.append(send_pair(setup, rows, label, memory))
+    if notes:
+        rt_notes, pipe_notes = zip(*notes, strict=True)
         setup.notes.append("tagged send round trip p50 / p99, µs: " + "; ".join(rt_notes))
         setup.notes.append("tagged pipelined sends, " + "; ".join(pipe_notes))
 
+    # the memory figure's two fresh daemons, and the wake's, started at once
     row = rows["tag_firing_mem"]
     with (
         Daemon(setup.dir("tags-mem-plain"), memory=True) as plain,
         Daemon(setup.dir("tags-mem-tagged"), memory=True) as tagged,
+        Daemon(setup.dir("tags-wake"), memory=True, settle_ms=0) as daemon,
     ):
-        start_both(plain, tagged)
+        start_all(plain, tagged, daemon)
         row.reference = run_async(firing_memory(plain, s, tagged=False), s.deadline_s)
         row.repl = run_async(firing_memory(tagged, s, tagged=True), s.deadline_s)
-    setup.notes.append(firing_bytes())
-
-    with Daemon(setup.dir("tags-wake"), memory=True, settle_ms=0) as daemon:
-        daemon.start()
         plain_times, match_times, looks = run_async(wakes(daemon, s), s.deadline_s)
+    setup.notes.append(firing_bytes())
     fill_percentiles(rows, "match_wake", "repl", match_times)
     fill_percentiles(rows, "match_wake", "reference", plain_times)
     setup.notes.append(
