@@ -6,6 +6,8 @@
 - bench/timers.py: ``timers`` (SPEC §9)
 - bench/http_api.py: ``http``, the HTTP routes beside the line protocol (SPEC §10)
 - bench/tls.py: ``tls``, TLS beside plain TCP (SPEC §12)
+- bench/matching.py: ``tags``, tagged sends and firings, matching waits (SPEC §15)
+- bench/mcp_agent.py: ``mcp``, the MCP server's tools beside the line protocol (SPEC §14)
 
 The ``scaleout`` group prints a table of its own (bench/scaleout.py). What
 the groups share (sizes, servers, requests, percentiles, rows) is in
@@ -14,7 +16,7 @@ bench/measure.py.
 
 from __future__ import annotations
 
-from bench import cli, http_api, memory, restart, sends, timers, tls, waits
+from bench import cli, http_api, matching, mcp_agent, memory, restart, sends, timers, tls, waits
 from bench.measure import Group, Sizes
 from bench.table import Row
 
@@ -34,6 +36,8 @@ GROUPS: dict[str, Group] = {
         timers.TIMERS,
         http_api.HTTP,
         tls.TLS,
+        matching.TAGS,
+        mcp_agent.MCP,
     )
 }
 

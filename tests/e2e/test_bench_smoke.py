@@ -4,7 +4,8 @@ No timing is asserted (figures belong in the table, not in tests): only that
 every row is there, that its numbers parse, and that without redis-server
 the reference column and the scale-out rows (all of which need Redis) are
 left empty and the install hint is printed. The two runs start side by side
-(``runs``), as a run is mostly waiting on its servers and clocks.
+(``runs``), as a run is mostly waiting on its servers and clocks; a group that
+needs no Redis is measured in one of them only (``REDIS_FREE``, ``WITHOUT_ONLY``).
 
 A smoke test of the benchmark, not of the product (whose every figure's
 behaviour the other tests check), and nearly a minute of two runs: it is
@@ -56,6 +57,18 @@ ROWS = (
     "TLS pipelined sends/s",
     "TLS connection set-up p50",
     "`repl send` over TLS, whole process",
+    # the groups measured only in the run without redis-server (WITHOUT_ONLY)
+    "send with 4 tags, round trip p50, durable",
+    "send with 4 tags, round trip p50, --memory",
+    "send with 4 tags, pipelined sends/s, durable",
+    "send with 4 tags, pipelined sends/s, --memory",
+    "memory per retained firing with 4 tags",
+    "matching wait's wake latency p50, after 100 firings that do not match",
+    "matching wait's wake latency p99, after 100 firings that do not match",
+    "MCP wait's wake latency p50",
+    "MCP wait's wake latency p99",
+    "MCP send round trip p50",
+    "MCP send round trip p99",
 )
 # the tls group's notes: each figure over TLS and plain, repl then its anchors (bench/tls.py)
 TLS_NOTES = (
@@ -87,8 +100,12 @@ SCALE_ROWS = (
     "daemons' CPU per send, µs, 3 daemons, a session each",
     "sends refused in the other loads",
 )
-#: the groups that never start a redis-server or look for one (bench/cli.py, bench/http_api.py)
-REDIS_FREE = ("cli", "http")
+#: the groups that never start a redis-server or look for one (bench/cli.py, bench/http_api.py,
+#: bench/matching.py, bench/mcp_agent.py): each is measured in one of the two runs only
+REDIS_FREE = ("cli", "http", "tags", "mcp")
+#: of those, the ones measured in the run without redis-server (the shorter run: it starts no
+#: redis-server), the others in the run with it, so that neither run is much the longer
+WITHOUT_ONLY = ("tags", "mcp")
 
 pytestmark = pytest.mark.slow
 SCALE_COLUMNS = COLUMNS[:-1]  # the main table's, but the floor
@@ -121,7 +138,7 @@ class Quick:
             )
 
     def result(self) -> tuple[str, list[dict[str, str]], list[list[dict[str, str]]]]:
-        self.proc.wait(140)  # within the test's timeout
+        self.proc.wait(150)  # a loaded machine (a test suite beside it) has taken 100 s
         stdout = self.out.read_text()
         assert self.proc.returncode == 0, stdout + self.err.read_text()
         tables: list[list[str]] = []
@@ -149,14 +166,32 @@ WITH = "test_quick_benchmark_prints_every_row_with_numbers"
 WITHOUT = "test_without_redis_server_the_reference_column_is_empty_and_the_hint_printed"
 
 
+def measured(test: str, group: str) -> bool:
+    """Whether the run of ``test`` measures ``group``: without redis-server, the groups that
+    look for it and those of ``WITHOUT_ONLY``; with it, all but ``WITHOUT_ONLY``."""
+    if test == WITHOUT:
+        return group not in REDIS_FREE or group in WITHOUT_ONLY
+    return group not in WITHOUT_ONLY
+
+
 def arguments(test: str) -> tuple[str, ...]:
-    """The run of ``test``; without redis-server, only the groups that look for it."""
-    if test == WITH:
-        return ()
+    """The run of ``test``."""
     from bench.run import ALL_GROUPS
 
-    groups = [group for group in ALL_GROUPS if group not in REDIS_FREE]
-    return ("--redis-server", "/nonexistent/redis-server", "--only", ",".join(groups))
+    groups = ",".join(group for group in ALL_GROUPS if measured(test, group))
+    if test == WITH:
+        return ("--only", groups)
+    return ("--redis-server", "/nonexistent/redis-server", "--only", groups)
+
+
+def fragments(test: str) -> tuple[str, ...]:
+    """The rows of ``ROWS`` that the run of ``test`` prints (ROWS in table order is every
+    group's rows in the groups' order: the two tests together check it)."""
+    from bench.figures import GROUPS
+    from bench.measure import QUICK
+
+    of = [name for name, group in GROUPS.items() for _ in group.rows(QUICK)]
+    return tuple(f for f, g in zip(ROWS, of, strict=True) if measured(test, g))
 
 
 @pytest.fixture(scope="module")
@@ -191,6 +226,7 @@ def check_rows(rows: list[dict[str, str]], fragments: tuple[str, ...] = ROWS) ->
                 "n/a (CLI missing)",
                 "n/a (http extra missing)",
                 "n/a (no cryptography or openssl)",
+                "n/a (mcp extra missing)",
             )
             assert row["repl"] in missing, row
         else:
@@ -230,30 +266,32 @@ def check_scale_rows(rows: list[dict[str, str]], *, redis: bool) -> None:
             assert (row["reference"], row["ratio"], row["met?"]) == ("", "", "n/a"), row
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(200)
 def test_quick_benchmark_prints_every_row_with_numbers(runs: dict[str, Quick]) -> None:
     out, rows, scale = runs[WITH].result()
-    check_rows(rows)
+    check_rows(rows, fragments(WITH))
     check_tls_notes(out, rows, redis=True)
     for table in scale:
         check_scale_rows(table, redis=True)
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(200)
 def test_without_redis_server_the_reference_column_is_empty_and_the_hint_printed(
     runs: dict[str, Quick],
 ) -> None:
-    """Every group that looks for redis-server, with none to find. The groups that never look
-    (``REDIS_FREE``) measure the same with or without it, as the test above sees: left out."""
+    """Every group that looks for redis-server, with none to find, and the groups of
+    ``WITHOUT_ONLY``. The groups that never look (``REDIS_FREE``) measure the same with or
+    without it, so each is measured in one run only: cli and http in the test above, tags
+    and mcp here."""
     from bench.figures import GROUPS
-    from bench.measure import QUICK
 
-    for group in REDIS_FREE:  # what makes leaving them out safe: their module never looks
+    for group in REDIS_FREE:  # what makes measuring them once safe: their module never looks
         assert "redis" not in Path(inspect.getfile(GROUPS[group].run)).read_text().lower()
     out, rows, scale = runs[WITHOUT].result()
-    # ROWS in table order is every group's rows in the groups' order (the test above checks)
-    of = [name for name, group in GROUPS.items() for _ in group.rows(QUICK)]
-    check_rows(rows, tuple(f for f, g in zip(ROWS, of, strict=True) if g not in REDIS_FREE))
+    check_rows(rows, fragments(WITHOUT))
+    for note in ("note: tagged send round trip p50 / p99", "note: matching wait: "):
+        assert note in out, out
+    assert "note: MCP: " in out or "n/a (mcp extra missing)" in out, out
     check_tls_notes(out, rows, redis=False)
     for table in scale:
         check_scale_rows(table, redis=False)
