@@ -25,6 +25,10 @@ client.
   ``wait`` blocked in the same kind of child, re-issued with its ack each
   round, woken the same way: from just before the send is written to the
   child holding the firing.
+- long-poll wake: one ``GET /sessions/{id}/wait`` blocked in the same kind of
+  child on a keep-alive connection, re-issued with its ``ack`` each round as
+  the TCP wait is, woken the same way; its reference is that TCP wait's
+  rounds of the same run, measured just before it.
 - fan-out: ``http_streams`` event streams on one session, one send, until
   the last of them holds the firing; the reference: as many connections
   blocked in ``wait`` (one shared cursor), the fan-out row's method; the
@@ -77,7 +81,7 @@ HTTP_HINT = (
     "the http rows need the http extra (Starlette, uvicorn, sse-starlette, prometheus_client): "
     "`pip install -e '.[http]'` (the test extra has it too)"
 )
-KEYS = ("http_rt", "http_keepalive", "http_wake", "http_fanout", "http_mem")
+KEYS = ("http_rt", "http_keepalive", "http_wake", "http_poll_wake", "http_fanout", "http_mem")
 
 
 def http_missing() -> bool:
@@ -181,10 +185,12 @@ async def stock_round_trips(daemon: Daemon, s: Sizes) -> tuple[list[int], list[i
 
 @dataclass
 class Rounds:
-    """Per round, ns from before the send to the (last) waiter holding it: HTTP, then TCP."""
+    """Per round, ns from before the send to the (last) waiter holding it: HTTP (an event
+    stream; for the wakes, a long poll too), then TCP."""
 
     sse: list[int]
     tcp: list[int]
+    poll: list[int] | None = None
 
 
 async def wakes(daemon: Daemon, s: Sizes) -> Rounds:
@@ -192,7 +198,8 @@ async def wakes(daemon: Daemon, s: Sizes) -> Rounds:
     rounds = warm + s.http_wakes
     sse = await repl_rounds(daemon, "wake-sse", 1, rounds, kind="sse")
     tcp = await repl_rounds(daemon, "wake-tcp", 1, rounds)
-    return Rounds(sse[warm:], tcp[warm:])
+    poll = await repl_rounds(daemon, "wake-poll", 1, rounds, kind="longpoll")
+    return Rounds(sse[warm:], tcp[warm:], poll[warm:])
 
 
 async def fanouts(daemon: Daemon, s: Sizes) -> Rounds:
@@ -296,6 +303,12 @@ def http_rows(s: Sizes) -> list[Row]:
             Goal("report", 0, "report (× a blocked TCP wait)"),
         ),
         Row(
+            "http_poll_wake",
+            "HTTP long-poll wake latency p50 (one GET /sessions/ID/wait, woken by a TCP send, "
+            "settle 0), ms",
+            Goal("ratio_le", 1.5, "≤ 1.5 × a blocked TCP wait"),
+        ),
+        Row(
             "http_fanout",
             f"SSE fan-out, one send to {n:,} event streams (settle 0), ms",
             Goal("report", 0, f"report (× {n:,} blocked TCP waits)"),
@@ -348,6 +361,9 @@ def http(setup: Setup, rows: dict[str, Row]) -> None:
     rows["http_keepalive"].reference = ms(stock_line, 0.5)
     rows["http_wake"].repl = ms(wake.sse, 0.5)
     rows["http_wake"].reference = ms(wake.tcp, 0.5)
+    assert wake.poll is not None
+    rows["http_poll_wake"].repl = ms(wake.poll, 0.5)
+    rows["http_poll_wake"].reference = ms(wake.tcp, 0.5)
     rows["http_fanout"].repl = statistics.median(fan.sse) / 1e6
     rows["http_fanout"].reference = statistics.median(fan.tcp) / 1e6
     setup.notes.append(p50_p99("HTTP send round trip", over_http, over_line))
@@ -355,6 +371,7 @@ def http(setup: Setup, rows: dict[str, Row]) -> None:
         p50_p99("HTTP send round trip, http.client, asyncio loop", stock_http, stock_line)
     )
     setup.notes.append(p50_p99(f"SSE wake ({s.http_wakes} wakes)", wake.sse, wake.tcp))
+    setup.notes.append(p50_p99(f"long-poll wake ({s.http_wakes} wakes)", wake.poll, wake.tcp))
     setup.notes.append(
         f"SSE fan-out: median of {s.fanout_rounds} rounds (ms): event streams "
         + " ".join(f"{t / 1e6:.1f}" for t in fan.sse)

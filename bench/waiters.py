@@ -16,7 +16,9 @@ of them are blocked, sends one firing, and reads the child's report.
 and fan-out rows (bench/waits.py), the scale-out wakes (bench/scaleout.py)
 and the HTTP rows (bench/http_api.py), whose waiters can also be open event
 streams (``GET /sessions/{id}/events``): a stream needs no request a round,
-it waits again by itself once it has sent an event.
+it waits again by itself once it has sent an event; or HTTP long polls
+(``GET /sessions/{id}/wait``), a request a round with its ``ack`` as the TCP
+wait's, each on a keep-alive connection of its own.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 
 from bench.clients import (
     EventStream,
+    HttpClient,
     LineClient,
     close_all,
     connect_many,
@@ -46,7 +49,8 @@ from bench.procs import BenchError, Daemon, raise_nofile
 
 @dataclass(frozen=True)
 class Plan:
-    """What the child does: ``kind`` is "repl", "sse" (``port`` is the HTTP one) or "redis"."""
+    """What the child does: ``kind`` is "repl", "sse" or "longpoll" (``port`` is the HTTP
+    one for both) or "redis"."""
 
     kind: str
     port: int
@@ -73,6 +77,8 @@ async def _child(plan: Plan, pipe: Connection) -> None:
             await _repl_rounds(plan, pipe)
         elif plan.kind == "sse":
             await _sse_rounds(plan, pipe)
+        elif plan.kind == "longpoll":
+            await _longpoll_rounds(plan, pipe)
         else:
             await _redis_rounds(plan, pipe)
 
@@ -122,6 +128,42 @@ async def _sse_rounds(plan: Plan, pipe: Connection) -> None:
             raise BenchError(f"event streams disagree on the firing: {sorted(seqs)}")
         pipe.send(("round", max(t for t, _f in events), seqs.pop()))
     await asyncio.gather(*(stream.close() for stream in streams), return_exceptions=True)
+
+
+async def _longpoll_rounds(plan: Plan, pipe: Connection) -> None:
+    """HTTP long polls: each round a ``GET .../wait`` on every connection, acknowledging
+    what the previous round delivered, as the TCP waits of ``_repl_rounds`` do."""
+    token = plan.token
+    assert token is not None
+
+    async def open_one(_i: int) -> HttpClient:
+        return await HttpClient.connect(plan.port, token)
+
+    clients: list[HttpClient] = await connect_many(plan.waiters, open_one)
+    pipe.send(("ready",))
+    acked = 0
+
+    async def timed_poll(client: HttpClient, path: str) -> tuple[int, Any]:
+        status, answer = await client.request("GET", path)
+        if status != 200:
+            raise BenchError(f"GET {path} answered {status} {answer}")
+        return time.perf_counter_ns(), answer
+
+    for _round in range(plan.rounds):
+        path = f"/sessions/{plan.session}/wait?cursor=bench&timeout=600"
+        if acked:
+            path += f"&ack={acked}"
+        answers = await asyncio.gather(*(timed_poll(c, path) for c in clients))
+        positions = set()
+        for _t, answer in answers:
+            if answer.get("timed_out") or not answer.get("firings"):
+                raise BenchError(f"a long poll answered {answer}")
+            positions.add(answer["next"])
+        if len(positions) != 1:
+            raise BenchError(f"long polls disagree on the position: {sorted(positions)}")
+        acked = positions.pop()
+        pipe.send(("round", max(t for t, _a in answers), acked))
+    await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
 
 
 def _last_id(reply: Any) -> Any:
@@ -239,6 +281,7 @@ async def repl_rounds(
     the waiters are event streams on the daemon's HTTP port (the send is
     still a ``send`` of the line protocol); a stream counts among its
     session's ``waiters`` while it waits, as a blocked ``wait`` does.
+    ``kind`` "longpoll": the waiters are HTTP long polls, which count the same.
     """
     control = await LineClient.connect(daemon.port, daemon.token)
     connections = [control]
@@ -260,7 +303,7 @@ async def repl_rounds(
             seq: int = (await control.ok(send))["seq"]
             return seq
 
-        port = target.http_port if kind == "sse" else target.port
+        port = target.http_port if kind in ("sse", "longpoll") else target.port
         plan = Plan(kind, port, target.token, session, waiters, rounds, 600)
         return await timed_rounds(plan, blocked, fire)
     finally:

@@ -75,11 +75,14 @@ def connect(
     reconnect: float = DEFAULT_RECONNECT,
     token: str | None = None,
     tls_ca: str | Path | None = None,
+    token_file: str | Path | None = None,
 ) -> AsyncRepl:
     """An ``AsyncRepl`` for the daemon at ``addr`` (``REPL_ADDR``, else 127.0.0.1:7427),
     with ``token`` (else ``REPL_TOKEN``, else the root token in ``home``); it connects on
     the first call, over TLS as ``api.connect`` does. Use ``async with``."""
-    return AsyncRepl(addr, home, reconnect=reconnect, token=token, tls_ca=tls_ca)
+    return AsyncRepl(
+        addr, home, reconnect=reconnect, token=token, tls_ca=tls_ca, token_file=token_file
+    )
 
 
 class AsyncRepl:
@@ -94,9 +97,10 @@ class AsyncRepl:
         note: Callable[[str], None] | None = None,
         token: str | None = None,
         tls_ca: str | Path | None = None,
+        token_file: str | Path | None = None,
     ) -> None:
         # the sync client knows where the daemon and its token are; it never connects here
-        self._where = Client(addr, home, token=token, tls_ca=tls_ca)
+        self._where = Client(addr, home, token=token, tls_ca=tls_ca, token_file=token_file)
         self.reconnect = reconnect
         self.note = note or _log_note
         self._stream: ByteStream | None = None

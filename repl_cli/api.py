@@ -131,13 +131,15 @@ def connect(
     reconnect: float = DEFAULT_RECONNECT,
     token: str | None = None,
     tls_ca: str | Path | None = None,
+    token_file: str | Path | None = None,
 ) -> Repl:
     """A ``Repl`` for the daemon at ``addr`` (``REPL_ADDR``, else 127.0.0.1:7427) with
     ``token`` (else ``REPL_TOKEN``, else the root token in ``home``: ``REPL_HOME``, else
     the default state directory), over TLS when ``addr`` is ``tls://HOST:PORT`` or
     ``tls_ca`` (else ``REPL_TLS_CA``) names the CA to trust. It connects on the first call;
     use it in a ``with`` block, or ``close`` it."""
-    return Repl(Client(addr, home, token=token, tls_ca=tls_ca), reconnect=reconnect)
+    client = Client(addr, home, token=token, tls_ca=tls_ca, token_file=token_file)
+    return Repl(client, reconnect=reconnect)
 
 
 class Repl:

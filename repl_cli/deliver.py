@@ -74,6 +74,10 @@ class Printer:
                     self.sink.put(text)
                     if seq > start:
                         taken[batch.session] = seq
+                # all of it delivered: up to the last seq looked at, which a matching reader
+                # looked past its last match (rule R3), so it need not look at them again
+                if batch.next > start:
+                    taken[batch.session] = batch.next
         except (ReaderGone, KeyboardInterrupt):
             self.ack_on_the_way_out(taken, self.client)
             raise

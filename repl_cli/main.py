@@ -885,6 +885,9 @@ def read(
     deliver(
         Printer(repl.client, fmt, ack_cursor), [Batch(session, got.next, got.lost, got.firings)]
     )
+    if match is not None and ack_cursor is not None and not got.firings and got.next:
+        # a matching reader that found nothing still looked at everything up to next
+        repl.ack(session, got.next, cursor=ack_cursor)
 
 
 def parse_since(text: str) -> str:
@@ -1132,7 +1135,7 @@ def request(
 def reply(
     repl: Repl, session: str, seq: int, text: str | None, handler: str, as_json: bool
 ) -> None:
-    """Answer firing SEQ of SESSION, a request: send TEXT to its reply-to session.
+    """Answer a request, firing SEQ of SESSION: send TEXT where it asks for the answer.
 
     The reply carries the request's corr tag, which its requester waits for.
     TEXT `-` or none reads stdin. Exit status 1 when the firing has no
@@ -1209,6 +1212,42 @@ def stats(repl: Repl, session: str | None, as_json: bool) -> None:
         output.print_json({"daemon": got.daemon, "sessions": got.sessions})
         return
     output.stats_tables(got, with_daemon=session is None)
+
+
+@cli.command("mcp")
+@click.option(
+    "--progress-every",
+    type=click.FloatRange(min=0.1),
+    default=5.0,
+    show_default=True,
+    metavar="SECS",
+    help="While a wait blocks, tell a client that asked for progress this often.",
+)
+@click.pass_obj
+def mcp_command(repl: Repl, progress_every: float) -> None:
+    """Serve the Model Context Protocol on stdin/stdout: sessions as tools for an agent.
+
+    An agent harness starts it as a child (for Claude Code: `claude mcp add
+    repl -- repl mcp`). It connects to the daemon as every command does
+    (--addr, --home, --token-file, REPL_TOKEN, TLS); logs go to stderr.
+    Needs the mcp extra: pip install 'repl-inbox[mcp]'.
+    """
+    try:
+        from repl_cli import mcp_server
+    except ImportError:
+        raise CliError(
+            "repl mcp needs the official MCP SDK: pip install 'repl-inbox[mcp]' "
+            "(or pipx install --force '.[mcp]' in a checkout)"
+        ) from None
+    client = repl.client
+    settings = mcp_server.Settings(
+        addr=client.addr,
+        home=client.home,
+        token_file=client.token_file,
+        tls_ca=client.tls_ca,
+        progress_every=progress_every,
+    )
+    mcp_server.serve(settings)
 
 
 @cli.command()

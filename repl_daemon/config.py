@@ -53,6 +53,7 @@ OPTIONS: tuple[Option, ...] = (
         None,
         "Share sessions with other daemons: redis://HOST:PORT/DB, rediss://... (TLS) or "
         "redis+cluster://HOST:PORT[,HOST:PORT...]; ?replicas=N waits for N replicas "
+        "(without it: 1 when every primary has one, else 0) "
         "(default: repl.db in the state directory).",
         metavar="URL",
     ),

@@ -24,6 +24,7 @@ from anyio.abc import TaskStatus
 
 from repl_daemon.config import Config
 from repl_daemon.engine import Engine, open_engine
+from repl_daemon.engine.clock import REAL, Clock
 from repl_daemon.server import serve
 from repl_daemon.stores.base import Store
 from repl_daemon.stores.memory import MemoryStore
@@ -86,9 +87,11 @@ async def serve_daemon(
     store: Store | RedisStore | None = None,
     stop: anyio.Event | None = None,
     certificate: Certificate | None = None,
+    clock: Clock = REAL,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run the daemon until ``stop`` is set (a clean shutdown) or it is cancelled."""
+    """Run the daemon until ``stop`` is set (a clean shutdown) or it is cancelled; on
+    ``clock`` (a test's own, which it moves by hand, or the real one)."""
     if config.http is not None:
         from repl_daemon.http import check_installed
 
@@ -96,13 +99,15 @@ async def serve_daemon(
     certificate = certificate or open_certificate(config)
     token = ensure_token(config.home)
     store = store or open_store(config)
-    engine = open_engine(store, settle=config.settle, max_sessions=config.max_sessions)
+    engine = open_engine(store, settle=config.settle, max_sessions=config.max_sessions, clock=clock)
     try:
         try:
             count = await engine.load()
         except StoreFailed as exc:
             raise ConfigError(exc.message) from None
         log.info("loaded %d session(s) from %s", count, store.name)
+        if isinstance(store, RedisStore):  # how many replicas each change waits for, and why
+            log.log(*store.replication)
         await serve_engine(
             engine, config, token, stop=stop, certificate=certificate, task_status=task_status
         )

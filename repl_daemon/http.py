@@ -9,16 +9,27 @@ any other (``wait`` with ``after``), blocked with no work until its session
 has a new firing; a client that goes away ends its wait at once.
 
 - ``POST /sessions/{id}/firings``: the body is the text (UTF-8, at most
-  1 MiB); ``?handler=NAME``; ``Idempotency-Key`` is the dedup key. 201, or
-  200 for a duplicate.
-- ``GET /sessions/{id}/firings?after=N&max=M``: ``{next, lost, firings}``.
+  1 MiB); ``?handler=NAME``; ``?tag=KEY=VALUE`` (repeatable) its tags;
+  ``Idempotency-Key`` is the dedup key. 201, or 200 for a duplicate.
+- ``GET /sessions/{id}/firings?after=N&max=M``: ``{next, lost, firings}``;
+  ``?match=KEY=VALUE`` / ``?match=KEY`` (repeatable) and ``?handler=NAME``
+  keep only the firings that match, and without ``after`` look at the whole
+  ring.
 - ``GET /sessions/{id}/events``: Server-Sent Events (sse-starlette): ``event:
   firing``, ``id:`` the seq, ``data:`` the firing's JSON; ``event: lost``
   before a gap; from ``Last-Event-ID`` or ``?after=N``, else from the head;
-  a comment line every 15 s.
+  a comment line every 15 s; with a match, only the firings that match.
+- The consumer's routes, so that a program in any language runs the loop
+  ``repl wait`` runs: ``POST /sessions`` (start), ``DELETE /sessions/{id}``
+  (stop), ``GET /sessions/{id}/wait`` (a long poll: ``?ack=SEQ`` first, then
+  blocked like any wait until firings exist after the cursor or
+  ``?timeout=`` passes; it acknowledges nothing it returns, and a client
+  that goes away releases it at once), ``POST /sessions/{id}/cursors/{name}``
+  (ack).
 - ``POST /hooks/{id}``: a webhook's delivery, signed as GitHub signs it (no
   token: it carries its own secret); one 401 for a wrong signature, no
-  webhook and no session alike.
+  webhook and no session alike. Its firing carries the tags ``event`` (the
+  ``X-GitHub-Event`` header) and ``delivery`` (the delivery id).
 - ``GET /sessions``, ``GET /metrics`` (Prometheus, prometheus_client), and
   ``GET /healthz`` (no token; 503 when the store fails).
 - ``GET /`` and ``/static/...``: the page (``web/``); ``GET /favicon.ico`` its
@@ -30,8 +41,8 @@ protocol's ``auth`` is; without it, or with a wrong or revoked one, 401. A
 scoped token sees only its sessions (``/sessions`` lists those, any other
 answers 404 as a missing one), a right it lacks is 403, and ``/metrics``
 (the whole daemon's figures) is the root's. A revocation ends the token's
-blocked requests and event streams at once (``event: error``, code
-``unauthorized``). Errors are JSON ``{"code",
+blocked requests (a long poll: 401) and event streams at once (``event:
+error``, code ``unauthorized``). Errors are JSON ``{"code",
 "message"}`` with the wire code of ``session.errors``; a missing session is
 404, a body over 1 MiB 413, a request the daemon cannot take 400. So are the
 refusals the libraries would make in plain text: no route (404) or a method
@@ -59,7 +70,7 @@ import ssl
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import msgspec
@@ -67,10 +78,13 @@ from anyio.abc import TaskStatus
 
 from repl_daemon import protocol as p
 from repl_daemon.engine.engine import REVOKED
+from repl_daemon.engine.outcome import Outcome
+from repl_daemon.engine.wait import Wait
 from repl_daemon.protocol import MAX_LINE
 from session.errors import (
     BadRequest,
     BadSessionId,
+    BadTag,
     Code,
     ConfigError,
     IdleTimeout,
@@ -79,9 +93,10 @@ from session.errors import (
     ReplError,
     Unauthorized,
 )
-from session.ops import GetWebhook
-from session.rules import DEFAULT_HANDLER
-from session.scopes import READ, TokenRecord, forbidden
+from session.ops import GetWebhook, check_match
+from session.rules import DEFAULT_HANDLER, WAIT_CURSOR
+from session.scopes import ADMIN, READ, TokenRecord, forbidden
+from session.tags import Match, check_tag_key, parse_tags
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -100,6 +115,10 @@ MAX_DRAIN = 16 * MAX_BODY
 HEARTBEAT = 15.0
 #: how long a request's body may take to arrive in full
 BODY_TIMEOUT = 30.0
+#: a long poll's ``?timeout=`` when none is given, and the most it may be, in seconds: one
+#: longer than an hour would outlive every proxy between, and the client may ask again
+WAIT_TIMEOUT = 30.0
+MAX_WAIT_TIMEOUT = 3600.0
 
 #: the page's files (``GET /`` and ``/static/...``), shipped in the package
 WEB = Path(__file__).with_name("web")
@@ -107,8 +126,9 @@ WEB = Path(__file__).with_name("web")
 SVG = "image/svg+xml"
 #: what a 404 of no route names, so the caller finds the right path
 ROUTES = (
-    "the routes are /sessions, /sessions/ID/firings, /sessions/ID/events, /hooks/ID, "
-    "/metrics, /healthz and the page at /"
+    "the routes are /sessions, /sessions/ID, /sessions/ID/firings, /sessions/ID/events, "
+    "/sessions/ID/wait, /sessions/ID/cursors/NAME, /hooks/ID, /metrics, /healthz and the "
+    "page at /"
 )
 #: the page loads nothing from anywhere else, and runs no script it did not ship
 PAGE_HEADERS = {
@@ -207,10 +227,18 @@ class Api:
     async def call(self, req: p.AnyRequest, request: Request) -> p.Response:
         """``req`` handled by the engine with the request's token; a blocked one (a wait)
         holds the token, and its revocation answers it ``unauthorized``."""
+        return await self.answer(self.handle(req, request), request)
+
+    def handle(self, req: p.AnyRequest, request: Request) -> Outcome[p.Response]:
+        """``req`` given to the engine with the request's token: refused at once, or its
+        outcome (for a wait, the job that blocks: ``answer`` awaits it)."""
+        self.engine.requests += 1
+        return self.engine.handle(req, request.state.token)
+
+    async def answer(self, outcome: Outcome[p.Response], request: Request) -> p.Response:
+        """``outcome``'s answer; a revocation of the request's token ends a blocked one."""
         engine = self.engine
-        engine.requests += 1
         token: TokenRecord | None = request.state.token
-        outcome = engine.handle(req, token)
         if token is None or outcome.job is None:
             return await outcome.result()
         held = _Held()
@@ -261,9 +289,12 @@ class Api:
         except UnicodeDecodeError:
             raise BadRequest("the body is not UTF-8 text") from None
         handler = request.query_params.get("handler", DEFAULT_HANDLER)
+        tags = _tags(request)
         key = request.headers.get("idempotency-key")
         sent = await self.call(
-            p.Send(session=request.path_params["id"], text=text, handler=handler, key=key),
+            p.Send(
+                session=request.path_params["id"], text=text, handler=handler, key=key, tags=tags
+            ),
             request,
         )
         assert isinstance(sent, p.Sent)
@@ -275,10 +306,12 @@ class Api:
         return await (self.send(request) if request.method == "POST" else self.read(request))
 
     async def read(self, request: Request) -> Response:
-        after = _number(request, "after", 0)
+        match = _match(request)
+        # a matching read given no ``after`` looks at the whole ring (an early reply is found)
+        after = _number(request, "after", None if match else 0)
         most = _number(request, "max", None)
         read = await self.call(
-            p.Read(session=request.path_params["id"], after=after, max=most), request
+            p.Read(session=request.path_params["id"], after=after, max=most, match=match), request
         )
         assert isinstance(read, p.Firings)
         return json_response({"next": read.next, "lost": read.lost, "firings": read.firings})
@@ -303,6 +336,125 @@ class Api:
                 for s in rows
             ]
         )
+
+    async def sessions_root(self, request: Request) -> Response:
+        return await (self.start(request) if request.method == "POST" else self.sessions(request))
+
+    async def start(self, request: Request) -> Response:
+        """``POST /sessions``: start a session, as ``repl start`` does. The body (JSON, or
+        none) may name its ``id``, its ``buffer`` and ``exist_ok``."""
+        self.engine.check_right(request.state.token, ADMIN)
+        body = await _body(request)
+        asked = _decode(body, _StartBody, '{"id": ID, "buffer": N, "exist_ok": true}')
+        started = await self.call(
+            p.Start(session=asked.id, buffer=asked.buffer, exist_ok=asked.exist_ok), request
+        )
+        assert isinstance(started, p.Started)
+        return json_response(
+            {"session": started.session, "created": started.created},
+            201 if started.created else 200,
+        )
+
+    async def stop(self, request: Request) -> Response:
+        """``DELETE /sessions/{id}``: stop it, as ``repl stop`` does; its waiters are told."""
+        from starlette.responses import Response
+
+        session_id = request.path_params["id"]
+        self.engine.check_right(request.state.token, ADMIN, session_id)
+        await self.call(p.Stop(session=session_id), request)
+        return Response(status_code=204)
+
+    async def ack(self, request: Request) -> Response:
+        """``POST /sessions/{id}/cursors/{name}`` with ``{"seq": N}``: acknowledge."""
+        session_id = request.path_params["id"]
+        self.engine.check_right(request.state.token, READ, session_id)
+        asked = _decode(await _body(request), _AckBody, '{"seq": N}')
+        acked = await self.call(
+            p.Ack(session=session_id, seq=asked.seq, cursor=request.path_params["name"]), request
+        )
+        assert isinstance(acked, p.Acked)
+        return json_response({"cursor": acked.cursor, "seq": acked.seq})
+
+    async def wait(self, request: Request) -> Response:
+        """``GET /sessions/{id}/wait``: a long poll, the consumer's ``repl wait``.
+
+        ``?ack=SEQ`` is acknowledged on the cursor first; then it answers as soon as
+        firings exist after the cursor (``?cursor=``, default ``wait``; with a match
+        and no cursor, the whole ring; ``?after=N``: after a seq, through no cursor),
+        or at ``?timeout=`` with ``timed_out``. It acknowledges nothing of what it
+        returns: the next call's ``ack`` does. Blocked, it is the engine's wait, which
+        does no work; a client that hangs up releases it at once, having moved nothing.
+        """
+        session_id = request.path_params["id"]
+        self.engine.check_right(request.state.token, READ, session_id)
+        query = request.query_params
+        match = _match(request)
+        cursor = query.get("cursor")
+        after = _number(request, "after", None)
+        ack = _number(request, "ack", None)
+        if after is not None and cursor is not None:
+            raise BadRequest("give either ?cursor= or ?after=, not both")
+        if cursor is None and after is None and match is None:
+            cursor = WAIT_CURSOR
+        if ack is not None and cursor is None:
+            raise BadRequest(
+                "?ack= needs a cursor: a wait with ?after=, or matching with no ?cursor=, "
+                "acknowledges nothing"
+            )
+        timeout = _seconds(request, "timeout", WAIT_TIMEOUT)
+        req = p.Wait(
+            sessions=[session_id],
+            cursor=cursor,
+            timeout_ms=round(timeout * 1000),
+            max=_number(request, "max", None),
+            ack={} if ack is None else {session_id: ack},
+            after=after,
+            match=match,
+        )
+        job = self.handle(req, request).job
+        assert isinstance(job, Wait)  # a wait is the engine's job, started here
+        waited = await self._unless_gone(job, request)
+        if waited is None:  # nobody to answer: the wait is released, nothing moved
+            from starlette.responses import Response
+
+            return Response(status_code=204)
+        assert isinstance(waited, p.Woken)
+        if waited.batches:
+            (batch,) = waited.batches
+            return json_response(
+                {
+                    "next": batch.next,
+                    "lost": batch.lost,
+                    "firings": batch.firings,
+                    "timed_out": False,
+                }
+            )
+        here = job.position(session_id)
+        assert here is not None  # a wait times out only once it has looked
+        return json_response({"next": here, "lost": 0, "firings": [], "timed_out": True})
+
+    async def _unless_gone(self, job: Wait, request: Request) -> p.Response | None:
+        """The wait's answer, or None once the client has hung up (the wait is then
+        cancelled, having moved nothing).
+
+        The wait is driven by its own callback (``_Poll``), which this request awaits,
+        so its answer goes out in the first pass of the event loop after the wake;
+        beside it, a task reads the ASGI receive channel until ``http.disconnect``
+        (uvicorn sends nothing else once a request's body is in) and then ends the
+        wait. This request's task is never cancelled for it. A revocation of the
+        request's token answers it ``unauthorized``, as it answers a wait of the line
+        protocol.
+        """
+        await _drain(request)  # a body (a GET's, unasked): read first, so only the end is left
+        poll = _Poll(self.engine, request.state.token, job)
+        gone = asyncio.get_running_loop().create_task(_hung_up(request, poll))
+        job.start(poll.answered)
+        try:
+            return await poll.result()
+        except _Gone:
+            return None
+        finally:
+            gone.cancel()
 
     async def page(self, request: Request) -> Response:
         """The page (``GET /``): plain HTML shipped in the package; it holds no data until
@@ -393,7 +545,10 @@ class Api:
         except UnicodeDecodeError:
             raise BadRequest("the body is not UTF-8 text") from None
         key = request.headers.get("x-github-delivery") or request.headers.get("idempotency-key")
-        sent = await self.engine.deliver(session_id, webhook, text, key).result()
+        # what kind of delivery it is, and which one, for a reader that matches on them
+        tags = {"event": request.headers.get("x-github-event", ""), "delivery": key or ""}
+        tags = {name: value for name, value in tags.items() if value}
+        sent = await self.engine.deliver(session_id, webhook, text, key, tags).result()
         return json_response(
             {"seq": sent.seq, "duplicate": sent.duplicate}, 200 if sent.duplicate else 201
         )
@@ -418,6 +573,7 @@ class Api:
         # (``stats``, no right) before its waits, so without this a token that may not read
         # would get a 200 stream that ends at once (and an EventSource would retry for ever)
         self.engine.check_right(request.state.token, READ)
+        match = _match(request)
         resume = request.headers.get("last-event-id")
         if resume is not None:
             if not _SEQ.fullmatch(resume.strip(" ")):
@@ -430,7 +586,7 @@ class Api:
         else:  # refused now (a missing session, a seq after the head), not in the stream
             await self.call(p.Read(session=session_id, after=after, max=1), request)
         return EventSourceResponse(
-            self._stream(session_id, after, request),
+            self._stream(session_id, after, match, request),
             ping=HEARTBEAT,
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
@@ -441,17 +597,21 @@ class Api:
         return listed.sessions[0].head
 
     async def _stream(
-        self, session_id: str, after: int, request: Request
+        self, session_id: str, after: int, match: Match | None, request: Request
     ) -> AsyncIterator[dict[str, str]]:
         """The stream's events: a wait after ``after``, again and again, until the client goes.
 
         It opens with a bare ``id:`` (no event): where it starts, so that a client that
-        reconnects before the first firing resumes from there, with no hole.
+        reconnects before the first firing resumes from there, with no hole. With a
+        match, a batch may end past its last firing (the firings after it did not
+        match): a bare ``id:`` then says how far it looked, so a resume does not look
+        again.
         """
         yield {"id": str(after)}
         while True:
+            wait = p.Wait(sessions=[session_id], after=after, match=match)
             try:
-                woken = await self.call(p.Wait(sessions=[session_id], after=after), request)
+                woken = await self.call(wait, request)
             except ReplError as exc:  # stopped, the daemon closing, the store gone
                 error = {"code": exc.code.value, "message": exc.message}
                 yield {"event": "error", "data": _json.encode(error).decode()}
@@ -464,13 +624,79 @@ class Api:
                         "id": str(after + batch.lost),
                         "data": json.dumps({"lost": batch.lost}),
                     }
+                told = after + batch.lost
                 for firing in batch.firings:
                     yield {
                         "event": "firing",
                         "id": str(firing.seq),
                         "data": _json.encode(firing).decode(),
                     }
+                    told = firing.seq
+                if batch.next > told:
+                    yield {"id": str(batch.next)}
                 after = batch.next
+
+
+class _Gone(Exception):
+    """A long poll's client hung up: nobody is there to answer."""
+
+
+class _Poll:
+    """A long poll's wait and its hold on its token while it waits. ``result`` gives the
+    wait's answer or a revocation, whichever comes first (each releases the hold, so the
+    other cannot follow), unless the client hangs up, after which nobody wants either; the
+    request's end, however it comes (its task cancelled too), ends the wait if it is still
+    on. An event, not a future, is awaited: a cancellation of the request's task cancels
+    the event's own waiter, and this never finds its answer taken away from under it."""
+
+    def __init__(self, engine: Engine, token: TokenRecord | None, job: Wait) -> None:
+        self.engine = engine
+        self.token = token
+        self.job = job
+        self.over = asyncio.Event()
+        self.value: p.Response | None = None
+        self.error: Exception | None = None
+        if token is not None:
+            engine.hold(token, self)
+
+    def answered(self, value: p.Response | None, error: Exception | None) -> None:
+        """The wait's callback (never called once the wait is cancelled)."""
+        self._release()
+        self.value, self.error = value, error
+        self.over.set()
+
+    def revoke(self, error: Unauthorized) -> None:
+        """The token was revoked while the wait held it (so before its answer)."""
+        self.job.cancel()
+        self.answered(None, error)
+
+    def hung_up(self) -> None:
+        """The client went away: nobody wants the answer, whatever it is or would be."""
+        self.job.cancel()  # nothing, once it has answered
+        self.answered(None, _Gone())
+
+    async def result(self) -> p.Response:
+        try:
+            await self.over.wait()
+        finally:  # the answer is in, or this request ended first: the wait ends with it
+            self.job.cancel()
+            self._release()
+        if self.error is not None:
+            raise self.error
+        assert self.value is not None
+        return self.value
+
+    def _release(self) -> None:
+        if self.token is not None:
+            self.engine.release(self.token, self)
+
+
+async def _hung_up(request: Request, poll: _Poll) -> None:
+    """Wait for the request's client to go, then end its poll: the ASGI server tells that
+    a client went away by answering ``receive`` with ``http.disconnect``."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    poll.hung_up()
 
 
 class _Held:
@@ -547,6 +773,13 @@ class _Snapshot:
             "Writes the store refused or did not answer.",
             counts.store_failures,
         )
+        yield CounterMetricFamily(
+            "repl_heads_went_back",
+            "Times a session's head came back from Redis below one this daemon had learned: "
+            "Redis lost answered firings (a failover to a lagging replica), and their seqs go "
+            "to new ones.",
+            counts.heads_went_back,
+        )
         yield GaugeMetricFamily("repl_sessions", "Sessions in the store.", self.totals.sessions)
         yield GaugeMetricFamily(
             "repl_lost_firings",
@@ -612,6 +845,7 @@ async def _body(request: Request) -> bytes:
 #: a seq as HTTP takes it: ASCII digits, at most 19 (seqs stop at 2**63 - 1)
 _SEQ = re.compile(r"[0-9]{1,19}")
 _NUMBER = re.compile(r"-?[0-9]{1,19}")
+_SECONDS = re.compile(r"[0-9]{1,7}(\.[0-9]{1,6})?")
 
 
 def _shown(value: str, most: int = 40) -> str:
@@ -627,6 +861,73 @@ def _number(request: Request, name: str, default: int | None) -> int | None:
     if not _NUMBER.fullmatch(value):
         raise BadRequest(f"?{name}={_shown(value)} is not a whole number")
     return int(value)
+
+
+def _seconds(request: Request, name: str, default: float) -> float:
+    """A number of seconds of the query (``30``, ``2.5``), from 0 to ``MAX_WAIT_TIMEOUT``."""
+    value = request.query_params.get(name)
+    if value is None:
+        return default
+    if not _SECONDS.fullmatch(value) or float(value) > MAX_WAIT_TIMEOUT:
+        raise BadRequest(
+            f"?{name}={_shown(value)} is not a number of seconds from 0 to {MAX_WAIT_TIMEOUT:g}"
+        )
+    return float(value)
+
+
+def _tags(request: Request) -> dict[str, str]:
+    """A send's ``?tag=KEY=VALUE`` words (repeatable) as its tags; ``BadTag`` when not."""
+    return parse_tags(request.query_params.getlist("tag"))
+
+
+def _match(request: Request) -> Match | None:
+    """A reader's ``?match=KEY=VALUE`` / ``?match=KEY`` (repeatable: all must hold) and
+    ``?handler=NAME``, or None when it gives neither."""
+    query = request.query_params
+    handler = query.get("handler")
+    wanted: dict[str, str | None] = {}
+    for word in query.getlist("match"):
+        key, sep, value = word.partition("=")
+        check_tag_key(key)
+        if key in wanted:
+            raise BadTag(f"?match={key} is given twice: which value should it have?")
+        wanted[key] = value if sep else None
+    if not wanted and handler is None:
+        return None
+    match = Match(wanted, handler)
+    check_match(match)
+    return match
+
+
+class _StartBody(msgspec.Struct, kw_only=True):
+    """``POST /sessions``'s body, every field optional; unknown ones are ignored, as the
+    line protocol ignores them."""
+
+    id: str | None = None
+    buffer: int | None = None
+    exist_ok: bool = False
+
+
+class _AckBody(msgspec.Struct, kw_only=True):
+    """``POST /sessions/{id}/cursors/{name}``'s body."""
+
+    seq: int
+
+
+_Body = TypeVar("_Body", _StartBody, _AckBody)
+
+
+def _decode(body: bytes, kind: type[_Body], shape: str) -> _Body:
+    """A JSON body as ``kind`` (an empty one: its defaults), or ``BadRequest`` with msgspec's
+    path to what is wrong and the shape it should have."""
+    if not body.strip():
+        body = b"{}"
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError as exc:
+        raise BadRequest(f"bad body: {exc}; send {shape}") from None
+    except msgspec.DecodeError as exc:
+        raise BadRequest(f"the body is not JSON ({exc}): send {shape}") from None
 
 
 def make_app(engine: Engine, token: str) -> Any:
@@ -645,7 +946,11 @@ def make_app(engine: Engine, token: str) -> Any:
         # one route for both methods, so a 405's Allow lists every method it serves
         Route("/sessions/{id}/firings", guarded(api.firings), methods=["GET", "POST"]),
         Route("/sessions/{id}/events", guarded(api.events), methods=["GET"]),
-        Route("/sessions", guarded(api.sessions), methods=["GET"]),
+        Route("/sessions/{id}/wait", guarded(api.wait), methods=["GET"]),
+        # a cursor's name may hold a slash (any printable character but whitespace)
+        Route("/sessions/{id}/cursors/{name:path}", guarded(api.ack), methods=["POST"]),
+        Route("/sessions/{id}", guarded(api.stop), methods=["DELETE"]),
+        Route("/sessions", guarded(api.sessions_root), methods=["GET", "POST"]),
         Route("/metrics", guarded(api.metrics), methods=["GET"]),
         Route("/healthz", guarded(api.healthz, open=True), methods=["GET"]),
         # a webhook carries its own secret: no token

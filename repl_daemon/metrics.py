@@ -43,7 +43,7 @@ class Histogram:
 class Counts:
     """The daemon's counters by label: requests by op, refusals by wire code."""
 
-    __slots__ = ("commits", "errors", "requests", "store_failures")
+    __slots__ = ("commits", "errors", "heads_went_back", "requests", "store_failures")
 
     def __init__(self) -> None:
         self.requests: Counter[str] = Counter()
@@ -51,3 +51,5 @@ class Counts:
         #: how long each write to the store took (a commit, or a Redis round trip)
         self.commits = Histogram()
         self.store_failures = 0
+        #: times a session's head was answered below one answered before (Redis lost firings)
+        self.heads_went_back = 0

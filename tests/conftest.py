@@ -3,7 +3,9 @@
 ``inproc`` is the daemon in the test process (tests/helpers.py
 ``InProcDaemon``): no subprocess, memory store unless the test asks for the
 default SQLite store with ``@pytest.mark.parametrize("inproc", ["durable"],
-indirect=True)``. ``daemon`` / ``durable_daemon`` are real daemon processes
+indirect=True)``. A test that also asks for ``clock`` (a ``MovedClock``) gets
+its ``inproc`` daemon on that clock: its timers come due when the test
+moves it. ``daemon`` / ``durable_daemon`` are real daemon processes
 (``DaemonProc``), for tests that signal, kill or restart the daemon or read
 its stderr. Each is on a port the OS chose and a fresh home, and is stopped
 when the test ends.
@@ -14,6 +16,13 @@ restart). ``redis_single``, ``redis_cluster`` (3 primaries) and
 per test session, on first use, and shared; ``redis_any`` is one of the
 three per parameter (``REDIS_KINDS``), emptied before its test (FLUSHALL on
 every primary).
+
+Tests marked ``slow`` (soaks, long variants of property tests) are skipped
+unless a marker expression is given: ``pytest -m slow`` runs them (as
+``.ci/run`` does, after ``scripts/check``). Every property test runs
+without a deadline and without hypothesis's ``too_slow`` health check: a
+loaded machine is slow, not wrong. How many examples each runs is its own
+(``tests.helpers.examples``).
 """
 
 from __future__ import annotations
@@ -22,18 +31,33 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.helpers import (
     DAEMON_STORES,
     REDIS_KINDS,
     DaemonProc,
     InProcDaemon,
+    MovedClock,
     RedisClusterProcs,
     RedisProc,
     daemon_config,
     inproc_daemon,
     require_redis,
 )
+
+settings.register_profile("repl", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("repl")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the ``slow`` tests unless ``-m`` chose what runs."""
+    if config.option.markexpr:
+        return
+    later = pytest.mark.skip(reason="slow: `pytest -m slow` runs it")
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(later)
 
 
 @pytest.fixture
@@ -45,8 +69,19 @@ def inproc(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[InProcDae
     """
     store = getattr(request, "param", "memory")
     assert store in DAEMON_STORES, f"inproc is one of {DAEMON_STORES}, not {store!r}"
-    with inproc_daemon(daemon_config(tmp_path / "home", durable=store == "durable")) as d:
-        yield d
+    config = daemon_config(tmp_path / "home", durable=store == "durable")
+    if "clock" in request.fixturenames:
+        with inproc_daemon(config, request.getfixturevalue("clock")) as d:
+            yield d
+    else:
+        with inproc_daemon(config) as d:
+            yield d
+
+
+@pytest.fixture
+def clock() -> MovedClock:
+    """A clock that stands still until the test moves it; the test's ``inproc`` runs on it."""
+    return MovedClock()
 
 
 @pytest.fixture

@@ -7,7 +7,10 @@ comes in two kinds with one face (``port``, ``home``, ``token``, ``addr``,
 - ``InProcDaemon`` runs ``serve_daemon`` on an event loop thread of the test
   process (an anyio blocking portal): no subprocess, so it starts in a few
   milliseconds. Most tests over the wire use it. ``running_daemon`` is the
-  same for async tests, in the test's own task group.
+  same for async tests, in the test's own task group. Handed a
+  ``MovedClock``, its timers are due by a clock that stands still until the
+  test moves it, so a timer test moves the clock and checks exactly what
+  fired, whatever the load on the machine.
 - ``DaemonProc`` runs ``python -m repl_daemon`` as a child process, for the
   tests that need a real one: SIGTERM and its exit status, SIGKILL,
   restarts on the same home, its stderr and its log.
@@ -19,8 +22,6 @@ the installed ``repl`` against a test daemon, with REPL_ADDR and REPL_HOME
 in its environment. ``RedisProc`` is a redis-server of the test's own,
 ``RedisClusterProcs`` a Redis Cluster of them on loopback, and
 ``SharedDaemons`` daemon processes that share one ``--store`` URL.
-``SideBySide`` runs scenarios that mostly wait on clocks in threads, all at
-once, for the tests that each check one.
 
 No tests and no fixtures live here: the fixtures are declared once, in
 ``tests/conftest.py`` or in the conftest of the one folder that uses them.
@@ -29,6 +30,7 @@ No tests and no fixtures live here: the fixtures are declared once, in
 from __future__ import annotations
 
 import array
+import asyncio
 import contextlib
 import fcntl
 import importlib.util
@@ -57,6 +59,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from repl_daemon.config import DEFAULTS, Config, Limits
 from repl_daemon.daemon import serve_daemon
+from repl_daemon.engine.clock import REAL, Clock, ms_to_utc
 from repl_daemon.stores.base import Store
 from repl_daemon.stores.redis import session_keys
 from session.delta import Delta
@@ -200,8 +203,10 @@ def daemon_config(
     settle: float = 0.0,
     limits: Limits | None = None,
     max_sessions: int = DEFAULTS["max_sessions"],
+    store_url: str | None = None,
 ) -> Config:
-    """A test daemon's Config: port 0, memory (or the default SQLite store), settle 0.
+    """A test daemon's Config: port 0, memory (or the default SQLite store, or the shared
+    store at ``store_url``), settle 0.
 
     The idle timeout is 5 s unless ``limits`` says otherwise, as the
     ``daemon`` fixture's process has it.
@@ -210,7 +215,8 @@ def daemon_config(
         home=home,
         host="127.0.0.1",
         port=0,
-        memory=not durable,
+        memory=not durable and store_url is None,
+        store_url=store_url,
         settle=settle,
         limits=limits or Limits(idle_timeout=5.0),
         max_sessions=max_sessions,
@@ -223,12 +229,14 @@ class InProcDaemon(Daemon):
     Started on construction; ``stop`` is the clean shutdown ``repl daemon``
     does on SIGTERM (the ``stop`` event is set: waiters are answered, the
     store is closed) and raises whatever the daemon raised, so a test whose
-    daemon failed fails too.
+    daemon failed fails too. ``start`` again serves the same home (on a new
+    port) and the same clock: the real one, or the ``MovedClock`` it was given.
     """
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, clock: Clock = REAL) -> None:
         super().__init__(config.home)
         self.config = config
+        self.clock = clock
         self._portal: BlockingPortal | None = None
         self._running = contextlib.ExitStack()
         self._stop: anyio.Event | None = None
@@ -241,7 +249,7 @@ class InProcDaemon(Daemon):
             portal = running.enter_context(start_blocking_portal("asyncio"))
             stop: anyio.Event = portal.call(anyio.Event)
             self._served, self.port = portal.start_task(
-                partial(serve_daemon, self.config, stop=stop)
+                partial(serve_daemon, self.config, stop=stop, clock=self.clock)
             )
             self._portal, self._stop, self._running = portal, stop, running.pop_all()
 
@@ -271,9 +279,9 @@ class InProcDaemon(Daemon):
 
 
 @contextlib.contextmanager
-def inproc_daemon(config: Config) -> Iterator[InProcDaemon]:
+def inproc_daemon(config: Config, clock: Clock = REAL) -> Iterator[InProcDaemon]:
     """An in-process daemon for the ``with`` block; its clients closed, then stopped cleanly."""
-    d = InProcDaemon(config)
+    d = InProcDaemon(config, clock)
     try:
         yield d
     finally:
@@ -295,6 +303,55 @@ async def running_daemon(config: Config, *, store: Store | None = None) -> Async
             yield port
         finally:
             stop.set()
+
+
+class MovedClock(Clock):
+    """A daemon's clock that stands still until the test moves it (``advance``).
+
+    Nothing fires by the wall clock: a timer is due when the test says so.
+    A timer task asleep on it (``sleep_until``) is woken when it moves,
+    whichever event loop it sleeps in, so several in-process daemons may
+    share one, as daemons sharing a store share the wall clock. It starts on
+    a whole second of the real time, so stamps look like today's.
+    """
+
+    def __init__(self, ms: int | None = None) -> None:
+        self.ms = time.time_ns() // 1_000_000_000 * 1000 if ms is None else ms
+        self._lock = threading.Lock()
+        self._sleepers: dict[int, tuple[anyio.Event, asyncio.AbstractEventLoop]] = {}
+
+    def now_ms(self) -> int:
+        return self.ms
+
+    def utc_now(self) -> str:
+        return ms_to_utc(self.ms)
+
+    def at(self, ms: int) -> str:
+        """``ms`` since the epoch in RFC 3339, as ``--at`` and ``at`` take it."""
+        return ms_to_utc(ms)
+
+    async def sleep_until(self, due_ms: int | None, wake: anyio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if due_ms is not None and self.ms >= due_ms:
+                return  # moved since the caller looked
+            self._sleepers[id(wake)] = (wake, loop)
+        try:
+            await wake.wait()
+        finally:
+            with self._lock:
+                self._sleepers.pop(id(wake), None)
+
+    def advance(self, ms: int) -> int:
+        """Move the clock ``ms`` on and wake every timer task asleep on it; the new time."""
+        assert ms >= 0, "a moved clock only goes forward"
+        with self._lock:
+            self.ms += ms
+            sleepers = list(self._sleepers.values())
+        for wake, loop in sleepers:
+            with contextlib.suppress(RuntimeError):  # its loop closed meanwhile: nothing sleeps
+                loop.call_soon_threadsafe(wake.set)
+        return self.ms
 
 
 class DaemonProc(Daemon):
@@ -435,7 +492,8 @@ class RedisProc:
     its ``nodes.conf`` in its directory, its bus on a second free port, node
     timeout ``node_timeout_ms``): ``RedisClusterProcs`` joins several into a
     cluster. A restart keeps the ports (and a cluster node its ``nodes.conf``,
-    so it comes back as the same node of the same cluster).
+    so it comes back as the same node of the same cluster). ``replica_of``: the
+    port of a (non-cluster) primary this one replicates (``--replicaof``).
     """
 
     def __init__(
@@ -445,11 +503,13 @@ class RedisProc:
         appendonly: bool = False,
         cluster: bool = False,
         node_timeout_ms: int = 1000,
+        replica_of: int | None = None,
     ) -> None:
         self.dir = workdir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.appendonly = appendonly
         self.cluster = cluster
+        self.replica_of = replica_of
         self.node_timeout_ms = node_timeout_ms
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
@@ -480,13 +540,15 @@ class RedisProc:
                 args += ["--appendonly", "yes", "--appendfsync", "always"]
             else:
                 args += ["--appendonly", "no"]
+            # a replica's first sync starts at once, not after the default 5 s
+            args += ["--repl-diskless-sync-delay", "0"]
             if self.cluster:
                 bus = self.bus_port or free_port()
                 args += ["--cluster-enabled", "yes", "--cluster-port", str(bus)]
                 args += ["--cluster-config-file", str(self.dir / "nodes.conf")]
                 args += ["--cluster-node-timeout", str(self.node_timeout_ms)]
-                # a replica's first sync starts at once, not after the default 5 s
-                args += ["--repl-diskless-sync-delay", "0"]
+            if self.replica_of is not None:
+                args += ["--replicaof", "127.0.0.1", str(self.replica_of)]
             self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             if _wait_for_port(port, self.proc):
                 self.port = port
@@ -503,8 +565,27 @@ class RedisProc:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)  # a test may have left it stopped
             self.proc.terminate()
             self.proc.wait(10)
+
+    def wait_synced(self, timeout: float = 15) -> None:
+        """Until this replica's link to its primary is up and its first sync done."""
+
+        def synced() -> bool:
+            with self.admin() as admin:
+                info = admin.info("replication")
+            return info.get("master_link_status") == "up" and not info.get(
+                "master_sync_in_progress"
+            )
+
+        eventually(synced, timeout, f"the replica on {self.port} to sync")
+
+    def commands(self, name: str) -> int:
+        """How many times this server has run the command ``name`` (``INFO commandstats``)."""
+        with self.admin() as admin:
+            stats = admin.info("commandstats")
+        return int(stats.get(f"cmdstat_{name.lower()}", {}).get("calls", 0))
 
     def admin(self) -> Any:
         """A plain redis-py client of this server, for the test's own looks (close it)."""
@@ -767,6 +848,17 @@ def require_chromium() -> str:
     return found
 
 
+def require_tool(name: str) -> str:
+    """A command a test runs (Debian's ``jq`` for the GUIDE's shell recipes): skipped where
+    it is missing, failed in CI (``.ci/run`` installs it); its path."""
+    found = shutil.which(name)
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{name} missing in CI: .ci/run must install Debian's {name}")
+        pytest.skip(f"{name} missing: apt-get install {name}")
+    return found
+
+
 def require_build() -> None:
     """The ``build`` package and a setuptools that builds wheels (the ``test`` extra brings
     both), for building the wheel: skipped where they are missing, failed in CI."""
@@ -924,6 +1016,13 @@ class Repl:
         )
 
 
+def examples(suite: int, variable: str) -> int:
+    """How many examples a property test runs: ``suite`` in the suite (a few seconds' worth,
+    far from the 60 s timeout under coverage on a loaded 2-core machine), or ``$variable``
+    for a longer search."""
+    return int(os.environ.get(variable, suite))
+
+
 def assert_one_error_line(stderr: str) -> None:
     assert stderr.startswith("repl: "), stderr
     assert stderr.endswith("\n") and stderr.count("\n") == 1, stderr
@@ -945,40 +1044,6 @@ def each_at_once(run: Callable[[T], R], items: Iterable[T]) -> list[R]:
     raised (the first in the items' order)."""
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         return list(pool.map(run, items))
-
-
-class SideBySide:
-    """Scenarios that mostly wait on clocks, each run in a thread of its own, all started at
-    once; ``result`` waits for one and raises whatever it raised, so its test fails as if it
-    had run the scenario itself. ``close`` waits for every one (call it before the next
-    module, so nothing of these runs beside other tests)."""
-
-    def __init__(self, scenarios: dict[str, Callable[[], None]]) -> None:
-        self.errors: dict[str, BaseException] = {}
-        self.threads = {
-            name: threading.Thread(target=self._run, args=(name, run), name=name, daemon=True)
-            for name, run in scenarios.items()
-        }
-        for thread in self.threads.values():
-            thread.start()
-
-    def _run(self, name: str, run: Callable[[], None]) -> None:
-        try:
-            run()
-        except BaseException as exc:  # handed to the test by ``result``
-            self.errors[name] = exc
-
-    def result(self, name: str, timeout: float = 50) -> None:
-        thread = self.threads[name]
-        thread.join(timeout)
-        assert not thread.is_alive(), f"{name} still running after {timeout} s"
-        if name in self.errors:
-            raise self.errors.pop(name)
-
-    def close(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        for thread in self.threads.values():
-            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def read_line(proc: subprocess.Popen[bytes], timeout: float = 15) -> bytes:

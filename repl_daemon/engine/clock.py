@@ -4,11 +4,21 @@ Timers are due at wall-clock times (SPEC §9: ``--at`` names one), so they
 are kept in milliseconds since the epoch, UTC, and the daemon sleeps until
 the next one by the wall clock; a clock stepped back or forth only moves
 when it wakes, never how many times a due time fires.
+
+``Clock`` is that clock as one object, handed to the engine, its committer
+and the shared timers when they are made, so nothing of theirs reads the
+time any other way. ``REAL`` is the one a daemon runs on; a test hands its
+own (one it moves by hand, tests/helpers.py ``MovedClock``), and a timer
+task sleeping on it wakes when it is moved. The module functions are the
+real clock's, for whatever has no clock to be handed (the CLI, the stores).
 """
 
 from __future__ import annotations
 
+import math
 import time
+
+import anyio
 
 _second: list[tuple[int, str]] = [(-1, "")]
 
@@ -36,3 +46,29 @@ def ms_to_utc(ms: int) -> str:
     """``ms`` since the epoch as ISO 8601 UTC with milliseconds."""
     second, milli = divmod(ms, 1000)
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)) + f".{milli:03d}Z"
+
+
+class Clock:
+    """The wall clock as the daemon reads it: this one is the real one."""
+
+    def now_ms(self) -> int:
+        """Now in milliseconds since the epoch, UTC."""
+        return now_ms()
+
+    def utc_now(self) -> str:
+        """Now as ISO 8601 UTC with milliseconds: a firing's stamp."""
+        return utc_now()
+
+    async def sleep_until(self, due_ms: int | None, wake: anyio.Event) -> None:
+        """Return once this clock reaches ``due_ms`` (never, when None) or ``wake`` is set.
+
+        The timer tasks' one sleep: it may return early (the caller looks at
+        the clock again), never late by more than the event loop's own delay.
+        """
+        delay = math.inf if due_ms is None else due_ms / 1000 - time.time()
+        with anyio.move_on_after(delay):
+            await wake.wait()
+
+
+#: the clock a daemon runs on
+REAL = Clock()

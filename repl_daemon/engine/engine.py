@@ -39,7 +39,7 @@ import anyio
 import msgspec
 
 from repl_daemon import protocol as p
-from repl_daemon.engine.clock import ms_to_utc, now_ms, utc_now
+from repl_daemon.engine.clock import REAL, Clock, ms_to_utc
 from repl_daemon.engine.committer import Committer, Sessions, Totals
 from repl_daemon.engine.outcome import Outcome
 from repl_daemon.engine.scoped import Scoped
@@ -117,11 +117,11 @@ class Engine:
         make_committer: Callable[[Engine], Committer],
         *,
         settle: float = 0.1,
-        store_name: str = "memory",
+        clock: Clock = REAL,
     ) -> None:
         self.settle = settle
-        #: the store as ``ping`` shows it (a Redis URL without its password)
-        self.store_name = store_name
+        #: what stamps a firing and what a schedule's due time is counted from
+        self.clock = clock
         #: requests by op, refusals by code, the store's write latency (``/metrics``)
         self.counts = Counts()
         self.committer = make_committer(self)
@@ -300,7 +300,7 @@ class Engine:
             committer = self._scoped(req, tag, token)
         match req:
             case p.Send():
-                op = Record(req.handler, req.text, utc_now(), req.key, tags=req.tags)
+                op = Record(req.handler, req.text, self.clock.utc_now(), req.key, tags=req.tags)
                 return committer.execute(req.session, op).then(self._sent(rid))
             case p.Read():
                 if req.after is not None:
@@ -383,7 +383,9 @@ class Engine:
         firing of the webhook's handler, deduplicated by the delivery's key, carrying
         ``tags`` (the delivery's ``event`` and ``delivery``, as HTTP read them)."""
         self.counts.requests["webhook"] += 1
-        record = Record(webhook.handler, text, utc_now(), key, handled=True, tags=tags or {})
+        record = Record(
+            webhook.handler, text, self.clock.utc_now(), key, handled=True, tags=tags or {}
+        )
         return self.committer.execute(session_id, record).then(self._sent(msgspec.UNSET))
 
     def timer_for(self, req: p.Schedule) -> Timer:
@@ -398,7 +400,7 @@ class Engine:
         every = None if req.every is None else parse_every(req.every)
         if every is not None and every > MAX_DUE_MS:  # said before the due time it makes
             raise BadTime(f"interval {req.every!r} is longer than the calendar goes")
-        now = now_ms()
+        now = self.clock.now_ms()
         if req.in_ is not None:
             due = now + parse_duration(req.in_)
         elif req.at is not None:
@@ -431,7 +433,7 @@ class Engine:
             version=p.VERSION,
             uptime_s=round(self.uptime(), 3),
             pid=os.getpid(),
-            store=self.store_name,
+            store=self.committer.store.name,
         )
 
     def _sent(self, rid: p.RequestId) -> Callable[[Recorded], p.Sent]:

@@ -33,7 +33,6 @@ while the daemon was down fires on its first turn after ``load``.
 from __future__ import annotations
 
 import logging
-import math
 import secrets
 import time
 from collections.abc import Callable
@@ -42,7 +41,7 @@ from typing import TypeVar
 import anyio
 import anyio.lowlevel
 
-from repl_daemon.engine.clock import now_ms, utc_now
+from repl_daemon.engine.clock import REAL, Clock
 from repl_daemon.engine.committer import Listener, Totals
 from repl_daemon.engine.outcome import Outcome, Ticket
 from repl_daemon.stores.base import Store
@@ -109,9 +108,18 @@ class Hosted:
 class LocalCommitter:
     """Hosts every session in memory over a store of this daemon's own."""
 
-    def __init__(self, store: Store, listener: Listener, *, max_sessions: int = 10_000) -> None:
+    def __init__(
+        self,
+        store: Store,
+        listener: Listener,
+        *,
+        max_sessions: int = 10_000,
+        clock: Clock = REAL,
+    ) -> None:
         self.store = store
         self.listener = listener
+        #: what the timer task sleeps by and fires at
+        self.clock = clock
         self.max_sessions = max_sessions
         self.sessions: dict[str, Hosted] = {}
         self.retired_evaluations = 0
@@ -159,10 +167,9 @@ class LocalCommitter:
             self.timer_turns += 1
             due = self._sleeping_until = self.schedule.next_due()
             self._timer_wake = anyio.Event()
-            now = now_ms()
+            now = self.clock.now_ms()
             if due is None or due > now:
-                with anyio.move_on_after(math.inf if due is None else due / 1000 - time.time()):
-                    await self._timer_wake.wait()
+                await self.clock.sleep_until(due, self._timer_wake)
                 continue
             if await self.fire(now):
                 retry = FIRE_RETRY[0]
@@ -172,7 +179,7 @@ class LocalCommitter:
 
     async def fire(self, now: int) -> bool:
         """Fire every timer due at ``now``, one batch; False when the store failed it."""
-        ts = utc_now()
+        ts = self.clock.utc_now()
         fired = since = 0
         outcomes = []
         for session_id, timer_ids in self.schedule.take_due(now).items():

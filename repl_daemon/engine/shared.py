@@ -37,6 +37,7 @@ from typing import Any, TypeVar, cast
 
 import anyio
 
+from repl_daemon.engine.clock import REAL, Clock
 from repl_daemon.engine.committer import Listener, Totals
 from repl_daemon.engine.local import exists, made_up_id
 from repl_daemon.engine.outcome import Outcome, Settled
@@ -75,11 +76,11 @@ R = TypeVar("R")
 class SharedCommitter:
     """Every operation one script in Redis; wakes over sharded pub/sub."""
 
-    def __init__(self, store: RedisStore, listener: Listener) -> None:
+    def __init__(self, store: RedisStore, listener: Listener, *, clock: Clock = REAL) -> None:
         self.store = store
         self.listener = listener
         self.wakes = Wakes(store, self._woken, self._restored)
-        self.shared_timers = SharedTimers(store, self.wakes, listener)
+        self.shared_timers = SharedTimers(store, self.wakes, listener, clock=clock)
         store.counts = listener.counts  # its round trips are this daemon's writes
         #: the scoped tokens this daemon has seen, by digest (a miss asks Redis)
         self._tokens: dict[str, TokenRecord] = {}

@@ -32,13 +32,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
-import time
 from collections.abc import Iterable
 
 import anyio
 
-from repl_daemon.engine.clock import now_ms, utc_now
+from repl_daemon.engine.clock import REAL, Clock
 from repl_daemon.engine.committer import Listener
 from repl_daemon.stores.redis import PARTITION_IDS, RedisStore, Wakes, partition_of
 from session.errors import NoSuchSession, StoreFailed, TooMany
@@ -58,10 +56,14 @@ RETRY = (0.1, 5.0)
 class SharedTimers:
     """This daemon's part in firing a shared store's timers; ``run`` it for as long as it serves."""
 
-    def __init__(self, store: RedisStore, wakes: Wakes, listener: Listener) -> None:
+    def __init__(
+        self, store: RedisStore, wakes: Wakes, listener: Listener, *, clock: Clock = REAL
+    ) -> None:
         self.store = store
         self.wakes = wakes
         self.listener = listener
+        #: what this daemon sleeps by and claims and fires at
+        self.clock = clock
         #: the earliest due time known of each partition (ms; None: no timer)
         self.earliest: dict[str, int | None] = dict.fromkeys(PARTITION_IDS)
         self._sleeping_until: int | None = None
@@ -183,10 +185,9 @@ class SharedTimers:
         due = self._sleeping_until = min(
             (d for d in self.earliest.values() if d is not None), default=None
         )
-        now = now_ms()
+        now = self.clock.now_ms()
         if due is None or due > now:
-            with anyio.move_on_after(math.inf if due is None else due / 1000 - time.time()):
-                await self._wake.wait()
+            await self.clock.sleep_until(due, self._wake)
             return
         partitions = [p for p, d in self.earliest.items() if d is not None and d <= now]
         await self.fire(partitions, now)
@@ -196,7 +197,7 @@ class SharedTimers:
 
         Each step is one pipeline for every partition and session at once.
         """
-        ts = utc_now()
+        ts = self.clock.utc_now()
         lease = now + LEASE_MS
         self._asking(partitions)
         claims = [self.store.claim(p, now, lease, CLAIM_MAX) for p in partitions]

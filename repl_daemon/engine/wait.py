@@ -59,6 +59,7 @@ class Wait(Job[p.Response]):
         "looks",
         "loop",
         "req",
+        "seen",
         "state",
         "step",
         "stopped",
@@ -81,6 +82,9 @@ class Wait(Job[p.Response]):
         #: each session's next look: a matching wait goes on after the last seq it looked
         #: at, so a firing that does not match is looked at once (rule R3)
         self.looks = dict.fromkeys(ids, look)
+        #: each session's ``next`` of the wait's last look: where a wait that timed out
+        #: stands (its cursor's seq; for a matching one, the last seq it looked at)
+        self.seen: dict[str, int] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         self.state = _State.STARTING
         self.done: Done[p.Response] | None = None
@@ -103,6 +107,11 @@ class Wait(Job[p.Response]):
         """The client went away: end without an answer, having moved no cursor."""
         if self.state is not _State.OVER:
             self._end()
+
+    def position(self, session_id: str) -> int | None:
+        """Where the wait stands in ``session_id`` after its last look (None before the
+        first): what an HTTP long poll that timed out answers as its ``next``."""
+        return self.seen.get(session_id)
 
     # -- what the engine tells ------------------------------------------------
 
@@ -195,6 +204,7 @@ class Wait(Job[p.Response]):
     def _looked(self, session_id: str, batch: Batch, batches: list[p.SessionBatch]) -> None:
         """A look's batch: an answer when it has firings or a loss; else, for a matching
         wait, the next look starts after the last seq this one looked at."""
+        self.seen[session_id] = batch.next
         if batch.firings or batch.lost:
             batches.append(p.SessionBatch(session_id, batch.next, batch.lost, batch.firings))
         elif self.req.match is not None:

@@ -24,6 +24,10 @@ event loop. URLs (SPEC §7):
   ``rediss+cluster://``): a Redis Cluster, found from any of its nodes;
 - ``?replicas=N`` on either: a change is answered only once N replicas
   have it (Redis ``WAIT``), so a failover loses nothing that was answered.
+  Without it, ``open`` makes it 1 when every primary has a replica (else 0):
+  a failover that loses answered firings also hands their seqs to later
+  ones. Should one happen anyway, the heads the answers carry show it
+  (``repl_daemon.stores.heads``): it is logged and counted.
 
 A password never appears in ``name``, in a log line or in an error.
 """
@@ -46,6 +50,7 @@ import msgspec
 
 from repl_daemon.metrics import Counts
 from repl_daemon.stores import redis_scripts as lua
+from repl_daemon.stores.heads import Heads, Known
 from session.delta import Webhook
 from session.errors import (
     AckAfterHead,
@@ -242,7 +247,12 @@ def channel_session(channel: str) -> str | None:
 
 
 class Target:
-    """What a ``--store`` URL names, with the password kept out of ``name``."""
+    """What a ``--store`` URL names, with the password kept out of ``name``.
+
+    ``asked`` is the URL's ``?replicas=N``, None when it has none; ``replicas``
+    is the number in use, which ``RedisStore.open`` settles when none was asked
+    (``choose_replicas``).
+    """
 
     def __init__(self, url: str) -> None:
         parts = urlsplit(url)
@@ -257,10 +267,12 @@ class Target:
         self.username = unquote(parts.username) if parts.username else None
         self.password = unquote(parts.password) if parts.password else None
         query = parse_qs(parts.query)
-        replicas = query.pop("replicas", ["0"])[-1]
-        if not replicas.isdigit():
+        replicas = query.pop("replicas", [None])[-1]
+        if replicas is not None and not replicas.isdigit():
             raise StoreFailed(f"?replicas={replicas} in the store URL is not a number")
-        self.replicas = int(replicas)
+        self.asked = None if replicas is None else int(replicas)
+        #: how many replicas each change waits for (``WAIT``)
+        self.replicas = self.asked or 0
         if query:
             raise StoreFailed(
                 f"the store URL has options repl does not know: {', '.join(sorted(query))}"
@@ -283,9 +295,15 @@ class Target:
         user = f"{quote(self.username)}:***@" if self.username else ":***@" if self.password else ""
         where = ",".join(f"{h}:{p}" for h, p in self.nodes)
         tail = "" if self.cluster else f"/{self.db}"
-        extra = f"?replicas={self.replicas}" if self.replicas else ""
-        #: the URL as logs, ``ping`` and ``stats`` show it: never with the password
-        self.name = f"{scheme}://{user}{where}{tail}{extra}"
+        self._bare = f"{scheme}://{user}{where}{tail}"
+        #: settled: ``replicas`` is the number in use (the URL's, or what ``open`` chose)
+        self.settled = self.asked is not None
+
+    @property
+    def name(self) -> str:
+        """The URL as logs, ``ping`` and ``stats`` show it: never with the password, and with
+        the replicas each change waits for once that is settled."""
+        return f"{self._bare}?replicas={self.replicas}" if self.settled else self._bare
 
     def client_options(self) -> dict[str, Any]:
         options: dict[str, Any] = {
@@ -315,7 +333,6 @@ class RedisStore:
                 "--store redis:// needs the redis client: pip install 'repl-inbox[redis]'"
             ) from None
         self.target = Target(url)
-        self.name = f"redis:{self.target.name}"
         # names this daemon in what it publishes, so it can skip its own wakes
         self.origin = secrets.token_hex(8)
         self.client: Any = None
@@ -336,6 +353,15 @@ class RedisStore:
         self._replicated: anyio.CapacityLimiter | None = None  # made in the loop, by ``open``
         #: where the pipelines' round trips and failures are counted (``/metrics``)
         self.counts = Counts()
+        #: the heads Redis answered, per session: to notice one going back (a failover)
+        self.heads = Heads()
+        #: what ``open`` settled of the replicas, for the daemon's log: (level, one line)
+        self.replication: tuple[int, str] = (logging.INFO, "")
+
+    @property
+    def name(self) -> str:
+        """The store as logs, ``ping`` and ``stats`` show it (the replicas in use, once open)."""
+        return f"redis:{self.target.name}"
 
     # -- connecting -------------------------------------------------------------
 
@@ -376,12 +402,78 @@ class RedisStore:
             raise StoreFailed(
                 f"redis at {target.name} refused the scripts: {_reason(exc)}"
             ) from None
+        self.replication = await self._choose_replicas()
         if not target.cluster:
             # a connection of the client's own kind (TCP or TLS, same credentials), but
             # with no timeout on each reply: a pipeline has one timeout in all
             pool = self.client.connection_pool
             self._line = pool.connection_class(**{**pool.connection_kwargs, "socket_timeout": None})
         self._sender = asyncio.get_running_loop().create_task(self._send_all())
+
+    async def _choose_replicas(self) -> tuple[int, str]:
+        """Settle how many replicas each change waits for; (log level, the line that says so).
+
+        The URL's ``?replicas=N`` when it has one. Otherwise the safe setting:
+        one when every primary has a replica (``connected_slaves`` in ``INFO
+        replication``), since without ``WAIT`` a failover can lose answered
+        firings and hand their seqs to later ones. When only some primaries
+        have one it stays 0, with a warning naming the others: ``WAIT 1``
+        would refuse every change on a primary without a replica.
+        """
+        target = self.target
+        turn_off = "?replicas=0 in the --store URL turns it off"
+        if target.asked is not None:
+            target.settled = True
+            if target.asked:
+                return logging.INFO, (
+                    f"redis: every change waits for {_replicas(target.asked)} "
+                    f"(?replicas={target.asked} in the --store URL)"
+                )
+            return logging.INFO, (
+                "redis: changes wait for no replica (?replicas=0 in the --store URL): "
+                "a failover can lose answered firings and give their seqs to later ones"
+            )
+        try:
+            counts = await self._replica_counts()
+        except Exception as exc:
+            target.replicas, target.settled = 0, True
+            which = "the primaries have" if target.cluster else "the primary has"
+            return logging.WARNING, (
+                f"redis: changes wait for no replica: cannot tell whether {which} any "
+                f"({_reason(exc)}); say ?replicas=1 or ?replicas=0 in the --store URL"
+            )
+        without = sorted(name for name, count in counts.items() if count == 0)
+        target.replicas = 0 if without else 1
+        target.settled = True
+        if not without:
+            what = "every primary has one" if target.cluster else "the primary has one"
+            return logging.INFO, f"redis: every change waits for 1 replica, as {what}; {turn_off}"
+        if len(without) == len(counts):
+            what = "the primaries have none" if target.cluster else "the primary has none"
+            return logging.INFO, (
+                f"redis: changes wait for no replica, as {what}; with replicas a daemon "
+                "waits for one (?replicas=N in the --store URL sets how many)"
+            )
+        named = ", ".join(without)
+        what = f"the primaries {named} have" if len(without) > 1 else f"the primary {named} has"
+        return logging.WARNING, (
+            f"redis: changes wait for no replica, as {what} none (WAIT would refuse its "
+            "changes): a failover of another primary can lose answered firings and give their "
+            "seqs to later ones; give every primary a replica, or say ?replicas=0 in the "
+            "--store URL"
+        )
+
+    async def _replica_counts(self) -> dict[str, int]:
+        """The replicas connected to each primary, by its HOST:PORT."""
+        if not self.target.cluster:
+            host, port = self.target.nodes[0]
+            info = await self.client.info("replication")
+            return {f"{host}:{port}": int(info.get("connected_slaves", 0))}
+        counts = {}
+        for node in self.client.get_primaries():
+            info = await node.execute_command("INFO", "replication")
+            counts[node.name] = int(info.get("connected_slaves", 0))
+        return counts
 
     async def _load_scripts(self) -> None:
         """SCRIPT LOAD every script (on every primary of a cluster), so EVALSHA finds them."""
@@ -800,7 +892,15 @@ class RedisStore:
         """Record a firing; ``tags`` (checked by the caller) go into its entry as JSON."""
         encoded = _json.encode(tags) if tags else ""
         args = (handler, text, "1" if handled else "0", ts, key or "", MAX_KEYS, self.origin)
-        return self._script("RECORD", session_id, (*args, encoded), change=True, then=_recorded)
+        before = self.heads.before(session_id)
+
+        def recorded(answer: list[Any]) -> Recorded:
+            seq, duplicate, head, incarnation = answer
+            found = int(head) if duplicate else int(seq) - 1
+            self._learned(session_id, before, incarnation, found, int(head))
+            return Recorded(int(seq), duplicate=bool(duplicate))
+
+        return self._script("RECORD", session_id, (*args, encoded), change=True, then=recorded)
 
     def read(
         self,
@@ -822,7 +922,51 @@ class RedisStore:
             MAX_CURSORS,
             "" if match is None else _json.encode(match),
         )
-        return self._script("READ", session_id, args, change=change, then=_batch)
+        before = self.heads.before(session_id)
+
+        def batch(answer: list[Any]) -> Batch:
+            next, lost, entries, head, incarnation = answer
+            self._learned(session_id, before, incarnation, int(head), int(head))
+            return Batch(int(next), int(lost), [_firing(entry) for entry in entries])
+
+        return self._script("READ", session_id, args, change=change, then=batch)
+
+    def _learned(
+        self,
+        session_id: str,
+        before: Known | None,
+        incarnation: bytes | None,
+        found: int,
+        head: int,
+    ) -> None:
+        """An answer carried the session's head: say so, once a session, if it went back."""
+        went = self.heads.learned(session_id, before, incarnation or b"", found, head)
+        if went is None:
+            return
+        self.counts.heads_went_back += 1
+        if not went.first:
+            return
+        if self.target.replicas:
+            why = (
+                "a failover to a replica that did not have them, or Redis restarted from older data"
+            )
+        else:
+            why = (
+                "a failover to a replica that lagged, or Redis restarted from older data; "
+                "?replicas=1 makes each change wait for a replica"
+            )
+        first, last = went.head + 1, went.highest
+        gone = f"seq {last:,}" if first == last else f"seqs {first:,} to {last:,}"
+        log.warning(
+            "session %r: its head went back from %s to %s: Redis lost answered firings (%s), "
+            "and new firings take their seqs again (%s); logged once a session, counted in "
+            "repl_heads_went_back_total",
+            session_id,
+            f"{went.highest:,}",
+            f"{went.head:,}",
+            gone,
+            why,
+        )
 
     def ack(self, session_id: str, cursor: str, seq: int) -> asyncio.Future[int]:
         args = (cursor, seq, MAX_CURSORS)
@@ -851,13 +995,15 @@ class RedisStore:
         return self._script("DESCRIBE", session_id, (), change=False, then=cursors)
 
     def start(self, session_id: str, limit: int) -> asyncio.Future[bool]:
-        """Create the session; False when it exists already."""
-        return self._script("START", session_id, (limit,), change=True, then=_yes)
+        """Create the session, a new incarnation of it; False when it exists already."""
+        args = (limit, secrets.token_hex(8))
+        return self._script("START", session_id, args, change=True, then=_yes)
 
     def stop(self, session_id: str) -> asyncio.Future[list[tuple[str, int]]]:
         """Remove the session and all of it; answers the (id, due time) of its timers."""
 
         def stopped(answer: list[Any]) -> list[tuple[str, int]]:
+            self.heads.forget(session_id)
             flat = answer[0]
             return [(flat[i].decode(), int(float(flat[i + 1]))) for i in range(0, len(flat), 2)]
 
@@ -1147,16 +1293,6 @@ def _score(value: Any) -> int | None:
     return int(float(value)) if value not in (b"", "", None) else None
 
 
-def _recorded(answer: list[Any]) -> Recorded:
-    seq, duplicate = answer
-    return Recorded(int(seq), duplicate=bool(duplicate))
-
-
-def _batch(answer: list[Any]) -> Batch:
-    next, lost, entries = answer
-    return Batch(int(next), int(lost), [_firing(entry) for entry in entries])
-
-
 def _number(answer: list[Any]) -> int:
     return int(answer[0])
 
@@ -1190,6 +1326,10 @@ def _description(session_id: str, answer: list[Any]) -> tuple[Summary, list[Curs
         lag=max((c.lag for c in cursors), default=0),
     )
     return summary, cursors
+
+
+def _replicas(count: int) -> str:
+    return "1 replica" if count == 1 else f"{count:,} replicas"
 
 
 def _reason(exc: BaseException) -> str:

@@ -13,7 +13,10 @@ here.
 The keys, in this order in every script's KEYS:
 
 1. ``meta``     hash: ``limit``, ``head``, ``uses`` (the cursor-use clock), ``evals``,
-   and ``hook_secret``, ``hook_handler`` when the session has a webhook (SPEC §10)
+   ``inc`` (the incarnation: a random token each start writes, answered with the
+   head so a daemon can tell a restarted session from a head Redis took back,
+   ``repl_daemon.stores.heads``), and ``hook_secret``, ``hook_handler`` when the
+   session has a webhook (SPEC §10)
 2. ``ring``     stream: the retained firings, entry id ``SEQ-0``; fields ``t`` (ts),
    ``h`` (handler), then ``r`` (result) or ``e`` (event), then ``g`` (its tags, a JSON
    object made by the daemon) only when it has tags, so a plain firing costs no more
@@ -128,11 +131,11 @@ end
 
 #: ARGV: handler, text, handled ('1': the text is the result), ts, key ('' for none),
 #: max_keys, origin (the publishing daemon, so it can skip its own wakes), tags (JSON,
-#: '' for none)
+#: '' for none). Answers {'ok', seq, duplicate, head, incarnation}.
 RECORD = (
     _PRELUDE
     + """
-local m = redis.call('HMGET', meta, 'head', 'limit', 'evals')
+local m = redis.call('HMGET', meta, 'head', 'limit', 'evals', 'inc')
 if not m[1] then return missing() end
 local field = 'e'
 if ARGV[3] == '1' then field = 'r' end
@@ -142,7 +145,7 @@ redis.call('HSET', meta, 'head', head, 'evals', tonumber(m[3]) + 1)
 if duplicate == 0 then
   redis.call('SPUBLISH', wake, string.format('%d %s', head, ARGV[7]))
 end
-return {'ok', seq, duplicate}
+return {'ok', seq, duplicate, head, m[4]}
 """
 )
 
@@ -152,10 +155,12 @@ return {'ok', seq, duplicate}
 #: With a match only the firings it holds for come back, at most max of them, and next is
 #: the last seq looked at: the last match when max stopped the look, else the head
 #: (``Ring.events_after``). A look goes through the ring in pieces when max can stop it.
+#: Answers {'ok', next, lost, entries, head, incarnation}.
 READ = (
     _PRELUDE
     + """
-local h = redis.call('HGET', meta, 'head')
+local m = redis.call('HMGET', meta, 'head', 'inc')
+local h = m[1]
 if not h then return missing() end
 local mode, touch, max_cursors = ARGV[1], ARGV[4] == '1', tonumber(ARGV[5])
 local head = tonumber(h)
@@ -250,7 +255,7 @@ elseif mode == 'cursor' and touch then
   set_cursor(ARGV[2], seq, uses)
 end
 redis.call('HINCRBY', meta, 'evals', 1)
-return {'ok', last, lost, entries}
+return {'ok', last, lost, entries, head, m[2]}
 """
 )
 
@@ -303,13 +308,13 @@ return {'ok', tonumber(m[1]), tonumber(m[2]), tonumber(m[3]), redis.call('XLEN',
 """
 )
 
-#: ARGV: limit
+#: ARGV: limit, incarnation (a random token)
 START = (
     _PRELUDE
     + """
 if redis.call('EXISTS', meta) == 1 then return {'ok', 0} end
 redis.call('DEL', ring, cursors, keys, keyorder, timers, due)
-redis.call('HSET', meta, 'limit', ARGV[1], 'head', 0, 'uses', 0, 'evals', 0)
+redis.call('HSET', meta, 'limit', ARGV[1], 'head', 0, 'uses', 0, 'evals', 0, 'inc', ARGV[2])
 return {'ok', 1}
 """
 )

@@ -16,10 +16,11 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import DaemonProc, repl_argv
+from tests.helpers import DaemonProc, examples, repl_argv
 
 STATUSES = {0, 1, 2, 64, 75}
 COMMANDS = [
@@ -76,19 +77,22 @@ arguments = st.lists(
 )
 
 
-@settings(
-    max_examples=100,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
-@given(
-    command=st.sampled_from(COMMANDS),
-    args=arguments,
-    addr=st.sampled_from(["daemon", "nowhere", "garbage", "not-utf8", "unset"]),
-    home=st.sampled_from(["daemon", "missing", "not-utf8"]),
-    out=st.sampled_from(["pipe", "full", "closed"]),
-    stdin=st.sampled_from([b"", b"text\n", b"\xe9\xff\n"]),
-)
+#: a random command line, environment and stdio: the same for the suite's run and the long one
+RUNS = {
+    "command": st.sampled_from(COMMANDS),
+    "args": arguments,
+    "addr": st.sampled_from(["daemon", "nowhere", "garbage", "not-utf8", "unset"]),
+    "home": st.sampled_from(["daemon", "missing", "not-utf8"]),
+    "out": st.sampled_from(["pipe", "full", "closed"]),
+    "stdin": st.sampled_from([b"", b"text\n", b"\xe9\xff\n"]),
+}
+FIXTURES = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+
+
+# each example is a run of repl (half a second under coverage): 25 in the suite,
+# CLI_FUZZ_EXAMPLES=N for more, and the slow variant runs 100
+@settings(max_examples=examples(25, "CLI_FUZZ_EXAMPLES"), suppress_health_check=FIXTURES)
+@given(**RUNS)
 def test_no_traceback_whatever_the_arguments_environment_or_stdio(
     daemon: DaemonProc,
     tmp_path: Path,
@@ -99,6 +103,37 @@ def test_no_traceback_whatever_the_arguments_environment_or_stdio(
     out: str,
     stdin: bytes,
 ) -> None:
+    run_once(daemon, tmp_path, command, args, addr, home, out, stdin)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@settings(max_examples=examples(100, "CLI_FUZZ_EXAMPLES"), suppress_health_check=FIXTURES)
+@given(**RUNS)
+def test_no_traceback_whatever_the_arguments_environment_or_stdio_over_a_long_search(
+    daemon: DaemonProc,
+    tmp_path: Path,
+    command: str,
+    args: list[bytes],
+    addr: str,
+    home: str,
+    out: str,
+    stdin: bytes,
+) -> None:
+    run_once(daemon, tmp_path, command, args, addr, home, out, stdin)
+
+
+def run_once(
+    daemon: DaemonProc,
+    tmp_path: Path,
+    command: str,
+    args: list[bytes],
+    addr: str,
+    home: str,
+    out: str,
+    stdin: bytes,
+) -> None:
+    """One run of repl: whatever happens, no traceback and a documented exit status."""
     env = {k: v for k, v in os.environb.items() if k not in (b"REPL_ADDR", b"REPL_HOME")}
     env[b"REPL_ADDR"] = {
         "daemon": f"127.0.0.1:{daemon.port}".encode(),

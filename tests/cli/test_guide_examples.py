@@ -10,7 +10,9 @@ share. Each must exit 0 without a traceback.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import DaemonProc, Repl
+from tests.helpers import DaemonProc, Repl, require_tool
 
 GUIDE = Path(__file__).resolve().parents[2] / "GUIDE.md"
 
@@ -63,3 +65,42 @@ def test_each_python_recipe_of_the_guide_runs(guide_daemon: DaemonProc, index: i
     )
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
+
+
+def request_recipes(kind: str) -> list[str]:
+    """The ``kind`` blocks of "Asking another agent and waiting for its answer"."""
+    text = GUIDE.read_text()
+    section = text[text.index("## Asking another agent and waiting for its answer") :]
+    section = section[: section.index("\n## ", 10)]
+    return re.findall(rf"```{kind}\n(.*?)```", section, re.S)
+
+
+@pytest.mark.parametrize("kind", ["sh", "python"])
+def test_the_request_and_reply_recipes_run(guide_daemon: DaemonProc, kind: str) -> None:
+    """The worker loop runs in the background and the requester gets its answer, in shell
+    (the worker and the requester are the two halves of one block) and in Python."""
+    require_tool("jq")
+    repl = Repl(guide_daemon)
+    with contextlib.closing(guide_daemon.client()) as c:
+        for session in ("jobs", "me"):
+            c.call({"op": "stop", "session": session})
+    repl.ask({"op": "start", "session": "jobs"})
+    if kind == "sh":
+        (block,) = request_recipes("sh")
+        worker, requester = block.split("# the requester")
+        run = ["bash", "-c"]
+    else:
+        worker, requester = request_recipes("python")
+        run = [sys.executable, "-c"]
+    env = {**repl.env, "PATH": f"{Path(sys.executable).parent}:{repl.env.get('PATH', '')}"}
+    # the worker in a process group of its own: its `repl wait` goes with it when it ends
+    with subprocess.Popen([*run, worker], env=env, start_new_session=True) as background:
+        try:
+            done = subprocess.run(
+                [*run, requester], capture_output=True, text=True, env=env, timeout=60
+            )
+        finally:
+            os.killpg(background.pid, signal.SIGKILL)
+            background.wait()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1].endswith("done: resize images/"), done.stdout

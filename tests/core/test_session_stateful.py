@@ -36,6 +36,7 @@ from session.errors import (
 )
 from session.firing import Batch, Firing
 from session.session import Recorded
+from tests.helpers import examples
 
 T = TypeVar("T")
 
@@ -337,10 +338,24 @@ class SessionMachine(RuleBasedStateMachine):
         assert len(session.snapshot().keys) <= MAX_KEYS
 
 
+# each example is up to 50 steps, and a flood step sends up to 1,324 firings: 40 examples
+# are some 5 s of the suite (STATEFUL_EXAMPLES=N for more); the slow variant runs 300
 SessionMachine.TestCase.settings = settings(
-    max_examples=200,
+    max_examples=examples(40, "STATEFUL_EXAMPLES"),
     stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_a_session_keeps_every_rule_under_random_operations = SessionMachine.TestCase
+
+
+class LongSessionMachine(SessionMachine):
+    """The same machine, searched longer: ``pytest -m slow``."""
+
+
+LongSessionMachine.TestCase.settings = settings(
+    SessionMachine.TestCase.settings, max_examples=examples(300, "STATEFUL_EXAMPLES")
+)
+test_a_session_keeps_every_rule_under_a_long_search = pytest.mark.timeout(900)(
+    pytest.mark.slow(LongSessionMachine.TestCase)
+)

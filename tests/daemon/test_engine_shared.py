@@ -10,6 +10,7 @@ one with a replica each (through ``?replicas=1``): ``redis_any``.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import anyio
@@ -108,6 +109,31 @@ async def test_a_user_redis_refuses_scripts_cannot_start_a_daemon_and_nothing_is
         for server in redis_any.servers:
             with server.admin() as admin:
                 admin.execute_command("ACL", "DELUSER", "noscripts")
+
+
+async def test_a_user_that_may_not_run_info_waits_for_no_replica_and_is_told_why(
+    redis_any: AnyRedis,
+) -> None:
+    """Without ``?replicas=N`` the daemon asks each primary whether it has replicas (``INFO
+    replication``); a user refused that waits for none, and the line the daemon logs at
+    start says why and what to write instead."""
+    for server in redis_any.servers:
+        with server.admin() as admin:
+            admin.execute_command("ACL", "SETUSER", "noinfo", "on", ">pw", "~*", "&*", "+@all")
+            admin.execute_command("ACL", "SETUSER", "noinfo", "-info")
+    try:
+        store = RedisStore(redis_any.url.replace("://", "://noinfo:pw@"))
+        await store.open()
+        level, line = store.replication
+        assert store.target.replicas == 0 and store.name.endswith("?replicas=0")
+        assert level == logging.WARNING
+        assert "cannot tell whether the primar" in line and "'info' command" in line
+        assert line.endswith("say ?replicas=1 or ?replicas=0 in the --store URL")
+        await store.close()
+    finally:
+        for server in redis_any.servers:
+            with server.admin() as admin:
+                admin.execute_command("ACL", "DELUSER", "noinfo")
 
 
 async def test_every_refusal_is_a_repl_error(redis_any: AnyRedis) -> None:
@@ -707,3 +733,57 @@ async def test_tags_come_back_from_every_redis_path(redis_any: AnyRedis) -> None
             tg.cancel_scope.cancel()
     finally:
         await committer.close()
+
+
+def _holder(server: AnyRedis, session_id: str) -> RedisProc:
+    """The server that holds the session's keys (on a cluster, its slot's primary)."""
+    if isinstance(server, RedisClusterProcs):
+        slot = server.keyslot(redis_store.session_keys(session_id)[0])
+        return server.node(server.primary_of_slot(slot))
+    return server
+
+
+async def test_a_head_redis_took_back_is_logged_once_a_session_and_counted(
+    redis_any: AnyRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis back with older data (each session's keys put back as they were at seq 3: what a
+    restart from an older snapshot, or a failover to a replica that lagged, does): the next
+    send takes seq 4 again and a read finds head 3, below the 8 this daemon answered. It is
+    logged once a session with the numbers, and counted; a session stopped and started
+    again, which starts at seq 1 anew, is not."""
+    engine, committer = await opened(store_url(redis_any))
+    kept: dict[str, dict[str, bytes]] = {}
+    for s in ("a", "b"):
+        await call(engine, p.Start(session=s))
+        for n in range(1, 4):
+            await call(engine, p.Send(session=s, text=f"kept {n}"))
+        with _holder(redis_any, s).admin() as admin:
+            dumps = {key: admin.dump(key) for key in redis_store.session_keys(s)}
+            kept[s] = {key: dump for key, dump in dumps.items() if dump is not None}
+        for n in range(4, 9):
+            sent = await call(engine, p.Send(session=s, text=f"lost {n}"))
+            assert isinstance(sent, p.Sent) and sent.seq == n
+    for s, dumps in kept.items():
+        with _holder(redis_any, s).admin() as admin:
+            for key, dump in dumps.items():
+                admin.restore(key, 0, dump, replace=True)
+    assert committer.store.counts.heads_went_back == 0  # nothing seen yet: nobody asked
+    again = await call(engine, p.Send(session="a", text="again"))
+    assert isinstance(again, p.Sent) and again.seq == 4  # seq 4 handed out a second time
+    read = await call(engine, p.Read(session="b", after=0))
+    assert isinstance(read, p.Firings) and [f.seq for f in read.firings] == [1, 2, 3]
+    for s in ("a", "b"):  # seen once each: the heads learned since are what Redis holds
+        await call(engine, p.Send(session=s, text="more"))
+        await call(engine, p.Read(session=s, after=0))
+    await call(engine, p.Stop(session="b"))
+    await call(engine, p.Start(session="b"))
+    restarted = await call(engine, p.Send(session="b", text="anew"))
+    assert isinstance(restarted, p.Sent) and restarted.seq == 1
+    assert engine.counts.heads_went_back == 2
+    told = [r.getMessage() for r in caplog.records if "went back" in r.getMessage()]
+    assert [line.split(": Redis lost")[0] for line in told] == [
+        "session 'a': its head went back from 8 to 3",
+        "session 'b': its head went back from 8 to 3",
+    ]
+    assert all(r.levelname == "WARNING" for r in caplog.records if "went back" in r.getMessage())
+    await committer.close()

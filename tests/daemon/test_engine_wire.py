@@ -31,7 +31,7 @@ from repl_daemon.stores.base import Store
 from repl_daemon.stores.memory import MemoryStore
 from repl_daemon.stores.sqlite import SqliteStore
 from session.session import Snapshot
-from tests.helpers import Client
+from tests.helpers import Client, examples
 
 State = dict[str, tuple[Snapshot, int]]
 
@@ -185,13 +185,29 @@ def request(draw: st.DrawFn) -> dict[str, Any] | bytes:
 requests = st.lists(st.composite(request)(), min_size=5, max_size=40)
 
 
-@settings(
-    max_examples=150,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+FIXTURES = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+
+
+# 60 scripts a store in the suite (some 3 s); ENGINE_WIRE_EXAMPLES=N for more
+@settings(max_examples=examples(60, "ENGINE_WIRE_EXAMPLES"), suppress_health_check=FIXTURES)
 @given(script=requests)
 def test_a_refused_request_changes_no_session(
+    inprocess: InProcess, script: list[dict[str, Any] | bytes]
+) -> None:
+    refused_requests_change_nothing(inprocess, script)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@settings(max_examples=examples(300, "ENGINE_WIRE_EXAMPLES"), suppress_health_check=FIXTURES)
+@given(script=requests)
+def test_a_refused_request_changes_no_session_over_a_long_search(
+    inprocess: InProcess, script: list[dict[str, Any] | bytes]
+) -> None:
+    refused_requests_change_nothing(inprocess, script)
+
+
+def refused_requests_change_nothing(
     inprocess: InProcess, script: list[dict[str, Any] | bytes]
 ) -> None:
     client = Client(inprocess.port, inprocess.token)

@@ -5,6 +5,10 @@ every row is there, that its numbers parse, and that without redis-server
 the reference column and the scale-out rows (all of which need Redis) are
 left empty and the install hint is printed. The two runs start side by side
 (``runs``), as a run is mostly waiting on its servers and clocks.
+
+A smoke test of the benchmark, not of the product (whose every figure's
+behaviour the other tests check), and nearly a minute of two runs: it is
+``slow``, run by ``pytest -m slow`` (``.ci/run`` does, after the suite).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ ROWS = (
     "HTTP send round trip p50 (",
     "HTTP send round trip p50, stock client (http.client",
     "SSE wake latency p50",
+    "HTTP long-poll wake latency p50",
     "SSE fan-out, one send to",
     "memory per open event stream",
     "TLS send round trip p50",
@@ -84,6 +89,8 @@ SCALE_ROWS = (
 )
 #: the groups that never start a redis-server or look for one (bench/cli.py, bench/http_api.py)
 REDIS_FREE = ("cli", "http")
+
+pytestmark = pytest.mark.slow
 SCALE_COLUMNS = COLUMNS[:-1]  # the main table's, but the floor
 SCALE_TITLES = ("scale-out on one Redis", "scale-out on a 3-primary Redis Cluster")
 
@@ -114,7 +121,7 @@ class Quick:
             )
 
     def result(self) -> tuple[str, list[dict[str, str]], list[list[dict[str, str]]]]:
-        self.proc.wait(100)
+        self.proc.wait(140)  # within the test's timeout
         stdout = self.out.read_text()
         assert self.proc.returncode == 0, stdout + self.err.read_text()
         tables: list[list[str]] = []

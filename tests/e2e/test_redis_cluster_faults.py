@@ -6,9 +6,15 @@
   each (node timeout 1 s): its replica is promoted, the daemons find it, and
   waits blocked on every shard ride the failover out without an error (their
   wake link is repaired, they read again, and the next firing wakes them).
-  With ``?replicas=1`` no answered send is lost. Without it, replication is
-  asynchronous and the test counts what was lost: only the newest firings of
-  the killed primary's sessions can be, never one before a kept one.
+  With ``?replicas=1`` no answered send is lost. With ``?replicas=0``,
+  replication is asynchronous and the test counts what was lost: only the
+  newest firings of the killed primary's sessions can be, never one before a
+  kept one, and a daemon that had answered one says so.
+- A failover to a replica that surely lags (stopped and cut off from its
+  primary before five sends to each of two sessions, answered under
+  ``?replicas=0``): the promoted replica gives those seqs to new firings, and
+  the daemon that answered them logs each session's head going back once,
+  with the numbers, and counts it in ``/metrics``.
 - The whole cluster restarted empty (no persistence; same ports, same
   ``nodes.conf``): every session is gone on every daemon at once, each
   blocked wait is answered ``no_such_session`` (not left hanging), and no
@@ -17,6 +23,7 @@
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -27,12 +34,14 @@ import pytest
 from repl_daemon.stores.redis import wake_channel
 from tests.helpers import (
     Client,
+    DaemonProc,
     RedisClusterProcs,
     SharedDaemons,
     answered,
     eventually,
     require_redis,
 )
+from tests.http.test_http_api import Web, sample, scrape
 
 SESSIONS = [f"s{n}" for n in range(12)]
 
@@ -168,7 +177,7 @@ class Failover:
                 node.start()
         cluster.wait_ready()
         cluster.flush()
-        url = self.cluster.url + (f"?replicas={replicas}" if replicas else "")
+        url = f"{self.cluster.url}?replicas={replicas}"  # without, it would wait for one
         self.group = SharedDaemons(tmp, url, 3)
         try:
             self._set_up()
@@ -228,7 +237,13 @@ class Failover:
             if bring_back:
                 victim.start()
                 self.cluster.wait_ready()
-                assert self.cluster.topology()[self.victim]["primary"] == self.replica
+                # the old primary comes back as the new one's replica: the cluster says so
+                # once its configuration has spread, which under load takes a while
+                eventually(
+                    lambda: self.cluster.topology()[self.victim]["primary"] == self.replica,
+                    30,
+                    "the old primary to rejoin as a replica",
+                )
             # every daemon found the new primary, the one without waiters too (no wake link
             # repair reads the cluster's table for it): sends to its sessions are answered
             eventually(
@@ -318,6 +333,8 @@ def test_a_primary_killed_under_senders_with_replicas_loses_nothing_answered(
     f = failover_replicated
     senders = f.kill_a_primary(bring_back=True)
     assert senders.missing(f.stored()) == []
+    for d in f.group.daemons:  # nothing answered was lost, so no head went back
+        assert "went back" not in d.log.read_text()
     f.waits_resume()
 
 
@@ -340,7 +357,97 @@ def test_a_primary_killed_without_replicas_loses_at_most_its_newest_firings(
         gone = [seq for s, seq, _ in lost if s == session]
         assert not (kept and gone) or max(kept) < min(gone), (session, gone)
     print(f"lost without ?replicas: {len(lost)} of {len(before)} answered before the kill")
+    # each daemon sent to every session after the failover: one that had answered a seq
+    # that was lost was then answered a seq no higher, and said so
+    logs = "".join(d.log.read_text() for d in f.group.daemons)
+    for session in {s for s, _, _ in lost}:
+        assert f"session {session!r}: its head went back from " in logs, session
     f.waits_resume()
+
+
+def went_back(d: DaemonProc) -> list[str]:
+    """What the daemon's log says of heads going back, up to the reason."""
+    lines = [line for line in d.log.read_text().splitlines() if "went back" in line]
+    return [line.partition(" WARNING ")[2].partition(": Redis lost")[0] for line in lines]
+
+
+def answered_again(c: Client, request: dict[str, object]) -> dict[str, object]:
+    """``request``'s answer once the daemon found the promoted replica (``store_failed``
+    until then: nothing of a refused call was made)."""
+    answers: list[dict[str, object]] = []
+
+    def ok() -> bool:
+        answers.append(c.call(request))
+        assert answers[-1]["ok"] or answers[-1]["code"] == "store_failed", answers[-1]
+        return bool(answers[-1]["ok"])
+
+    eventually(ok, 30, f"{request['op']} on the promoted replica")
+    return answers[-1]
+
+
+def test_a_failover_to_a_lagging_replica_is_told_once_a_session_with_its_numbers(
+    tmp_path: Path, failover_cluster: RedisClusterProcs
+) -> None:
+    cluster = failover_cluster
+    for node in cluster.nodes:
+        if not node.running:
+            node.start()
+    cluster.wait_ready()
+    cluster.flush()
+    spread = cluster.by_primary(SESSIONS)
+    victim = next(iter(spread))
+    a, b = spread[victim][:2]  # on the primary to kill
+    c = next(sessions[0] for port, sessions in spread.items() if port != victim)
+    (replica,) = (port for port, row in cluster.topology().items() if row["primary"] == victim)
+    primary, lagging = cluster.node(victim), cluster.node(replica)
+    d = DaemonProc(
+        tmp_path / "d",
+        *("--store", f"{cluster.url}?replicas=0", "--settle-ms", "0", "--http", "127.0.0.1:0"),
+    )
+    try:
+        sender = d.client()
+        for s in (a, b, c):
+            sender.ok({"op": "start", "session": s})
+            for n in range(1, 4):
+                sender.ok({"op": "send", "session": s, "text": f"kept {n}"})
+        with primary.admin() as admin:  # the replica has those: a write after them, waited for
+            admin.set(f"probe:{{{a}}}", 1)
+            assert admin.wait(1, 5000) == 1
+        assert lagging.proc is not None
+        lagging.proc.send_signal(signal.SIGSTOP)
+        try:
+            with primary.admin() as admin:  # stopped, and cut off: it can take nothing more
+                admin.execute_command("CLIENT", "KILL", "TYPE", "replica")
+            for s in (a, b):
+                for n in range(4, 9):
+                    sent = sender.ok({"op": "send", "session": s, "text": f"lost {n}"})
+                    assert sent["seq"] == n
+            primary.kill()
+            killed = time.monotonic()
+        finally:
+            lagging.proc.send_signal(signal.SIGCONT)
+        eventually(
+            lambda: cluster.topology()[replica]["role"] == "primary", 30, "the replica's promotion"
+        )
+        promoted = time.monotonic() - killed
+        again = answered_again(sender, {"op": "send", "session": a, "text": "again"})
+        assert again["seq"] == 4  # answered before for "lost 4"
+        read = answered_again(sender, {"op": "read", "session": b, "after": 0})
+        assert [f["result"] for f in read["firings"]] == ["kept 1", "kept 2", "kept 3"]
+        for s in (a, b, c):  # told once a session: these find what Redis holds now
+            sender.ok({"op": "send", "session": s, "text": "more"})
+            sender.ok({"op": "read", "session": s, "after": 0})
+        assert went_back(d) == [
+            f"session {a!r}: its head went back from 8 to 3",
+            f"session {b!r}: its head went back from 8 to 3",
+        ]
+        assert sample(scrape(Web(d)), "repl_heads_went_back_total") == 2
+        print(f"lagging replica promoted {promoted:.1f} s after the kill; 10 answered seqs lost")
+    finally:
+        d.close_clients()
+        d.stop()
+        primary.start()  # back as the promoted replica's replica, for the tests after
+        cluster.wait_ready()
 
 
 # -- the whole cluster restarted empty --------------------------------------------

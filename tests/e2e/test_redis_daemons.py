@@ -113,6 +113,31 @@ def test_concurrent_sends_through_three_daemons_give_gapless_unique_seqs(
     for n, part in enumerate(seqs):
         for i, seq in enumerate(part):
             assert by_seq[seq] == f"{n}:{i}"
+    for d in shared.daemons:  # answers that crossed each other are no head going back
+        assert "went back" not in d.log.read_text()
+
+
+def test_a_session_started_again_is_no_head_going_back_on_any_daemon(
+    shared: Cluster, x: str
+) -> None:
+    """Stopped and started again (on another daemon, or on this one), a session starts at
+    seq 1 anew: each start is a new incarnation of it, so no daemon that knew it at seq 5
+    takes that for a head Redis took back (which it logs, and counts)."""
+    a, b = shared.client(0), shared.client(1)
+    a.ok({"op": "start", "session": x})
+    for n in range(5):
+        a.ok({"op": "send", "session": x, "text": f"first {n}"})
+    assert a.ok({"op": "read", "session": x, "after": 0})["next"] == 5
+    b.ok({"op": "stop", "session": x})
+    b.ok({"op": "start", "session": x})
+    assert a.ok({"op": "send", "session": x, "text": "anew"})["seq"] == 1
+    assert a.ok({"op": "read", "session": x, "after": 0})["next"] == 1
+    a.ok({"op": "stop", "session": x})
+    a.ok({"op": "start", "session": x})
+    assert a.ok({"op": "send", "session": x, "text": "anew again"})["seq"] == 1
+    assert b.ok({"op": "read", "session": x, "after": 0})["next"] == 1
+    for d in shared.daemons:
+        assert "went back" not in d.log.read_text()
 
 
 def test_acks_and_cursors_agree_everywhere_and_never_move_back(shared: Cluster, x: str) -> None:

@@ -379,6 +379,7 @@ def test_metrics_have_prometheus_names_and_move(web_api: Web) -> None:
         "repl_errors": "counter",
         "repl_commit_seconds": "histogram",
         "repl_store_failures": "counter",
+        "repl_heads_went_back": "counter",
         "repl_sessions": "gauge",
         "repl_lost_firings": "gauge",
         "repl_waiters": "gauge",

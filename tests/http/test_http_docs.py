@@ -9,7 +9,10 @@ daemon's token file for the scrape config's. The shell samples run in
 bash with the installed ``repl`` first on ``PATH``; ``curl -N``, which
 streams until stopped, gets ``--max-time``; the JavaScript one runs in
 Debian's headless Chromium, driven by Playwright, on the daemon's own
-origin (its ``fetch`` paths are relative), and must log each firing.
+origin (its ``fetch`` paths are relative), and must log each firing. A
+``console`` sample is a transcript: each ``$`` command runs in turn and must
+print what follows it (a firing's time aside). GUIDE.md's HTTP consumer in
+Python runs here too, against a daemon with ``--http``.
 
 The JavaScript sample of before split the stream on ``"\\n\\n"``; the
 stream's lines end in CRLF, so it logged nothing (0 of 30 firings).
@@ -21,6 +24,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -61,6 +65,8 @@ def samples(path: Path = PAGE) -> list[Sample]:
 CLAIMED = {
     "setup": ("sh", "repl daemon --http"),
     "stream": ("console", "event: lost"),
+    "tags": ("console", "?match=corr=c-42"),
+    "consumer": ("console", "/sessions/jobs/wait"),
     "curl": ("sh", "curl -N"),
     "javascript": ("js", "getReader"),
     "scrape": ("yaml", "scrape_configs"),
@@ -151,6 +157,96 @@ def test_the_stream_sample_is_what_curl_prints(daemon: DaemonProc) -> None:
     got = done.stdout.decode()
     assert "\r\n" in got and "\n" not in got.replace("\r\n", "")  # CRLF, as the page says
     assert TS.sub('"ts":""', got.replace("\r\n", "\n")) == TS.sub('"ts":""', "\n".join(printed))
+
+
+def transcript(text: str, daemon: DaemonProc) -> list[tuple[str, str]]:
+    """Each ``$ `` command of a console sample with what it printed here and what the sample
+    says it prints (a firing's time left out of both), run one after another in bash."""
+    assert daemon.http_port is not None
+    ran = []
+    for block in text.split("$ ")[1:]:
+        command, _, printed = block.partition("\n")
+        done = subprocess.run(
+            ["bash", "-c", aimed(command, daemon.http_port)],
+            env=env(daemon),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 0, (command, done.stderr)
+        got = done.stdout if done.stdout.endswith("\n") else done.stdout + "\n"
+        ran.append((TS.sub('"ts":""', got), TS.sub('"ts":""', printed)))
+    return ran
+
+
+def test_the_tags_sample_prints_what_it_says(daemon: DaemonProc) -> None:
+    daemon.client().ok({"op": "start", "session": "inbox"})
+    ran = transcript(sample("tags"), daemon)
+    assert len(ran) == 3
+    for got, printed in ran:
+        assert got == printed
+
+
+def test_the_consumer_sample_prints_what_it_says(daemon: DaemonProc) -> None:
+    """Start, send, a wait, the same wait again (nothing acknowledged the firing), a wait
+    that acknowledges it and times out, an ack by hand, a stop: each as the page shows."""
+    ran = transcript(sample("consumer"), daemon)
+    assert len(ran) == 7
+    for got, printed in ran:
+        assert got == printed
+    assert daemon.client().call({"op": "read", "session": "jobs"})["code"] == "no_such_session"
+
+
+GUIDE = ROOT / "GUIDE.md"
+
+
+def guide_consumer() -> str:
+    """The Python recipe of GUIDE.md's "A consumer in any language"."""
+    text = GUIDE.read_text()
+    section = text[text.index("### A consumer in any language") :]
+    section = section[: section.index("\n### ")]
+    (recipe,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    return recipe
+
+
+def test_the_guides_consumer_handles_each_firing_and_acknowledges_it(
+    daemon: DaemonProc,
+) -> None:
+    """The recipe as written, but for the port: it prints the firings sent while it waits,
+    in order, and acknowledges each batch with its next wait (so the ``wait`` cursor comes
+    to the last seq it printed, and no further)."""
+    assert daemon.http_port is not None
+    c = daemon.client()
+    c.ok({"op": "start", "session": "jobs"})
+    c.ok({"op": "send", "session": "jobs", "text": "before it started"})
+    recipe = aimed(guide_consumer(), daemon.http_port)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", recipe], env=env(daemon), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "1 before it started\n"
+        for n in range(2, 5):
+            c.ok({"op": "send", "session": "jobs", "text": f"job {n}"})
+        assert [proc.stdout.readline() for _ in range(3)] == ["2 job 2\n", "3 job 3\n", "4 job 4\n"]
+
+        def acked() -> bool:
+            rows = c.ok({"op": "cursors", "session": "jobs"})["cursors"]
+            return {row["name"]: row["seq"] for row in rows} == {"wait": 4}
+
+        eventually(acked, what="the wait cursor at 4")
+        eventually(
+            lambda: c.ok({"op": "stats", "session": "jobs"})["sessions"][0]["waiters"] == 1,
+            what="the recipe waiting again",
+        )
+        c.ok({"op": "stop", "session": "jobs"})  # the recipe says why it ends, and ends
+        assert proc.wait(30) == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()  # the recipe this test started
+            proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def test_the_curl_sample_follows_a_session(daemon: DaemonProc) -> None:

@@ -3,8 +3,10 @@ refusal records nothing, and the daemon stays unhurt.
 
 Hypothesis sends short scripts of random requests, as raw bytes on a socket of their own
 (so nothing is tidied on the way): any method, the real routes with ids real, missing,
-malformed, percent-encoded or very long, junk paths, ``after``/``max``/``handler`` of any
-value, right, wrong and garbage ``Authorization``, random ``Idempotency-Key``,
+malformed, percent-encoded or very long (the consumer's too: start, stop, a long poll
+with ``timeout=0`` last so that it never blocks, an ack, with JSON bodies right and
+wrong; never a stop of a session the fuzz keeps), junk paths, ``after``/``max``/``handler``
+of any value, right, wrong and garbage ``Authorization``, random ``Idempotency-Key``,
 ``Last-Event-ID``, ``Content-Type`` and webhook headers, and bodies of random bytes, not
 UTF-8, empty, or over 1 MiB, sent whole or chunked. Each answer is checked against an
 oracle of what the daemon must say:
@@ -21,7 +23,9 @@ oracle of what the daemon must say:
   firings and stats, the daemon's totals) is compared: a refusal changes nothing, not
   even an evaluation; an accepted send or webhook delivery records exactly one firing,
   the body's text, in the session it named, with the seq the answer gave, or none for a
-  key used before (the test keeps the keys in its model).
+  key used before (the test keeps the keys in its model); an answer of the consumer's
+  routes has its documented shape, and changes no more than the sessions' number and
+  their cursors.
 - After each example ``/healthz`` is 200, ``ping`` answers, the test's own connection is
   the daemon's only one, no event stream is left waiting, and the daemon logged no
   traceback.
@@ -68,10 +72,11 @@ FUZZ = settings(
 )
 
 #: the statuses the daemon may answer with (docs/http.md), and Starlette's redirect
-STATUSES = {200, 201, 307, 400, 401, 404, 405, 408, 413, 429, 503}
+STATUSES = {200, 201, 204, 307, 400, 401, 404, 405, 408, 409, 413, 429, 503}
 #: a wire code's status as docs/http.md gives it; every other refusal is 400
 DOC_STATUS = {
     "no_such_session": 404,
+    "session_exists": 409,
     "line_too_long": 413,
     "unauthorized": 401,
     "idle_timeout": 408,
@@ -302,14 +307,26 @@ OTHERS = ["/sessions", "/metrics", "/healthz", "/", "/favicon.ico"]
 OTHERS += [f"/static/{p.name}" for p in WEB.iterdir()]
 
 
+CURSORS = ["wait", "c1", "a/b", "%20", "x" * 65, "", "%C3%A9", "fz"]
+
+
 def routes(segments: st.SearchStrategy[str]) -> st.SearchStrategy[tuple[str, list[str]]]:
     """Paths of the daemon's routes with ``segments`` for ids, each with its methods."""
+    cursors = st.sampled_from(CURSORS)
     return st.one_of(
         st.tuples(segments.map(lambda seg: f"/sessions/{seg}/firings"), st.just(GET + POST)),
         st.tuples(segments.map(lambda seg: f"/sessions/{seg}/firings"), st.just(POST)),
         st.tuples(segments.map(lambda seg: f"/sessions/{seg}/events"), st.just(GET)),
         st.tuples(segments.map(lambda seg: f"/hooks/{seg}"), st.just(POST)),
         st.tuples(st.sampled_from(OTHERS), st.just(GET)),
+        # the consumer's (a stop is never of a fixed session: see ``requests``)
+        st.tuples(st.just("/sessions"), st.just(POST)),
+        st.tuples(segments.map(lambda seg: f"/sessions/{seg}"), st.just(["DELETE"])),
+        st.tuples(segments.map(lambda seg: f"/sessions/{seg}/wait"), st.just(GET)),
+        st.tuples(
+            st.tuples(segments, cursors).map(lambda t: f"/sessions/{t[0]}/cursors/{t[1]}"),
+            st.just(POST),
+        ),
     )
 
 
@@ -411,6 +428,23 @@ good_queries = st.none() | st.sampled_from(
     ]
 )
 good_bodies = st.text(max_size=60).map(str.encode)
+#: bodies of JSON for the consumer's routes, right and wrong
+json_bodies = st.sampled_from(
+    [
+        *(b"", b"{}", b'{"buffer": 4}', b'{"id": "fz-a"}', b'{"id": "fz-a", "exist_ok": true}'),
+        *(b'{"id": 5}', b'{"buffer": -1}', b"null", b"[]", b'{"id": "bad id"}', b"{"),
+        *(b'{"seq": 0}', b'{"seq": 1}', b'{"seq": -1}', b'{"seq": 99}', b'{"seq": "1"}'),
+        *(b'{"seq": 1, "x": 2}', b'{"seq": 1e3}', b'{"seq": ' + b"9" * 30 + b"}"),
+    ]
+)
+wait_queries = st.sampled_from(
+    [
+        *("cursor=c1", "cursor=wait&ack=1", "ack=0", "ack=-1", "ack=99", "max=1", "max=0"),
+        *("after=1", "after=1&cursor=c1", "match=k", "match=k=v", "match=Bad", "handler=on-x"),
+        *("match=k&ack=1", "cursor=a%20b", "timeout=-1", "timeout=x", "timeout=99999"),
+        *("handler=", "match=k&match=k", "after=99", "cursor="),
+    ]
+)
 
 
 @st.composite
@@ -422,9 +456,16 @@ def requests(draw: st.DrawFn) -> Req:
     path, served = draw(good_targets if good else targets)
     method = draw(st.sampled_from(served) if draw(st.integers(0, 4)) != 3 else methods)
     query = draw(good_queries if good else queries)
+    wait = path.endswith("/wait")
+    if wait and draw(st.booleans()):
+        query = draw(wait_queries)
+    if wait:  # a long poll that found nothing answers at once, not in 30 s: last one wins
+        query = "timeout=0" if query is None else query + "&timeout=0"
     if query is not None:
         path += "?" + query
     req = Req(method.encode(), path.encode("ascii"))
+    if route(req.path, method)[0] == "stop" and route(req.path, method)[2].get("id") in FIXED:
+        req.method = b"GET"  # the fuzz keeps its sessions: a GET there is a 405
     for name, values in (
         (b"Authorization", st.just(b"Bearer " + TOKEN) if good else authorizations),
         (b"Idempotency-Key", keys),
@@ -446,7 +487,11 @@ def requests(draw: st.DrawFn) -> Req:
     connection = draw(st.sampled_from([b"close", b"close", b"keep-alive", None]))
     if connection is not None:
         req.headers.append((b"Connection", connection))
-    req.body = draw(good_bodies if good and method == "POST" else bodies)
+    consumer = route(req.path, method)[0] in ("start", "ack")
+    if good and method == "POST":
+        req.body = draw(json_bodies if consumer else good_bodies)
+    else:
+        req.body = draw(st.one_of(json_bodies, bodies) if consumer else bodies)
     if req.body is not None and draw(st.integers(0, 3)) == 2:
         req.chunk = max(draw(st.sampled_from([1, 7, 1000, 65536])), len(req.body) // 16)
     if draw(st.integers(0, 24)) == 13:  # something uvicorn cannot parse
@@ -515,7 +560,10 @@ def _route_table() -> list[tuple[str, Any]]:
         ("/sessions/{id}/firings", "POST"): "send",
         ("/sessions/{id}/firings", "GET"): "read",
         ("/sessions/{id}/events", "GET"): "events",
-        ("/sessions", "GET"): "sessions",
+        ("/sessions/{id}/wait", "GET"): "wait",
+        ("/sessions/{id}/cursors/{name:path}", "POST"): "ack",
+        ("/sessions/{id}", "DELETE"): "stop",
+        ("/sessions", "POST"): "start",
         ("/metrics", "GET"): "metrics",
         ("/healthz", "GET"): "healthz",
         ("/", "GET"): "page",
@@ -525,7 +573,7 @@ def _route_table() -> list[tuple[str, Any]]:
     table = []
     for route in app.routes:
         methods = getattr(route, "methods", None) or {"GET"}
-        method = "POST" if "POST" in methods else "GET"
+        method = next((m for m in ("POST", "DELETE") if m in methods), "GET")
         kind = "static" if route.path == "/static" else kinds.get((route.path, method), "unknown")
         table.append((kind, route))
     return table
@@ -576,6 +624,8 @@ def expect(req: Req, model: Model) -> Expect:
     kind, _, params = route(req.path, method)
     if kind == "send" and method != "POST":  # one route serves both: GET and HEAD read
         kind = "read"
+    if kind == "start" and method != "POST":  # and GET /sessions lists them
+        kind = "sessions"
     if kind in ("redirect", "not_found", "not_allowed", "static", "unknown"):
         return Expect(kind)
     if kind in ("sessions", "metrics", "healthz", "page", "favicon"):  # 200 (with the token)
@@ -616,42 +666,89 @@ def expect(req: Req, model: Model) -> Expect:
         if key is not None and not _valid(check_key, key):
             return Expect("refused", frozenset({"bad_key"}))
         return Expect("recorded", session=session, text=text, handler=WEBHOOK_HANDLER, key=key)
+    # a reader's ``?handler=`` is a match: only that handler's firings (docs/http.md)
+    handler = req.query.get("handler")
+    bad_match = (
+        {"bad_handler"} if handler is not None and not _valid(check_handler, handler) else set()
+    )
     if kind == "read":
         after, most = _number(req, "after"), _number(req, "max")
         if after is BAD or most is BAD:
-            return Expect("refused", frozenset({"bad_request"}))
+            return Expect("refused", frozenset({"bad_request"} | bad_match))
         assert not isinstance(after, _Bad) and not isinstance(most, _Bad)
-        return _read_expect(session, 0 if after is None else after, most, model)
+        if after is None and handler is None:
+            after = 0  # a matching read with no after looks at the whole ring
+        return _read_expect(session, after, most, model, handler, bad_match)
     if kind == "events":
         resume = req.header("last-event-id")
         if resume is not None:
             text = resume.strip(" ")
             if not SEQ.fullmatch(text):  # a seq, as the docs say
-                return Expect("refused", frozenset({"bad_request"}))
+                return Expect("refused", frozenset({"bad_request"} | bad_match))
             after = int(text)
         else:
             after = _number(req, "after")
             if after is BAD:
-                return Expect("refused", frozenset({"bad_request"}))
+                return Expect("refused", frozenset({"bad_request"} | bad_match))
         assert not isinstance(after, _Bad)
         if after is None:
-            codes = session_codes(session)
+            codes = session_codes(session) | bad_match
             return Expect("refused", frozenset(codes)) if codes else Expect("ok", stream=True)
-        return replace(_read_expect(session, after, 1, model), stream=True)
+        return replace(_read_expect(session, after, 1, model, None, bad_match), stream=True)
+    if kind in CONSUMER:
+        return _consumer_expect(kind, session, req)
     return Expect(kind)  # sessions, metrics, healthz, page, favicon: 200
 
 
-def _read_expect(session: str, after: int, most: int | None, model: Model) -> Expect:
-    codes = session_codes(session)
-    if after < 0:
+#: the consumer's routes (docs/http.md, "A consumer over HTTP"), each with the codes it may
+#: refuse with given the root token; what they answer is checked for its shape, what they
+#: change (a session started, a cursor acknowledged) is let through
+CONSUMER: dict[str, frozenset[str]] = {
+    "start": frozenset(
+        {"bad_request", "bad_session_id", "bad_limit", "session_exists", "line_too_long"}
+        | {"idle_timeout", "too_many"}
+    ),
+    "stop": frozenset({"bad_session_id", "no_such_session"}),
+    "wait": frozenset(
+        {"bad_request", "bad_seq", "bad_max", "bad_cursor_name", "bad_tag", "bad_handler"}
+        | {"bad_session_id", "no_such_session", "ack_after_head", "cursor_after_head"}
+    ),
+    "ack": frozenset(
+        {"bad_request", "bad_seq", "bad_cursor_name", "bad_session_id", "no_such_session"}
+        | {"ack_after_head", "line_too_long", "idle_timeout"}
+    ),
+}
+
+
+def _consumer_expect(kind: str, session: str, req: Req) -> Expect:
+    if kind == "stop":  # never a fixed session: ``requests`` does not stop those
+        return Expect("refused", frozenset(session_codes(session)))
+    if kind in ("start", "ack") and len(req.body or b"") > MAX_BODY:
+        return Expect("refused", frozenset({"line_too_long"}))
+    return Expect(kind, CONSUMER[kind])
+
+
+def _read_expect(
+    session: str,
+    after: int | None,
+    most: int | None,
+    model: Model,
+    handler: str | None = None,
+    bad_match: set[str] | None = None,
+) -> Expect:
+    codes = session_codes(session) | (bad_match or set())
+    if after is not None and after < 0:
         codes.add("bad_seq")
     if most is not None and most < 1:
         codes.add("bad_max")
-    if session in FIXED and after > model.heads[session]:
+    if after is not None and session in FIXED and after > model.heads[session]:
         codes.add("cursor_after_head")
     if codes:
         return Expect("refused", frozenset(codes))
-    return Expect("ok", read={"op": "read", "session": session, "after": after, "max": most})
+    read: dict[str, Any] = {"op": "read", "session": session, "after": after, "max": most}
+    if handler is not None:
+        read["match"] = {"handler": handler}
+    return Expect("ok", read=read)
 
 
 # -- the state the line protocol shows ----------------------------------------------------------
@@ -681,6 +778,15 @@ def without_evaluations(s: State) -> State:
     out: State = {"daemon": {**s["daemon"], "evaluations": None}}
     for sid in FIXED:
         out[sid] = {**s[sid], "row": {**s[sid]["row"], "evaluations": None}}
+    return out
+
+
+def loosely(s: State) -> State:
+    """``s`` but its evaluations, its sessions' cursors and its number of sessions."""
+    out = without_evaluations(s)
+    out["daemon"] = {**out["daemon"], "sessions": None}
+    for sid in FIXED:
+        out[sid] = {**out[sid], "row": {**out[sid]["row"], "cursors": None}}
     return out
 
 
@@ -839,6 +945,25 @@ def check_answer(req: Req, want: Expect, answer: Answer) -> None:
             assert answer.status in (404, 405), answer
     elif want.kind == "unknown":
         assert answer.status < 500
+    elif want.kind in CONSUMER and answer.status >= 400:
+        assert answer.headers["content-type"] == "application/json", answer
+        if head:
+            return
+        error = answer.json()
+        assert set(error) == {"code", "message"}, error
+        assert error["code"] in want.codes | {"unauthorized"}, (want, error)
+        assert answer.status == DOC_STATUS.get(error["code"], 400), error
+        assert error["message"] and "\n" not in error["message"]
+    elif want.kind in CONSUMER:
+        shapes = {
+            "start": {"session", "created"},
+            "wait": {"next", "lost", "firings", "timed_out"},
+            "ack": {"cursor", "seq"},
+        }
+        assert answer.status == (201 if want.kind == "start" else 200) or (
+            want.kind == "start" and answer.status == 200
+        ), (want, answer)
+        assert head or set(answer.json()) == shapes[want.kind], answer
     elif want.kind in ("refused", "ok", "recorded") and answer.status >= 400:
         assert answer.headers["content-type"] == "application/json", answer
         assert want.kind == "refused", (want, answer)
@@ -889,6 +1014,8 @@ def test_random_requests_get_a_documented_answer_and_a_refusal_changes_nothing(
             after = state(c)
             if answer.status >= 300:
                 unchanged(before, after)
+            elif want.kind in CONSUMER:  # a session started, a cursor acknowledged, no more
+                assert loosely(after) == loosely(before)
             elif want.kind == "recorded":
                 check_recorded(model, want, answer, before, after)
             elif want.kind != "unknown":

@@ -2,7 +2,8 @@
 
 A short heartbeat: an idle event stream gets a comment line every ``HEARTBEAT`` seconds
 (15 s in a daemon), so a proxy keeps it open, and still costs the session no evaluation.
-And the server's side of a connection: every accepted socket has ``TCP_NODELAY``, read
+A long poll cut off by the server stopping releases its wait. And the server's side of a
+connection: every accepted socket has ``TCP_NODELAY``, read
 from the socket itself (the test and the server share a process, so its descriptor is
 here), on the asyncio loop, which is what ``pip install 'repl-inbox[http]'`` runs.
 """
@@ -147,4 +148,37 @@ async def test_a_failure_of_the_daemons_own_is_a_json_500_and_the_daemon_serves_
             )
         finally:
             conn.close()
+        tg.cancel_scope.cancel()
+
+
+async def test_a_long_poll_cut_off_by_the_server_stopping_releases_its_wait() -> None:
+    """The HTTP server stopping while a long poll is blocked (uvicorn cancels what still
+    runs past its grace period): the request's end releases the wait at once, with no
+    answer and no cursor moved; the engine is left with no waiter."""
+    engine = open_engine(MemoryStore(), settle=0)
+    await engine.handle(p.Start(session="s")).result()
+    web = anyio.CancelScope()
+
+    async def serve(*, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
+        with web:
+            await http.serve_http(engine, "127.0.0.1", 0, "tok", 5.0, task_status=task_status)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.run)
+        port = await tg.start(serve)
+        async with await anyio.connect_tcp("127.0.0.1", port) as conn:
+            await conn.send(
+                b"GET /sessions/s/wait?timeout=600 HTTP/1.1\r\nHost: x\r\n"
+                b"Authorization: Bearer tok\r\n\r\n"
+            )
+            with anyio.fail_after(5):
+                while engine.waiters_of("s") != 1:  # noqa: ASYNC110 - a bounded look at the engine
+                    await anyio.sleep(0.01)
+            web.cancel()  # the server stops; the client is still there, waiting
+            with anyio.fail_after(10):
+                while engine.waiting:  # noqa: ASYNC110 - a bounded look at the engine
+                    await anyio.sleep(0.01)
+        assert engine.waiters_of("s") == 0
+        cursors = await engine.handle(p.Cursors(session="s")).result()
+        assert isinstance(cursors, p.CursorList) and cursors.cursors == []
         tg.cancel_scope.cancel()

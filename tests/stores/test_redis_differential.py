@@ -62,7 +62,7 @@ from session.ops import (
 from session.schedule import Timer
 from session.session import Session, Snapshot
 from session.tags import Match
-from tests.helpers import RedisClusterProcs, RedisProc, store_url
+from tests.helpers import RedisClusterProcs, RedisProc, examples, store_url
 
 TS = "2026-12-01T06:00:00.000Z"
 
@@ -316,16 +316,18 @@ def both(redis_url: str) -> Iterator[Both]:
             portal.call(committer.close)
 
 
-@settings(
-    max_examples=200,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
-@given(
-    session_id=st.sampled_from(SESSIONS),
-    limit=st.integers(0, 4),
-    script=st.lists(ops, min_size=15, max_size=60),
-)
+#: a random script on a random session: the same for the suite's run and the long one
+SCRIPTS = {
+    "session_id": st.sampled_from(SESSIONS),
+    "limit": st.integers(0, 4),
+    "script": st.lists(ops, min_size=15, max_size=60),
+}
+FIXTURES = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+
+
+# 60 scripts a kind of Redis in the suite (some 3 s each); DIFFERENTIAL_EXAMPLES=N for more
+@settings(max_examples=examples(60, "DIFFERENTIAL_EXAMPLES"), suppress_health_check=FIXTURES)
+@given(**SCRIPTS)
 def test_redis_answers_as_the_core_does(
     both: Both, session_id: str, limit: int, script: list[Op[Any]]
 ) -> None:
@@ -370,22 +372,42 @@ tag_weights += ["timer", "fire", "ack", "ack", "limit"]
 tag_ops = st.sampled_from(tag_weights).flatmap(lambda kind: tag_kinds[kind])
 
 
-@settings(
-    max_examples=150,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
-@given(
-    session_id=st.sampled_from(SESSIONS),
-    limit=st.integers(0, 12),
-    script=st.lists(tag_ops, min_size=15, max_size=60),
-)
+#: a script of tagged sends and matching reads, whose matches mostly hold for some firing
+MATCH_SCRIPTS = {
+    "session_id": st.sampled_from(SESSIONS),
+    "limit": st.integers(0, 12),
+    "script": st.lists(tag_ops, min_size=15, max_size=60),
+}
+
+
+@settings(max_examples=examples(60, "DIFFERENTIAL_EXAMPLES"), suppress_health_check=FIXTURES)
+@given(**MATCH_SCRIPTS)
 def test_redis_matches_as_the_core_does(
     both: Both, session_id: str, limit: int, script: list[Op[Any] | Look]
 ) -> None:
     """Tagged sends and timers, and matching reads and looks that mostly find something."""
     both.run(session_id, limit, script)
     event(f"matching reads that found firings: {min(both.matched, 3)}+")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@settings(max_examples=examples(200, "DIFFERENTIAL_EXAMPLES"), suppress_health_check=FIXTURES)
+@given(**SCRIPTS)
+def test_redis_answers_as_the_core_does_over_a_long_search(
+    both: Both, session_id: str, limit: int, script: list[Op[Any]]
+) -> None:
+    both.run(session_id, limit, script)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@settings(max_examples=examples(200, "DIFFERENTIAL_EXAMPLES"), suppress_health_check=FIXTURES)
+@given(**MATCH_SCRIPTS)
+def test_redis_matches_as_the_core_does_over_a_long_search(
+    both: Both, session_id: str, limit: int, script: list[Op[Any] | Look]
+) -> None:
+    both.run(session_id, limit, script)
 
 
 def test_a_long_run_reaches_every_bound(both: Both) -> None:

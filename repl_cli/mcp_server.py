@@ -1,0 +1,466 @@
+"""``repl mcp``: the daemon's sessions as tools of the Model Context Protocol, on stdio.
+
+An agent harness that speaks MCP (Claude Code, and others) starts ``repl
+mcp`` as a child and calls its tools; each tool is a call of the async API
+(``repl_cli.aio``), so it connects to the daemon exactly as the CLI does
+(address, home, token, TLS) and sees what the CLI sees, a scoped token's
+limits included. Built on the official SDK (``mcp``, the ``[mcp]`` extra):
+its ``MCPServer`` publishes each tool's schema from its typed arguments and
+turns its results into structured content.
+
+The rules it keeps (docs/semantics.md M1-M3):
+
+- Nothing is acknowledged that the agent may not have received: ``wait``
+  and ``read`` acknowledge nothing of what they return. The agent passes a
+  batch's ``next`` as ``ack`` in its next ``wait`` (the daemon applies it
+  before it waits, as ``repl follow`` does), or calls ``ack``. A call the
+  client cancels or gives up on has acknowledged nothing it returned.
+- Bounded, never silent: a ``wait`` returns at ``timeout_s`` with
+  ``timed_out`` true (a result, not an error), and while it blocks it sends
+  a progress notification every ``progress_every`` seconds to a client
+  that asked for progress. Each wait has a connection of its own, so a
+  blocked wait holds up no other tool and costs the daemon what a CLI wait
+  costs: nothing.
+- An error is a tool error whose text is the CLI's one line, with the wire
+  code; never a traceback. The daemon away is such an error, and the next
+  call connects again. Logs go to stderr only: stdout is the protocol's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Annotated, TypeVar
+
+import anyio
+import msgspec
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import Field
+from typing_extensions import TypedDict
+
+from repl_cli import aio
+from repl_cli.errors import CliError
+from repl_daemon import protocol as p
+from session.firing import Firing
+from session.rules import DEFAULT_HANDLER, WAIT_CURSOR
+from session.tags import CORR, REPLY_TO, correlation_id
+
+log = logging.getLogger("repl.mcp")
+
+T = TypeVar("T")
+
+#: how often a blocked wait tells a client that asked for progress that it is still there
+PROGRESS_EVERY = 5.0
+
+INSTRUCTIONS = """\
+repl is a session inbox: each session records messages as numbered firings
+that many readers follow, each at its own position (its cursor). To follow a
+session, call `wait` in a loop: it returns at once when something is there
+and blocks (for free) until something comes or `timeout_s` passes. It
+acknowledges nothing: pass the `next` of each batch you have handled in the
+`ack` of your next `wait`, so an interrupted call costs duplicates, never a
+lost message. To ask another agent and wait for its answer, use `request`;
+to answer one, `reply`."""
+
+
+# -- results, as their schemas are published -------------------------------------------
+
+
+class FiringOut(TypedDict):
+    seq: int
+    handler: str
+    result: str | None
+    event: str | None
+    ts: str
+    tags: dict[str, str]
+
+
+class BatchOut(TypedDict):
+    session: str
+    next: int
+    lost: int
+    firings: list[FiringOut]
+
+
+class WaitOut(TypedDict):
+    batches: list[BatchOut]
+    timed_out: bool
+
+
+class ReadOut(TypedDict):
+    next: int
+    lost: int
+    firings: list[FiringOut]
+
+
+class SentOut(TypedDict):
+    seq: int
+    duplicate: bool
+
+
+class SessionOut(TypedDict):
+    id: str
+    head: int
+    retained: int
+    limit: int
+    cursors: int
+    waiters: int
+
+
+class SessionsOut(TypedDict):
+    sessions: list[SessionOut]
+
+
+class StartedOut(TypedDict):
+    session: str
+    created: bool
+
+
+class AckedOut(TypedDict):
+    cursor: str
+    seq: int
+
+
+class CursorOut(TypedDict):
+    name: str
+    seq: int
+    lag: int
+
+
+class CursorsOut(TypedDict):
+    cursors: list[CursorOut]
+
+
+class ScheduledOut(TypedDict):
+    timer: str
+    due: str | None
+    every_ms: int | None
+    duplicate: bool
+
+
+class ReplyOut(TypedDict):
+    reply: FiringOut | None
+    timed_out: bool
+
+
+def firing_out(firing: Firing) -> FiringOut:
+    return FiringOut(
+        seq=firing.seq,
+        handler=firing.handler,
+        result=firing.result,
+        event=firing.event,
+        ts=firing.ts,
+        tags=dict(firing.tags),
+    )
+
+
+def batch_out(batch: p.SessionBatch) -> BatchOut:
+    firings = [firing_out(f) for f in batch.firings]
+    return BatchOut(session=batch.session, next=batch.next, lost=batch.lost, firings=firings)
+
+
+# -- the arguments, described for a model ----------------------------------------------
+
+SessionArg = Annotated[str, Field(description="The session's id.")]
+MatchArg = Annotated[
+    dict[str, str | None] | None,
+    Field(
+        description="Only firings whose tags match: each KEY must be there with that value "
+        "(null: any value)."
+    ),
+]
+TagsArg = Annotated[
+    dict[str, str] | None,
+    Field(description="Tags the firing carries, KEY: VALUE (at most 16)."),
+]
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    """Where the daemon is and who we are, as the CLI's global options give them."""
+
+    addr: str | None = None
+    home: Path | None = None
+    token_file: Path | None = None
+    tls_ca: Path | None = None
+    progress_every: float = PROGRESS_EVERY
+
+
+class Tools:
+    """The tools' shared connection (for the calls that answer at once) and their errors."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.quick = self.connection(reconnect=0)
+        self.lock = anyio.Lock()  # one request at a time on the shared connection
+
+    def connection(self, reconnect: float) -> aio.AsyncRepl:
+        s = self.settings
+        return aio.connect(
+            s.addr, s.home, reconnect=reconnect, token_file=s.token_file, tls_ca=s.tls_ca
+        )
+
+    async def call(self, step: Callable[[aio.AsyncRepl], Awaitable[T]]) -> T:
+        """``step`` on the shared connection; a failure as a tool error with the CLI's line."""
+        async with self.lock:
+            try:
+                return await step(self.quick)
+            except CliError as exc:
+                raise tool_error(exc) from None
+
+    @asynccontextmanager
+    async def own(self, reconnect: float) -> AsyncIterator[aio.AsyncRepl]:
+        """A connection of its own, for a call that blocks; closed with the call."""
+        repl = self.connection(reconnect)
+        try:
+            yield repl
+        except CliError as exc:
+            raise tool_error(exc) from None
+        finally:
+            await repl.aclose()
+
+
+def tool_error(exc: CliError) -> ToolError:
+    """The CLI's one line, with the wire code when the daemon gave one."""
+    code = f" (code {exc.code})" if exc.code else ""
+    return ToolError(f"repl: {exc.message}{code}")
+
+
+def check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ToolError(f"repl: {message}")
+
+
+async def waited(
+    ctx: Context, every: float, timeout_s: float, once: Callable[[float, bool], Awaitable[p.Woken]]
+) -> p.Woken:
+    """A wait of at most ``timeout_s``, made of daemon waits of at most ``every`` seconds
+    (``once(seconds, first)``), with a progress notification between two of them (the SDK
+    sends it only to a client that asked for progress). Only the first carries the ack."""
+    deadline = anyio.current_time() + timeout_s
+    first, began = True, anyio.current_time()
+    while True:
+        left = max_(0.0, deadline - anyio.current_time())
+        woken = await once(min(every, left), first)
+        first = False
+        if woken.batches or left <= every:
+            return woken
+        waited_s = anyio.current_time() - began
+        await ctx.report_progress(waited_s, timeout_s, f"still waiting after {waited_s:.0f} s")
+
+
+def build(settings: Settings) -> MCPServer:
+    """The MCP server and its tools, connecting as ``settings`` say."""
+    tools = Tools(settings)
+    server: MCPServer = MCPServer(
+        name="repl",
+        title="repl session inbox",
+        instructions=INSTRUCTIONS,
+        version=p.VERSION,
+        log_level="WARNING",
+    )
+
+    @server.tool(
+        description="Send a message to a session; it is recorded as the next firing. "
+        "Give a key to make a retry safe (a second send with it records nothing)."
+    )
+    async def send(
+        session: SessionArg,
+        text: Annotated[str, Field(description="The message.")],
+        handler: Annotated[str, Field(description="What produced it.")] = DEFAULT_HANDLER,
+        key: Annotated[str | None, Field(description="A dedup key.")] = None,
+        tags: TagsArg = None,
+    ) -> SentOut:
+        sent = await tools.call(
+            lambda r: r.send(session, text, handler=handler, key=key, tags=tags or {})
+        )
+        return SentOut(seq=sent.seq, duplicate=sent.duplicate)
+
+    @server.tool(
+        description="Wait until firings exist after your cursor in one of the sessions, "
+        "and return them; at timeout_s it returns timed_out. It acknowledges nothing: pass "
+        "each batch's next in ack on your next call once you have handled it."
+    )
+    async def wait(
+        ctx: Context,
+        sessions: Annotated[
+            str | list[str], Field(description="A session id, or several to wait on at once.")
+        ],
+        cursor: Annotated[
+            str | None,
+            Field(
+                description="Your cursor's name (default 'wait'; with match, none: the whole "
+                "ring is looked at and nothing can be acknowledged)."
+            ),
+        ] = None,
+        ack: Annotated[
+            dict[str, int] | None,
+            Field(description="Session -> the next of the batch you handled, acknowledged first."),
+        ] = None,
+        timeout_s: Annotated[float, Field(ge=0, description="How long to wait at most.")] = 30.0,
+        match: MatchArg = None,
+        max: Annotated[int | None, Field(ge=1, description="At most this many firings.")] = None,
+    ) -> WaitOut:
+        ids = [sessions] if isinstance(sessions, str) else sessions
+        chosen = cursor if cursor is not None or match else WAIT_CURSOR
+        check(
+            chosen is not None or not ack, "a wait with no cursor acknowledges nothing: give no ack"
+        )
+        async with tools.own(reconnect=timeout_s) as repl:
+
+            def once(seconds: float, first: bool) -> Awaitable[p.Woken]:
+                acks = ack if first else None
+                return repl.wait(
+                    ids, cursor=chosen, timeout=seconds, max=max, ack=acks, match=match
+                )
+
+            woken = await waited(ctx, settings.progress_every, timeout_s, once)
+        return WaitOut(batches=[batch_out(b) for b in woken.batches], timed_out=woken.timed_out)
+
+    @server.tool(
+        description="Read a session's firings without waiting and without acknowledging: "
+        "after a seq, the last N, after a cursor's position, or (none given) the whole ring."
+    )
+    async def read(
+        session: SessionArg,
+        after: Annotated[int | None, Field(ge=0, description="After this seq.")] = None,
+        last: Annotated[int | None, Field(ge=1, description="The newest N.")] = None,
+        cursor: Annotated[str | None, Field(description="After this cursor.")] = None,
+        max: Annotated[int | None, Field(ge=1, description="At most this many firings.")] = None,
+        match: MatchArg = None,
+    ) -> ReadOut:
+        options = (("after", after), ("last", last), ("cursor", cursor))
+        given = [name for name, value in options if value is not None]
+        check(len(given) <= 1, f"give one of after, last and cursor, not {' and '.join(given)}")
+
+        async def look(r: aio.AsyncRepl) -> p.Firings:
+            if last is not None:
+                row = (await r.stats(session)).sessions[0]
+                start = max_(row.head - last, row.head - row.retained)
+                return await r.read(session, after=start, max=max, match=match)
+            if after is None and cursor is None and match is None:
+                return await r.read(session, after=0, max=max)  # no cursor touched
+            return await r.read(
+                session, after=after, cursor=cursor, max=max, peek=True, match=match
+            )
+
+        got = await tools.call(look)
+        return ReadOut(next=got.next, lost=got.lost, firings=[firing_out(f) for f in got.firings])
+
+    @server.tool(description="List the sessions: id, head, retained, limit, cursors, waiters.")
+    async def sessions() -> SessionsOut:
+        listed = await tools.call(lambda r: r.sessions())
+        rows = [
+            SessionOut(
+                id=row.id,
+                head=row.head,
+                retained=row.retained,
+                limit=row.limit,
+                cursors=row.cursors,
+                waiters=row.waiters,
+            )
+            for row in listed
+        ]
+        return SessionsOut(sessions=rows)
+
+    @server.tool(description="Start a session (an id is made up when none is given).")
+    async def start(
+        session: Annotated[str | None, Field(description="The new session's id.")] = None,
+        exist_ok: Annotated[bool, Field(description="An existing session is fine.")] = True,
+    ) -> StartedOut:
+        started = await tools.call(lambda r: r.start(session, exist_ok=exist_ok))
+        return StartedOut(session=started.session, created=started.created)
+
+    @server.tool(
+        description="Acknowledge up to seq on a cursor, once those firings are handled; "
+        "a cursor never moves back."
+    )
+    async def ack(
+        session: SessionArg,
+        seq: Annotated[int, Field(ge=0, description="The next of the batch handled.")],
+        cursor: Annotated[str, Field(description="The cursor to move.")] = WAIT_CURSOR,
+    ) -> AckedOut:
+        acked = await tools.call(lambda r: r.ack(session, seq, cursor=cursor))
+        return AckedOut(cursor=acked.cursor, seq=acked.seq)
+
+    @server.tool(description="List a session's cursors: name, seq, and lag behind the head.")
+    async def cursors(session: SessionArg) -> CursorsOut:
+        listed = await tools.call(lambda r: r.cursors(session))
+        return CursorsOut(cursors=[CursorOut(name=c.name, seq=c.seq, lag=c.lag) for c in listed])
+
+    @server.tool(
+        description="Record a message later: after a delay ('90s', '5m'), at a time "
+        "(RFC 3339), and/or again every interval ('1h'). Returns the timer's id."
+    )
+    async def schedule(
+        session: SessionArg,
+        text: Annotated[str, Field(description="The message.")] = "",
+        delay: Annotated[str | None, Field(description="After this long: 250ms, 90s, 5m.")] = None,
+        at: Annotated[str | None, Field(description="At this time, RFC 3339.")] = None,
+        every: Annotated[
+            str | None, Field(description="Again every interval, 1s at least.")
+        ] = None,
+        key: Annotated[str | None, Field(description="A dedup key.")] = None,
+        tags: TagsArg = None,
+    ) -> ScheduledOut:
+        made = await tools.call(
+            lambda r: r.schedule(session, text, in_=delay, at=at, every=every, key=key, tags=tags)
+        )
+        return ScheduledOut(
+            timer=made.timer, due=made.due, every_ms=made.every_ms, duplicate=made.duplicate
+        )
+
+    @server.tool(
+        description="Ask another agent: send text to its session tagged with where to reply, "
+        "and wait in your own session (reply_to) for the answer to this request."
+    )
+    async def request(
+        ctx: Context,
+        session: Annotated[str, Field(description="The session of the agent you ask.")],
+        text: Annotated[str, Field(description="The request.")],
+        reply_to: Annotated[str, Field(description="Your own session, where the answer comes.")],
+        timeout_s: Annotated[float, Field(ge=0, description="How long to wait at most.")] = 30.0,
+        tags: TagsArg = None,
+    ) -> ReplyOut:
+        corr = correlation_id()
+        async with tools.own(reconnect=timeout_s) as repl:
+            await repl.stats(reply_to)  # where the answer goes must exist before we ask
+            sent_tags = {**(tags or {}), REPLY_TO: reply_to, CORR: corr}
+            await repl.send(session, text, tags=sent_tags)
+
+            def once(seconds: float, first: bool) -> Awaitable[p.Woken]:
+                return repl.wait(reply_to, cursor=None, timeout=seconds, max=1, match={CORR: corr})
+
+            woken = await waited(ctx, settings.progress_every, timeout_s, once)
+        if not woken.batches:
+            return ReplyOut(reply=None, timed_out=True)
+        return ReplyOut(reply=firing_out(woken.batches[0].firings[0]), timed_out=False)
+
+    @server.tool(
+        description="Answer a request: send text to the session named in the reply-to tag "
+        "of firing seq of session, tagged with the request's corr."
+    )
+    async def reply(
+        session: Annotated[str, Field(description="The session the request came to.")],
+        seq: Annotated[int, Field(ge=1, description="The request's seq.")],
+        text: Annotated[str, Field(description="The answer.")],
+    ) -> SentOut:
+        sent = await tools.call(lambda r: r.reply(session, seq, text))
+        return SentOut(seq=sent.seq, duplicate=sent.duplicate)
+
+    return server
+
+
+max_ = max
+
+
+def serve(settings: Settings) -> None:
+    """Run the server on stdin/stdout until the client closes it."""
+    server = build(settings)
+    logging.getLogger("repl").setLevel(logging.WARNING)
+    anyio.run(server.run_stdio_async)
+
+
+__all__ = ["Settings", "build", "serve"]
