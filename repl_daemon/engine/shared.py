@@ -220,7 +220,9 @@ class SharedCommitter:
         match op:
             case Record():
                 handled = op.handler in HANDLERS if op.handled is None else op.handled
-                future = store.record(session_id, op.handler, op.text, handled, op.ts, op.key)
+                future = store.record(
+                    session_id, op.handler, op.text, handled, op.ts, op.key, op.tags
+                )
 
                 def recorded(future: asyncio.Future[Recorded]) -> None:
                     ok = not future.cancelled() and future.exception() is None
@@ -229,9 +231,9 @@ class SharedCommitter:
 
                 future.add_done_callback(recorded)  # before the caller's: waiters first
             case ReadAfter():
-                future = store.read(session_id, "after", op.after, op.max, False)
+                future = store.read(session_id, "after", op.after, op.max, False, op.match)
             case ReadCursor():
-                future = store.read(session_id, "cursor", op.cursor, op.max, op.touch)
+                future = store.read(session_id, "cursor", op.cursor, op.max, op.touch, op.match)
             case Ack():
                 future = store.ack(session_id, op.cursor, op.seq)
             case Poll():

@@ -61,7 +61,7 @@ from session.errors import (
     StoreFailed,
     no_such_session,
 )
-from session.firing import Batch, CursorInfo, Firing
+from session.firing import NO_TAGS, Batch, CursorInfo, Firing
 from session.rules import HANDLERS, MAX_CURSORS, MAX_KEYS, MAX_TIMERS
 from session.schedule import Timer
 from session.scopes import (
@@ -80,11 +80,13 @@ from session.session import (
     timer_exists,
     too_many_timers,
 )
+from session.tags import Match, Tags
 
 log = logging.getLogger("repl.daemon")
 
 _json = msgspec.json.Encoder()
 _token_record = msgspec.json.Decoder(TokenRecord)
+_read_tags = msgspec.json.Decoder(Tags)
 
 T = TypeVar("T")
 
@@ -878,8 +880,17 @@ class RedisStore:
     # core's error for a refusal, or ``StoreFailed``.
 
     def record(
-        self, session_id: str, handler: str, text: str, handled: bool, ts: str, key: str | None
+        self,
+        session_id: str,
+        handler: str,
+        text: str,
+        handled: bool,
+        ts: str,
+        key: str | None,
+        tags: Tags = NO_TAGS,
     ) -> asyncio.Future[Recorded]:
+        """Record a firing; ``tags`` (checked by the caller) go into its entry as JSON."""
+        encoded = _json.encode(tags) if tags else ""
         args = (handler, text, "1" if handled else "0", ts, key or "", MAX_KEYS, self.origin)
         before = self.heads.before(session_id)
 
@@ -889,14 +900,28 @@ class RedisStore:
             self._learned(session_id, before, incarnation, found, int(head))
             return Recorded(int(seq), duplicate=bool(duplicate))
 
-        return self._script("RECORD", session_id, args, change=True, then=recorded)
+        return self._script("RECORD", session_id, (*args, encoded), change=True, then=recorded)
 
     def read(
-        self, session_id: str, mode: str, start: str | int, max: int | None, touch: bool
+        self,
+        session_id: str,
+        mode: str,
+        start: str | int | None,
+        max: int | None,
+        touch: bool,
+        match: Match | None = None,
     ) -> asyncio.Future[Batch]:
-        """``mode`` "after" (``start`` a seq), "cursor" or "poll" (``start`` a cursor's name)."""
+        """``mode`` "after" (``start`` a seq, None for the whole retained ring), "cursor" or
+        "poll" (``start`` a cursor's name); with ``match`` only the firings it holds for."""
         change = mode == "poll" or (mode == "cursor" and touch)
-        args = (mode, start, "" if max is None else max, "1" if touch else "0", MAX_CURSORS)
+        args = (
+            mode,
+            "" if start is None else start,
+            "" if max is None else max,
+            "1" if touch else "0",
+            MAX_CURSORS,
+            "" if match is None else _json.encode(match),
+        )
         before = self.heads.before(session_id)
 
         def batch(answer: list[Any]) -> Batch:
@@ -1005,9 +1030,10 @@ class RedisStore:
     def schedule(self, timer: Timer) -> asyncio.Future[Scheduled]:
         """Add the timer to its session (or find what its key made): ``Session.schedule``."""
         handled = timer.handler in HANDLERS
+        tags = _json.encode(timer.tags).decode() if timer.tags else None
         definition = _TIMER_DEFINITION.encode(
             _Definition(
-                timer.every_ms, timer.handler, timer.text, timer.key, "r" if handled else "e"
+                timer.every_ms, timer.handler, timer.text, timer.key, "r" if handled else "e", tags
             )
         )
         args = (timer.id, timer.due_ms, definition, timer.key or "", MAX_TIMERS)
@@ -1197,12 +1223,14 @@ def _firing(entry: Any) -> Firing:
     )
     result = values.get(b"r")
     event = values.get(b"e")
+    tags = values.get(b"g")
     return Firing(
         seq,
         values[b"h"].decode(),
         None if result is None else result.decode(),
         None if event is None else event.decode(),
         values[b"t"].decode(),
+        NO_TAGS if tags is None else _read_tags.decode(tags),
     )
 
 
@@ -1229,7 +1257,7 @@ async def _read_replies(line: Any, count: int) -> list[Any]:
     return replies
 
 
-class _Definition(msgspec.Struct, array_like=False):
+class _Definition(msgspec.Struct, omit_defaults=True):
     """A timer as the ``timers`` hash keeps it (its id is the field, its due time in ``due``)."""
 
     every: int | None
@@ -1237,6 +1265,9 @@ class _Definition(msgspec.Struct, array_like=False):
     text: str
     key: str | None
     field: str  # "r": the text is the result (a handler every session has), "e": the event
+    #: its firings' tags as the JSON text their entries keep (``FIRE`` copies it); None: no
+    #: tags, and no field, so a plain timer's definition is as it was before tags
+    tags: str | None = None
 
 
 _TIMER_DEFINITION = msgspec.json.Encoder()
@@ -1253,6 +1284,7 @@ def _timer(session_id: str, timer_id: str, due: Any, raw: bytes) -> Timer:
         handler=definition.handler,
         text=definition.text,
         key=definition.key,
+        tags=None if definition.tags is None else _read_tags.decode(definition.tags),
     )
 
 

@@ -18,7 +18,8 @@ The keys, in this order in every script's KEYS:
    ``repl_daemon.stores.heads``), and ``hook_secret``, ``hook_handler`` when the
    session has a webhook (SPEC §10)
 2. ``ring``     stream: the retained firings, entry id ``SEQ-0``; fields ``t`` (ts),
-   ``h`` (handler), then ``r`` (result) or ``e`` (event)
+   ``h`` (handler), then ``r`` (result) or ``e`` (event), then ``g`` (its tags, a JSON
+   object made by the daemon) only when it has tags, so a plain firing costs no more
 3. ``cursors``  hash: name -> ``SEQ:LAST_USE``
 4. ``keys``     hash: dedup key -> seq
 5. ``keyorder`` list: the dedup keys, oldest first
@@ -27,7 +28,9 @@ The keys, in this order in every script's KEYS:
    the session's own shard of a cluster)
 7. ``timers``   hash: timer id -> its definition, JSON made by the daemon:
    ``every`` (ms, null for a one-shot), ``handler``, ``text``, ``key``,
-   ``field`` (``r``: the text is the result, ``e``: the event)
+   ``field`` (``r``: the text is the result, ``e``: the event), and ``tags`` when
+   it has some: what its firings carry, as the JSON text their ``g`` field keeps
+   (copied as it is, so the firing has the tags in the order they were given)
 8. ``due``      sorted set: timer id, scored by when it is due (ms since the epoch)
 
 Timers are the session's own (SPEC §9), so the script that fires one also
@@ -101,16 +104,20 @@ end
 local function set_cursor(name, seq, uses)
   redis.call('HSET', cursors, name, string.format('%d:%d', seq, uses))
 end
--- record a firing after head (SPEC rules 1, 2, 13): its seq, 1 if its key had one, the head
-local function record(head, limit, field, handler, text, ts, key, max_keys)
+-- record a firing after head (SPEC rules 1, 2, 13): its seq, 1 if its key had one, the head;
+-- ``tags`` is the JSON of its tags, '' for none (SPEC §15)
+local function record(head, limit, field, handler, text, ts, key, max_keys, tags)
   if key ~= '' then
     local seq = redis.call('HGET', keys, key)
     if seq then return tonumber(seq), 1, head end
   end
   head = head + 1
-  if limit > 0 then
+  if limit > 0 and tags == '' then
     redis.call('XADD', ring, 'MAXLEN', '=', limit, string.format('%d-0', head),
       't', ts, 'h', handler, field, text)
+  elseif limit > 0 then
+    redis.call('XADD', ring, 'MAXLEN', '=', limit, string.format('%d-0', head),
+      't', ts, 'h', handler, field, text, 'g', tags)
   end
   if key ~= '' then
     redis.call('HSET', keys, key, head)
@@ -123,8 +130,8 @@ end
 """
 
 #: ARGV: handler, text, handled ('1': the text is the result), ts, key ('' for none),
-#: max_keys, origin (the publishing daemon, so it can skip its own wakes). Answers
-#: {'ok', seq, duplicate, head, incarnation}.
+#: max_keys, origin (the publishing daemon, so it can skip its own wakes), tags (JSON,
+#: '' for none). Answers {'ok', seq, duplicate, head, incarnation}.
 RECORD = (
     _PRELUDE
     + """
@@ -133,7 +140,7 @@ if not m[1] then return missing() end
 local field = 'e'
 if ARGV[3] == '1' then field = 'r' end
 local seq, duplicate, head = record(tonumber(m[1]), tonumber(m[2]), field, ARGV[1], ARGV[2],
-  ARGV[4], ARGV[5], tonumber(ARGV[6]))
+  ARGV[4], ARGV[5], tonumber(ARGV[6]), ARGV[8])
 redis.call('HSET', meta, 'head', head, 'evals', tonumber(m[3]) + 1)
 if duplicate == 0 then
   redis.call('SPUBLISH', wake, string.format('%d %s', head, ARGV[7]))
@@ -142,9 +149,13 @@ return {'ok', seq, duplicate, head, m[4]}
 """
 )
 
-#: ARGV: mode ('after', 'cursor' or 'poll'), after (for 'after') or the cursor's name,
-#: max ('' for none), touch ('1': the read is a use of its cursor), max_cursors. Answers
-#: {'ok', next, lost, entries, head, incarnation}.
+#: ARGV: mode ('after', 'cursor' or 'poll'), after (for 'after'; '' for the whole retained
+#: ring) or the cursor's name, max ('' for none), touch ('1': the read is a use of its
+#: cursor), max_cursors, match (JSON made by the daemon, ``session.tags.Match``; '' for none).
+#: With a match only the firings it holds for come back, at most max of them, and next is
+#: the last seq looked at: the last match when max stopped the look, else the head
+#: (``Ring.events_after``). A look goes through the ring in pieces when max can stop it.
+#: Answers {'ok', next, lost, entries, head, incarnation}.
 READ = (
     _PRELUDE
     + """
@@ -153,11 +164,14 @@ local h = m[1]
 if not h then return missing() end
 local mode, touch, max_cursors = ARGV[1], ARGV[4] == '1', tonumber(ARGV[5])
 local head = tonumber(h)
+local first = head - redis.call('XLEN', ring) + 1
 local after
-if mode == 'after' then
-  after = tonumber(ARGV[2])
-else
+if mode ~= 'after' then
   after = cursor_seq(redis.call('HGET', cursors, ARGV[2]))
+elseif ARGV[2] == '' then
+  after = first - 1  -- just before the oldest retained: the whole ring, nothing lost
+else
+  after = tonumber(ARGV[2])
 end
 if after > head then
   local what = mode == 'after' and 'after' or 'cursor'
@@ -168,27 +182,80 @@ if ARGV[3] ~= '' then
   max = tonumber(ARGV[3])
   if max < 1 then return {'err', 'bad_max', string.format('max %d is below 1', max)} end
 end
-local first = head - redis.call('XLEN', ring) + 1
 local lost = math.max(0, math.min(first, head + 1) - after - 1)
 local start = math.max(after + 1, first)
-local stop = head + 1
-if max then stop = math.min(head + 1, start + max) end
 local entries = {}
-local next = after + lost
-if stop > start then
-  entries = redis.call('XRANGE', ring,
-    string.format('%d-0', start), string.format('%d-0', stop - 1))
-  next = stop - 1
+local last = after + lost
+if ARGV[6] ~= '' then
+  local want = cjson.decode(ARGV[6])
+  local want_handler, want_tags = want.handler, want.tags
+  if want_handler == cjson.null then want_handler = nil end
+  if want_tags == nil or want_tags == cjson.null or next(want_tags) == nil then
+    want_tags = nil
+  end
+  local function holds(fields)
+    local handler, tags = nil, nil
+    for i = 1, #fields, 2 do
+      if fields[i] == 'h' then handler = fields[i + 1]
+      elseif fields[i] == 'g' then tags = fields[i + 1] end
+    end
+    if want_handler and handler ~= want_handler then return false end
+    if want_tags then
+      if not tags then return false end  -- a plain firing: no tags to decode
+      local have = cjson.decode(tags)
+      for key, value in pairs(want_tags) do
+        local got = have[key]
+        if got == nil or (value ~= cjson.null and got ~= value) then return false end
+      end
+    end
+    return true
+  end
+  if start <= head then
+    last = head
+    local from = start
+    while from <= head do
+      local piece
+      if max then
+        piece = redis.call('XRANGE', ring, string.format('%d-0', from),
+          string.format('%d-0', head), 'COUNT', math.max(max - #entries, 128))
+      else
+        piece = redis.call('XRANGE', ring, string.format('%d-0', from),
+          string.format('%d-0', head))
+      end
+      if #piece == 0 then break end
+      local stopped = false
+      for _, entry in ipairs(piece) do
+        if holds(entry[2]) then
+          entries[#entries + 1] = entry
+          if max and #entries == max then
+            last = tonumber(string.match(entry[1], '^(%d+)'))
+            stopped = true
+            break
+          end
+        end
+      end
+      if stopped or not max then break end
+      from = tonumber(string.match(piece[#piece][1], '^(%d+)')) + 1
+    end
+  end
+else
+  local stop = head + 1
+  if max then stop = math.min(head + 1, start + max) end
+  if stop > start then
+    entries = redis.call('XRANGE', ring,
+      string.format('%d-0', start), string.format('%d-0', stop - 1))
+    last = stop - 1
+  end
 end
 if mode == 'poll' then
   local seq, uses = use(ARGV[2], max_cursors)
-  set_cursor(ARGV[2], math.max(seq, next), uses)
+  set_cursor(ARGV[2], math.max(seq, last), uses)
 elseif mode == 'cursor' and touch then
   local seq, uses = use(ARGV[2], max_cursors)
   set_cursor(ARGV[2], seq, uses)
 end
 redis.call('HINCRBY', meta, 'evals', 1)
-return {'ok', next, lost, entries, head, m[2]}
+return {'ok', last, lost, entries, head, m[2]}
 """
 )
 
@@ -362,7 +429,10 @@ for _, p in ipairs(pending) do
     local key = ''
     if every == cjson.null and def.key ~= cjson.null then key = def.key end
     local seq, duplicate
-    seq, duplicate, head = record(head, limit, def.field, def.handler, def.text, ts, key, max_keys)
+    local tags = def.tags
+    if tags == nil or tags == cjson.null then tags = '' end
+    seq, duplicate, head = record(head, limit, def.field, def.handler, def.text, ts, key,
+      max_keys, tags)
     evals = evals + 1
     if duplicate == 0 then recorded = true end
     local next_due = -1

@@ -23,7 +23,9 @@ from repl_daemon.engine.shared import SharedCommitter
 from repl_daemon.stores import redis as redis_store
 from repl_daemon.stores.redis import RedisStore
 from session import scopes
-from session.errors import BadSessionId, NoSuchSession, ReplError, StoreFailed, Unauthorized
+from session.delta import Webhook
+from session.errors import BadSessionId, BadTag, NoSuchSession, ReplError, StoreFailed, Unauthorized
+from session.tags import Match
 from tests.helpers import RedisClusterProcs, RedisProc, eventually, store_url
 
 AnyRedis = RedisProc | RedisClusterProcs
@@ -607,6 +609,130 @@ async def test_tokens_are_the_stores_a_revocation_heard_or_missed_ends_them_ever
         tg.cancel_scope.cancel()
     await committer.close()
     await first_committer.close()
+
+
+async def _evaluations(engine: Engine, session_id: str) -> int:
+    stats = await call(engine, p.Stats(session=session_id))
+    assert isinstance(stats, p.StatsReply)
+    return stats.sessions[0].evaluations
+
+
+async def _blocked(engine: Engine, session_id: str) -> None:
+    """Until the session's one waiter on ``engine`` is blocked (its look is over)."""
+    with anyio.fail_after(10):
+        while not any(w.state.value == "blocked" for w in engine.waiters.get(session_id, ())):  # noqa: ASYNC110 - a bounded look at another task's state
+            await anyio.sleep(0.005)
+
+
+async def test_a_matching_wait_through_redis_stays_blocked_through_other_firings(
+    redis_any: AnyRedis,
+) -> None:
+    """A matching wait on daemon B, no cursor (the whole ring); sends through daemon A. An
+    early match is found at once and acknowledges nothing. Blocked, each firing that does
+    not match costs one look (its session's evaluations go up by the send and that look,
+    nothing more) and leaves it blocked; idle it sends Redis no command at all; the match
+    wakes it with its tags, ``next`` its seq."""
+    url = store_url(redis_any)
+    (a, first), (b, second) = [await opened(url) for _ in range(2)]
+    match = Match({"corr": "c-1"})
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(a.run)
+            tg.start_soon(b.run)
+            await first.shared_timers.ready.wait()
+            await second.shared_timers.ready.wait()
+            await call(a, p.Start(session="r"))
+            await call(a, p.Send(session="r", text="early", tags={"corr": "c-0", "n": "1"}))
+            early = await call(b, p.Wait(sessions=["r"], cursor=None, match=Match({"corr": "c-0"})))
+            assert isinstance(early, p.Woken)
+            assert [(f.seq, f.tags) for f in early.batches[0].firings] == [
+                (1, {"corr": "c-0", "n": "1"})
+            ]
+            table = await call(b, p.Cursors(session="r"))
+            assert isinstance(table, p.CursorList) and table.cursors == []
+
+            answer: list[p.Response] = []
+
+            async def wait() -> None:
+                answer.append(await call(b, p.Wait(sessions=["r"], cursor=None, match=match)))
+
+            tg.start_soon(wait)
+            await _blocked(b, "r")
+            before = await _evaluations(a, "r")
+            others: list[dict[str, str]] = [{}, {"corr": "c-2"}, {"n": "1"}, {"corr": "c-10"}]
+            for n, tags in enumerate(others, 1):
+                await call(a, p.Send(session="r", text=f"other {n}", tags=tags))
+                with anyio.fail_after(10):  # the send and B's one look
+                    while await _evaluations(a, "r") < before + 2 * n:  # noqa: ASYNC110 - a bounded look at the store
+                        await anyio.sleep(0.005)
+                await _blocked(b, "r")
+            idle = _commands(redis_any)
+            await anyio.sleep(0.5)
+            spent = {c: n - idle.get(c, 0) for c, n in _commands(redis_any).items()}
+            ours = ("info", "hello", "replconf", "ping")  # our looks; replication's own
+            assert {c: n for c, n in spent.items() if n and c not in ours} == {}
+            assert not answer
+            assert await _evaluations(a, "r") == before + 2 * len(others)
+            sent = await call(a, p.Send(session="r", text="reply", tags={"corr": "c-1"}))
+            assert isinstance(sent, p.Sent)
+            with anyio.fail_after(10):
+                while not answer:  # noqa: ASYNC110 - a bounded look at another task's state
+                    await anyio.sleep(0.005)
+            (woken,) = answer
+            assert isinstance(woken, p.Woken)
+            (batch,) = woken.batches
+            assert [(f.result, f.tags) for f in batch.firings] == [("reply", {"corr": "c-1"})]
+            assert (batch.next, batch.lost) == (sent.seq, 0)
+            tg.cancel_scope.cancel()
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_tags_come_back_from_every_redis_path(redis_any: AnyRedis) -> None:
+    """A send's, a webhook delivery's and a timer's firing carry their tags through Redis,
+    and a timer lists its own; bad tags are refused before Redis sees them."""
+    engine, committer = await opened(store_url(redis_any))
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(engine.run)
+            await committer.shared_timers.ready.wait()
+            await call(engine, p.Start(session="t"))
+            await call(engine, p.Send(session="t", text="sent", tags={"corr": "c-1"}))
+            hook = Webhook("secret", "on-webhook")
+            delivery = {"event": "push", "delivery": "d-1"}
+            await engine.deliver("t", hook, "{}", "d-1", tags=delivery).result()
+            await engine.deliver("t", hook, "{}", "d-1", tags=delivery).result()  # a redelivery
+            timer = await call(
+                engine, p.Schedule(session="t", text="later", in_="200ms", tags={"k": "v"})
+            )
+            assert isinstance(timer, p.TimerSet)
+            listed = await call(engine, p.Timers(session="t"))
+            assert isinstance(listed, p.TimerList) and listed.timers[0].tags == {"k": "v"}
+            woken = await call(
+                engine, p.Wait(sessions=["t"], cursor=None, match=Match({"k": None}))
+            )
+            assert isinstance(woken, p.Woken)
+            assert [f.result for f in woken.batches[0].firings] == ["later"]
+            read = await call(engine, p.Read(session="t", after=0))
+            assert isinstance(read, p.Firings)
+            assert [(f.seq, f.tags) for f in read.firings] == [
+                (1, {"corr": "c-1"}),
+                (2, delivery),
+                (3, {"k": "v"}),
+            ]
+            hooks = await call(engine, p.Read(session="t", match=Match({"event": "push"})))
+            assert isinstance(hooks, p.Firings) and [f.seq for f in hooks.firings] == [2]
+            assert (hooks.next, hooks.lost) == (3, 0)
+            spent = _commands(redis_any)
+            with pytest.raises(BadTag):
+                await call(engine, p.Send(session="t", text="x", tags={"Bad": "v"}))
+            with pytest.raises(BadTag):
+                await call(engine, p.Read(session="t", match=Match()))
+            assert _commands(redis_any).get("evalsha") == spent.get("evalsha")
+            tg.cancel_scope.cancel()
+    finally:
+        await committer.close()
 
 
 def _holder(server: AnyRedis, session_id: str) -> RedisProc:

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from repl_daemon.stores.redis import session_keys, wake_channel
+from tests.e2e import correlated
 from tests.helpers import Client, RedisClusterProcs, SharedDaemons, answered, store_url
 
 #: the sessions of these tests: their slots are on all three primaries
@@ -274,3 +275,18 @@ def test_a_session_whose_slot_moves_is_followed_by_its_changes_and_its_waiters(
         group.close()
         if cluster.primary_of_slot(slot) != home:
             cluster.move_slot(slot, home)
+
+
+def test_a_request_and_its_reply_cross_daemons_and_shards(
+    daemons: SharedDaemons, redis_cluster: RedisClusterProcs
+) -> None:
+    """``repl request`` on A to a session of one primary, the reply to a session of another:
+    the worker on B waits with ``--match reply-to`` and answers with ``repl reply``; then an
+    early reply, found at once; then a matching wait on B, blocked through firings sent via
+    A that do not match, one look each, woken by its match (SPEC §15)."""
+    svc, me, other = one_per_primary(redis_cluster)
+    start_all(daemons, [svc, me, other])
+    a, b = daemons.daemons[0], daemons.daemons[1]
+    correlated.request_and_reply(a, b, svc, me)
+    correlated.early_reply(a, b, me, other)
+    correlated.matching_wait_stays_blocked(a, b, other)

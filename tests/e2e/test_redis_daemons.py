@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e import correlated
 from tests.helpers import Client, RedisProc, SharedDaemons, require_redis
 
 
@@ -270,3 +271,29 @@ def test_redis_down_gives_store_failed_and_the_daemons_recover(cluster: Cluster)
     assert not waiter.pending(0.2)
     assert a.ok({"op": "send", "session": "y", "text": "after"})["seq"] == 1
     assert waiter.recv()["batches"][0]["firings"][0]["result"] == "after"
+
+
+def test_a_request_on_one_daemon_is_answered_by_a_worker_on_another(
+    shared: Cluster, x: str
+) -> None:
+    """``repl request`` on A, a worker's ``repl wait --match reply-to`` and ``repl reply`` on
+    B: the reply wakes the requester across daemons (SPEC §15)."""
+    a, b = shared.daemons[0], shared.daemons[1]
+    svc, me = f"{x}-svc", f"{x}-me"
+    for session in (svc, me):
+        shared.client(0).ok({"op": "start", "session": session})
+    correlated.request_and_reply(a, b, svc, me)
+
+
+def test_an_early_reply_is_found_at_once_on_another_daemon(shared: Cluster, x: str) -> None:
+    svc, me = f"{x}-svc", f"{x}-me"
+    for session in (svc, me):
+        shared.client(1).ok({"op": "start", "session": session})
+    correlated.early_reply(shared.daemons[0], shared.daemons[1], svc, me)
+
+
+def test_a_matching_wait_stays_blocked_through_firings_sent_via_another_daemon(
+    shared: Cluster, x: str
+) -> None:
+    shared.client(0).ok({"op": "start", "session": x})
+    correlated.matching_wait_stays_blocked(shared.daemons[0], shared.daemons[1], x)

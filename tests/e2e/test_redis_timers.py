@@ -128,7 +128,10 @@ def test_a_recurring_timer_shared_by_three_daemons_fires_once_a_period(
         c = three[2].client()
         c.ok({"op": "start", "session": "s1"})
         started = clock.ms
-        tick = c.ok({"op": "schedule", "session": "s1", "every": "1s", "text": "beat"})
+        beat = {"kind": "beat", "reply-to": "s1"}  # its firings carry them (SPEC §15)
+        tick = c.ok(
+            {"op": "schedule", "session": "s1", "every": "1s", "text": "beat", "tags": beat}
+        )
         for n in range(1, 5):
             clock.advance(1000)
             firings_at_least(c, "s1", n)
@@ -136,18 +139,23 @@ def test_a_recurring_timer_shared_by_three_daemons_fires_once_a_period(
         other = three[0].client()
         (listed,) = other.ok({"op": "timers"})["timers"]
         assert (listed["timer"], listed["due_ms"]) == (tick["timer"], started + 5000)
+        assert listed["tags"] == beat
         other.ok({"op": "cancel", "session": "s1", "timer": tick["timer"]})
         clock.advance(2000)
         c.ok({"op": "schedule", "session": "s1", "text": "fence", "at": clock.at(clock.ms)})
         firings_at_least(c, "s1", 5)  # the fence
         stop_all(three)
         three[1].start()
-        got = three[1].client().ok({"op": "read", "session": "s1", "after": 0})["firings"]
-    # one firing a period, each stamped with its own due time, none after the cancel
-    assert [(f["result"], f["ts"]) for f in got] == [
-        *(("beat", clock.at(started + k * 1000)) for k in range(1, 5)),
-        ("fence", clock.at(clock.ms)),
+        again = three[1].client()
+        got = again.ok({"op": "read", "session": "s1", "after": 0})["firings"]
+        beats = again.ok({"op": "read", "session": "s1", "match": {"tags": {"kind": "beat"}}})
+    # one firing a period, each stamped with its own due time and carrying the timer's
+    # tags, none after the cancel
+    assert [(f["result"], f["ts"], f["tags"]) for f in got] == [
+        *(("beat", clock.at(started + k * 1000), beat) for k in range(1, 5)),
+        ("fence", clock.at(clock.ms), {}),
     ]
+    assert [f["seq"] for f in beats["firings"]] == [1, 2, 3, 4] and beats["next"] == 5
 
 
 def test_on_real_daemons_a_timer_fires_when_the_daemon_that_made_it_is_killed(

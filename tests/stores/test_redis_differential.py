@@ -6,7 +6,13 @@ so each rule of the core that a script restates (the read after N of rule
 the evaluation count) is checked here against ``session/``: hypothesis runs
 random sequences of operations through a core ``Session`` and through the
 shared committer on a real Redis, and requires every answer (value or
-error, message included) and the final state to be equal. The bounds are
+error, message included) and the final state to be equal. Tags (SPEC §15)
+ride along: tagged sends, webhook-like handled sends and timers (good tags
+and refused ones), matching reads after a seq, over the whole ring (``after``
+None) and through a cursor, with and without ``max``, and a matching wait's
+looks (``Look``: each goes on after the ``next`` of the last look that found
+nothing, as ``repl_daemon.engine.wait`` does), so the Lua's filter, its
+``next`` and its ``lost`` are the core's. The bounds are
 made small (3 cursors, 4 dedup keys) so that random runs reach them; the
 scripts are handed whatever the core has, so they agree for any bound.
 
@@ -25,7 +31,7 @@ from typing import Any
 import msgspec
 import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from repl_daemon.engine.shared import SharedCommitter
@@ -55,6 +61,7 @@ from session.ops import (
 )
 from session.schedule import Timer
 from session.session import Session, Snapshot
+from session.tags import Match
 from tests.helpers import RedisClusterProcs, RedisProc, examples, store_url
 
 TS = "2026-12-01T06:00:00.000Z"
@@ -103,13 +110,38 @@ def small_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
 names = st.sampled_from(["c1", "c2", "c3", "c4", "read", "", "a b"])
 counts = st.none() | st.integers(-1, 4)
 seqs = st.integers(-1, 12)
+handlers = st.sampled_from(["on-message", "on-message", "on-tick", "on-build", "", "a b"])
+tag_keys = st.sampled_from(["corr", "reply-to", "n", "a.b"])
+# values JSON escapes (and cjson must give back byte for byte), and a few that repeat
+tag_values = st.sampled_from(["", "1", "2", "2", 'é"\\/\n\x00☃\U0001f600']) | st.text(max_size=2)
+good_tags = st.dictionaries(tag_keys, tag_values, max_size=3)
+bad_tags = st.sampled_from(
+    [{"Bad": "v"}, {"k": "v" * 1025}, {f"k{n}": "" for n in range(17)}, {"n": 7}]
+)
+tag_sets = st.one_of(good_tags, good_tags, good_tags, bad_tags)
+matches = st.builds(
+    Match,
+    tags=st.dictionaries(tag_keys, st.none() | tag_values, max_size=2),
+    handler=st.none() | st.sampled_from(["on-message", "on-tick", "on-build", "a b"]),
+)
 records = st.builds(
     Record,
-    handler=st.sampled_from(["on-message", "on-message", "on-tick", "on-build", "", "a b"]),
+    handler=handlers,
     text=st.text(max_size=6),
     ts=st.just(TS),
     key=st.sampled_from([None, "k1", "k2", "k3", "k4", "k5", "k6", ""]),
+    tags=tag_sets,
 )
+
+
+class Look(msgspec.Struct, frozen=True):
+    """A matching wait's look (``Wait._looked``): after the ``next`` of the last look that
+    found nothing, else (the first, or after a look that found some) over the whole ring."""
+
+    match: Match
+    max: int | None = None
+
+
 timer_ids = st.sampled_from(["t1", "t2", "t3", "t4", "", "a b"])
 
 
@@ -124,6 +156,7 @@ def timers(draw: st.DrawFn, session_id: str = "?") -> AddTimer:
             handler=draw(st.sampled_from(["on-message", "on-tick", "on-build", "a b"])),
             text=draw(st.text(max_size=4)),
             key=draw(st.sampled_from([None, None, "k1", "k2", "k5", ""])),
+            tags=draw(st.none() | good_tags.filter(bool) | bad_tags),
         )
     )
 
@@ -157,9 +190,17 @@ kinds = {
         ts=st.just(TS),
         key=st.sampled_from([None, "k1", "k9"]),
         handled=st.sampled_from([True, False]),
+        tags=st.sampled_from([{}, {"event": "push", "delivery": "d-1"}]),
     ),
     "after": st.builds(ReadAfter, after=seqs, max=counts),
     "cursor": st.builds(ReadCursor, cursor=names, max=counts, touch=st.booleans()),
+    "match_after": st.builds(
+        ReadAfter, after=st.none() | seqs, max=counts, match=st.none() | matches
+    ),
+    "match_cursor": st.builds(
+        ReadCursor, cursor=names, max=counts, touch=st.booleans(), match=matches
+    ),
+    "look": st.builds(Look, match=matches, max=st.none() | st.integers(1, 3)),
     "ack": st.builds(Ack, cursor=names, seq=seqs),
     "poll": st.builds(Poll, max=counts),
     "limit": st.builds(SetLimit, limit=st.sampled_from([-1, 0, 1, 2, 3, 5, 70_000])),
@@ -168,6 +209,7 @@ kinds = {
 }
 weights = ["record"] * 4 + ["cursor"] * 3 + ["ack"] * 3 + ["after", "poll", "limit"]
 weights += ["timer"] * 3 + ["fire"] * 2 + ["cancel", "timers", "hook", "get_hook", "handled"]
+weights += ["match_after"] * 2 + ["match_cursor"] * 2 + ["look"] * 2
 ops = st.sampled_from([*weights, "table", "describe"]).flatmap(lambda kind: kinds[kind])
 
 
@@ -232,22 +274,32 @@ class Both:
     def __init__(self, portal: BlockingPortal, committer: SharedCommitter) -> None:
         self.portal = portal
         self.committer = committer
+        #: matching reads of the last run that found some firings (for ``event``)
+        self.matched = 0
 
-    def run(self, session_id: str, limit: int, script: list[Op[Any]]) -> None:
+    def run(self, session_id: str, limit: int, script: list[Op[Any] | Look]) -> None:
+        self.matched = 0
         self.portal.call(self._run, session_id, limit, script)
 
-    async def _run(self, session_id: str, limit: int, script: list[Op[Any]]) -> None:
+    async def _run(self, session_id: str, limit: int, script: list[Op[Any] | Look]) -> None:
         core = Session(session_id, limit)
         committer = self.committer
         await committer.store.client.delete(*session_keys(session_id)[:5])
         started = await committer.start(session_id, limit, False).result()
         assert started == (session_id, True)
-        for step, op in enumerate(script):
+        looked: int | None = None  # where the next ``Look`` goes on from
+        for step, item in enumerate(script):
+            op = ReadAfter(looked, item.max, item.match) if isinstance(item, Look) else item
             if isinstance(op, AddTimer):  # generated for no session in particular
                 op = AddTimer(msgspec.structs.replace(op.timer, session=session_id))
             expected = answer_of(lambda op=op: (op.check(), op.run(core, None))[1])
             got = await redis_answer(committer, session_id, op)
             assert got == expected, (step, op)
+            if getattr(op, "match", None) is not None and expected[0] == "ok":
+                self.matched += bool(expected[1].firings)
+            if isinstance(item, Look) and expected[0] == "ok":
+                batch = expected[1]
+                looked = None if batch.firings or batch.lost else batch.next
         snapshot, evaluations = await stored(committer.store, session_id)
         assert snapshot == core.snapshot()
         assert evaluations == core.evaluations
@@ -280,6 +332,62 @@ def test_redis_answers_as_the_core_does(
     both: Both, session_id: str, limit: int, script: list[Op[Any]]
 ) -> None:
     both.run(session_id, limit, script)
+    event(f"matching reads that found firings: {min(both.matched, 3)}+")
+
+
+# tags and matches drawn from a tiny pool, so that most matches hold for some firing
+pool_tags = st.dictionaries(tag_keys, st.sampled_from(["1", "2"]) | tag_values, max_size=3)
+pool_matches = st.builds(
+    Match,
+    tags=st.dictionaries(tag_keys, st.sampled_from([None, None, "1", "2"]), max_size=2),
+    handler=st.sampled_from([None, None, None, "on-message", "on-build"]),
+)
+tag_kinds = {
+    "record": st.builds(
+        Record,
+        handler=st.sampled_from(["on-message", "on-message", "on-build"]),
+        text=st.text(max_size=3),
+        ts=st.just(TS),
+        key=st.sampled_from([None, None, "k1", "k2"]),
+        tags=pool_tags,
+    ),
+    "timer": timers(),
+    "fire": kinds["fire"],
+    "after": st.builds(
+        ReadAfter, after=st.none() | st.none() | seqs, max=counts, match=pool_matches
+    ),
+    "cursor": st.builds(
+        ReadCursor,
+        cursor=st.sampled_from(["c1", "c2", "c1", "a b"]),
+        max=counts,
+        touch=st.booleans(),
+        match=pool_matches,
+    ),
+    "look": st.builds(Look, match=pool_matches, max=st.none() | st.integers(1, 3)),
+    "ack": st.builds(Ack, cursor=names, seq=seqs),
+    "limit": st.builds(SetLimit, limit=st.sampled_from([0, 2, 5, 12])),
+}
+tag_weights = ["record"] * 5 + ["after"] * 2 + ["cursor"] * 2 + ["look"] * 3
+tag_weights += ["timer", "fire", "ack", "ack", "limit"]
+tag_ops = st.sampled_from(tag_weights).flatmap(lambda kind: tag_kinds[kind])
+
+
+#: a script of tagged sends and matching reads, whose matches mostly hold for some firing
+MATCH_SCRIPTS = {
+    "session_id": st.sampled_from(SESSIONS),
+    "limit": st.integers(0, 12),
+    "script": st.lists(tag_ops, min_size=15, max_size=60),
+}
+
+
+@settings(max_examples=examples(60, "DIFFERENTIAL_EXAMPLES"), suppress_health_check=FIXTURES)
+@given(**MATCH_SCRIPTS)
+def test_redis_matches_as_the_core_does(
+    both: Both, session_id: str, limit: int, script: list[Op[Any] | Look]
+) -> None:
+    """Tagged sends and timers, and matching reads and looks that mostly find something."""
+    both.run(session_id, limit, script)
+    event(f"matching reads that found firings: {min(both.matched, 3)}+")
 
 
 @pytest.mark.slow
@@ -288,6 +396,16 @@ def test_redis_answers_as_the_core_does(
 @given(**SCRIPTS)
 def test_redis_answers_as_the_core_does_over_a_long_search(
     both: Both, session_id: str, limit: int, script: list[Op[Any]]
+) -> None:
+    both.run(session_id, limit, script)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@settings(max_examples=examples(200, "DIFFERENTIAL_EXAMPLES"), suppress_health_check=FIXTURES)
+@given(**MATCH_SCRIPTS)
+def test_redis_matches_as_the_core_does_over_a_long_search(
+    both: Both, session_id: str, limit: int, script: list[Op[Any] | Look]
 ) -> None:
     both.run(session_id, limit, script)
 
@@ -348,6 +466,62 @@ def test_timers_fire_as_the_core_fires_them(both: Both) -> None:
         FireTimers(["t2"], 99_999, TS),
         ReadAfter(0),
         Describe(),
+    ]
+    for session_id in SESSIONS:
+        both.run(session_id, 8, script)
+
+
+def test_matching_reads_over_a_long_ring_agree(both: Both) -> None:
+    """A ring of 600 with a match every 150th seq and a few at the end: a read with ``max``
+    goes through the ring's entries in pieces (128 at least) and stops at its last match; the
+    same looks without ``max``, over the whole ring, after a seq, through a cursor."""
+    script: list[Op[Any] | Look] = []
+    for n in range(1, 650):
+        tags = {"corr": f"c{n}"} if n % 150 == 0 or n > 640 else {"n": str(n % 3)}
+        script.append(Record("on-message" if n % 7 else "on-build", f"m{n}", TS, tags=tags))
+    corr, third = Match({"corr": None}), Match({"n": "2"}, "on-build")
+    for max in (None, 1, 2, 5, 200):
+        script += [ReadAfter(None, max, corr), ReadAfter(0, max, corr), ReadAfter(300, max, corr)]
+        script += [ReadCursor("c1", max, match=corr), ReadAfter(None, max, third)]
+        script += [Look(corr, max), Look(Match({"corr": "c641"}), max), Look(corr, max)]
+    script += [ReadAfter(None, None, Match({"absent": None})), Look(Match({"absent": None}))]
+    script += [Record("on-message", "late", TS, tags={"absent": "now"})]
+    script += [Look(Match({"absent": None})), Look(Match({"absent": "now"}), 1)]
+    both.run("b", 600, script)
+
+
+def test_tagged_timers_fire_with_their_tags(both: Both) -> None:
+    """A one-shot and a recurring timer with tags, and one without: their firings carry the
+    timer's tags in every store, and a matching read finds them by tag and by handler."""
+
+    def timer(
+        name: str, due: int, tags: dict[str, str] | None, every: int | None = None
+    ) -> AddTimer:
+        return AddTimer(
+            Timer(
+                id=name,
+                session="?",
+                due_ms=due,
+                every_ms=every,
+                handler="on-tick" if every else "on-message",
+                text=name,
+                tags=tags,
+            )
+        )
+
+    script: list[Op[Any] | Look] = [
+        timer("t1", 100, {"corr": "c-1", "reply-to": "me"}),
+        timer("t2", 200, {"kind": "beat", "z": 'ä\n"/'}, every=1000),
+        timer("t3", 300, None),
+        TimerList(),
+        FireTimers(["t1", "t2", "t3"], 350, TS),
+        FireTimers(["t2"], 2500, TS),
+        TimerList(),
+        ReadAfter(None, match=Match({"kind": "beat"})),
+        ReadAfter(None, match=Match({}, "on-tick")),
+        ReadAfter(0, 1, Match({"corr": "c-1"})),
+        ReadAfter(0, match=Match({"reply-to": "you"})),
+        ReadAfter(0),
     ]
     for session_id in SESSIONS:
         both.run(session_id, 8, script)
