@@ -55,13 +55,13 @@ F = TypeVar("F", bound=Callable[..., Any])
 def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
     # not click.version_option: its gettext lookups cost every run a few ms
     if value and not ctx.resilient_parsing:
-        click.echo(f"repl {p.VERSION}")
+        output.line(f"repl {p.VERSION}")  # a stdout that fails (a full disk) is one line
         ctx.exit()
 
 
 def _show_help(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
     if value and not ctx.resilient_parsing:
-        click.echo(ctx.get_help(), color=ctx.color)
+        output.line(ctx.get_help())  # a stdout that fails (a full disk) is one line
         ctx.exit()
 
 

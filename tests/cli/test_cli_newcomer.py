@@ -27,6 +27,7 @@ from tests.helpers import (
     Repl,
     assert_one_error_line,
     free_port,
+    repl_argv,
     repl_shell,
 )
 
@@ -302,3 +303,15 @@ def test_bash_completes_commands_sessions_cursors_timers_and_tokens(repl: Repl) 
     assert complete(repl, f"repl cancel {s} ''") == [timer["timer"]]
     assert f"tok-{s}" in complete(repl, "repl token revoke tok-")
     assert "--addr" in complete(repl, f"repl read {s} --ad")
+
+
+def test_help_and_version_to_a_full_disk_are_one_line(repl: Repl) -> None:
+    """Found by the no-traceback fuzz: help written to a stdout that fails was a traceback."""
+    for args in (["start", "--help"], ["--help"], ["--version"]):
+        with open("/dev/full", "wb") as full:
+            done = subprocess.run(
+                repl_argv(*args), stdout=full, stderr=subprocess.PIPE, env=repl.env, timeout=30
+            )
+        assert done.returncode == 1, (args, done.stderr)
+        assert_one_error_line(done.stderr.decode())
+        assert "cannot write to stdout" in done.stderr.decode()
