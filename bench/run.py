@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes=sizes,
         workdir=workdir,
         redis_exe=redis_exe,
-        store_missing=importlib.util.find_spec("repl_daemon.stores.sqlite") is None,
+        store_missing=importlib.util.find_spec("repl_daemon.backends.local.sqlite") is None,
         cli=find_cli(),
         notes=notes,
     )
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         print(scaleout.render_all(scale_tables))
     notes.append("load average at end: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     if setup.store_missing:
-        notes.append("durable rows: repl_daemon.stores.sqlite does not exist yet")
+        notes.append("durable rows: repl_daemon.backends.local.sqlite does not exist yet")
     if setup.cli is None:
         notes.append("CLI row: repl_cli.main (the `repl` command) does not exist yet")
     if args.keep:

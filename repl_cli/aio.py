@@ -56,7 +56,7 @@ from repl_cli.reconnect import DEFAULT_RECONNECT, Outage
 from repl_daemon import protocol as p
 from session.errors import Code
 from session.firing import CursorInfo, Firing
-from session.rules import ACK_CURSOR, DEFAULT_HANDLER, FOLLOW_CURSOR, WAIT_CURSOR
+from session.rules import ACK_CURSOR, DEFAULT_HANDLER, FOLLOW_CURSOR, WAIT_CURSOR, WEBHOOK_HANDLER
 from session.tags import CORR, REPLY_TO, correlation_id
 
 __all__ = ["AsyncRepl", "connect"]
@@ -302,6 +302,12 @@ class AsyncRepl:
             tags=dict(tags or {}),
         )
         return await self._call(request, p.TimerSet)
+
+    async def webhook(
+        self, session: str, secret: str | None, *, handler: str = WEBHOOK_HANDLER
+    ) -> None:
+        """Give the session a webhook secret (``POST /hooks/{id}``), or with None take it away."""
+        await self._call(p.SetWebhook(session=session, secret=secret, handler=handler), p.Done)
 
     async def token_add(self, name: str, sessions: list[str], can: list[str]) -> p.TokenMade:
         """Make a scoped token (the root token's only): its secret is in the answer, once."""

@@ -129,7 +129,7 @@ class Client:
         tls_ca: str | Path | None = None,
     ) -> None:
         from_env = addr_from_env or (not addr and bool(os.environ.get("REPL_ADDR")))
-        #: a scoped token (SPEC §11): given, read from ``token_file``, or ``REPL_TOKEN``;
+        #: a scoped token (rules K1-K5): given, read from ``token_file``, or ``REPL_TOKEN``;
         #: with none of them, the root token in ``home``
         self.token = token
         self.token_file = Path(token_file) if token_file else None
@@ -137,7 +137,7 @@ class Client:
         #: how an error names where the address came from
         self._from_env = " (from REPL_ADDR)" if from_env else ""
         self.home = Path(home) if home else default_home()
-        #: TLS (SPEC §12): with an address written tls://HOST:PORT, or a CA to trust given
+        #: TLS (rules L1-L3): with an address written tls://HOST:PORT, or a CA to trust given
         #: (``--tls-ca``, ``REPL_TLS_CA``); without a CA, the system's trusted ones
         ca = tls_ca or os.environ.get("REPL_TLS_CA") or None
         self.tls_ca = Path(ca) if ca else None
@@ -151,7 +151,7 @@ class Client:
         #: how long connecting, and an ordinary request, may take (not a wait)
         self.timeout = CALL_TIMEOUT
         #: a daemon answered this client once: only then is a lost connection an outage to
-        #: ride out (SPEC §8); a first connection that fails is 75 at once
+        #: ride out (rules C10); a first connection that fails is 75 at once
         self.connected_once = False
         self._addr_from_env = addr_from_env
 

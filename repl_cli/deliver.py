@@ -1,4 +1,4 @@
-"""Printing batches of firings and acknowledging only what was delivered (SPEC rule 9).
+"""Printing batches of firings and acknowledging only what was delivered (rule S9).
 
 ``show`` writes a batch line by line through the ``Sink`` and remembers,
 per session, the last seq whose line the reader took. ``deliver`` (read,
@@ -38,7 +38,7 @@ class Batch:
 
     @property
     def start(self) -> int:
-        """The position the batch was read after (SPEC rule 3, solved for N)."""
+        """The position the batch was read after (rule S3, solved for N)."""
         if self.firings:
             return self.firings[0].seq - 1 - self.lost
         return self.next - self.lost

@@ -16,7 +16,7 @@ OK = 0
 ERROR = 1
 TIMED_OUT = 2  # `repl wait --timeout` passed with nothing printed
 USAGE = 64  # EX_USAGE from sysexits.h
-FORBIDDEN = 77  # EX_NOPERM: a token refused, or a right the token lacks (SPEC §11)
+FORBIDDEN = 77  # EX_NOPERM: a token refused, or a right the token lacks (rules K1-K5)
 UNAVAILABLE = 75  # EX_TEMPFAIL: the daemon or its store is away, or shutting down; try again
 INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 

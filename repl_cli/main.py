@@ -1,4 +1,4 @@
-"""``repl``: the command line (SPEC §5). Each command parses, calls the client, prints.
+"""``repl``: the command line (rules C1-C11). Each command parses, calls the client, prints.
 
 The group puts one ``Client`` in ``ctx.obj`` (click's repo example); it
 connects on first use. Formats live in ``output``, delivery and
@@ -321,7 +321,7 @@ def complete_tokens(ctx: click.Context, _param: click.Parameter, incomplete: str
 
 
 def tag_option(command: F) -> F:
-    """``--tag KEY=VALUE``, repeatable: what the firing carries (docs/semantics.md R1)."""
+    """``--tag KEY=VALUE``, repeatable: what the firing carries (rules R1)."""
     return click.option(
         "--tag",
         "tag_words",
@@ -400,7 +400,7 @@ def firing_format(
 
 
 def reconnect_option(command: F) -> F:
-    """``--reconnect SECS`` of the readers that ride out a restart (SPEC §8)."""
+    """``--reconnect SECS`` of the readers that ride out a restart (rules C10)."""
     from repl_cli.reconnect import DEFAULT_RECONNECT
 
     return click.option(

@@ -8,7 +8,7 @@ limits included. Built on the official SDK (``mcp``, the ``[mcp]`` extra):
 its ``MCPServer`` publishes each tool's schema from its typed arguments and
 turns its results into structured content.
 
-The rules it keeps (docs/semantics.md M1-M3):
+The rules it keeps (rules M1-M3):
 
 - Nothing is acknowledged that the agent may not have received: ``wait``
   and ``read`` acknowledge nothing of what they return. The agent passes a

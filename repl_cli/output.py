@@ -1,7 +1,7 @@
 """Every format the CLI prints, so that every verb prints the same way.
 
 Firings (``read``, ``wait``, ``follow``, ``poll``) come in three formats,
-SPEC §5: text (``HANDLER: RESULT``, for people), ``--full`` (one
+rules C1-C11: text (``HANDLER: RESULT``, for people), ``--full`` (one
 S-expression-like line a firing, strings as JSON literals) and ``--json``
 (JSON Lines). ``FiringFormat.lines`` turns a batch into lines, each paired
 with the seq that may be acknowledged once that line is delivered.

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from repl_cli.deliver import Batch
+from session.firing import ms_to_ts
 
 if TYPE_CHECKING:
     from repl_cli.api import Repl
@@ -34,8 +35,7 @@ def since_ts(text: str, now: datetime | None = None) -> str | None:
             ms = parse_time(text)
         except BadTime:
             return None
-    seconds, millis = divmod(ms, 1000)
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{millis:03d}Z"
+    return ms_to_ts(ms)
 
 
 def recent(repl: Repl, session: str, last: int | None, since: str | None) -> Batch:

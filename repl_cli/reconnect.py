@@ -1,4 +1,4 @@
-"""Readers that outlive a restart (SPEC §8): ``wait`` and ``follow`` ride out an outage.
+"""Readers that outlive a restart (rules C10): ``wait`` and ``follow`` ride out an outage.
 
 When the daemon goes away (a restart, a crash, ``kill -9``), answers that it
 is shutting down, or its store fails, a reader does not exit: it says so

@@ -1,6 +1,6 @@
 """Writing to stdout so that a line counts as delivered only once the reader has it.
 
-SPEC rule 9: the CLI acknowledges a firing only after it was written and
+rule S9: the CLI acknowledges a firing only after it was written and
 flushed, and when stdout is a pipe, only after the reading process took it
 out of the pipe. So a line is written on its own, and then, on a pipe, we
 watch the pipe's unread byte count (``FIONREAD``, which Linux answers on the

@@ -172,7 +172,7 @@ class Config(msgspec.Struct, kw_only=True):
     loop: str = "auto"
     #: where to serve HTTP too (``--http``), or None
     http: tuple[str, int] | None = None
-    #: the certificate chain and key to serve TLS with (SPEC §12), or None
+    #: the certificate chain and key to serve TLS with (rules L1-L3), or None
     tls_cert: Path | None = None
     tls_key: Path | None = None
     #: listen beyond loopback without TLS all the same

@@ -23,12 +23,9 @@ import anyio
 from anyio.abc import TaskStatus
 
 from repl_daemon.config import Config
-from repl_daemon.engine import Engine, open_engine
+from repl_daemon.engine import Backend, Engine
 from repl_daemon.engine.clock import REAL, Clock
 from repl_daemon.server import serve
-from repl_daemon.stores.base import Store
-from repl_daemon.stores.memory import MemoryStore
-from repl_daemon.stores.redis import RedisStore
 from repl_daemon.tls import Certificate, is_loopback, refuse_clear_text
 from session.errors import ConfigError, StoreFailed
 
@@ -58,33 +55,42 @@ def ensure_token(home: Path) -> str:
     return token
 
 
-def open_store(config: Config) -> Store | RedisStore:
-    """The store a config names; ``ConfigError`` (one line) when it cannot be opened."""
+def open_backend(config: Config) -> Backend:
+    """The backend a config names, its store opened (Redis: its URL checked, connected by
+    the committer's ``load``); ``ConfigError`` (one line) when it cannot be. Each backend
+    is imported only here, when it is the one asked for."""
+    from repl_daemon.backends.local import LocalBackend
+
     if config.memory:
-        return MemoryStore()
+        from repl_daemon.backends.local.memory import MemoryStore
+
+        return LocalBackend(MemoryStore())
     try:
         if config.store_url:
             return _open_redis(config.store_url)
-        from repl_daemon.stores.sqlite import SqliteStore
+        from repl_daemon.backends.local.sqlite import SqliteStore
 
-        return SqliteStore(config.home / "repl.db")
+        return LocalBackend(SqliteStore(config.home / "repl.db"))
     except StoreFailed as exc:
         raise ConfigError(exc.message) from None
 
 
-def _open_redis(url: str) -> RedisStore:
+def _open_redis(url: str) -> Backend:
     if not url.startswith(("redis://", "rediss://", "redis+cluster://", "rediss+cluster://")):
         raise ConfigError(
             "--store takes redis://HOST:PORT/DB, rediss://... or "
             "redis+cluster://HOST:PORT[,HOST:PORT...]; leave it out for the default store"
         )
-    return RedisStore(url)
+    from repl_daemon.backends.redis import RedisBackend
+    from repl_daemon.backends.redis.store import RedisStore
+
+    return RedisBackend(RedisStore(url))
 
 
 async def serve_daemon(
     config: Config,
     *,
-    store: Store | RedisStore | None = None,
+    backend: Backend | None = None,
     stop: anyio.Event | None = None,
     certificate: Certificate | None = None,
     clock: Clock = REAL,
@@ -92,31 +98,31 @@ async def serve_daemon(
 ) -> None:
     """Run the daemon until ``stop`` is set (a clean shutdown) or it is cancelled; on
     ``clock`` (a test's own, which it moves by hand, or the real one)."""
-    if config.http is not None:
-        from repl_daemon.http import check_installed
-
-        check_installed()  # before anything is opened: the pip install to run, in one line
-    certificate = certificate or open_certificate(config)
-    token = ensure_token(config.home)
-    store = store or open_store(config)
-    engine = open_engine(store, settle=config.settle, max_sessions=config.max_sessions, clock=clock)
     try:
+        if config.http is not None:
+            from repl_daemon.http import check_installed
+
+            check_installed()  # before anything is opened: the pip install to run, in one line
+        certificate = certificate or open_certificate(config)
+        token = ensure_token(config.home)
+        backend = backend or open_backend(config)
+        engine = Engine(
+            backend, settle=config.settle, max_sessions=config.max_sessions, clock=clock
+        )
         try:
             count = await engine.load()
         except StoreFailed as exc:
             raise ConfigError(exc.message) from None
-        log.info("loaded %d session(s) from %s", count, store.name)
-        if isinstance(store, RedisStore):  # how many replicas each change waits for, and why
-            log.log(*store.replication)
+        log.info("loaded %d session(s) from %s", count, backend.name)
+        for level, line in backend.notes():
+            log.log(level, line)
         await serve_engine(
             engine, config, token, stop=stop, certificate=certificate, task_status=task_status
         )
     finally:
-        if isinstance(store, RedisStore):
+        if backend is not None:  # run's, or the one opened here (a failed start too)
             with anyio.CancelScope(shield=True):
-                await store.close()
-        else:
-            store.close()
+                await backend.close()
 
 
 async def serve_engine(
@@ -207,7 +213,7 @@ def open_certificate(config: Config) -> Certificate | None:
     return certificate
 
 
-async def _run(config: Config, store: Store | RedisStore, certificate: Certificate | None) -> None:
+async def _run(config: Config, backend: Backend, certificate: Certificate | None) -> None:
     stop = anyio.Event()
     async with anyio.create_task_group() as tg:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
@@ -225,7 +231,7 @@ async def _run(config: Config, store: Store | RedisStore, certificate: Certifica
                     return
 
             tg.start_soon(on_signal)
-            await serve_daemon(config, store=store, stop=stop, certificate=certificate)
+            await serve_daemon(config, backend=backend, stop=stop, certificate=certificate)
             tg.cancel_scope.cancel()
 
 
@@ -240,17 +246,15 @@ def run(config: Config) -> None:
     use_uvloop = choose_loop(config.loop)
     certificate = open_certificate(config)
     ensure_token(config.home)
-    store = open_store(config)
+    backend = open_backend(config)
     log.info("event loop: %s", "uvloop" if use_uvloop else "asyncio")
     # what start-up made (modules, functions, the config) lives as long as the
     # process: out of the collector's sight, a full collection while many
     # waits are in flight takes 1.7 ms instead of 7.5-15 ms
     gc.freeze()
     try:
-        anyio.run(_run, config, store, certificate, backend_options={"use_uvloop": use_uvloop})
+        anyio.run(_run, config, backend, certificate, backend_options={"use_uvloop": use_uvloop})
     except* ConfigError as group:  # an address it cannot bind, a store it cannot reach
-        if not isinstance(store, RedisStore):  # a Redis store is closed by its daemon
-            store.close()
         raise ConfigError(str(_first(group))) from None
 
 

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 DEFAULT_ADDR = "127.0.0.1:7427"
-#: an address written ``tls://HOST:PORT`` is reached over TLS (SPEC §12)
+#: an address written ``tls://HOST:PORT`` is reached over TLS (rules L1-L3)
 TLS_SCHEME = "tls://"
 
 

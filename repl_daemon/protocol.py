@@ -55,7 +55,7 @@ class Send(Request, tag="send"):
     text: str
     handler: str = DEFAULT_HANDLER
     key: str | None = None
-    #: what the firing carries: up to 16 ``KEY: VALUE`` (docs/semantics.md R1)
+    #: what the firing carries: up to 16 ``KEY: VALUE`` (rules R1)
     tags: dict[str, str] = {}
 
 
@@ -117,7 +117,7 @@ class Stats(Request, tag="stats"):
 
 
 class Schedule(Request, tag="schedule"):
-    """Record a firing later (SPEC §9): ``in`` a duration or ``at`` a time, and/or
+    """Record a firing later (rules T1-T6): ``in`` a duration or ``at`` a time, and/or
     ``every`` an interval (the first one ``in``/``at`` when given, else one interval
     from now). ``handler`` defaults to ``on-message``, or ``on-tick`` with ``every``."""
 
@@ -144,7 +144,7 @@ class Cancel(Request, tag="cancel"):
 
 
 class SetWebhook(Request, tag="webhook"):
-    """Give a session a webhook secret (SPEC §10), or with ``secret`` null take it away."""
+    """Give a session a webhook secret (rules H1-H7), or with ``secret`` null take it away."""
 
     session: str
     secret: str | None
@@ -152,7 +152,7 @@ class SetWebhook(Request, tag="webhook"):
 
 
 class Token(Request, tag="token"):
-    """Manage the scoped tokens (SPEC §11); the root token's only. ``add`` a token named
+    """Manage the scoped tokens (rules K1-K5); the root token's only. ``add`` a token named
     ``name`` that sees the sessions matching ``sessions`` (globs) with the rights ``can``
     (``read``, ``send``, ``admin``); ``list`` them; ``revoke`` one by ``name``."""
 
@@ -225,7 +225,7 @@ class Sent(Response, kw_only=True):
 
 
 class Firings(Response, kw_only=True):
-    """A read's or a poll's answer: SPEC rule 3's next, lost and firings."""
+    """A read's or a poll's answer: rule S3's next, lost and firings."""
 
     next: int
     lost: int

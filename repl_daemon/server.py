@@ -10,7 +10,7 @@ at once that a waiting client has gone away (its jobs are then cancelled,
 moving no cursor).
 
 Authentication is the engine's too (``Engine.authenticate``): the first
-request must be ``auth`` with the root token or a scoped one (SPEC §11), and
+request must be ``auth`` with the root token or a scoped one (rules K1-K5), and
 a wrong one closes the connection, so each connection gets one try. While a
 scoped token is looked up in a shared store nothing more is read. A
 connection holds its token: when the token is revoked, its waits are

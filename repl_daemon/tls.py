@@ -1,4 +1,4 @@
-"""TLS for the daemon's listeners (SPEC §12): one certificate, reloadable, and no clear
+"""TLS for the daemon's listeners (rules L1-L3): one certificate, reloadable, and no clear
 text beyond loopback unless asked for.
 
 The standard library's ``ssl`` does the work: the line protocol is served by

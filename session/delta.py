@@ -25,7 +25,7 @@ class CursorState(msgspec.Struct, frozen=True):
 
 
 class Webhook(msgspec.Struct, frozen=True):
-    """A session's webhook (SPEC §10): the secret its deliveries are signed with, and the
+    """A session's webhook (rules H1-H7): the secret its deliveries are signed with, and the
     handler their firings are recorded as."""
 
     secret: str

@@ -153,7 +153,7 @@ class Unauthorized(ReplError):
 
 
 class Forbidden(ReplError):
-    """The token may see the session, but lacks the right the op needs (SPEC §11)."""
+    """The token may see the session, but lacks the right the op needs (rules K1-K5)."""
 
     code = Code.FORBIDDEN
 
@@ -197,7 +197,7 @@ class NoSuchWebhook(ReplError):
 
 
 class NoSuchToken(ReplError):
-    """``token revoke`` named a token that does not exist (SPEC §11)."""
+    """``token revoke`` named a token that does not exist (rules K1-K5)."""
 
     code = Code.NO_SUCH_TOKEN
 
@@ -277,11 +277,6 @@ BY_CODE: dict[str, type[ReplError]] = {
         Internal,
     )
 }
-
-
-def from_wire(code: str, message: str) -> ReplError:
-    """Rebuild the error a response names; an unknown code becomes ``Internal``."""
-    return BY_CODE.get(code, Internal)(message)
 
 
 # -- start-up errors: never on the wire ---------------------------------------

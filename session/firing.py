@@ -6,7 +6,19 @@ the wire and the store can persist them without a translation layer.
 
 from __future__ import annotations
 
+import time
+
 import msgspec
+
+#: a firing's ``ts`` up to its seconds, as ``time.strftime`` writes it; then ``.mmmZ``
+TS_SECONDS = "%Y-%m-%dT%H:%M:%S"
+
+
+def ms_to_ts(ms: int) -> str:
+    """``ms`` since the epoch as a firing's ``ts``: ISO 8601 UTC with milliseconds and a
+    ``Z``, e.g. ``2026-11-30T07:00:00.123Z`` (the one format of every time repl writes)."""
+    second, milli = divmod(ms, 1000)
+    return f"{time.strftime(TS_SECONDS, time.gmtime(second))}.{milli:03d}Z"
 
 
 class Firing(msgspec.Struct, frozen=True, gc=False):
@@ -32,7 +44,7 @@ NO_TAGS: dict[str, str] = {}
 
 
 class Batch(msgspec.Struct, frozen=True):
-    """What a read after N returns (SPEC rule 3).
+    """What a read after N returns (rule S3).
 
     ``next`` is the seq to acknowledge once the firings are handled;
     ``lost`` counts the firings after N that the ring no longer holds.

@@ -222,7 +222,7 @@ class GetWebhook(msgspec.Struct, frozen=True):
 
 
 class AddTimer(msgspec.Struct, frozen=True):
-    """Schedule a timer (SPEC §9); with a key, a retry finds what the first one made."""
+    """Schedule a timer (rules T1-T6); with a key, a retry finds what the first one made."""
 
     durable: ClassVar[bool] = True
     timer: Timer
@@ -249,7 +249,7 @@ class CancelTimer(msgspec.Struct, frozen=True):
 
 class FireTimers(msgspec.Struct, frozen=True):
     """Fire those of ``timers`` that are due at ``now_ms``: the firing and the timer's
-    move or deletion are one step (SPEC §9)."""
+    move or deletion are one step (rules T1-T6)."""
 
     durable: ClassVar[bool] = True
     timers: list[str]

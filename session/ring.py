@@ -120,10 +120,6 @@ class Ring:
         self._head = seq
         return seq
 
-    def append(self, handler: str, result: str | None, event: str | None, ts: str) -> Firing:
-        """Record the next firing and return it; when the ring is full the oldest goes."""
-        return Firing(self.record(handler, result, event, ts), handler, result, event, ts)
-
     def _pack(
         self,
         seq: int,
@@ -197,7 +193,7 @@ class Ring:
         what: str = "cursor",
         match: Match | None = None,
     ) -> Batch:
-        """The firings with seq > ``after``, oldest first, at most ``max`` (SPEC rule 3).
+        """The firings with seq > ``after``, oldest first, at most ``max`` (rule S3).
 
         ``what`` names ``after`` in the error when it is after the head: a
         cursor's position, or the seq a read without a cursor gave (``after``).

@@ -1,4 +1,4 @@
-"""The numbers and names of the product's rules, written once (SPEC §2-§3).
+"""The numbers and names of the product's rules, written once (rules S1-S17 of docs/semantics.md).
 
 Everything that states a rule's constant lives here: the core checks them,
 the wire and the CLI take their defaults from here, and a store that must
@@ -24,7 +24,7 @@ MAX_NAME_LENGTH = 64
 
 #: what a send is recorded as unless it names another handler
 DEFAULT_HANDLER = "on-message"
-#: what a recurring timer records unless it names another handler (SPEC §9)
+#: what a recurring timer records unless it names another handler (rules T1-T6)
 TICK_HANDLER = "on-tick"
 #: the handlers every session has: their result is the text itself
 HANDLERS = frozenset({DEFAULT_HANDLER, TICK_HANDLER})
@@ -39,12 +39,12 @@ POLL_CURSOR = "poll"
 #: the cursor ``ack`` moves when none is named (the one ``read`` uses)
 ACK_CURSOR = READ_CURSOR
 
-#: the most timers one session may have pending (SPEC §9)
+#: the most timers one session may have pending (rules T1-T6)
 MAX_TIMERS = 1024
 #: the shortest interval of a recurring timer, in milliseconds
 MIN_EVERY_MS = 1000
 
-#: what a webhook's delivery is recorded as unless the webhook names another (SPEC §10)
+#: what a webhook's delivery is recorded as unless the webhook names another (rules H1-H7)
 WEBHOOK_HANDLER = "on-webhook"
 #: a webhook secret's length, in characters
 MAX_SECRET_LENGTH = 256

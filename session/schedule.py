@@ -1,4 +1,4 @@
-"""Scheduled firings (SPEC §9): timers, their arithmetic, and the schedule of a daemon.
+"""Scheduled firings (rules T1-T6): timers, their arithmetic, and the schedule of a daemon.
 
 Pure and synchronous, with the clock passed in (milliseconds since the
 epoch, UTC), so every rule here is tested without waiting:
@@ -61,6 +61,11 @@ class Timer(msgspec.Struct, frozen=True, kw_only=True):
     text: str
     key: str | None = None  # the dedup key that made it (a retried schedule finds it)
     tags: dict[str, str] | None = None  # what each of its firings carries (None: none)
+
+
+def timer_order(timer: Timer) -> tuple[int, str, str]:
+    """The order timers are listed and fired in: soonest first, then by session and id."""
+    return timer.due_ms, timer.session, timer.id
 
 
 def parse_duration(text: str) -> int:
@@ -134,7 +139,7 @@ class Schedule:
 
     def add(self, timer: Timer) -> None:
         """Index ``timer`` at its due time (a new one, or one that moved)."""
-        heapq.heappush(self._heap, (timer.due_ms, timer.session, timer.id))
+        heapq.heappush(self._heap, timer_order(timer))
 
     def next_due(self) -> int | None:
         """When the earliest pending timer is due; None when there is none."""
@@ -159,5 +164,5 @@ class Schedule:
 
     def rebuild(self, timers: Iterable[Timer]) -> None:
         """Index exactly ``timers`` (every pending one), dropping what was left behind."""
-        self._heap = [(t.due_ms, t.session, t.id) for t in timers]
+        self._heap = [timer_order(t) for t in timers]
         heapq.heapify(self._heap)

@@ -1,4 +1,4 @@
-"""Tokens with scopes (SPEC §11): which sessions a token sees, and what it may do to them.
+"""Tokens with scopes (rules K1-K5): which sessions a token sees, and what it may do to them.
 
 Pure: the daemon makes a token's random secret and keeps its record in the
 store; what a record allows is decided here, and only here.

@@ -32,8 +32,11 @@ from session.errors import (
     BadSeq,
     BadSessionId,
     BadTime,
+    NoSuchSession,
     NoSuchTimer,
+    SessionExists,
     TooMany,
+    no_such_session,
 )
 from session.firing import NO_TAGS, Batch, CursorInfo, Firing
 from session.ring import Ring
@@ -49,7 +52,7 @@ from session.rules import (
     MIN_EVERY_MS,
     POLL_CURSOR,
 )
-from session.schedule import MAX_DUE_MS, Timer, fire
+from session.schedule import MAX_DUE_MS, Timer, fire, timer_order
 from session.tags import Match, check_tags
 
 _SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -62,6 +65,18 @@ def check_session_id(session_id: str) -> str:
             "starting with a letter or digit"
         )
     return session_id
+
+
+def no_session(session_id: str) -> NoSuchSession:
+    """What an operation on a session that does not exist is refused: ``bad_session_id``
+    for an id no session could have, else ``no_such_session``."""
+    check_session_id(session_id)
+    return no_such_session(session_id)
+
+
+def session_exists(session_id: str) -> SessionExists:
+    """What a ``start`` of a session that exists is refused, without ``exist_ok``."""
+    return SessionExists(f"session {session_id!r} exists: stop it first, or pass --exist-ok")
 
 
 def _is_name(name: str) -> bool:
@@ -101,7 +116,7 @@ def check_webhook(webhook: Webhook) -> Webhook:
 
 
 def check_timer(timer: Timer) -> Timer:
-    """What a timer must be before a session takes it (SPEC §9), its session's state aside."""
+    """What a timer must be before a session takes it (rules T1-T6), its session's state aside."""
     if not _is_name(timer.id):
         raise BadTime(f"timer id {timer.id!r} is not 1-64 printable characters without whitespace")
     check_handler(timer.handler)
@@ -205,7 +220,7 @@ class Snapshot(msgspec.Struct, frozen=True):
 
 
 class Session:
-    """A named inbox. See SPEC.md §3 for the rules each method keeps."""
+    """A named inbox. rules S1-S17 are the rules each method keeps."""
 
     __slots__ = (
         "_cursors",
@@ -244,13 +259,13 @@ class Session:
         self._cursors: dict[str, list[int]] = {}
         self._uses = 0
         self._keys: OrderedDict[str, int] = OrderedDict()
-        #: the pending timers (SPEC §9), by id
+        #: the pending timers (rules T1-T6), by id
         self.timers: dict[str, Timer] = {}
         # timers added, moved (a Timer) or gone (None) since the last delta
         self._timer_changes: dict[str, Timer | None] = {}
         # timers added or moved since the last ``take_moved_timers`` (a daemon's schedule)
         self._moved_timers: list[Timer] = []
-        #: the session's webhook, if it has one (SPEC §10)
+        #: the session's webhook, if it has one (rules H1-H7)
         self.webhook: Webhook | None = None
         self._webhook_changed = False
 
@@ -269,11 +284,11 @@ class Session:
         handled: bool | None = None,
         tags: dict[str, str] = NO_TAGS,
     ) -> Recorded:
-        """Record a firing for ``handler`` (SPEC rules 1, 2, 13), carrying ``tags``.
+        """Record a firing for ``handler`` (rules S1, S2, S13), carrying ``tags``.
 
         Its text is the result when the session has the handler (``HANDLERS``),
         else the event; ``handled`` says which instead (a webhook's firing is
-        handled whatever its handler is named, SPEC §10).
+        handled whatever its handler is named, rules H1-H7).
         """
         check_handler(handler)
         if tags:
@@ -389,7 +404,7 @@ class Session:
         self._cursors[cursor] = entry
         return entry
 
-    # -- the webhook (SPEC §10) -----------------------------------------------
+    # -- the webhook (rules H1-H7) -----------------------------------------------
 
     def set_webhook(self, webhook: Webhook | None) -> None:
         """Give the session a webhook secret and handler, or (None) take its webhook away."""
@@ -400,7 +415,7 @@ class Session:
         self._changed()
         self.evaluations += 1
 
-    # -- timers (SPEC §9) ----------------------------------------------------
+    # -- timers (rules T1-T6) ----------------------------------------------------
 
     def schedule(self, timer: Timer) -> Scheduled:
         """Add a pending timer; with a ``key``, a retry finds what the first one made.
@@ -444,7 +459,7 @@ class Session:
 
     def timer_list(self) -> list[Timer]:
         """The pending timers, soonest first (then by id)."""
-        return sorted(self.timers.values(), key=_timer_order)
+        return sorted(self.timers.values(), key=timer_order)
 
     def next_due(self) -> int | None:
         """When the soonest pending timer is due; None when there is none."""
@@ -460,7 +475,7 @@ class Session:
         """
         pending = [self.timers[i] for i in dict.fromkeys(timer_ids) if i in self.timers]
         fired: dict[str, Fired] = {}
-        for timer in sorted(pending, key=_timer_order):
+        for timer in sorted(pending, key=timer_order):
             due, left = fire(timer, now_ms)
             if not due:
                 continue
@@ -504,10 +519,6 @@ class Session:
         head = self.ring.visible_head(visible)
         rows = reversed(self._cursors.items())
         return [CursorInfo(name, seq, max_(0, head - seq)) for name, (seq, _) in rows]
-
-    def cursor_position(self, cursor: str) -> int | None:
-        entry = self._cursors.get(cursor)
-        return None if entry is None else entry[0]
 
     def cursor_states(self) -> list[CursorState]:
         """The cursor table as a store keeps it: least recently used first, with last uses."""
@@ -613,10 +624,6 @@ class Session:
         session._reset = session.dirty = False
         session._persisted = snapshot.head
         return session
-
-
-def _timer_order(timer: Timer) -> tuple[int, str]:
-    return timer.due_ms, timer.id
 
 
 max_ = max

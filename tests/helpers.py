@@ -57,11 +57,12 @@ import anyio
 import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
+from repl_daemon.backends.local import LocalBackend
+from repl_daemon.backends.local.store import Store
+from repl_daemon.backends.redis.keys import session_keys
 from repl_daemon.config import DEFAULTS, Config, Limits
 from repl_daemon.daemon import serve_daemon
 from repl_daemon.engine.clock import REAL, Clock, ms_to_utc
-from repl_daemon.stores.base import Store
-from repl_daemon.stores.redis import session_keys
 from session.delta import Delta
 from session.session import Session, Snapshot
 
@@ -278,6 +279,10 @@ class InProcDaemon(Daemon):
             self._running.close()
 
 
+def _as_from_a_terminal() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @contextlib.contextmanager
 def inproc_daemon(config: Config, clock: Clock = REAL) -> Iterator[InProcDaemon]:
     """An in-process daemon for the ``with`` block; its clients closed, then stopped cleanly."""
@@ -298,7 +303,8 @@ async def running_daemon(config: Config, *, store: Store | None = None) -> Async
     """
     stop = anyio.Event()
     async with anyio.create_task_group() as tg:
-        port: int = await tg.start(partial(serve_daemon, config, store=store, stop=stop))
+        backend = None if store is None else LocalBackend(store)
+        port: int = await tg.start(partial(serve_daemon, config, backend=backend, stop=stop))
         try:
             yield port
         finally:
@@ -958,9 +964,13 @@ class Repl:
         return done.stderr
 
     def popen(self, *args: str, **kwargs: Any) -> subprocess.Popen[bytes]:
+        """The command as a terminal starts it: Ctrl-C (SIGINT) interrupts it even when the
+        suite itself runs in the background of a shell, which starts it with SIGINT ignored
+        (and an ignored signal stays ignored in every child)."""
         kwargs.setdefault("stdout", subprocess.PIPE)
         kwargs.setdefault("stderr", subprocess.PIPE)
         kwargs.setdefault("stdin", subprocess.DEVNULL)
+        kwargs.setdefault("preexec_fn", _as_from_a_terminal)
         return subprocess.Popen(repl_argv(*args), env=self.env, **kwargs)
 
     def shell(self, script: str) -> subprocess.CompletedProcess[str]:

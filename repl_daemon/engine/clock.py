@@ -1,6 +1,6 @@
 """The daemon's clock: the stamp of a firing, and the wall time timers are due by.
 
-Timers are due at wall-clock times (SPEC §9: ``--at`` names one), so they
+Timers are due at wall-clock times (rules T1-T6: ``--at`` names one), so they
 are kept in milliseconds since the epoch, UTC, and the daemon sleeps until
 the next one by the wall clock; a clock stepped back or forth only moves
 when it wakes, never how many times a due time fires.
@@ -20,6 +20,8 @@ import time
 
 import anyio
 
+from session.firing import TS_SECONDS, ms_to_ts
+
 _second: list[tuple[int, str]] = [(-1, "")]
 
 
@@ -32,7 +34,7 @@ def utc_now() -> str:
     second = int(now)
     cached, prefix = _second[0]
     if cached != second:
-        prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        prefix = time.strftime(TS_SECONDS, time.gmtime(second))
         _second[0] = (second, prefix)
     return f"{prefix}.{int((now - second) * 1000):03d}Z"
 
@@ -42,10 +44,8 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def ms_to_utc(ms: int) -> str:
-    """``ms`` since the epoch as ISO 8601 UTC with milliseconds."""
-    second, milli = divmod(ms, 1000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)) + f".{milli:03d}Z"
+#: ``ms`` since the epoch as ISO 8601 UTC with milliseconds
+ms_to_utc = ms_to_ts
 
 
 class Clock:

@@ -10,20 +10,21 @@ interface alone and never asks which one it has.
 The committer tells the engine what it must pass on to waiters through a
 ``Listener``: new firings became visible in a session, a session is gone,
 or the committer's link to its store (and so its wake signals) broke or
-came back. Each committer fires its sessions' timers itself (SPEC §9),
+came back. Each committer fires its sessions' timers itself (rules T1-T6),
 from its ``run``: the firing is a change like a send.
 """
 
 from __future__ import annotations
 
+import secrets
+from collections.abc import Container
 from typing import Protocol, TypeVar
 
 import msgspec
 
+from repl_daemon.engine.clock import Clock
 from repl_daemon.engine.outcome import Outcome
 from repl_daemon.metrics import Counts
-from repl_daemon.stores.base import Store
-from repl_daemon.stores.redis import RedisStore
 from session.errors import ReplError, StoreFailed
 from session.ops import Op
 from session.schedule import Timer
@@ -33,6 +34,15 @@ from session.session import Summary
 R = TypeVar("R")
 
 
+def made_up_id(taken: Container[str]) -> str:
+    """A fresh session id, ``s-`` and 8 hex digits, not ``in taken`` (for a ``start`` with
+    no id)."""
+    while True:
+        session_id = "s-" + secrets.token_hex(4)
+        if session_id not in taken:
+            return session_id
+
+
 class Totals(msgspec.Struct, frozen=True):
     """The daemon-wide figures of ``stats``, over the sessions a committer holds."""
 
@@ -40,6 +50,16 @@ class Totals(msgspec.Struct, frozen=True):
     lost: int
     #: with those of sessions that are gone, so the total never drops
     evaluations: int
+
+    @classmethod
+    def of(cls, rows: list[Summary]) -> Totals:
+        """The figures of the sessions ``rows`` are the summaries of (a token's, or every
+        session of a store that keeps no count of its own)."""
+        return cls(
+            sessions=len(rows),
+            lost=sum(row.lost for row in rows),
+            evaluations=sum(row.evaluations for row in rows),
+        )
 
 
 class Listener(Protocol):
@@ -95,10 +115,6 @@ class Sessions(Protocol):
 
 
 class Committer(Sessions, Protocol):
-    @property
-    def store(self) -> Store | RedisStore:
-        """Where the sessions are kept (``stats`` names it)."""
-
     async def load(self) -> int:
         """Take over (or connect to) what the store holds; returns how many sessions it has."""
 
@@ -124,7 +140,7 @@ class Committer(Sessions, Protocol):
     def vanished(self, session_id: str) -> ReplError:
         """What a wait is answered when a session it holds is found gone."""
 
-    # -- scoped tokens (SPEC §11): kept in the store, so every daemon sharing it knows them
+    # -- scoped tokens (rules K1-K5): kept in the store, so every daemon sharing it knows them
 
     def find_token(self, digest: str) -> Outcome[TokenRecord | None]:
         """The token whose secret has this SHA-256, or None."""
@@ -138,3 +154,23 @@ class Committer(Sessions, Protocol):
     def revoke_token(self, name: str) -> Outcome[TokenRecord]:
         """Forget a token (``NoSuchToken`` when there is none) and tell the listener, here and
         on every daemon of the store."""
+
+
+class Backend(Protocol):
+    """A kind of store and the committer that keeps sessions in it: ``repl_daemon.backends``
+    has one subpackage a kind (``local``: memory or SQLite, this daemon's own; ``redis``:
+    shared by several daemons). The engine is handed one and never asks which it is."""
+
+    @property
+    def name(self) -> str:
+        """The store as ``ping``, ``stats`` and the log name it (never with a password)."""
+
+    def committer(self, listener: Listener, *, max_sessions: int, clock: Clock) -> Committer:
+        """The committer over this store. ``max_sessions`` bounds the sessions a daemon
+        holds in memory (one that holds none, such as Redis's, has its store's bound)."""
+
+    def notes(self) -> list[tuple[int, str]]:
+        """What the daemon logs (a level, a line) once the committer has loaded the store."""
+
+    async def close(self) -> None:
+        """Let go of the store, once its committer is closed (or never loaded)."""

@@ -11,7 +11,7 @@ applied: a wait's acks on several sessions go through ``ack_all``, which
 applies all of them or none, and every other part of a wait (its cursor,
 its ``max``, its timeout, its sessions) is checked before those acks.
 
-A request made with a scoped token (SPEC §11) is checked here, in one
+A request made with a scoped token (rules K1-K5) is checked here, in one
 place, before anything else: the rights its op needs on the token's
 sessions (``forbidden`` when it lacks one; managing tokens and shutting the
 daemon down are the root's), then it runs on ``Scoped``, the committer as
@@ -40,10 +40,10 @@ import msgspec
 
 from repl_daemon import protocol as p
 from repl_daemon.engine.clock import REAL, Clock, ms_to_utc
-from repl_daemon.engine.committer import Committer, Sessions, Totals
+from repl_daemon.engine.committer import Backend, Sessions, Totals
 from repl_daemon.engine.outcome import Outcome
 from repl_daemon.engine.scoped import Scoped
-from repl_daemon.engine.wait import Wait
+from repl_daemon.engine.wait import Wait, Waiters
 from repl_daemon.metrics import Counts
 from session.delta import Webhook
 from session.errors import (
@@ -114,28 +114,27 @@ class Engine:
 
     def __init__(
         self,
-        make_committer: Callable[[Engine], Committer],
+        backend: Backend,
         *,
         settle: float = 0.1,
+        max_sessions: int = 10_000,
         clock: Clock = REAL,
     ) -> None:
-        self.settle = settle
+        """An engine over ``backend``'s committer. ``clock`` is what the engine, the
+        committer and its timers read the time from (the real one unless a test hands its
+        own)."""
+        self.backend = backend
         #: what stamps a firing and what a schedule's due time is counted from
         self.clock = clock
         #: requests by op, refusals by code, the store's write latency (``/metrics``)
         self.counts = Counts()
-        self.committer = make_committer(self)
+        self.committer = backend.committer(self, max_sessions=max_sessions, clock=clock)
+        #: the waits blocked now, by session (a wait knows these, not the engine)
+        self.waits = Waiters(self.committer, settle)
         self.started = time.monotonic()
         self.connections = 0
         self.requests = 0
-        self.waiting = 0
         self.firings = 0
-        self.closing = False
-        #: set once the daemon is closing and the last waiter has been answered
-        self.no_waiters = anyio.Event()
-        #: the waits blocked on each session; an entry lives only while it has waits
-        self.waiters: dict[str, set[Wait]] = {}
-        self.link_error: StoreFailed | None = None
         #: set by a ``shutdown`` request: the daemon then stops as on SIGTERM
         self.shutdown_requested = anyio.Event()
         #: what holds each scoped token now, by its digest (revocation ends them)
@@ -154,11 +153,37 @@ class Engine:
     async def run(self) -> None:
         await self.committer.run()
 
+    # -- the waits' figures, as the daemon and its tests read them ----------
+
+    @property
+    def settle(self) -> float:
+        return self.waits.settle
+
+    @settle.setter
+    def settle(self, seconds: float) -> None:
+        self.waits.settle = seconds
+
+    @property
+    def waiting(self) -> int:
+        """The waits blocked now (``stats``, ``/metrics``)."""
+        return self.waits.count
+
+    @property
+    def waiters(self) -> dict[str, set[Wait]]:
+        return self.waits.by_session
+
+    @property
+    def closing(self) -> bool:
+        return self.waits.closing
+
+    @property
+    def no_waiters(self) -> anyio.Event:
+        """Set once the daemon is closing and the last waiter has been answered."""
+        return self.waits.none_left
+
     async def shutdown(self) -> None:
         """Answer every waiter ``shutting_down``, then make what was answered durable."""
-        self.closing = True
-        if not self.waiting:
-            self.no_waiters.set()
+        self.waits.close()
         self._wake_all()
         await self.committer.close()
 
@@ -176,18 +201,16 @@ class Engine:
     # a woken wait may answer, and leave the table, at once: each loop runs over a copy
 
     def changed(self, session_id: str) -> None:
-        waiters = self.waiters.get(session_id)
-        if waiters:
-            for waiter in list(waiters):
-                waiter.wake()
+        for waiter in self.waits.on(session_id):
+            waiter.wake()
 
     def stopped(self, session_id: str) -> None:
-        for waiter in list(self.waiters.get(session_id, ())):
+        for waiter in self.waits.on(session_id):
             waiter.stopped = session_id
             waiter.wake()
 
     def link(self, error: StoreFailed | None) -> None:
-        self.link_error = error
+        self.waits.link_error = error
         self._wake_all()
 
     def fired(self, count: int) -> None:
@@ -284,7 +307,7 @@ class Engine:
         )
 
     def _wake_all(self) -> None:
-        for waiter in {w for waiters in self.waiters.values() for w in waiters}:
+        for waiter in self.waits.every():
             waiter.wake()
 
     # -- requests ----------------------------------------------------------
@@ -433,7 +456,7 @@ class Engine:
             version=p.VERSION,
             uptime_s=round(self.uptime(), 3),
             pid=os.getpid(),
-            store=self.committer.store.name,
+            store=self.backend.name,
         )
 
     def _sent(self, rid: p.RequestId) -> Callable[[Recorded], p.Sent]:
@@ -493,7 +516,7 @@ class Engine:
         return p.DaemonStats(
             version=p.VERSION,
             uptime_s=round(self.uptime(), 3),
-            store=self.committer.store.name,
+            store=self.backend.name,
             sessions=totals.sessions,
             firings=self.firings,
             lost=totals.lost,
@@ -506,14 +529,15 @@ class Engine:
     def _token_figures(self, token: TokenRecord, rows: list[Summary]) -> p.DaemonStats:
         """The daemon block of a scoped token's ``stats``: its own sessions, connections and
         requests only."""
+        totals = Totals.of(rows)
         return p.DaemonStats(
             version=p.VERSION,
             uptime_s=round(self.uptime(), 3),
-            store=self.committer.store.name,
-            sessions=len(rows),
+            store=self.backend.name,
+            sessions=totals.sessions,
             firings=sum(row.recorded for row in rows),
-            lost=sum(row.lost for row in rows),
-            evaluations=sum(row.evaluations for row in rows),
+            lost=totals.lost,
+            evaluations=totals.evaluations,
             waiters=sum(self.waiters_of(row.id) for row in rows),
             connections=len(self.holders.get(token.digest, ())),
             requests=self.token_requests[token.digest],
@@ -541,7 +565,7 @@ class Engine:
     # -- waits -------------------------------------------------------------
 
     def wait(self, req: p.Wait, committer: Sessions | None = None) -> Outcome[p.Response]:
-        """Block until a session has firings after the cursor (SPEC rules 8, 10, 11, 14).
+        """Block until a session has firings after the cursor (rules S8, S10, S11, S14).
 
         Everything about the request is checked here, before anything runs:
         a refused wait changes nothing.
@@ -580,7 +604,7 @@ class Engine:
             first = [committer.require(ids)]
             if acks:
                 first.append(committer.ack_all(cursor, acks))
-        return Outcome.of(Wait(self, req, ids, first))
+        return Outcome.of(Wait(self.waits, req, ids, first))
 
 
 def _unknown(req: Never) -> NoReturn:

@@ -195,14 +195,9 @@ class _Settled(Job[list[Settled[T]]]):
             return answered
 
         for index, outcome in enumerate(self.outcomes):
-            answered = one(index)
-            if outcome.job is not None:
-                self.started.append(outcome.job)
-                outcome.job.start(answered)
-            elif outcome.ticket is not None:
-                outcome.ticket.add_done_callback(_committed(outcome.value, answered))
-            else:
-                answered(outcome.value, None)
+            job = outcome.settle(one(index))
+            if job is not None:
+                self.started.append(job)
 
     def cancel(self) -> None:
         for job in self.started:
@@ -296,6 +291,20 @@ class Outcome(Generic[T]):
         if all(o.job is None and o.ticket is None for o in outcomes):
             return Outcome.now([(o.value, None) for o in outcomes])
         return Outcome.of(_Settled(outcomes))
+
+    def settle(self, done: Done[T]) -> Job[T] | None:
+        """Tell ``done`` the answer: at once when it is known, once the ticket's commit is
+        durable (its failure as ``StoreFailed``), or once the job answers; returns the job
+        it started, to cancel, or None. The line protocol's connection does the same by
+        hand, on its hot path (``repl_daemon.server``: docs/layout.md says why)."""
+        job, ticket = self.job, self.ticket
+        if job is not None:
+            job.start(done)
+        elif ticket is not None:
+            ticket.add_done_callback(_committed(self.value, done))
+        else:
+            done(self.value, None)
+        return job
 
     def then(self, fn: Callable[[T], U]) -> Outcome[U]:
         """The same outcome with ``fn`` applied to its value (at once, when it is known)."""

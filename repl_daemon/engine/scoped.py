@@ -1,4 +1,4 @@
-"""The sessions as a scoped token sees them (SPEC §11): the others do not exist.
+"""The sessions as a scoped token sees them (rules K1-K5): the others do not exist.
 
 ``Scoped`` stands between the engine and its committer for every request
 made with a scoped token, and it is the only place that hides sessions:
@@ -21,12 +21,11 @@ from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
 from repl_daemon.engine.committer import Committer, Totals
-from repl_daemon.engine.local import no_session
 from repl_daemon.engine.outcome import Outcome
 from session.ops import Op, check_seq
 from session.schedule import Timer
 from session.scopes import Scope
-from session.session import Summary, check_cursor_name, check_session_id
+from session.session import Summary, check_cursor_name, check_session_id, no_session
 
 R = TypeVar("R")
 
@@ -110,13 +109,7 @@ class Scoped:
 
     def totals(self) -> Outcome[Totals]:
         """The token's sessions' figures: the daemon's would tell of the others."""
-        return self.summaries(None).then(
-            lambda rows: Totals(
-                sessions=len(rows),
-                lost=sum(row.lost for row in rows),
-                evaluations=sum(row.evaluations for row in rows),
-            )
-        )
+        return self.summaries(None).then(Totals.of)
 
 
 def _missing(session_id: str) -> Callable[[None], NoReturn]:

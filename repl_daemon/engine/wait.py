@@ -1,6 +1,6 @@
 """One wait, driven by callbacks: no task of its own, not even while it blocks.
 
-A wait (SPEC rules 8, 10, 11, 14) is a ``Job``: the connection starts it
+A wait (rules S8, S10, S11, S14) is a ``Job``: the connection starts it
 with a callback and cancels it when its client goes away. It subscribes to
 its sessions before its first read and stays subscribed until it ends, so
 a firing recorded between a read and the block still wakes it. Blocked, it
@@ -22,28 +22,92 @@ import asyncio
 import logging
 from collections.abc import Callable
 from enum import Enum
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, TypeVar, cast
+
+import anyio
 
 from repl_daemon import protocol as p
+from repl_daemon.engine.committer import Committer
 from repl_daemon.engine.outcome import Done, Job, Outcome, Settled
 from session.errors import NoSuchSession, SessionStopped, ShuttingDown, StoreFailed
 from session.firing import Batch
 from session.ops import ReadAfter, ReadCursor
-
-if TYPE_CHECKING:
-    from repl_daemon.engine.engine import Engine
 
 log = logging.getLogger("repl.daemon")
 
 T = TypeVar("T")
 
 
+class Waiters:
+    """The waits blocked in one engine, by session: what a ``Wait`` joins and leaves, and
+    what it checks before each read (the daemon closing, the store's link). A wait is
+    handed this and never the engine, which tells the waits through it
+    (``Engine.changed`` and the rest of the ``Listener``)."""
+
+    __slots__ = ("by_session", "closing", "committer", "count", "link_error", "none_left", "settle")
+
+    def __init__(self, committer: Committer, settle: float) -> None:
+        self.committer = committer
+        #: how long a woken wait lets more firings come before it reads
+        self.settle = settle
+        #: the waits on each session; an entry lives only while it has waits
+        self.by_session: dict[str, set[Wait]] = {}
+        self.count = 0  # the waits subscribed now
+        self.closing = False
+        #: set once the daemon is closing and the last wait has been answered
+        self.none_left = anyio.Event()
+        #: what every wait is answered while the store's wake signals are broken
+        self.link_error: StoreFailed | None = None
+
+    def join(self, wait: Wait) -> None:
+        for session_id in wait.ids:
+            self.by_session.setdefault(session_id, set()).add(wait)
+        self.count += 1
+
+    def leave(self, wait: Wait) -> None:
+        self.count -= 1
+        for session_id in wait.ids:
+            waits = self.by_session.get(session_id)
+            if waits is not None:
+                waits.discard(wait)
+                if not waits:
+                    del self.by_session[session_id]
+                    self.committer.unwatch(session_id)
+        if self.closing and not self.count:
+            self.none_left.set()
+
+    def on(self, session_id: str) -> list[Wait]:
+        """The waits on ``session_id``: a copy, as a woken wait may leave at once."""
+        waits = self.by_session.get(session_id)
+        return list(waits) if waits else []
+
+    def every(self) -> set[Wait]:
+        return {wait for waits in self.by_session.values() for wait in waits}
+
+    def close(self) -> None:
+        """The daemon is closing: every wait's next read answers ``shutting_down``."""
+        self.closing = True
+        if not self.count:
+            self.none_left.set()
+
+
 class _State(Enum):
     STARTING = "starting"  # the sessions are checked and the acks applied; not yet subscribed
-    LOOKING = "looking"  # a read is on its way (a shared store's round trip)
+    LOOKING = "looking"  # reading (a shared store's read is a round trip)
     BLOCKED = "blocked"  # nothing to return: waiting for a wake or the timeout
     SETTLING = "settling"  # woken: waiting the settle time before reading
     OVER = "over"  # answered, or cancelled
+
+
+_S = _State
+#: the states a wait may go to from each: any other move is a bug, and raises
+_MOVES: dict[_State, frozenset[_State]] = {
+    _S.STARTING: frozenset({_S.LOOKING, _S.OVER}),  # subscribed; or refused, or cancelled
+    _S.LOOKING: frozenset({_S.LOOKING, _S.BLOCKED, _S.SETTLING, _S.OVER}),
+    _S.BLOCKED: frozenset({_S.LOOKING, _S.SETTLING, _S.OVER}),  # woken (settle 0 or not)
+    _S.SETTLING: frozenset({_S.LOOKING, _S.OVER}),  # the settle time is over: read
+    _S.OVER: frozenset(),
+}
 
 
 class Wait(Job[p.Response]):
@@ -53,7 +117,6 @@ class Wait(Job[p.Response]):
         "again",
         "deadline",
         "done",
-        "engine",
         "first",
         "ids",
         "looks",
@@ -64,12 +127,13 @@ class Wait(Job[p.Response]):
         "step",
         "stopped",
         "timer",
+        "waiters",
     )
 
     def __init__(
-        self, engine: Engine, req: p.Wait, ids: list[str], first: list[Outcome[Any]]
+        self, waiters: Waiters, req: p.Wait, ids: list[str], first: list[Outcome[Any]]
     ) -> None:
-        self.engine = engine
+        self.waiters = waiters
         self.req = req
         self.ids = ids
         #: what must be done before the first read: every session required, then the acks
@@ -123,8 +187,12 @@ class Wait(Job[p.Response]):
                 self._woken()
             except Exception as exc:
                 self._finish(None, exc)
-        elif state is _State.LOOKING:
+        elif state is _State.LOOKING:  # a round trip's read may have missed it: once more
             self.again = True
+        elif state is _State.STARTING:  # not subscribed yet: nobody can know of it
+            raise RuntimeError("a wait was woken before it subscribed")
+        # SETTLING: its read, after the settle time, sees the firing; OVER: it was answered
+        # in this same pass of the loop, by a wake that came first
 
     # -- the steps --------------------------------------------------------------
     #
@@ -147,7 +215,7 @@ class Wait(Job[p.Response]):
         subscription that Redis must confirm before the first read, or a
         firing recorded between the two would wake nobody.
         """
-        committer, ids = self.engine.committer, self.ids
+        committer, ids = self.waiters.committer, self.ids
         while index < len(ids):
             watched = committer.watch(ids[index])
             index += 1
@@ -157,11 +225,8 @@ class Wait(Job[p.Response]):
         self._read()
 
     def _subscribe(self) -> None:
-        self.state = _State.LOOKING  # from here on, its end unsubscribes it
-        engine = self.engine
-        for session_id in self.ids:
-            engine.waiters.setdefault(session_id, set()).add(self)
-        engine.waiting += 1
+        self._move(_State.LOOKING)  # from here on, its end unsubscribes it
+        self.waiters.join(self)
         # the timeout bounds the blocking, not the reads: a wait whose firings
         # are there returns them even with timeout 0, even when reading them
         # takes a round trip to a shared store
@@ -170,12 +235,12 @@ class Wait(Job[p.Response]):
             self.deadline = self.loop.time() + self.req.timeout_ms / 1000
 
     def _woken(self) -> None:
-        settle = self.engine.settle
+        settle = self.waiters.settle
         if not settle:  # read at once: the answer goes out in this same pass of the loop
             self._read()
             return
         self._check_open()
-        self.state = _State.SETTLING
+        self._move(_State.SETTLING)
         if self.timer is not None:
             self.timer.cancel()  # the timeout bounds only the blocking; it is checked after
         assert self.loop is not None
@@ -188,7 +253,8 @@ class Wait(Job[p.Response]):
     def _read(self) -> None:
         """Read every session of the wait (a look moves no cursor); answer, or block again."""
         self._check_open()
-        committer, looks = self.engine.committer, self.looks
+        self._move(_State.LOOKING)
+        committer, looks = self.waiters.committer, self.looks
         batches: list[p.SessionBatch] = []
         for index, session_id in enumerate(self.ids):
             try:
@@ -212,7 +278,7 @@ class Wait(Job[p.Response]):
 
     def _read_later(self, index: int, read: Outcome[Batch], batches: list[p.SessionBatch]) -> None:
         """The reads from the session at ``index`` on, all at once (a wake meanwhile counts)."""
-        committer, looks, ids = self.engine.committer, self.looks, self.ids[index:]
+        committer, looks, ids = self.waiters.committer, self.looks, self.ids[index:]
         reads = [read]
         for session_id in ids[1:]:
             try:
@@ -230,7 +296,6 @@ class Wait(Job[p.Response]):
                 self._looked(session_id, batch, batches)
             self._have_read(batches)
 
-        self.state = _State.LOOKING
         self.again = False
         self._after(Outcome.settle_all(reads), have_read)
 
@@ -247,7 +312,7 @@ class Wait(Job[p.Response]):
         if deadline is not None and self.loop.time() >= deadline:
             self._finish(p.Woken(id=self.req.id, batches=[], timed_out=True), None)
             return
-        self.state = _State.BLOCKED
+        self._move(_State.BLOCKED)
         if deadline is not None and self.timer is None:
             self.timer = self.loop.call_at(deadline, self._timed_out)
 
@@ -257,37 +322,28 @@ class Wait(Job[p.Response]):
             self._finish(p.Woken(id=self.req.id, batches=[], timed_out=True), None)
 
     def _check_open(self) -> None:
-        engine = self.engine
-        if engine.closing:
+        waiters = self.waiters
+        if waiters.closing:
             raise ShuttingDown("the daemon is shutting down: run the command again once it is back")
         if self.stopped is not None:
             raise SessionStopped(f"session {self.stopped!r} stopped")
-        if engine.link_error is not None:
-            raise engine.link_error
+        if waiters.link_error is not None:
+            raise waiters.link_error
 
     # -- going from one step to the next ------------------------------------------
 
     def _after(self, outcome: Outcome[T], then: Callable[[T], None]) -> None:
         """Go on with ``outcome``'s value: now, once its commit is durable, or once it is read."""
-        job, ticket = outcome.job, outcome.ticket
-        if job is not None:
-            self.step = job
+        if outcome.job is None and outcome.ticket is None:
+            then(outcome.value)  # known now: no callback to make
+            return
 
-            def answered(value: T | None, error: Exception | None) -> None:
-                self.step = None
-                self._resume(then, value, error)
+        def answered(value: T | None, error: Exception | None) -> None:
+            self.step = None
+            self._resume(then, value, error)
 
-            job.start(answered)
-        elif ticket is not None:
-            value = outcome.value
-
-            def committed(error: StoreFailed | None) -> None:
-                failure = None if error is None else StoreFailed(error.message)
-                self._resume(then, value, failure)
-
-            ticket.add_done_callback(committed)
-        else:
-            then(outcome.value)
+        self.step = outcome.job  # first: a job may answer as it starts
+        outcome.settle(answered)
 
     def _resume(self, then: Callable[[T], None], value: T | None, error: Exception | None) -> None:
         if self.state is _State.OVER:
@@ -316,7 +372,7 @@ class Wait(Job[p.Response]):
 
     def _end(self) -> None:
         subscribed = self.state is not _State.STARTING
-        self.state = _State.OVER
+        self._move(_State.OVER)
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
@@ -325,14 +381,10 @@ class Wait(Job[p.Response]):
             step.cancel()
         if not subscribed:
             return
-        engine = self.engine
-        engine.waiting -= 1
-        for session_id in self.ids:
-            waiters = engine.waiters.get(session_id)
-            if waiters is not None:
-                waiters.discard(self)
-                if not waiters:
-                    del engine.waiters[session_id]
-                    engine.committer.unwatch(session_id)
-        if engine.closing and not engine.waiting:
-            engine.no_waiters.set()
+        self.waiters.leave(self)
+
+    def _move(self, to: _State) -> None:
+        """Go to state ``to``, one of the moves ``_MOVES`` allows from the state it is in."""
+        if to not in _MOVES[self.state]:
+            raise RuntimeError(f"a wait cannot go from {self.state.value} to {to.value}")
+        self.state = to

@@ -172,3 +172,46 @@ async def test_the_async_api_with_no_daemon_is_unavailable_at_once(tmp_path: Pat
             await repl.ping()
         with anyio.fail_after(10), pytest.raises(api.Unavailable, match=r"^no daemon at "):
             await repl.wait("s")
+
+
+#: what only one of the twins has, and why: the blocking one closes with ``close`` and
+#: lends its outage handling to the CLI (``again``); the async one closes with ``aclose``,
+#: as anyio's objects do
+ONLY_BLOCKING = {"again", "close"}
+ONLY_ASYNC = {"aclose"}
+#: arguments only one twin takes: ``watch`` is the CLI's pipe, whose reader leaving ends a
+#: blocking wait (an async caller cancels its task instead)
+ONLY_BLOCKING_ARGS = {"wait": {"watch"}}
+
+
+def public(cls: type) -> dict[str, object]:
+    return {name: value for name, value in vars(cls).items() if not name.startswith("_")}
+
+
+def test_the_two_apis_have_the_same_methods_with_the_same_signatures() -> None:
+    """``repl_cli.api.Repl`` and ``repl_cli.aio.AsyncRepl`` are twins kept by hand: a method
+    added to one, or an argument, a default or an annotation changed in one, fails here."""
+    import inspect
+
+    blocking, asynchronous = public(api.Repl), public(aio.AsyncRepl)
+    assert set(blocking) - set(asynchronous) == ONLY_BLOCKING
+    assert set(asynchronous) - set(blocking) == ONLY_ASYNC
+    for name in sorted(set(blocking) & set(asynchronous)):
+        one, other = blocking[name], asynchronous[name]
+        if isinstance(one, property):
+            assert isinstance(other, property), name
+            continue
+        assert callable(one) and callable(other), name
+        if inspect.isgeneratorfunction(one):
+            assert inspect.isasyncgenfunction(other), name
+        else:
+            assert inspect.iscoroutinefunction(other), f"AsyncRepl.{name} is not async"
+        mine, theirs = inspect.signature(one), inspect.signature(other)
+        skipped = ONLY_BLOCKING_ARGS.get(name, set())
+        assert [
+            (p.name, p.kind, p.default, p.annotation)
+            for p in mine.parameters.values()
+            if p.name not in skipped
+        ] == [(p.name, p.kind, p.default, p.annotation) for p in theirs.parameters.values()], name
+        returned = str(mine.return_annotation).replace("Iterator[", "AsyncIterator[")
+        assert returned == str(theirs.return_annotation), name

@@ -162,7 +162,7 @@ def test_read_loads_neither_anyio_nor_rich_nor_the_daemon(repl: Repl, s: str) ->
         f"status = main(['read', '{s}', '--full'])\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('anyio', 'rich')\n"
         "               or m in ('repl_daemon.hub', 'repl_daemon.server', 'repl_daemon.daemon',\n"
-        "                        'repl_daemon.engine', 'repl_daemon.stores'))\n"
+        "                        'repl_daemon.engine', 'repl_daemon.backends'))\n"
         "print(status, heavy)\n"
     )
     done = subprocess.run(

@@ -1,11 +1,10 @@
-"""The error module: one class per wire code, and rebuilding an error from the wire."""
+"""The error module: one class per wire code (``BY_CODE``, which the Redis store rebuilds
+a script's refusal with)."""
 
 from __future__ import annotations
 
-import pytest
-
 from session import errors
-from session.errors import BY_CODE, Code, Internal, ReplError, from_wire
+from session.errors import BY_CODE, Code, ReplError
 
 
 def error_classes() -> list[type[ReplError]]:
@@ -31,20 +30,6 @@ def test_every_error_class_says_what_it_means_in_a_docstring() -> None:
 def test_a_code_is_its_wire_string() -> None:
     assert str(Code.ACK_AFTER_HEAD) == "ack_after_head"
     assert str(Code.CURSOR_AFTER_HEAD) == "cursor_after_head"
-
-
-@pytest.mark.parametrize("code", list(Code))
-def test_from_wire_rebuilds_the_class_and_message_a_response_names(code: Code) -> None:
-    error = from_wire(code.value, "what went wrong")
-    assert type(error) is BY_CODE[code.value]
-    assert error.code == code
-    assert (error.message, str(error)) == ("what went wrong", "what went wrong")
-
-
-def test_from_wire_makes_an_unknown_code_internal() -> None:
-    error = from_wire("from_the_future", "a newer daemon")
-    assert type(error) is Internal
-    assert error.message == "a newer daemon"
 
 
 def test_the_base_error_is_internal() -> None:

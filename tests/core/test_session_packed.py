@@ -19,7 +19,13 @@ from hypothesis import strategies as st
 
 from session import Ring, Session, packed
 from session.errors import BadSeq
-from session.firing import Firing
+from session.firing import Firing, ms_to_ts
+
+
+def append(ring: Ring, handler: str, result: str | None, event: str | None, ts: str) -> Firing:
+    """Record the next firing, as a send does, and the firing it is."""
+    return Firing(ring.record(handler, result, event, ts), handler, result, event, ts)
+
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 FIRST_MS = (datetime(1, 1, 1, tzinfo=UTC) - EPOCH) // timedelta(milliseconds=1)
@@ -66,17 +72,28 @@ EDGES = [
 @pytest.mark.parametrize("ts", EDGES)
 def test_an_edge_ts_packs_and_reads_back_the_same_string(ts: str) -> None:
     ring = Ring()
-    ring.append("on-message", "x", None, ts)
+    append(ring, "on-message", "x", None, ts)
     assert all(isinstance(item, bytes) for item in held(ring))
     assert ring.firings()[0].ts == ts
     assert packed.ts_to_ms(ts) == (datetime.fromisoformat(ts) - EPOCH) // timedelta(milliseconds=1)
+
+
+@given(st.integers(0, LAST_MS))
+def test_the_one_format_of_a_ts_is_the_one_packed_firings_read_back_in(ms: int) -> None:
+    """``session.firing.ms_to_ts`` (every time repl writes) and the packed ring's own
+    formatting (``session.packed``) write the same string for the same millisecond."""
+    ts = ms_to_ts(ms)
+    assert ts == ts_of_ms(ms)
+    ring = Ring()
+    append(ring, "on-message", "x", None, ts)
+    assert isinstance(held(ring)[0], bytes) and ring.firings()[0].ts == ts
 
 
 @given(st.lists(st.integers(FIRST_MS, LAST_MS), min_size=1, max_size=50))
 def test_any_ts_the_daemon_can_write_reads_back_byte_for_byte(stamps: list[int]) -> None:
     ring = Ring()
     for ms in stamps:
-        ring.append("on-message", "x", None, ts_of_ms(ms))
+        append(ring, "on-message", "x", None, ts_of_ms(ms))
     assert [f.ts for f in ring.firings()] == [ts_of_ms(ms) for ms in stamps]
     assert [packed.ts_to_ms(ts_of_ms(ms)) for ms in stamps] == stamps
     assert all(isinstance(item, bytes) for item in held(ring))
@@ -87,7 +104,7 @@ def test_firings_on_either_side_of_a_second_read_back_their_own_seconds(ms: int,
     ring = Ring()
     stamps = [ts_of_ms(min(ms + n * step, LAST_MS)) for n in range(5)]
     for ts in stamps:
-        ring.append("on-message", "x", None, ts)
+        append(ring, "on-message", "x", None, ts)
     assert [f.ts for f in ring.firings()] == stamps
 
 
@@ -95,7 +112,7 @@ def test_a_ts_reads_back_after_the_cache_of_seconds_was_emptied() -> None:
     stamps = [ts_of_ms(1_800_000_000_000 + n * 1_001) for n in range(packed.PREFIX_CACHE + 10)]
     ring = Ring(len(stamps))
     for ts in stamps:
-        ring.append("on-message", "x", None, ts)
+        append(ring, "on-message", "x", None, ts)
     # The cache of seconds was cleared on the way; the oldest are no longer in it.
     assert [f.ts for f in ring.firings()] == stamps
 
@@ -131,7 +148,7 @@ def test_a_ts_reads_back_after_the_cache_of_seconds_was_emptied() -> None:
 def test_a_ts_not_in_the_daemons_form_is_kept_exactly_as_given(ts: str) -> None:
     assert packed.ts_to_ms(ts) is None
     ring = Ring()
-    firing = ring.append("on-build", None, "raw", ts)
+    firing = append(ring, "on-build", None, "raw", ts)
     assert ring.firings() == [firing] == [Firing(1, "on-build", None, "raw", ts)]
     assert held(ring) == [firing]
 
@@ -140,7 +157,7 @@ def test_a_kept_ts_reads_back_between_packed_ones_in_seq_order() -> None:
     ring = Ring()
     stamps = ["2026-11-30T07:00:00.001Z", "t", "2026-11-30T07:00:00.002Z", "later", "t"]
     for n, ts in enumerate(stamps):
-        ring.append("on-message", f"m{n}", None, ts)
+        append(ring, "on-message", f"m{n}", None, ts)
     assert [(f.seq, f.result, f.ts) for f in ring.firings()] == [
         (n + 1, f"m{n}", ts) for n, ts in enumerate(stamps)
     ]
@@ -169,8 +186,8 @@ TS = "2026-11-30T07:00:00.123Z"
 )
 def test_any_text_reads_back_exactly_handled_or_unhandled(text: str) -> None:
     ring = Ring()
-    ring.append("on-message", text, None, TS)
-    ring.append("on-build", None, text, TS)
+    append(ring, "on-message", text, None, TS)
+    append(ring, "on-build", None, text, TS)
     assert ring.firings() == [
         Firing(1, "on-message", text, None, TS),
         Firing(2, "on-build", None, text, TS),
@@ -181,7 +198,7 @@ def test_any_text_reads_back_exactly_handled_or_unhandled(text: str) -> None:
 @given(st.text())
 def test_any_unicode_text_reads_back_exactly(text: str) -> None:
     ring = Ring()
-    ring.append("on-message", text, None, TS)
+    append(ring, "on-message", text, None, TS)
     assert ring.firings() == [Firing(1, "on-message", text, None, TS)]
 
 
@@ -198,7 +215,7 @@ def test_an_empty_text_reads_back_as_empty_not_none() -> None:
 @pytest.mark.parametrize("text", ["\ud800", "a lone \udfff low surrogate", "\udcff"])
 def test_a_text_utf8_cannot_carry_is_kept_as_given(text: str) -> None:
     ring = Ring()
-    firing = ring.append("on-message", text, None, TS)
+    firing = append(ring, "on-message", text, None, TS)
     assert ring.firings() == [firing]
     assert held(ring) == [firing]
 
@@ -210,7 +227,7 @@ def test_a_firing_with_neither_or_both_texts_is_kept_as_given(
     result: str | None, event: str | None
 ) -> None:
     ring = Ring()
-    firing = ring.append("on-x", result, event, TS)
+    firing = append(ring, "on-x", result, event, TS)
     assert ring.firings() == [Firing(1, "on-x", result, event, TS)]
     assert held(ring) == [firing]
 
@@ -221,7 +238,7 @@ def test_a_firing_with_neither_or_both_texts_is_kept_as_given(
 def test_a_handler_name_is_kept_once_however_many_firings_use_it() -> None:
     ring = Ring(1000)
     for n in range(1000):
-        ring.append("on-message", f"m{n}", None, TS)
+        append(ring, "on-message", f"m{n}", None, TS)
         ring.record("on-build", None, f"e{n}", TS)
     assert slots(ring) == [("on-message", False), ("on-build", True)]
     firings = ring.firings()
@@ -230,9 +247,9 @@ def test_a_handler_name_is_kept_once_however_many_firings_use_it() -> None:
 
 def test_one_handler_both_handled_and_unhandled_keeps_each_firings_kind() -> None:
     ring = Ring()
-    ring.append("on-build", "a result", None, TS)
-    ring.append("on-build", None, "an event", TS)
-    ring.append("on-build", "again", None, TS)
+    append(ring, "on-build", "a result", None, TS)
+    append(ring, "on-build", None, "an event", TS)
+    append(ring, "on-build", "again", None, TS)
     assert [(f.result, f.event) for f in ring.firings()] == [
         ("a result", None),
         (None, "an event"),
@@ -243,8 +260,8 @@ def test_one_handler_both_handled_and_unhandled_keeps_each_firings_kind() -> Non
 def test_every_ring_shares_one_string_for_a_handler_name() -> None:
     # Names that come from a store or the wire are new objects each time.
     a, b = Ring(), Ring()
-    a.append("".join(["on-", "message"]), "x", None, TS)
-    b.append("".join(["on-", "message"]), "y", None, TS)
+    append(a, "".join(["on-", "message"]), "x", None, TS)
+    append(b, "".join(["on-", "message"]), "y", None, TS)
     assert a.firings()[0].handler is b.firings()[0].handler
 
 
@@ -257,7 +274,7 @@ def test_names_restored_from_a_store_are_shared_too() -> None:
 def test_ever_new_handler_names_keep_the_table_within_twice_the_ring() -> None:
     ring = Ring(4)
     for n in range(1, 1001):
-        ring.append(f"h{n}", f"m{n}", None, TS)
+        append(ring, f"h{n}", f"m{n}", None, TS)
         assert len(slots(ring)) <= 2 * ring.retained + 64 + 1
         assert [(f.seq, f.handler, f.result) for f in ring.firings()] == [
             (s, f"h{s}", f"m{s}") for s in range(max(1, n - 3), n + 1)
@@ -270,9 +287,9 @@ def test_a_rebuilt_table_keeps_every_held_firings_handler_and_kind() -> None:
     for n in range(1, 501):
         handler = f"h{n // 2}"  # each name twice: once handled, once unhandled
         if n % 2:
-            model.append(ring.append(handler, f"r{n}", None, TS))
+            model.append(append(ring, handler, f"r{n}", None, TS))
         else:
-            model.append(ring.append(handler, None, f"e{n}", TS))
+            model.append(append(ring, handler, None, f"e{n}", TS))
         assert ring.firings() == model[-8:]
     assert len(slots(ring)) <= 2 * 8 + 64 + 1
 
@@ -280,10 +297,10 @@ def test_a_rebuilt_table_keeps_every_held_firings_handler_and_kind() -> None:
 def test_held_firings_that_share_a_handler_share_one_slot_once_rebuilt() -> None:
     ring = Ring(8)
     for n in range(79):  # 79 names for a ring of 8: the next new one rebuilds the table
-        ring.append(f"h{n}", f"m{n}", None, TS)
+        append(ring, f"h{n}", f"m{n}", None, TS)
     for n in range(3):
-        ring.append("dup", f"d{n}", None, TS)
-    ring.append("new", "x", None, TS)
+        append(ring, "dup", f"d{n}", None, TS)
+    append(ring, "new", "x", None, TS)
     # rebuilt from what the ring held: h74 (on its way out) to h78, and one slot for dup
     assert slots(ring) == [
         *((f"h{n}", False) for n in range(74, 79)),
@@ -302,10 +319,10 @@ def test_held_firings_that_share_a_handler_share_one_slot_once_rebuilt() -> None
 def test_a_table_rebuilt_while_the_ring_holds_a_firing_kept_as_given_keeps_it() -> None:
     ring = Ring(100)
     for n in range(99):
-        ring.append(f"h{n}", f"m{n}", None, TS)
-    odd = ring.append("on-x", None, "kept as given", "t")
+        append(ring, f"h{n}", f"m{n}", None, TS)
+    odd = append(ring, "on-x", None, "kept as given", "t")
     ring.set_limit(2)  # the table still names 100 handlers, for a ring of 2
-    new = ring.append("new", "x", None, TS)  # a new name: time to rebuild the table
+    new = append(ring, "new", "x", None, TS)  # a new name: time to rebuild the table
     assert ring.firings() == [odd, new]
     # Rebuilt from what the ring held: h98 (on its way out) and the kept firing, which
     # names its handler itself.
@@ -372,7 +389,7 @@ def test_a_ring_rebuilt_with_a_seq_repeated_in_the_middle_is_bad_seq() -> None:
 
 def test_a_daemon_firing_is_one_bytes_of_header_and_utf8_text() -> None:
     ring = Ring()
-    ring.append("on-message", "héllo", None, "2026-11-30T07:00:00.123Z")
+    append(ring, "on-message", "héllo", None, "2026-11-30T07:00:00.123Z")
     (item,) = held(ring)
     assert isinstance(item, bytes)
     ms = (datetime(2026, 11, 30, 7, 0, 0, 123_000, tzinfo=UTC) - EPOCH) // timedelta(milliseconds=1)

@@ -13,10 +13,15 @@ from session.firing import Batch, Firing
 from session.ring import DEFAULT_LIMIT, MAX_LIMIT, Ring
 
 
+def append(ring: Ring, handler: str, result: str | None, event: str | None, ts: str) -> Firing:
+    """Record the next firing, as a send does, and the firing it is."""
+    return Firing(ring.record(handler, result, event, ts), handler, result, event, ts)
+
+
 def filled(count: int, limit: int = DEFAULT_LIMIT) -> Ring:
     ring = Ring(limit)
     for n in range(1, count + 1):
-        ring.append("on-message", f"m{n}", None, f"t{n}")
+        append(ring, "on-message", f"m{n}", None, f"t{n}")
     return ring
 
 
@@ -45,14 +50,14 @@ def test_five_firings_get_seqs_1_to_5_and_head_5() -> None:
 
 def test_append_returns_the_firing_it_recorded_with_every_field() -> None:
     ring = Ring()
-    firing = ring.append("on-tick", None, "raw", "2024-01-01T00:00:00.000Z")
+    firing = append(ring, "on-tick", None, "raw", "2024-01-01T00:00:00.000Z")
     assert firing == Firing(1, "on-tick", None, "raw", "2024-01-01T00:00:00.000Z")
     assert ring.firings() == [firing]
 
 
 def test_with_limit_0_every_firing_still_takes_the_next_seq() -> None:
     ring = filled(3, limit=0)
-    assert ring.append("on-message", "x", None, "t").seq == 4
+    assert append(ring, "on-message", "x", None, "t").seq == 4
     assert (ring.head, ring.retained, ring.first, ring.dropped) == (4, 0, 5, 4)
 
 
@@ -74,7 +79,7 @@ def test_raising_the_limit_trims_nothing_and_brings_nothing_back() -> None:
     ring = filled(6, limit=2)
     assert ring.set_limit(10) == 0
     assert (ring.limit, [f.seq for f in ring.firings()]) == (10, [5, 6])
-    ring.append("on-message", "7", None, "t")
+    append(ring, "on-message", "7", None, "t")
     assert [f.seq for f in ring.firings()] == [5, 6, 7]
 
 

@@ -31,6 +31,11 @@ from session.firing import Batch, Firing
 from session.session import CursorInfo, CursorState, Recorded, check_cursor_name, check_session_id
 
 
+def position(session: Session, cursor: str) -> int | None:
+    """Where ``cursor`` stands in ``session``, as a store keeps it; None when it has none."""
+    return next((c.seq for c in session.cursor_states() if c.name == cursor), None)
+
+
 def filled(count: int, limit: int = 256) -> Session:
     session = Session("s", limit)
     for _ in range(count):
@@ -265,7 +270,7 @@ def test_paging_a_full_ring_with_max_100_through_a_cursor_returns_every_firing_o
         seen += seqs(batch)
         session.ack("pager", batch.next)
     assert seen == list(range(445, 701))
-    assert session.cursor_position("pager") == 700
+    assert position(session, "pager") == 700
 
 
 @pytest.mark.parametrize("most", [0, -1])
@@ -292,7 +297,7 @@ def test_reading_through_a_cursor_does_not_move_it() -> None:
     session = filled(3)
     assert seqs(session.read("a")) == [1, 2, 3]
     assert seqs(session.read("a")) == [1, 2, 3]
-    assert session.cursor_position("a") == 0
+    assert position(session, "a") == 0
 
 
 def test_moving_cursor_a_does_not_change_what_cursor_b_reads() -> None:
@@ -308,7 +313,7 @@ def test_ack_5_then_ack_3_leaves_the_cursor_at_5() -> None:
     session = filled(6)
     assert session.ack("a", 5) == 5
     assert session.ack("a", 3) == 5
-    assert session.cursor_position("a") == 5
+    assert position(session, "a") == 5
     assert seqs(session.read("a")) == [6]
 
 
@@ -328,7 +333,7 @@ def test_acking_beyond_the_head_is_ack_after_head_and_changes_nothing() -> None:
     assert error.message == "cannot ack 6: head is 5"
     # a cursor that does not exist is not created by a failed ack either
     unchanged_after_failure(session, AckAfterHead, lambda s: s.ack("new", 6))
-    assert session.cursor_position("new") is None
+    assert position(session, "new") is None
 
 
 def test_acking_a_negative_seq_is_bad_seq_and_changes_nothing() -> None:
@@ -343,7 +348,7 @@ def test_two_readers_sharing_a_cursor_share_a_resume_point_and_each_sees_everyth
     assert seqs(one) == seqs(two) == [1, 2, 3, 4]
     session.ack("shared", 4)
     session.ack("shared", 2)  # the slower reader cannot move it back
-    assert session.cursor_position("shared") == 4
+    assert position(session, "shared") == 4
 
 
 def test_16_cursors_live_side_by_side() -> None:
@@ -359,7 +364,7 @@ def test_the_17th_cursor_removes_the_least_recently_created_one() -> None:
         session.ack(f"c{n}", n + 1)
     session.read("c16")
     assert len(session.cursor_states()) == MAX_CURSORS
-    assert session.cursor_position("c0") is None
+    assert position(session, "c0") is None
     assert names(session) == [f"c{n}" for n in range(1, MAX_CURSORS + 1)]
 
 
@@ -373,8 +378,8 @@ def test_a_read_or_an_ack_counts_as_a_use_for_eviction(use: str) -> None:
     else:
         session.ack("c0", 0)
     session.ack("new", 0)
-    assert session.cursor_position("c0") == 1
-    assert session.cursor_position("c1") is None
+    assert position(session, "c0") == 1
+    assert position(session, "c1") is None
 
 
 def test_a_peek_is_not_a_use_and_does_not_create_a_cursor() -> None:
@@ -383,9 +388,9 @@ def test_a_peek_is_not_a_use_and_does_not_create_a_cursor() -> None:
         session.ack(f"c{n}", n + 1)
     assert seqs(session.read("c0", touch=False)) == list(range(2, 21))
     assert seqs(session.read("ghost", touch=False)) == list(range(1, 21))
-    assert session.cursor_position("ghost") is None
+    assert position(session, "ghost") is None
     session.ack("new", 0)
-    assert session.cursor_position("c0") is None
+    assert position(session, "c0") is None
 
 
 def test_an_evicted_cursor_used_again_starts_from_0() -> None:
@@ -393,9 +398,9 @@ def test_an_evicted_cursor_used_again_starts_from_0() -> None:
     session.ack("old", 20)
     for n in range(MAX_CURSORS):
         session.read(f"c{n}")
-    assert session.cursor_position("old") is None
+    assert position(session, "old") is None
     assert seqs(session.read("old")) == list(range(1, 21))  # duplicates, never loss
-    assert session.cursor_position("old") == 0
+    assert position(session, "old") == 0
 
 
 def test_a_failed_read_through_a_new_cursor_evicts_nothing() -> None:
@@ -412,7 +417,7 @@ def test_a_failed_read_through_a_new_cursor_evicts_nothing() -> None:
 def test_poll_reads_after_its_own_cursor_and_acknowledges_it() -> None:
     session = filled(3)
     assert seqs(session.poll()) == [1, 2, 3]
-    assert session.cursor_position("poll") == 3
+    assert position(session, "poll") == 3
     assert session.poll() == Batch(3, 0, [])
     send(session)
     assert seqs(session.poll()) == [4]
@@ -452,8 +457,8 @@ def test_poll_is_a_use_of_the_poll_cursor() -> None:
         session.ack(f"c{n}", 0)
     session.poll()
     session.ack("last", 0)
-    assert session.cursor_position("poll") == 1
-    assert session.cursor_position("c0") is None
+    assert position(session, "poll") == 1
+    assert position(session, "c0") is None
 
 
 # -- dedup (rule 13) -------------------------------------------------------------------
@@ -535,7 +540,7 @@ def test_acking_with_visible_above_the_head_still_stops_at_the_head() -> None:
 def test_poll_capped_by_visible_acknowledges_only_what_it_could_see() -> None:
     session = filled(8)
     assert seqs(session.poll(visible=3)) == [1, 2, 3]
-    assert session.cursor_position("poll") == 3
+    assert position(session, "poll") == 3
     assert seqs(session.poll()) == [4, 5, 6, 7, 8]
 
 
@@ -595,8 +600,8 @@ def test_cursor_states_list_least_recently_used_first_with_their_last_use() -> N
 def test_cursor_position_is_none_for_a_cursor_that_does_not_exist() -> None:
     session = filled(3)
     session.ack("a", 2)
-    assert session.cursor_position("a") == 2
-    assert session.cursor_position("b") is None
+    assert position(session, "a") == 2
+    assert position(session, "b") is None
 
 
 # -- evaluations (rule 8's counter) ----------------------------------------------------
@@ -626,7 +631,7 @@ def test_inspecting_a_session_counts_no_evaluation() -> None:
     evaluations = session.evaluations
     session.cursor_table()
     session.cursor_states()
-    session.cursor_position("a")
+    position(session, "a")
     session.snapshot()
     assert (session.head, session.uses) == (3, 1)
     assert session.evaluations == evaluations

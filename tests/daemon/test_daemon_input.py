@@ -15,9 +15,9 @@ from typing import Any, NoReturn
 
 import pytest
 
+from repl_daemon.backends.local.committer import LocalCommitter
+from repl_daemon.backends.local.sqlite import SqliteStore
 from repl_daemon.config import Limits
-from repl_daemon.engine.local import LocalCommitter
-from repl_daemon.stores.sqlite import SqliteStore
 from session.delta import Delta
 from tests.helpers import (
     Client,

@@ -17,8 +17,9 @@ import pytest
 
 from repl_daemon import daemon
 from repl_daemon.__main__ import main
+from repl_daemon.backends.local import LocalBackend
+from repl_daemon.backends.local.memory import MemoryStore
 from repl_daemon.config import build_config
-from repl_daemon.stores.memory import MemoryStore
 from session.errors import ConfigError, StoreFailed
 
 
@@ -118,7 +119,7 @@ def test_a_store_that_cannot_be_loaded_at_start_is_one_line(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = Unreadable()
-    monkeypatch.setattr(daemon, "open_store", lambda config: store)
+    monkeypatch.setattr(daemon, "open_backend", lambda config: LocalBackend(store))
     assert refused(capsys, tmp_path / "home") == "cannot read the store: it went away"
     assert store.closed
 

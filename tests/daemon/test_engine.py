@@ -16,9 +16,10 @@ import msgspec
 import pytest
 
 from repl_daemon import protocol as p
-from repl_daemon.engine import Engine, Ticket, local, open_engine, utc_now
-from repl_daemon.engine.local import LocalCommitter
-from repl_daemon.stores.memory import MemoryStore
+from repl_daemon.backends.local import LocalBackend
+from repl_daemon.backends.local.committer import LocalCommitter
+from repl_daemon.backends.local.memory import MemoryStore
+from repl_daemon.engine import Engine, Ticket, committer, utc_now
 from session.errors import (
     AckAfterHead,
     BadMax,
@@ -39,7 +40,7 @@ async def call(engine: Engine, req: p.AnyRequest) -> p.Response:
 
 
 async def started(*ids: str) -> Engine:
-    engine = open_engine(MemoryStore(), settle=0)
+    engine = Engine(LocalBackend(MemoryStore()), settle=0)
     for session_id in ids:
         await call(engine, p.Start(session=session_id))
     return engine
@@ -239,7 +240,7 @@ async def test_a_made_up_session_id_is_never_one_already_taken(
 ) -> None:
     engine = await started()
     draws = iter(["0000beef", "0000beef", "0000beef", "00c0ffee"])
-    monkeypatch.setattr(local, "secrets", SimpleNamespace(token_hex=lambda n: next(draws)))
+    monkeypatch.setattr(committer, "secrets", SimpleNamespace(token_hex=lambda n: next(draws)))
     first = await call(engine, p.Start())
     second = await call(engine, p.Start())
     assert isinstance(first, p.Started) and isinstance(second, p.Started)

@@ -19,9 +19,11 @@ import anyio
 import pytest
 
 from repl_daemon import protocol as p
-from repl_daemon.engine import Engine, local, open_engine
-from repl_daemon.engine.local import LocalCommitter
-from repl_daemon.stores.sqlite import SqliteStore
+from repl_daemon.backends.local import LocalBackend
+from repl_daemon.backends.local import committer as local
+from repl_daemon.backends.local.committer import LocalCommitter
+from repl_daemon.backends.local.sqlite import SqliteStore
+from repl_daemon.engine import Engine
 from session.delta import Delta
 from session.errors import StoreFailed, TooMany
 from session.scopes import TokenRecord
@@ -34,7 +36,6 @@ class Flaky:
     """The SQLite store, with writes and reloads that fail while ``writes`` / ``reloads`` say."""
 
     durable = True
-    shared = False
 
     def __init__(self, path: Path) -> None:
         self.inner = SqliteStore(path)
@@ -80,7 +81,7 @@ def store(tmp_path: Path) -> Flaky:
 @contextlib.asynccontextmanager
 async def running(store: Flaky) -> AsyncIterator[Engine]:
     """An engine over ``store`` with its committer at work; the store closed at the end."""
-    engine = open_engine(store, settle=0)
+    engine = Engine(LocalBackend(store), settle=0)
     await engine.load()
     try:
         async with anyio.create_task_group() as tg:

@@ -18,10 +18,13 @@ import anyio.lowlevel
 import pytest
 
 from repl_daemon import protocol as p
-from repl_daemon.engine import Engine, open_engine
-from repl_daemon.engine.shared import SharedCommitter
-from repl_daemon.stores import redis as redis_store
-from repl_daemon.stores.redis import RedisStore
+from repl_daemon.backends.redis import RedisBackend
+from repl_daemon.backends.redis import keys as redis_keys
+from repl_daemon.backends.redis import store as redis_store
+from repl_daemon.backends.redis import wakes as redis_wakes
+from repl_daemon.backends.redis.committer import SharedCommitter
+from repl_daemon.backends.redis.store import RedisStore
+from repl_daemon.engine import Engine
 from session import scopes
 from session.delta import Webhook
 from session.errors import BadSessionId, BadTag, NoSuchSession, ReplError, StoreFailed, Unauthorized
@@ -31,7 +34,7 @@ from tests.helpers import RedisClusterProcs, RedisProc, eventually, store_url
 AnyRedis = RedisProc | RedisClusterProcs
 #: what a daemon always subscribes to: the channels of the timer partitions (SPEC §9) and
 #: the tokens' channel (SPEC §11)
-TIMER_CHANNELS = {*redis_store.PARTITION_IDS, redis_store.AUTH}
+TIMER_CHANNELS = {*redis_keys.PARTITION_IDS, redis_keys.AUTH}
 
 pytestmark = pytest.mark.anyio
 
@@ -41,7 +44,7 @@ async def call(engine: Engine, req: p.AnyRequest) -> p.Response:
 
 
 async def opened(url: str) -> tuple[Engine, SharedCommitter]:
-    engine = open_engine(RedisStore(url), settle=0)
+    engine = Engine(RedisBackend(RedisStore(url)), settle=0)
     committer = engine.committer
     assert isinstance(committer, SharedCommitter)
     await engine.load()
@@ -51,7 +54,7 @@ async def opened(url: str) -> tuple[Engine, SharedCommitter]:
 async def test_the_daemon_keeps_nothing_of_the_sessions_it_serves(
     redis_any: AnyRedis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(redis_store, "LINGER", 0.2)
+    monkeypatch.setattr(redis_wakes, "LINGER", 0.2)
     engine, committer = await opened(store_url(redis_any))
     async with anyio.create_task_group() as tg:
         tg.start_soon(engine.run)
@@ -82,7 +85,7 @@ async def test_the_daemon_keeps_nothing_of_the_sessions_it_serves(
             await anyio.sleep(0.4)
             assert committer.wakes.wanted == TIMER_CHANNELS and committer.wakes.lingering == set()
             held = {c for s in committer.wakes.subscribers.values() for c in s.channels}
-            assert held == {redis_store.wake_channel(t) for t in TIMER_CHANNELS}
+            assert held == {redis_keys.wake_channel(t) for t in TIMER_CHANNELS}
             assert engine.waiters == {}
         finally:
             tg.cancel_scope.cancel()
@@ -100,7 +103,7 @@ async def test_a_user_redis_refuses_scripts_cannot_start_a_daemon_and_nothing_is
             )
     try:
         store = RedisStore(store_url(redis_any).replace("://", "://noscripts:pw@"))
-        engine = open_engine(store, settle=0)
+        engine = Engine(RedisBackend(store), settle=0)
         with pytest.raises(StoreFailed, match=r"redis.* at .*noscripts:\*\*\*@.*'evalsha'"):
             await engine.load()
         assert redis_any.dbsize() == 0
@@ -278,7 +281,7 @@ async def test_two_waiters_subscribing_to_one_session_at_once_both_get_its_wakes
 
     store = RedisStore(url)
     await store.open()
-    wakes = redis_store.Wakes(store, wake, lambda: None)
+    wakes = redis_wakes.Wakes(store, wake, lambda: None)
     async with anyio.create_task_group() as tg:
         tg.start_soon(wakes.run)
         await anyio.sleep(0.05)
@@ -360,7 +363,7 @@ async def test_a_slot_on_the_move_is_followed_through_ask_and_then_moved(
     cluster = redis_cluster
     cluster.flush()
     engine, committer = await opened(store_url(cluster))
-    slot = cluster.keyslot(redis_store.session_keys("m")[0])
+    slot = cluster.keyslot(redis_keys.session_keys("m")[0])
     home = cluster.primary_of_slot(slot)
     target = next(port for port in cluster.primaries() if port != home)
     rows = cluster.topology()
@@ -496,8 +499,8 @@ async def test_the_due_index_keeps_no_entry_of_a_refused_schedule_or_a_stopped_s
 
     async def entries() -> int:
         total = 0
-        for partition in redis_store.PARTITION_IDS:
-            index_key = redis_store.partition_keys(partition)[0]
+        for partition in redis_keys.PARTITION_IDS:
+            index_key = redis_keys.partition_keys(partition)[0]
             total += int(await store.client.zcard(index_key))
         return total
 
@@ -534,7 +537,7 @@ async def test_a_timer_claimed_before_it_was_written_still_fires(redis_any: AnyR
             await second.shared_timers.ready.wait()
             await call(one, p.Start(session="a"))
             real = first.store.schedule
-            partition = redis_store.partition_of("a")
+            partition = redis_keys.partition_of("a")
 
             async def racing(timer: Any) -> Any:
                 await second.shared_timers.fire([partition], now_ms() + 1000)
@@ -583,7 +586,7 @@ async def test_tokens_are_the_stores_a_revocation_heard_or_missed_ends_them_ever
         tg.start_soon(second.run)
         await committer.shared_timers.ready.wait()
         with anyio.fail_after(5):
-            while not committer.wakes.holds(redis_store.AUTH):  # noqa: ASYNC110 - a bounded look at another task's state
+            while not committer.wakes.holds(redis_keys.AUTH):  # noqa: ASYNC110 - a bounded look at another task's state
                 await anyio.sleep(0.01)
         assert len(committer._tokens) == 3
         for answer in made:
@@ -738,7 +741,7 @@ async def test_tags_come_back_from_every_redis_path(redis_any: AnyRedis) -> None
 def _holder(server: AnyRedis, session_id: str) -> RedisProc:
     """The server that holds the session's keys (on a cluster, its slot's primary)."""
     if isinstance(server, RedisClusterProcs):
-        slot = server.keyslot(redis_store.session_keys(session_id)[0])
+        slot = server.keyslot(redis_keys.session_keys(session_id)[0])
         return server.node(server.primary_of_slot(slot))
     return server
 
@@ -758,7 +761,7 @@ async def test_a_head_redis_took_back_is_logged_once_a_session_and_counted(
         for n in range(1, 4):
             await call(engine, p.Send(session=s, text=f"kept {n}"))
         with _holder(redis_any, s).admin() as admin:
-            dumps = {key: admin.dump(key) for key in redis_store.session_keys(s)}
+            dumps = {key: admin.dump(key) for key in redis_keys.session_keys(s)}
             kept[s] = {key: dump for key, dump in dumps.items() if dump is not None}
         for n in range(4, 9):
             sent = await call(engine, p.Send(session=s, text=f"lost {n}"))

@@ -23,13 +23,14 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from repl_daemon.backends.local import LocalBackend
+from repl_daemon.backends.local.committer import LocalCommitter
+from repl_daemon.backends.local.memory import MemoryStore
+from repl_daemon.backends.local.sqlite import SqliteStore
+from repl_daemon.backends.local.store import Store
 from repl_daemon.config import Config, Limits
 from repl_daemon.daemon import ensure_token, serve_engine
 from repl_daemon.engine import Engine
-from repl_daemon.engine.local import LocalCommitter
-from repl_daemon.stores.base import Store
-from repl_daemon.stores.memory import MemoryStore
-from repl_daemon.stores.sqlite import SqliteStore
 from session.session import Snapshot
 from tests.helpers import Client, examples
 
@@ -49,7 +50,7 @@ class InProcess:
         config = Config(home=home, port=0, settle=0.0, limits=Limits(idle_timeout=30.0))
 
         async def build() -> tuple[Engine, anyio.Event]:
-            engine = Engine(lambda e: LocalCommitter(store, e), settle=0.0)
+            engine = Engine(LocalBackend(store), settle=0.0)
             await engine.load()
             return engine, anyio.Event()
 

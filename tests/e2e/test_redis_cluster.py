@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from repl_daemon.stores.redis import session_keys, wake_channel
+from repl_daemon.backends.redis.keys import session_keys, wake_channel
 from tests.e2e import correlated
 from tests.helpers import Client, RedisClusterProcs, SharedDaemons, answered, store_url
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from repl_daemon.stores.redis import wake_channel
+from repl_daemon.backends.redis.keys import wake_channel
 from tests.helpers import (
     Client,
     DaemonProc,

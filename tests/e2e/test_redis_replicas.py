@@ -18,7 +18,7 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from repl_daemon.stores.redis import session_keys
+from repl_daemon.backends.redis.keys import session_keys
 from tests.helpers import DaemonProc, RedisClusterProcs, RedisProc, eventually
 
 SENDS = 20

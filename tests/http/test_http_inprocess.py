@@ -23,8 +23,9 @@ import pytest
 
 from repl_daemon import http
 from repl_daemon import protocol as p
-from repl_daemon.engine import open_engine
-from repl_daemon.stores.memory import MemoryStore
+from repl_daemon.backends.local import LocalBackend
+from repl_daemon.backends.local.memory import MemoryStore
+from repl_daemon.engine import Engine
 
 pytestmark = pytest.mark.anyio
 
@@ -33,7 +34,7 @@ async def test_an_idle_stream_gets_heartbeats_and_costs_no_evaluation(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(http, "HEARTBEAT", 0.2)
-    engine = open_engine(MemoryStore(), settle=0)
+    engine = Engine(LocalBackend(MemoryStore()), settle=0)
     await engine.handle(p.Start(session="s")).result()
     async with anyio.create_task_group() as tg:
         tg.start_soon(engine.run)
@@ -82,7 +83,7 @@ async def test_keep_alive_answers_are_not_held_back_by_nagle() -> None:
     without). The accepted socket has ``TCP_NODELAY``: the body goes out at once. No
     clock: the option is read from the server's own socket, after two answers on one
     connection of a stock client (``http.client``)."""
-    engine = open_engine(MemoryStore(), settle=0)
+    engine = Engine(LocalBackend(MemoryStore()), settle=0)
     async with anyio.create_task_group() as tg:
         tg.start_soon(engine.run)
         port = await tg.start(http.serve_http, engine, "127.0.0.1", 0, "tok", 5.0)
@@ -112,7 +113,7 @@ async def test_a_failure_of_the_daemons_own_is_a_json_500_and_the_daemon_serves_
 ) -> None:
     """A bug in a route (here: the health check made to raise) is 500 ``internal`` in the
     daemon's JSON, not Starlette's plain text; the next request is served."""
-    engine = open_engine(MemoryStore(), settle=0)
+    engine = Engine(LocalBackend(MemoryStore()), settle=0)
     calls = []
 
     async def broken() -> str | None:
@@ -155,7 +156,7 @@ async def test_a_long_poll_cut_off_by_the_server_stopping_releases_its_wait() ->
     """The HTTP server stopping while a long poll is blocked (uvicorn cancels what still
     runs past its grace period): the request's end releases the wait at once, with no
     answer and no cursor moved; the engine is left with no waiter."""
-    engine = open_engine(MemoryStore(), settle=0)
+    engine = Engine(LocalBackend(MemoryStore()), settle=0)
     await engine.handle(p.Start(session="s")).result()
     web = anyio.CancelScope()
 

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from repl_cli import aio
+from repl_cli import api as python_api
 from repl_daemon.http import MAX_BODY
 from tests.helpers import DaemonProc, Repl
 from tests.http.test_http_api import Web
@@ -217,3 +219,29 @@ def test_repl_webhook_refuses_what_it_cannot_use(
     argv = [str(tmp_path / "empty") if a == "EMPTY" else a for a in args]
     assert says in repl.fails(64, "webhook", session, *argv)
     assert deliver(api, session, b"{}")[0] == 401  # no webhook was given
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("kind", ["api", "aio"])
+async def test_both_python_apis_give_and_take_away_a_webhook(web: DaemonProc, kind: str) -> None:
+    """``Repl.webhook`` and ``AsyncRepl.webhook`` (one signature, checked in test_api): the
+    secret given is the one a delivery is signed with; None takes the webhook away."""
+    api = Web(web)
+    session = api.session()
+    body = PUSH.encode()
+    headers = {"X-Hub-Signature-256": signed("from-python", body), "X-GitHub-Delivery": "d-1"}
+
+    async def give(secret: str | None) -> None:
+        if kind == "api":
+            with python_api.connect(web.addr, web.home) as repl:
+                repl.webhook(session, secret, handler="on-push")
+        else:
+            async with aio.connect(web.addr, web.home) as arepl:
+                await arepl.webhook(session, secret, handler="on-push")
+
+    await give("from-python")
+    assert deliver(api, session, body, **headers) == (201, {"seq": 1, "duplicate": False})
+    assert [f["handler"] for f in firings(api, session)] == ["on-push"]
+    await give(None)
+    assert deliver(api, session, body, **headers)[0] == 401
+    assert len(firings(api, session)) == 1

@@ -1,4 +1,4 @@
-"""The heads a daemon learned from Redis (``repl_daemon.stores.heads``): no Redis, no loop.
+"""The heads a daemon learned from Redis (``repl_daemon.backends.redis.heads``): no Redis, no loop.
 
 A head is compared only with what was known when the operation was sent,
 within one incarnation of the session, so answers that cross each other, a
@@ -9,7 +9,7 @@ counted each time it is seen anew.
 
 from __future__ import annotations
 
-from repl_daemon.stores.heads import Heads, Known, WentBack
+from repl_daemon.backends.redis.heads import Heads, Known, WentBack
 
 A, B = b"a1", b"b2"
 

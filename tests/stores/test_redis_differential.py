@@ -1,6 +1,6 @@
 """The Redis scripts agree with the core: the same operations, the same answers, the same state.
 
-Redis applies every operation itself (``repl_daemon.stores.redis_scripts``),
+Redis applies every operation itself (``repl_daemon.backends.redis.scripts``),
 so each rule of the core that a script restates (the read after N of rule
 3, the ring's bound, monotonic acks, the LRU of cursors, the dedup window,
 the evaluation count) is checked here against ``session/``: hypothesis runs
@@ -34,10 +34,11 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from repl_daemon.engine.shared import SharedCommitter
+from repl_daemon.backends.redis import store as redis_store
+from repl_daemon.backends.redis.committer import SharedCommitter
+from repl_daemon.backends.redis.keys import session_keys
+from repl_daemon.backends.redis.store import RedisStore
 from repl_daemon.metrics import Counts
-from repl_daemon.stores import redis as redis_store
-from repl_daemon.stores.redis import RedisStore, session_keys
 from session import session as core_session
 from session.delta import CursorState, Webhook
 from session.errors import ReplError, StoreFailed

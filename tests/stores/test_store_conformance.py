@@ -26,11 +26,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from repl_daemon import protocol as p
+from repl_daemon.backends.local import LocalBackend
+from repl_daemon.backends.local.committer import LocalCommitter
+from repl_daemon.backends.local.memory import MemoryStore
+from repl_daemon.backends.local.sqlite import SqliteStore
+from repl_daemon.backends.local.store import Store
 from repl_daemon.engine import Engine, Outcome
-from repl_daemon.engine.local import LocalCommitter
-from repl_daemon.stores.base import Store
-from repl_daemon.stores.memory import MemoryStore
-from repl_daemon.stores.sqlite import SqliteStore
 from session.delta import Delta, Webhook
 from session.errors import StoreFailed
 from session.rules import MAX_KEYS
@@ -391,18 +392,12 @@ ops = st.lists(
 async def run_engine(store: Store, script: list[Op]) -> dict[str, Snapshot]:
     """Drive the engine through ``script``; commits come in groups, as under load.
 
-    The local committer on every store, Redis too: what is checked here is
-    that a store keeps the deltas it is handed, not how daemons share one.
+    The local committer on every local store: what is checked here is that a
+    store keeps the deltas it is handed.
     """
-    committer: LocalCommitter | None = None
-
-    def make(engine: Engine) -> LocalCommitter:
-        nonlocal committer
-        committer = LocalCommitter(store, engine)
-        return committer
-
-    engine = Engine(make, settle=0)
-    assert committer is not None
+    engine = Engine(LocalBackend(store), settle=0)
+    committer = engine.committer
+    assert isinstance(committer, LocalCommitter)
     names = ["s0", "s1", "s2"]
 
     async def call(req: p.AnyRequest) -> p.Response:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from repl_daemon.stores.sqlite import SCHEMA_VERSION, SqliteStore
+from repl_daemon.backends.local.sqlite import SCHEMA_VERSION, SqliteStore
 from session.delta import Delta
 from session.errors import StoreFailed
 from session.firing import Firing

@@ -5,7 +5,7 @@ is nothing to refresh, nothing to reload and nothing to retry. Each
 operation of the core (``session.ops``) is first checked with its own
 ``check`` (the rules that need no session state, exactly as the core
 orders them), then run as one script inside Redis on the session's keys
-(``repl_daemon.stores.redis``), and its answer is what Redis answered.
+(``repl_daemon.backends.redis.store``), and its answer is what Redis answered.
 
 A wait on several sessions acknowledges them after checking every ack
 first, each session's ack being its own atomic step (a cluster keeps
@@ -20,7 +20,7 @@ firing publishes on it. This daemon's own changes wake its waiters at once
 messages. A broken subscription is repaired by ``Wakes``, and once it is
 back every waiter reads again: a lost wake never leaves a waiter asleep.
 
-Scoped tokens (SPEC §11) live in Redis too, so every daemon of the store
+Scoped tokens (rules K1-K5) live in Redis too, so every daemon of the store
 knows them. A daemon keeps the ones it has seen; a token it has not seen
 yet (made on another daemon a moment ago) is looked up once. A revocation
 publishes on the tokens' channel, and every daemon ends the token's
@@ -37,12 +37,13 @@ from typing import Any, TypeVar, cast
 
 import anyio
 
+from repl_daemon.backends.redis.keys import AUTH, is_partition
+from repl_daemon.backends.redis.store import RedisStore
+from repl_daemon.backends.redis.timers import SharedTimers
+from repl_daemon.backends.redis.wakes import Wakes
 from repl_daemon.engine.clock import REAL, Clock
-from repl_daemon.engine.committer import Listener, Totals
-from repl_daemon.engine.local import exists, made_up_id
+from repl_daemon.engine.committer import Listener, Totals, made_up_id
 from repl_daemon.engine.outcome import Outcome, Settled
-from repl_daemon.engine.timers import SharedTimers
-from repl_daemon.stores.redis import AUTH, RedisStore, Wakes, is_partition
 from session.errors import NoSuchSession, ReplError, StoreFailed, no_such_session
 from session.ops import (
     Ack,
@@ -64,9 +65,15 @@ from session.ops import (
 )
 from session.ring import check_limit
 from session.rules import HANDLERS, POLL_CURSOR
-from session.schedule import Timer
+from session.schedule import Timer, timer_order
 from session.scopes import TokenRecord, no_such_token
-from session.session import Recorded, Summary, check_cursor_name, check_session_id
+from session.session import (
+    Recorded,
+    Summary,
+    check_cursor_name,
+    check_session_id,
+    session_exists,
+)
 
 log = logging.getLogger("repl.daemon")
 
@@ -309,7 +316,7 @@ class SharedCommitter:
             if await self.store.start(session_id, limit):
                 return session_id, True
             if not exist_ok:
-                raise exists(session_id)
+                raise session_exists(session_id)
             return session_id, False
 
         return Outcome.later(start)
@@ -361,19 +368,14 @@ class SharedCommitter:
                 except NoSuchSession:
                     if session_id is not None:
                         raise
-            timers.sort(key=lambda t: (t.due_ms, t.session, t.id))
+            timers.sort(key=timer_order)
             return timers
 
         return Outcome.later(listed)
 
     def totals(self) -> Outcome[Totals]:
         async def totals() -> Totals:
-            rows = await self._summaries(None)
-            return Totals(
-                sessions=len(rows),
-                lost=sum(r.lost for r in rows),
-                evaluations=sum(r.evaluations for r in rows),
-            )
+            return Totals.of(await self._summaries(None))
 
         return Outcome.later(totals)
 

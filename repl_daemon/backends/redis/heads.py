@@ -19,7 +19,7 @@ another daemon) starts at seq 1 legitimately, and heads are compared within
 one incarnation only. A session made by a daemon too old to write one has
 no incarnation, and is never compared.
 
-Pure: no I/O, no clock, no asyncio; ``repl_daemon.stores.redis`` calls
+Pure: no I/O, no clock, no asyncio; ``repl_daemon.backends.redis.store`` calls
 ``before`` as it sends an operation and ``learned`` with its answer.
 """
 

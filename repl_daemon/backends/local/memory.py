@@ -12,7 +12,6 @@ class MemoryStore:
 
     name = "memory"
     durable = False
-    shared = False
 
     def load(self) -> list[Snapshot]:
         return []

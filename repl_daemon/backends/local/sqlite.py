@@ -14,9 +14,9 @@ clock of each session), ``firings`` (the newest firings of each ring: a
 write deletes what the ring no longer holds), ``cursors`` (with their last
 use, which orders the LRU eviction), ``keys`` (the newest 1,024 dedup
 keys of each session, in the order they came), ``timers`` (the pending
-timers, SPEC §9: a firing and its timer's move or deletion are in one
+timers, rules T1-T6: a firing and its timer's move or deletion are in one
 batch, so one transaction) and ``hooks`` (a session's webhook secret and
-handler, SPEC §10), and ``tokens`` (the scoped tokens, SPEC §11: a name, the
+handler, rules H1-H7), and ``tokens`` (the scoped tokens, rules K1-K5: a name, the
 SHA-256 of the secret, never the secret, and the scope). ``PRAGMA
 user_version`` holds the schema's version (4; a file of schema 1, 2 or 3
 gets the tables and columns it lacks when opened: schema 4 added the tags
@@ -26,7 +26,7 @@ Only one daemon may use a home at a time: the store holds an exclusive
 ``flock`` on ``repl.db.lock`` next to the database for as long as it is
 open, and the kernel lets go of it when the process dies, however it dies.
 A networked store (Redis) cannot lean on a file lock or on one file's
-transactions; what it must keep instead is listed in ``repl_daemon.stores.base``.
+transactions; what it must keep instead is listed in ``repl_daemon.backends.local.store``.
 
 Seqs are SQLite integers here, so they stop at 2**63 - 1 (a billion
 firings a second would take three hundred years to get there).
@@ -96,7 +96,7 @@ CREATE TABLE keys (
 ) WITHOUT ROWID;
 """
 
-# schema 2 adds the pending timers (SPEC §9) and the webhooks (SPEC §10); a schema-1
+# schema 2 adds the pending timers (rules T1-T6) and the webhooks (rules H1-H7); a schema-1
 # file gets the tables at open
 _SCHEMA_2 = """
 CREATE TABLE timers (
@@ -116,7 +116,7 @@ CREATE TABLE hooks (
 ) WITHOUT ROWID;
 """
 
-# schema 3 adds the scoped tokens (SPEC §11); the scope is JSON (patterns and rights)
+# schema 3 adds the scoped tokens (rules K1-K5); the scope is JSON (patterns and rights)
 _SCHEMA_3 = """
 CREATE TABLE tokens (
     name TEXT PRIMARY KEY,
@@ -167,7 +167,6 @@ class SqliteStore:
     """Sessions in an SQLite file; see the module's docstring for the guarantees."""
 
     durable = True
-    shared = False
 
     def __init__(self, path: Path | str, *, busy_timeout: float = BUSY_TIMEOUT) -> None:
         """Lock the home, open (or create) the database; ``StoreFailed`` when it cannot."""

@@ -21,7 +21,7 @@ whole or not at all.
 With a store that keeps nothing (``--memory``) there is no commit: every
 answer is given at once and every firing is visible when it is recorded.
 
-Timers (SPEC §9) are the sessions' own; one ``Schedule`` indexes the due
+Timers (rules T1-T6) are the sessions' own; one ``Schedule`` indexes the due
 times of all of them, and one task sleeps until the earliest (or until a
 sooner one is scheduled), so pending timers cost nothing while none is
 due. Firing is an operation like any other (``FireTimers``): the firing
@@ -33,7 +33,6 @@ while the daemon was down fires on its first turn after ``load``.
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -41,24 +40,28 @@ from typing import TypeVar
 import anyio
 import anyio.lowlevel
 
+from repl_daemon.backends.local.store import Store
 from repl_daemon.engine.clock import REAL, Clock
-from repl_daemon.engine.committer import Listener, Totals
+from repl_daemon.engine.committer import Listener, Totals, made_up_id
 from repl_daemon.engine.outcome import Outcome, Ticket
-from repl_daemon.stores.base import Store
 from session.delta import Delta
 from session.errors import (
-    NoSuchSession,
     ReplError,
-    SessionExists,
     SessionStopped,
     StoreFailed,
     TooMany,
-    no_such_session,
 )
 from session.ops import FireTimers, Op, ack_all
-from session.schedule import Schedule, Timer
+from session.schedule import Schedule, Timer, timer_order
 from session.scopes import MAX_TOKENS, TokenRecord, no_such_token, token_exists, too_many_tokens
-from session.session import Session, Snapshot, Summary, check_session_id
+from session.session import (
+    Session,
+    Snapshot,
+    Summary,
+    check_session_id,
+    no_session,
+    session_exists,
+)
 
 log = logging.getLogger("repl.daemon")
 
@@ -69,23 +72,6 @@ T = TypeVar("T")
 FIRE_RETRY = (0.1, 5.0)
 #: how many due timers the timer task fires before it lets the connections run
 FIRE_SLICE = 512
-
-
-def no_session(session_id: str) -> NoSuchSession:
-    check_session_id(session_id)  # a malformed id is a bad id, not a missing session
-    return no_such_session(session_id)
-
-
-def exists(session_id: str) -> SessionExists:
-    return SessionExists(f"session {session_id!r} exists: stop it first, or pass --exist-ok")
-
-
-def made_up_id(taken: object) -> str:
-    """A fresh session id, ``s-`` and 8 hex digits, not ``in taken``."""
-    while True:
-        session_id = "s-" + secrets.token_hex(4)
-        if session_id not in taken:  # type: ignore[operator]
-            return session_id
 
 
 class Hosted:
@@ -223,7 +209,7 @@ class LocalCommitter:
     def all_timers(self) -> list[Timer]:
         """Every pending timer of every session, soonest first."""
         timers = [t for h in self.sessions.values() for t in h.session.timers.values()]
-        timers.sort(key=lambda t: (t.due_ms, t.session, t.id))
+        timers.sort(key=timer_order)
         return timers
 
     async def close(self) -> None:
@@ -382,7 +368,7 @@ class LocalCommitter:
         existing = self.sessions.get(session_id)
         if existing is not None:
             if not exist_ok:
-                raise exists(session_id)
+                raise session_exists(session_id)
             # it may itself still be on its way to the disk
             return Outcome.after(self._pending_commit(), (session_id, False))
         if len(self.sessions) >= self.max_sessions:
@@ -441,7 +427,7 @@ class LocalCommitter:
     def vanished(self, session_id: str) -> ReplError:
         return SessionStopped(f"session {session_id!r} stopped")  # only a stop removes one
 
-    # -- scoped tokens (SPEC §11) -----------------------------------------------
+    # -- scoped tokens (rules K1-K5) -----------------------------------------------
 
     def find_token(self, digest: str) -> Outcome[TokenRecord | None]:
         return Outcome.now(self._by_digest.get(digest))

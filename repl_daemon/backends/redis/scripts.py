@@ -15,8 +15,8 @@ The keys, in this order in every script's KEYS:
 1. ``meta``     hash: ``limit``, ``head``, ``uses`` (the cursor-use clock), ``evals``,
    ``inc`` (the incarnation: a random token each start writes, answered with the
    head so a daemon can tell a restarted session from a head Redis took back,
-   ``repl_daemon.stores.heads``), and ``hook_secret``, ``hook_handler`` when the
-   session has a webhook (SPEC §10)
+   ``repl_daemon.backends.redis.heads``), and ``hook_secret``, ``hook_handler`` when the
+   session has a webhook (rules H1-H7)
 2. ``ring``     stream: the retained firings, entry id ``SEQ-0``; fields ``t`` (ts),
    ``h`` (handler), then ``r`` (result) or ``e`` (event), then ``g`` (its tags, a JSON
    object made by the daemon) only when it has tags, so a plain firing costs no more
@@ -33,7 +33,7 @@ The keys, in this order in every script's KEYS:
    (copied as it is, so the firing has the tags in the order they were given)
 8. ``due``      sorted set: timer id, scored by when it is due (ms since the epoch)
 
-Timers are the session's own (SPEC §9), so the script that fires one also
+Timers are the session's own (rules T1-T6), so the script that fires one also
 records its firing: one atomic step, which is what makes a due time fire
 exactly once however many daemons try (``FIRE`` fires only what is still
 due). Which timers are due across sessions is a hint kept beside them: a
@@ -43,9 +43,9 @@ ahead, so another daemon takes it only if the claimer died) and update
 after each change (``INDEX``, which publishes on the partition's channel
 when the partition's earliest due time moved sooner, so every daemon sleeps
 until the earliest and none polls). An entry of the index that is stale
-costs one ``FIRE`` that fires nothing; see ``repl_daemon.stores.redis``.
+costs one ``FIRE`` that fires nothing; see ``repl_daemon.backends.redis.store``.
 
-The scoped tokens (SPEC §11) are kept apart from every session, under the
+The scoped tokens (rules K1-K5) are kept apart from every session, under the
 name ``~auth`` (no session id starts with ``~``): ``repl:{~auth}:names``
 (name -> the SHA-256 of its secret), ``repl:{~auth}:tokens`` (that digest ->
 the token's record, JSON made by the daemon) and the channel
@@ -73,7 +73,7 @@ local function cursor_seq(value)
   if not value then return 0 end
   return tonumber(string.match(value, '^(%d+)'))
 end
--- a use of a cursor (SPEC rule 4): the clock ticks, a new cursor starts at 0
+-- a use of a cursor (rule S4): the clock ticks, a new cursor starts at 0
 -- and evicts the least recently used one when the session has max_cursors
 local function use(name, max_cursors)
   local uses = redis.call('HINCRBY', meta, 'uses', 1)
@@ -104,8 +104,8 @@ end
 local function set_cursor(name, seq, uses)
   redis.call('HSET', cursors, name, string.format('%d:%d', seq, uses))
 end
--- record a firing after head (SPEC rules 1, 2, 13): its seq, 1 if its key had one, the head;
--- ``tags`` is the JSON of its tags, '' for none (SPEC §15)
+-- record a firing after head (rules S1, S2, S13): its seq, 1 if its key had one, the head;
+-- ``tags`` is the JSON of its tags, '' for none (rules R1-R4)
 local function record(head, limit, field, handler, text, ts, key, max_keys, tags)
   if key ~= '' then
     local seq = redis.call('HGET', keys, key)

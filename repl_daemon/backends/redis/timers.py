@@ -1,4 +1,4 @@
-"""Timers on a shared store (SPEC §9): every daemon may fire any, each due time once.
+"""Timers on a shared store (rules T1-T6): every daemon may fire any, each due time once.
 
 A timer lives with its session in Redis, and the script that fires it
 (``FIRE``) records the firing and moves or deletes the timer in one atomic
@@ -36,9 +36,11 @@ from collections.abc import Iterable
 
 import anyio
 
+from repl_daemon.backends.redis.keys import PARTITION_IDS, partition_of
+from repl_daemon.backends.redis.store import RedisStore
+from repl_daemon.backends.redis.wakes import Wakes
 from repl_daemon.engine.clock import REAL, Clock
 from repl_daemon.engine.committer import Listener
-from repl_daemon.stores.redis import PARTITION_IDS, RedisStore, Wakes, partition_of
 from session.errors import NoSuchSession, StoreFailed, TooMany
 from session.schedule import Timer
 from session.session import Fired, Scheduled

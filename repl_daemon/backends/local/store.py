@@ -1,41 +1,31 @@
-"""The store interface: where the daemon keeps sessions between runs.
+"""The local store interface: where a daemon keeps its own sessions between runs.
 
-A store persists what it is handed and decides no rule: the daemon applies
-every operation with the ``session`` core and hands the store one
+A store persists what it is handed and decides no rule: the local committer
+applies every operation with the ``session`` core and hands the store one
 ``Delta`` a changed session (``session.delta``), a batch of them at a time
-(group commit, see ``repl_daemon.engine.local``). At start it loads every
+(group commit, see ``repl_daemon.backends.local.committer``). At start it loads every
 session back from the store's snapshots. A store raises ``StoreFailed`` and
 nothing else; the message says what failed and, where a user can act, what
-to do.
+to do. (Redis is no such store: the daemons that share it keep no copy, and
+every operation is one script there; see ``repl_daemon.backends.redis``.)
 
-What any store must guarantee (a networked one such as Redis included):
+What a store must guarantee:
 
 - ``write`` is atomic: after a crash either the whole batch is there or
-  none of it, and a batch is never reordered with the one before it. A
-  store shared by several daemons (Redis) is atomic per session instead:
-  each session's delta is one server-side step, checked against the version
-  the daemon's copy came from (``repl_daemon.engine.shared``).
-- once ``write`` returns, the batch survives a crash of the daemon (and,
-  for a networked store, of the store's own process as far as its settings
-  promise: Redis keeps a batch through a crash of its machine only with
-  ``appendonly yes`` and ``appendfsync always``, or after a WAIT for
-  replicas; see GUIDE.md);
+  none of it, and a batch is never reordered with the one before it;
+- once ``write`` returns, the batch survives a crash of the daemon (SQLite:
+  the transaction is committed with ``synchronous=FULL``);
 - ``write`` raises ``StoreFailed`` with a reason when it cannot, and then
-  has written nothing; the daemon reloads the sessions of the batch with
+  has written nothing; the committer reloads the sessions of the batch with
   ``load_session`` and answers their callers ``store_failed``;
 - a write after a failed one works again once the cause is gone (a
-  reconnect, a reopened file): the daemon does not restart for it;
+  reopened file, a disk with room again): the daemon does not restart for it;
 - ``load`` returns exactly what was written: seqs, the newest firings
   (seq above ``head - retained``, with no hole), cursors with their last
   use, dedup keys in the order they came (the newest ``max_keys``), limits
   and the cursor-use clock; ``load_session`` the same for one session;
 - one writer at a time: a second daemon on the same SQLite file refuses to
-  start (``repl_daemon.stores.sqlite`` holds a file lock on it). A store
-  that several daemons share must arbitrate inside the write itself: the
-  write checks, in the same atomic step, that nobody changed the session
-  since this daemon read it (a version, or a fencing token), and otherwise
-  writes nothing; a lock or lease taken beside the write is not enough,
-  because its holder can be paused past its expiry and then write.
+  start (``repl_daemon.backends.local.sqlite`` holds a file lock on it).
 """
 
 from __future__ import annotations
@@ -55,7 +45,6 @@ class Store(Protocol):
     #: False for a store that keeps nothing (readers need not wait for it)
     durable: bool
     #: True for a store that other daemons write too (its sessions are not this daemon's alone)
-    shared: bool
 
     def load(self) -> list[Snapshot]:
         """Every stored session; called once at start, before serving."""
@@ -70,7 +59,7 @@ class Store(Protocol):
         ...
 
     def load_tokens(self) -> list[TokenRecord]:
-        """The scoped tokens (SPEC §11), by name; called at start."""
+        """The scoped tokens (rules K1-K5), by name; called at start."""
         ...
 
     def put_token(self, record: TokenRecord) -> None:

@@ -2,7 +2,7 @@
 
 Each session lives under keys with the hash tag ``{ID}`` (one hash slot, so
 the same layout runs on one Redis and on a Redis Cluster; the keys are
-listed in ``repl_daemon.stores.redis_scripts``), and every operation on a
+listed in ``repl_daemon.backends.redis.scripts``), and every operation on a
 session is one Lua script on those keys: one round trip, one atomic step,
 no version check and no retry. The daemon keeps no copy: every answer is
 what Redis holds at that moment.
@@ -16,7 +16,7 @@ the channels of the sessions it has waiters on, one subscriber connection
 per node, and an idle waiter costs it no work and Redis no command.
 
 The client is redis-py's asyncio one (``redis.asyncio``), in the daemon's
-event loop. URLs (SPEC §7):
+event loop. URLs (rules D9):
 
 - ``redis://[USER:PASSWORD@]HOST:PORT/DB``, ``rediss://...`` (TLS): one Redis,
   or its primary;
@@ -27,7 +27,7 @@ event loop. URLs (SPEC §7):
   Without it, ``open`` makes it 1 when every primary has a replica (else 0):
   a failover that loses answered firings also hands their seqs to later
   ones. Should one happen anyway, the heads the answers carry show it
-  (``repl_daemon.stores.heads``): it is logged and counted.
+  (``repl_daemon.backends.redis.heads``): it is logged and counted.
 
 A password never appears in ``name``, in a log line or in an error.
 """
@@ -40,22 +40,25 @@ import logging
 import math
 import secrets
 import time
-import zlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
-from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import anyio
 import msgspec
 
+from repl_daemon.backends.redis import scripts as lua
+from repl_daemon.backends.redis.heads import Heads, Known
+from repl_daemon.backends.redis.keys import (
+    AUTH,
+    auth_keys,
+    partition_keys,
+    session_keys,
+)
+from repl_daemon.backends.redis.target import Target, failed, reason
 from repl_daemon.metrics import Counts
-from repl_daemon.stores import redis_scripts as lua
-from repl_daemon.stores.heads import Heads, Known
 from session.delta import Webhook
 from session.errors import (
-    AckAfterHead,
-    BadMax,
-    CursorAfterHead,
+    BY_CODE,
     NoSuchSession,
     ReplError,
     StoreFailed,
@@ -63,7 +66,7 @@ from session.errors import (
 )
 from session.firing import NO_TAGS, Batch, CursorInfo, Firing
 from session.rules import HANDLERS, MAX_CURSORS, MAX_KEYS, MAX_TIMERS
-from session.schedule import Timer
+from session.schedule import Timer, timer_order
 from session.scopes import (
     MAX_TOKENS,
     TokenRecord,
@@ -94,18 +97,7 @@ T = TypeVar("T")
 REPLICA_TIMEOUT_MS = 2000
 #: how long one pipeline's round trip may take before the store fails it
 PIPELINE_TIMEOUT = 5.0
-#: how long a subscription to a session's wakes may take to be confirmed
-SUBSCRIBE_TIMEOUT = 2.0
-#: how long a session's wakes stay subscribed after its last waiter left: a
-#: monitor runs ``repl wait`` again at once, and then pays no SSUBSCRIBE
-LINGER = 5.0
 
-_ERRORS: dict[str, type[ReplError]] = {
-    "no_such_session": NoSuchSession,
-    "cursor_after_head": CursorAfterHead,
-    "ack_after_head": AckAfterHead,
-    "bad_max": BadMax,
-}
 # the timer scripts' refusals, with the core's own words (the script names the timer)
 _TIMER_ERRORS: dict[str, Callable[[str, str], ReplError]] = {
     "bad_time": timer_exists,
@@ -196,133 +188,10 @@ def _pack_tail(args: tuple[object, ...]) -> bytes:
     return b"".join(parts)
 
 
-_PARTS = ("meta", "ring", "cursors", "keys", "keyorder", "wake", "timers", "due")
-
-
-def session_keys(session_id: str) -> list[str]:
-    """A session's keys, in the order every script takes them."""
-    tag = f"repl:{{{session_id}}}"
-    return [f"{tag}:{part}" for part in _PARTS]
-
-
-def partition_of(session_id: str) -> str:
-    """The timer partition a session's timers are indexed in: ``~t0`` to ``~t7``.
-
-    A partition's name is no session id (``~`` is not allowed in one), so its
-    keys and its wake channel (``repl:{~tN}:wake``) never meet a session's.
-    """
-    return f"~t{zlib.crc32(session_id.encode()) % PARTITIONS}"
-
-
-PARTITION_IDS = tuple(f"~t{n}" for n in range(PARTITIONS))
-
-
-def partition_keys(partition: str) -> list[str]:
-    """A partition's index of due timers and its channel, as ``CLAIM`` and ``INDEX`` take them."""
-    return [f"repl:{{{partition}}}:due", wake_channel(partition)]
-
-
-#: where the scoped tokens are kept (``auth_keys``); as the timer partitions, no session id
-AUTH = "~auth"
-
-
-def auth_keys(_: str) -> list[str]:
-    """The tokens' keys and channel, as the ``TOKEN_*`` scripts take them."""
-    return [f"repl:{{{AUTH}}}:names", f"repl:{{{AUTH}}}:tokens", wake_channel(AUTH)]
-
-
-def is_partition(name: str) -> bool:
-    return name.startswith("~t")
-
-
-def wake_channel(session_id: str) -> str:
-    return f"repl:{{{session_id}}}:wake"
-
-
-def channel_session(channel: str) -> str | None:
-    """The session id a wake channel belongs to; None for any other channel."""
-    if channel.startswith("repl:{") and channel.endswith("}:wake"):
-        return channel[len("repl:{") : -len("}:wake")]
-    return None
-
-
-class Target:
-    """What a ``--store`` URL names, with the password kept out of ``name``.
-
-    ``asked`` is the URL's ``?replicas=N``, None when it has none; ``replicas``
-    is the number in use, which ``RedisStore.open`` settles when none was asked
-    (``choose_replicas``).
-    """
-
-    def __init__(self, url: str) -> None:
-        parts = urlsplit(url)
-        scheme = parts.scheme
-        if scheme not in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
-            raise StoreFailed(
-                f"store URL scheme {scheme!r} is not one of redis://, rediss://, "
-                "redis+cluster:// (see `repl daemon --help`)"
-            )
-        self.cluster = scheme.endswith("+cluster")
-        self.tls = scheme.startswith("rediss")
-        self.username = unquote(parts.username) if parts.username else None
-        self.password = unquote(parts.password) if parts.password else None
-        query = parse_qs(parts.query)
-        replicas = query.pop("replicas", [None])[-1]
-        if replicas is not None and not replicas.isdigit():
-            raise StoreFailed(f"?replicas={replicas} in the store URL is not a number")
-        self.asked = None if replicas is None else int(replicas)
-        #: how many replicas each change waits for (``WAIT``)
-        self.replicas = self.asked or 0
-        if query:
-            raise StoreFailed(
-                f"the store URL has options repl does not know: {', '.join(sorted(query))}"
-            )
-        hostports = parts.netloc.rpartition("@")[2]
-        self.nodes: list[tuple[str, int]] = []
-        for hostport in hostports.split(","):
-            host, _, port = hostport.rpartition(":")
-            if not host or not port.isdigit():
-                raise StoreFailed(f"{hostport!r} in the store URL is not HOST:PORT")
-            self.nodes.append((host.strip("[]"), int(port)))
-        if not self.cluster and len(self.nodes) != 1:
-            raise StoreFailed("a redis:// URL names one HOST:PORT; redis+cluster:// takes several")
-        path = parts.path.strip("/") or "0"
-        if not path.isdigit():
-            raise StoreFailed(f"the database {path!r} in the store URL is not a number")
-        self.db = int(path)
-        if self.cluster and self.db != 0:
-            raise StoreFailed("a Redis Cluster has database 0 only: leave /DB out of the URL")
-        user = f"{quote(self.username)}:***@" if self.username else ":***@" if self.password else ""
-        where = ",".join(f"{h}:{p}" for h, p in self.nodes)
-        tail = "" if self.cluster else f"/{self.db}"
-        self._bare = f"{scheme}://{user}{where}{tail}"
-        #: settled: ``replicas`` is the number in use (the URL's, or what ``open`` chose)
-        self.settled = self.asked is not None
-
-    @property
-    def name(self) -> str:
-        """The URL as logs, ``ping`` and ``stats`` show it: never with the password, and with
-        the replicas each change waits for once that is settled."""
-        return f"{self._bare}?replicas={self.replicas}" if self.settled else self._bare
-
-    def client_options(self) -> dict[str, Any]:
-        options: dict[str, Any] = {
-            "username": self.username,
-            "password": self.password,
-            "socket_keepalive": True,
-            "socket_connect_timeout": 2,
-            "decode_responses": False,
-        }
-        if self.tls:
-            options["ssl"] = True
-        return options
-
-
 class RedisStore:
     """Sessions in Redis, shared by every daemon pointed at the same Redis or Cluster."""
 
     durable = True
-    shared = True
 
     def __init__(self, url: str) -> None:
         """Check the URL; ``open`` connects. ``StoreFailed`` for a URL that is not one."""
@@ -390,7 +259,7 @@ class RedisStore:
         except Exception as exc:
             await self.close()
             raise StoreFailed(
-                f"cannot reach Redis at {target.name}: {_reason(exc)} "
+                f"cannot reach Redis at {target.name}: {reason(exc)} "
                 "(check that it runs and that --store names it)"
             ) from None
         for name in SCRIPTS:
@@ -400,7 +269,7 @@ class RedisStore:
         except Exception as exc:
             await self.close()
             raise StoreFailed(
-                f"redis at {target.name} refused the scripts: {_reason(exc)}"
+                f"redis at {target.name} refused the scripts: {reason(exc)}"
             ) from None
         self.replication = await self._choose_replicas()
         if not target.cluster:
@@ -440,7 +309,7 @@ class RedisStore:
             which = "the primaries have" if target.cluster else "the primary has"
             return logging.WARNING, (
                 f"redis: changes wait for no replica: cannot tell whether {which} any "
-                f"({_reason(exc)}); say ?replicas=1 or ?replicas=0 in the --store URL"
+                f"({reason(exc)}); say ?replicas=1 or ?replicas=0 in the --store URL"
             )
         without = sorted(name for name, count in counts.items() if count == 0)
         target.replicas = 0 if without else 1
@@ -534,7 +403,7 @@ class RedisStore:
                 timer_error = _TIMER_ERRORS.get(code)
                 if timer_error is not None:
                     raise timer_error(session_id, message)
-                error = _ERRORS.get(code, StoreFailed)
+                error = BY_CODE.get(code, StoreFailed)  # the core's class of the code
                 if error is NoSuchSession:
                     raise no_such_session(session_id)
                 raise error(message)
@@ -591,7 +460,7 @@ class RedisStore:
                     await self._flush(batch)
                 except Exception as exc:  # a bug here must not stop every later call
                     log.exception("the Redis pipeline failed")
-                    failure = StoreFailed(f"redis at {self.target.name} failed: {_reason(exc)}")
+                    failure = failed(self.target, exc)
                     for call in batch:
                         call.finish(error=failure)
                 self._in_flight = []
@@ -614,7 +483,7 @@ class RedisStore:
                     results[batch.index(call)] = result
         except Exception as exc:
             self.counts.store_failures += 1
-            failure = StoreFailed(f"redis at {self.target.name} failed: {_reason(exc)}")
+            failure = failed(self.target, exc)
             for call in batch:
                 call.finish(error=failure)
             return
@@ -632,9 +501,7 @@ class RedisStore:
                         call.finish(error=failure)
         for call, result in zip(batch, results, strict=False):
             if isinstance(result, Exception):
-                call.finish(
-                    error=StoreFailed(f"redis at {self.target.name} failed: {_reason(result)}")
-                )
+                call.finish(error=failed(self.target, result))
             else:
                 call.finish(result)
 
@@ -803,9 +670,7 @@ class RedisStore:
             elif isinstance(error, ReplError):
                 call.finish(error=error)
             else:
-                call.finish(
-                    error=StoreFailed(f"redis at {self.target.name} failed: {_reason(error)}")
-                )
+                call.finish(error=failed(self.target, error))
 
         task.add_done_callback(replicated)
 
@@ -872,7 +737,7 @@ class RedisStore:
         try:
             await self.client.nodes_manager.initialize()
         except Exception as exc:
-            log.debug("refreshing the cluster's slots: %s", _reason(exc))
+            log.debug("refreshing the cluster's slots: %s", reason(exc))
 
     # -- the operations -------------------------------------------------------------
     #
@@ -1009,7 +874,7 @@ class RedisStore:
 
         return self._script("STOP", session_id, (self.origin,), change=True, then=stopped)
 
-    # -- the webhook (SPEC §10) ----------------------------------------------------
+    # -- the webhook (rules H1-H7) ----------------------------------------------------
 
     def set_webhook(self, session_id: str, webhook: Webhook | None) -> asyncio.Future[None]:
         args = ("", "") if webhook is None else (webhook.secret, webhook.handler)
@@ -1022,10 +887,10 @@ class RedisStore:
 
         return self._script("GET_WEBHOOK", session_id, (), change=False, then=found)
 
-    # -- timers (SPEC §9) ---------------------------------------------------------
+    # -- timers (rules T1-T6) ---------------------------------------------------------
     #
     # A timer lives with its session (``timers``, ``due``); the partitions' index
-    # says which sessions have timers due, and is a hint: see ``redis_scripts``.
+    # says which sessions have timers due, and is a hint: see ``scripts``.
 
     def schedule(self, timer: Timer) -> asyncio.Future[Scheduled]:
         """Add the timer to its session (or find what its key made): ``Session.schedule``."""
@@ -1062,7 +927,7 @@ class RedisStore:
                 _timer(session_id, answer[i].decode(), answer[i + 2], answer[i + 1])
                 for i in range(0, len(answer), 3)
             ]
-            timers.sort(key=lambda t: (t.due_ms, t.id))
+            timers.sort(key=timer_order)
             return timers
 
         return self._script("TIMERS", session_id, (), change=False, then=listed)
@@ -1132,7 +997,7 @@ class RedisStore:
             "INDEX", partition, tuple(args), change=True, then=earliest, keys=partition_keys
         )
 
-    # -- scoped tokens (SPEC §11) ----------------------------------------------------
+    # -- scoped tokens (rules K1-K5) ----------------------------------------------------
 
     def add_token(self, record: TokenRecord) -> asyncio.Future[None]:
         args = (record.name, record.digest, _json.encode(record).decode(), MAX_TOKENS)
@@ -1173,7 +1038,7 @@ class RedisStore:
                 key = raw.decode()
                 found.add(key[len("repl:{") : -len("}:meta")])
         except Exception as exc:
-            raise StoreFailed(f"redis at {self.target.name} failed: {_reason(exc)}") from None
+            raise failed(self.target, exc) from None
         return sorted(found)
 
 
@@ -1330,290 +1195,3 @@ def _description(session_id: str, answer: list[Any]) -> tuple[Summary, list[Curs
 
 def _replicas(count: int) -> str:
     return "1 replica" if count == 1 else f"{count:,} replicas"
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return text.splitlines()[0]
-
-
-class _Subscriber:
-    """One subscriber connection to one node, read by one task: no polling.
-
-    redis-py's own reconnect is off on this connection: after a broken link
-    the subscriptions must be made again *and confirmed* before waiters read
-    again, or a firing in between would wake nobody, so ``Wakes`` does that.
-    Subscribing and unsubscribing go out in order under one lock, and an
-    unsubscribe that finds its channel wanted again by then sends nothing.
-    """
-
-    def __init__(self, host: str, port: int, options: dict[str, Any]) -> None:
-        import redis.asyncio as aioredis
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
-
-        self.name = f"{host}:{port}"
-        self.client = aioredis.Redis(
-            host=host, port=port, socket_timeout=None, retry=Retry(NoBackoff(), 0), **options
-        )
-        self.pubsub = self.client.pubsub()
-        #: the channels this connection should hold
-        self.channels: set[str] = set()
-        self.confirmed: dict[str, anyio.Event] = {}
-        #: channels with our own SUNSUBSCRIBE on its way (its echo is no slot move)
-        self.leaving: set[str] = set()
-        self.lock = anyio.Lock()
-        self.reading = False
-
-    async def send_subscribe(self, channel: str) -> anyio.Event:
-        """Ask for ``channel``; the event is set once the node confirmed it."""
-        self.channels.add(channel)
-        confirmed = self.confirmed.get(channel)
-        if confirmed is not None:  # subscribed already, or on its way
-            async with self.lock:
-                pass  # on its way: once it is sent, the connection is there to be read
-            return confirmed
-        confirmed = self.confirmed[channel] = anyio.Event()
-        async with self.lock:
-            await self.pubsub.ssubscribe(channel)  # sends only: the reader sees the answer
-        return confirmed
-
-    async def unsubscribe(self, channel: str) -> None:
-        async with self.lock:
-            if channel in self.channels:
-                return  # wanted again meanwhile
-            self.confirmed.pop(channel, None)
-            self.leaving.add(channel)
-            await self.pubsub.sunsubscribe(channel)
-
-    async def read(self, on_message: Callable[[str, bytes], None]) -> None:
-        """Hand every message to ``on_message`` until the link breaks (then raise)."""
-        while True:
-            message = await self.pubsub.get_message(timeout=None)
-            if message is None:
-                continue
-            kind = _text(message["type"])
-            channel = _text(message["channel"])
-            if kind == "smessage":
-                on_message(channel, message["data"])
-            elif kind == "ssubscribe":
-                event = self.confirmed.get(channel)
-                if event is not None:
-                    event.set()
-            elif kind == "sunsubscribe":
-                if channel in self.leaving:
-                    self.leaving.discard(channel)
-                elif channel in self.channels:
-                    # the node gave the channel's slot away (a resharding, a failover)
-                    raise ConnectionError(f"{self.name} dropped {channel}: its slot moved")
-
-    async def close(self) -> None:
-        try:
-            await self.pubsub.aclose()  # type: ignore[no-untyped-call]
-            await self.client.aclose()
-        except Exception as exc:
-            log.debug("closing a subscriber: %s", exc)
-
-
-class Wakes:
-    """This daemon's subscriptions to the wake channels of the sessions it has waiters on.
-
-    ``on_wake(session_id, payload)`` gets each message; ``on_restored()`` is
-    called once every subscription of a broken link is made again (on the
-    node that holds its slot now) and confirmed, and those nodes serve reads,
-    so that every waiter reads again (a firing recorded while the link was
-    down woke nobody). A broken link is never an error for a waiter: it goes
-    on waiting, and reads again once the link is back.
-    """
-
-    def __init__(
-        self,
-        store: RedisStore,
-        on_wake: Callable[[str, bytes], None],
-        on_restored: Callable[[], None],
-    ) -> None:
-        self.store = store
-        self.on_wake = on_wake
-        self.on_restored = on_restored
-        self.subscribers: dict[str, _Subscriber] = {}
-        #: the sessions whose wakes this daemon wants (it has waiters on them)
-        self.wanted: set[str] = set()
-        #: sessions no waiter wants, still subscribed for ``LINGER`` seconds
-        self.lingering: set[str] = set()
-        self._tg: Any = None
-        #: set once ``run`` holds its task group: subscriptions can be read from then on
-        self.ready = anyio.Event()
-        #: a repair is running; a link broke since the repair's last round began
-        self._repairing = False
-        self._broken = False
-
-    async def run(self) -> None:
-        """Hold the readers' task group until cancelled."""
-        async with anyio.create_task_group() as tg:
-            self._tg = tg
-            self.ready.set()
-            try:
-                await anyio.sleep_forever()
-            finally:
-                self._tg = None
-                with anyio.CancelScope(shield=True):
-                    for subscriber in list(self.subscribers.values()):
-                        await subscriber.close()
-                self.subscribers.clear()
-
-    def _node_for(self, channel: str) -> tuple[str, int]:
-        if self.store.target.cluster:
-            node = self.store.client.get_node_from_key(channel)
-            return node.host, node.port
-        return self.store.target.nodes[0]
-
-    def _subscriber(self, host: str, port: int) -> _Subscriber:
-        name = f"{host}:{port}"
-        subscriber = self.subscribers.get(name)
-        if subscriber is None:
-            _, options = self.store.subscriber_options()
-            subscriber = self.subscribers[name] = _Subscriber(host, port, options)
-        return subscriber
-
-    async def _subscribe(self, channel: str) -> None:
-        subscriber = self._subscriber(*self._node_for(channel))
-        try:
-            confirmed = await subscriber.send_subscribe(channel)
-            self._start_reading(subscriber)
-            with anyio.fail_after(SUBSCRIBE_TIMEOUT):
-                await confirmed.wait()
-        except Exception:
-            # a link that cannot subscribe is broken: the next attempt makes a new one
-            # (and its reader, if it had one, repairs the channels it held)
-            await self._drop(subscriber)
-            raise
-
-    async def _drop(self, subscriber: _Subscriber) -> None:
-        if self.subscribers.get(subscriber.name) is subscriber:
-            del self.subscribers[subscriber.name]
-        await subscriber.close()
-
-    def holds(self, session_id: str) -> bool:
-        """Whether the session's wakes are subscribed and confirmed: if so, it is wanted now.
-
-        The link it is on must still be read (a broken one is being
-        repaired, and its waiters read again once it is back).
-        """
-        channel = wake_channel(session_id)
-        for subscriber in self.subscribers.values():
-            confirmed = subscriber.confirmed.get(channel)
-            held = confirmed is not None and confirmed.is_set() and subscriber.reading
-            if held and channel in subscriber.channels:
-                self.wanted.add(session_id)
-                return True
-        return False
-
-    async def subscribe(self, session_id: str) -> None:
-        """Subscribe to the session's wakes; returns once Redis confirmed it."""
-        self.wanted.add(session_id)
-        try:
-            await self._subscribe(wake_channel(session_id))
-        except Exception as exc:
-            self.unsubscribe(session_id)
-            reason = "no answer" if isinstance(exc, TimeoutError) else _reason(exc)
-            raise StoreFailed(
-                f"cannot subscribe to the wakes of {session_id!r} on Redis: {reason}"
-            ) from None
-
-    def unsubscribe(self, session_id: str, linger: float | None = None) -> None:
-        """The session's last waiter here left: unsubscribe, after ``linger`` seconds."""
-        linger = LINGER if linger is None else linger
-        self.wanted.discard(session_id)
-        if self._tg is None:
-            return
-        if linger > 0:
-            if session_id not in self.lingering:
-                self.lingering.add(session_id)
-                self._tg.start_soon(self._linger, session_id, linger)
-            return
-        channel = wake_channel(session_id)
-        for subscriber in self.subscribers.values():
-            if channel in subscriber.channels:
-                subscriber.channels.discard(channel)
-                self._tg.start_soon(self._quietly, subscriber.unsubscribe(channel))
-
-    async def _linger(self, session_id: str, linger: float) -> None:
-        await anyio.sleep(linger)
-        self.lingering.discard(session_id)
-        if session_id not in self.wanted:
-            self.unsubscribe(session_id, linger=0)
-
-    async def _quietly(self, work: Awaitable[None]) -> None:
-        try:
-            await work
-        except Exception as exc:  # the reader sees a broken link and repairs it
-            log.debug("unsubscribing: %s", exc)
-
-    def _start_reading(self, subscriber: _Subscriber) -> None:
-        if subscriber.reading or self._tg is None or subscriber.pubsub.connection is None:
-            return  # reading, closing, or its first SSUBSCRIBE failed (its caller drops it)
-        subscriber.reading = True
-        self._tg.start_soon(self._read, subscriber)
-
-    async def _read(self, subscriber: _Subscriber) -> None:
-        try:
-            await subscriber.read(self._message)
-        except Exception as exc:
-            log.warning("redis wake link %s lost: %s", subscriber.name, _reason(exc))
-        subscriber.reading = False
-        await self._drop(subscriber)
-        await self._repair()
-
-    def _message(self, channel: str, data: bytes) -> None:
-        session_id = channel_session(channel)
-        if session_id is not None:
-            self.on_wake(session_id, data)
-
-    async def _repair(self) -> None:
-        """Subscribe every wanted session again wherever its slot now lives, then wake all.
-
-        One repair runs at a time: a link that breaks while one runs makes it go
-        round once more, so waiters are woken once every link is back, not once a
-        link. Until then they sleep on: a broken link is no error for a waiter.
-        """
-        self._broken = True
-        if self._repairing:
-            return
-        self._repairing = True
-        delay = 0.05
-        try:
-            while self._broken:
-                self._broken = False
-                try:
-                    if self.store.target.cluster:
-                        await self.store.client.nodes_manager.initialize()
-                    for session_id in sorted(self.wanted):
-                        await self._subscribe(wake_channel(session_id))
-                    await self._serving()
-                except Exception as exc:
-                    self._broken = True
-                    log.info("redis wakes not back yet (%s); trying again", _reason(exc))
-                    await anyio.sleep(delay)
-                    delay = min(delay * 2, 2.0)
-        finally:
-            self._repairing = False
-        log.info("redis wake link is back")
-        self.on_restored()
-
-    async def _serving(self) -> None:
-        """One read of a session key on each node the waiters' sessions live on.
-
-        A node takes subscriptions before it serves keys (a cluster that is not
-        yet ``ok`` after a restart or a failover still takes SSUBSCRIBE; a Redis
-        loading its data too): the waiters read only once their reads can work,
-        so a repair does not turn into a ``store_failed`` for each of them.
-        """
-        nodes: dict[tuple[str, int], str] = {}
-        for session_id in sorted(self.wanted):
-            nodes.setdefault(self._node_for(wake_channel(session_id)), session_id)
-        for session_id in nodes.values():
-            await self.store.exists(session_id)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,75 @@
+"""The layout's two rules (``scripts/imports.py``): no import cycle, and an engine that
+imports no backend; and that the check catches each, on a tree made to break it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "imports.py"
+
+
+def check(root: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--quiet", "--root", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_the_project_has_no_cycle_and_an_engine_that_imports_no_backend() -> None:
+    done = check()
+    assert done.returncode == 0, done.stderr
+    assert "no cycle, the engine imports no backend" in done.stdout
+
+
+def tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    for package in ("session", "repl_daemon", "repl_cli"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    for name, text in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return tmp_path
+
+
+def test_a_cycle_through_a_type_checking_import_is_caught(tmp_path: Path) -> None:
+    root = tree(
+        tmp_path,
+        {
+            "repl_daemon/a.py": "from repl_daemon.b import B\n",
+            "repl_daemon/b.py": (
+                "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n"
+                "    from repl_daemon import a\n"
+                "B = 1\n"
+            ),
+        },
+    )
+    done = check(root)
+    assert done.returncode == 1
+    assert "an import cycle: repl_daemon.a <-> repl_daemon.b" in done.stderr
+
+
+def test_an_engine_that_reaches_sqlite_through_a_lazy_import_is_caught(tmp_path: Path) -> None:
+    root = tree(
+        tmp_path,
+        {
+            "repl_daemon/engine/__init__.py": "",
+            "repl_daemon/engine/engine.py": (
+                "def open() -> None:\n    from repl_daemon.backends.local import sqlite\n"
+            ),
+            "repl_daemon/backends/__init__.py": "",
+            "repl_daemon/backends/local/__init__.py": "",
+            "repl_daemon/backends/local/sqlite.py": "import sqlite3\n",
+        },
+    )
+    done = check(root)
+    assert done.returncode == 1
+    assert (
+        "the engine reaches repl_daemon.backends.local.sqlite, which imports sqlite3" in done.stderr
+    )
