@@ -16,7 +16,19 @@ bench/measure.py.
 
 from __future__ import annotations
 
-from bench import cli, http_api, matching, mcp_agent, memory, restart, sends, timers, tls, waits
+from bench import (
+    cli,
+    http_api,
+    many,
+    matching,
+    mcp_agent,
+    memory,
+    restart,
+    sends,
+    timers,
+    tls,
+    waits,
+)
 from bench.measure import Group, Sizes
 from bench.table import Row
 
@@ -28,6 +40,7 @@ GROUPS: dict[str, Group] = {
         waits.WAKE,
         sends.PIPELINED,
         sends.DURABLE,
+        many.MANY,
         waits.IDLE,
         waits.FANOUT,
         memory.MEMORY,

@@ -75,6 +75,9 @@ class Sizes:
     http_warmup: int = 200
     http_wakes: int = 300
     http_streams: int = 1_000  # the fan-out's streams, and the memory figure's
+    # many sessions (bench/many.py): pipelined durable sends spread round-robin over them
+    many_sessions: int = 10_000
+    many_sends: int = 32  # to each
     deadline_s: float = 600.0
 
 
@@ -110,6 +113,8 @@ QUICK = Sizes(
     timer_sessions=10,
     timer_window_s=1.0,
     burst_lead_s=2.0,  # and 1,000 took past 0.5 s in a loaded CI run
+    many_sessions=50,
+    many_sends=4,
     http_round_trips=100,
     http_warmup=10,
     http_wakes=30,

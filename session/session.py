@@ -224,6 +224,7 @@ class Session:
 
     __slots__ = (
         "_cursors",
+        "_cursors_changed",
         "_keys",
         "_moved_timers",
         "_new_keys",
@@ -257,6 +258,8 @@ class Session:
         # eviction O(1) and lets a snapshot list the cursors in the one order
         # that restore rebuilds.
         self._cursors: dict[str, list[int]] = {}
+        #: a cursor moved, or was used, since the last delta
+        self._cursors_changed = False
         self._uses = 0
         self._keys: OrderedDict[str, int] = OrderedDict()
         #: the pending timers (rules T1-T6), by id
@@ -393,7 +396,7 @@ class Session:
         """Mark a use of ``cursor``, creating it at 0 and evicting the LRU one if needed."""
         self._uses += 1
         self.changes += 1
-        self.dirty = True
+        self.dirty = self._cursors_changed = True
         entry = self._cursors.pop(cursor, None)
         if entry is None:
             if len(self._cursors) >= MAX_CURSORS:
@@ -568,7 +571,8 @@ class Session:
             uses=self._uses,
             retained=ring.retained,
             firings=firings,
-            cursors=self.cursor_states(),
+            # only when one moved or was used: a send hands over no cursor to rewrite
+            cursors=self.cursor_states() if self._reset or self._cursors_changed else None,
             keys=keys,
             max_keys=MAX_KEYS,
             timers=timers,
@@ -576,7 +580,7 @@ class Session:
             webhook_changed=self._reset or self._webhook_changed,
             webhook=self.webhook,
         )
-        self._webhook_changed = False
+        self._webhook_changed = self._cursors_changed = False
         self._reset = self.dirty = False
         self._new_keys = []
         self._timer_changes = {}
@@ -615,6 +619,8 @@ class Session:
         session.ring = Ring(snapshot.limit, snapshot.head, snapshot.firings)
         ordered = sorted(snapshot.cursors, key=lambda c: c.last_use)[-MAX_CURSORS:]
         session._cursors = {c.name: [c.seq, c.last_use] for c in ordered}
+        # a store that held more than come back is told so with the next delta
+        session._cursors_changed = len(ordered) != len(snapshot.cursors)
         session._uses = max_([snapshot.uses, *(c.last_use for c in ordered)])
         session._keys = OrderedDict(snapshot.keys[-MAX_KEYS:])
         session.timers = {t.id: t for t in snapshot.timers}

@@ -60,6 +60,9 @@ SCHEMA_VERSION = 4
 BUSY_TIMEOUT = 2.0
 #: the WAL file is cut back to this size once checkpointed
 WAL_SIZE_LIMIT = 64 << 20
+#: the page cache, KiB: a batch over many sessions touches a page of each, and pages
+#: read again from the file cost more than the memory they hold
+CACHE_KIB = 65536
 
 _scope = msgspec.json.Decoder(Scope)
 
@@ -208,6 +211,7 @@ class SqliteStore:
             conn.execute("PRAGMA synchronous = FULL")
             # a burst of big firings grows the WAL; give the space back after it
             conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
+            conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
             self._check_schema(conn)
         except BaseException:
             conn.close()
@@ -395,8 +399,7 @@ class SqliteStore:
             try:
                 conn = self._connection()
                 conn.execute("BEGIN IMMEDIATE")
-                for delta in batch:
-                    _apply(conn, delta)
+                _write_batch(conn, batch)
                 conn.execute("COMMIT")
             except StoreFailed:
                 raise
@@ -458,90 +461,143 @@ class SqliteStore:
                 self._lock_fd = -1
 
 
-def _apply(conn: sqlite3.Connection, delta: Delta) -> None:
-    """One session's change, inside the batch's transaction."""
-    sid = delta.id
-    if delta.gone or delta.reset:
-        conn.execute("DELETE FROM sessions WHERE id = ?", (sid,))
-        conn.execute("DELETE FROM firings WHERE session = ?", (sid,))
-        conn.execute("DELETE FROM cursors WHERE session = ?", (sid,))
-        conn.execute("DELETE FROM keys WHERE session = ?", (sid,))
-        conn.execute("DELETE FROM timers WHERE session = ?", (sid,))
-        conn.execute("DELETE FROM hooks WHERE session = ?", (sid,))
-        if delta.gone:
-            return
-        stored = 0
-    else:
-        row = conn.execute("SELECT head FROM sessions WHERE id = ?", (sid,)).fetchone()
-        if row is None:
-            raise _Inconsistent(f"session {sid!r} is not in the file, and the change is no reset")
-        (stored,) = row
-    # the new firings must continue the stored ring exactly, or the file would
-    # hold a ring with a hole in it; refuse, and the engine reloads what is stored
-    problem = gap(delta, stored)
-    if problem is not None:
-        raise _Inconsistent(problem)
-    oldest = delta.oldest
-    conn.execute(
+#: the most session ids one ``IN (...)`` query of the stored heads names
+HEADS_AT_ONCE = 500
+#: the tables a gone or reset session is deleted from, with their session column
+_SESSION_TABLES = (
+    ("sessions", "id"),
+    ("firings", "session"),
+    ("cursors", "session"),
+    ("keys", "session"),
+    ("timers", "session"),
+    ("hooks", "session"),
+)
+
+
+def _write_batch(conn: sqlite3.Connection, batch: list[Delta]) -> None:
+    """A batch's changes, inside its transaction: one statement a table for the whole
+    batch (``executemany``), not one a session, so that a batch's cost grows with what it
+    changes and not with how many sessions it touches."""
+    cleared = [(d.id,) for d in batch if d.gone or d.reset]
+    if cleared:  # a stopped session's rows, or what a reset rewrites
+        for table, column in _SESSION_TABLES:
+            conn.executemany(f"DELETE FROM {table} WHERE {column} = ?", cleared)
+    kept = [d for d in batch if not d.gone]
+    stored = _stored_heads(conn, [d.id for d in kept if not d.reset])
+    sessions: list[tuple[str, int, int, int]] = []
+    firings: list[tuple[str, int, str, str | None, str | None, str, str | None]] = []
+    trims: list[tuple[str, int]] = []
+    cursors_replaced: list[tuple[str]] = []
+    cursors: list[tuple[str, str, int, int]] = []
+    hooks_changed: list[tuple[str]] = []
+    hooks: list[tuple[str, str, str]] = []
+    timers_gone: list[tuple[str, str]] = []
+    timers: list[tuple[str, str, int, int | None, str, str, str | None, str | None]] = []
+    for delta in kept:
+        sid = delta.id
+        if delta.reset:
+            base, present = 0, None
+        else:
+            row = stored.get(sid)
+            if row is None:
+                raise _Inconsistent(
+                    f"session {sid!r} is not in the file, and the change is no reset"
+                )
+            base, limit = row
+            # the stored ring holds no seq below this (each write trimmed it to its limit)
+            present = max(1, base - limit + 1)
+        # the new firings must continue the stored ring exactly, or the file would
+        # hold a ring with a hole in it; refuse, and the engine reloads what is stored
+        problem = gap(delta, base)
+        if problem is not None:
+            raise _Inconsistent(problem)
+        sessions.append((sid, delta.limit, delta.head, delta.uses))
+        firings.extend(
+            (sid, f.seq, f.handler, f.result, f.event, f.ts, _tags_column(f.tags))
+            for f in delta.firings
+        )
+        oldest = delta.oldest
+        if present is not None and oldest > present:  # else nothing stored is that old
+            trims.append((sid, oldest))
+        if delta.cursors is not None:
+            cursors_replaced.append((sid,))
+            cursors.extend((sid, c.name, c.seq, c.last_use) for c in delta.cursors)
+        if delta.webhook_changed:
+            hooks_changed.append((sid,))
+            if delta.webhook is not None:
+                hooks.append((sid, delta.webhook.secret, delta.webhook.handler))
+        timers_gone.extend((sid, timer_id) for timer_id in delta.timers_gone)
+        timers.extend(
+            (sid, t.id, t.due_ms, t.every_ms, t.handler, t.text, t.key, _tags_column(t.tags))
+            for t in delta.timers
+        )
+    conn.executemany(
         'INSERT INTO sessions (id, "limit", head, uses) VALUES (?, ?, ?, ?)'
         ' ON CONFLICT (id) DO UPDATE SET "limit" = excluded."limit",'
         " head = excluded.head, uses = excluded.uses",
-        (sid, delta.limit, delta.head, delta.uses),
+        sessions,
     )
-    if delta.firings:
+    if firings:
         conn.executemany(
             "INSERT INTO firings (session, seq, handler, result, event, ts, tags)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [
-                (sid, f.seq, f.handler, f.result, f.event, f.ts, _tags_column(f.tags))
-                for f in delta.firings
-            ],
+            firings,
         )
-    if not delta.reset:
-        conn.execute("DELETE FROM firings WHERE session = ? AND seq < ?", (sid, oldest))
-    if delta.cursors is not None:
-        conn.execute("DELETE FROM cursors WHERE session = ?", (sid,))
+    if trims:
+        conn.executemany("DELETE FROM firings WHERE session = ? AND seq < ?", trims)
+    if cursors_replaced:
+        conn.executemany("DELETE FROM cursors WHERE session = ?", cursors_replaced)
         conn.executemany(
-            "INSERT INTO cursors (session, name, seq, last_use) VALUES (?, ?, ?, ?)",
-            [(sid, c.name, c.seq, c.last_use) for c in delta.cursors],
+            "INSERT INTO cursors (session, name, seq, last_use) VALUES (?, ?, ?, ?)", cursors
         )
-    if delta.webhook_changed:
-        conn.execute("DELETE FROM hooks WHERE session = ?", (sid,))
-        if delta.webhook is not None:
-            conn.execute(
-                "INSERT INTO hooks (session, secret, handler) VALUES (?, ?, ?)",
-                (sid, delta.webhook.secret, delta.webhook.handler),
-            )
-    if delta.timers_gone:
-        conn.executemany(
-            "DELETE FROM timers WHERE session = ? AND id = ?",
-            [(sid, timer_id) for timer_id in delta.timers_gone],
-        )
-    if delta.timers:
+    if hooks_changed:
+        conn.executemany("DELETE FROM hooks WHERE session = ?", hooks_changed)
+        conn.executemany("INSERT INTO hooks (session, secret, handler) VALUES (?, ?, ?)", hooks)
+    if timers_gone:
+        conn.executemany("DELETE FROM timers WHERE session = ? AND id = ?", timers_gone)
+    if timers:
         conn.executemany(
             "INSERT OR REPLACE INTO timers"
             " (session, id, due_ms, every_ms, handler, text, key, tags)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            [
-                (sid, t.id, t.due_ms, t.every_ms, t.handler, t.text, t.key, _tags_column(t.tags))
-                for t in delta.timers
-            ],
+            timers,
         )
-    if delta.keys:
-        (top,) = conn.execute(
-            "SELECT coalesce(max(ord), 0) FROM keys WHERE session = ?", (sid,)
-        ).fetchone()
-        # a key the core dropped and took again moves to the newest place
-        conn.executemany(
-            "INSERT OR REPLACE INTO keys (session, key, seq, ord) VALUES (?, ?, ?, ?)",
-            [(sid, key, seq, top + i) for i, (key, seq) in enumerate(delta.keys, 1)],
+    for delta in kept:
+        if delta.keys:
+            _add_keys(conn, delta)
+
+
+def _stored_heads(conn: sqlite3.Connection, ids: list[str]) -> dict[str, tuple[int, int]]:
+    """Each stored session's head and limit, of those of ``ids`` the file has."""
+    found: dict[str, tuple[int, int]] = {}
+    for first in range(0, len(ids), HEADS_AT_ONCE):
+        chunk = ids[first : first + HEADS_AT_ONCE]
+        marks = ",".join("?" * len(chunk))
+        rows = conn.execute(
+            f'SELECT id, head, "limit" FROM sessions WHERE id IN ({marks})',
+            chunk,
         )
-        if top + len(delta.keys) > delta.max_keys:
-            conn.execute(
-                "DELETE FROM keys WHERE session = ? AND ord <= (SELECT ord FROM keys"
-                " WHERE session = ? ORDER BY ord DESC LIMIT 1 OFFSET ?)",
-                (sid, sid, delta.max_keys),
-            )
+        found.update((sid, (head, limit)) for sid, head, limit in rows)
+    return found
+
+
+def _add_keys(conn: sqlite3.Connection, delta: Delta) -> None:
+    """A delta's new dedup keys, the newest ``max_keys`` kept."""
+    sid = delta.id
+    (top,) = conn.execute(
+        "SELECT coalesce(max(ord), 0) FROM keys WHERE session = ?", (sid,)
+    ).fetchone()
+    # a key the core dropped and took again moves to the newest place
+    conn.executemany(
+        "INSERT OR REPLACE INTO keys (session, key, seq, ord) VALUES (?, ?, ?, ?)",
+        [(sid, key, seq, top + i) for i, (key, seq) in enumerate(delta.keys, 1)],
+    )
+    if top + len(delta.keys) > delta.max_keys:
+        conn.execute(
+            "DELETE FROM keys WHERE session = ? AND ord <= (SELECT ord FROM keys"
+            " WHERE session = ? ORDER BY ord DESC LIMIT 1 OFFSET ?)",
+            (sid, sid, delta.max_keys),
+        )
 
 
 def _timer(
