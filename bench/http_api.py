@@ -311,12 +311,12 @@ def http_rows(s: Sizes) -> list[Row]:
         Row(
             "http_fanout",
             f"SSE fan-out, one send to {n:,} event streams (settle 0), ms",
-            Goal("report", 0, f"report (× {n:,} blocked TCP waits)"),
+            Goal("ratio_le", 1.5, f"≤ 1.5 × {n:,} blocked TCP waits"),
         ),
         Row(
             "http_mem",
             f"memory per open event stream ({n:,} streams), bytes",
-            Goal("report", 0, "report (× a blocked TCP wait)"),
+            Goal("abs_le", 12 * 1024, "≤ 12 KiB (12,288 bytes)"),
         ),
     ]
 

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import hmac
 import json
@@ -68,9 +69,10 @@ import secrets
 import socket
 import ssl
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import anyio
 import msgspec
@@ -93,6 +95,7 @@ from session.errors import (
     ReplError,
     Unauthorized,
 )
+from session.firing import Firing
 from session.ops import GetWebhook, check_match
 from session.rules import DEFAULT_HANDLER, WAIT_CURSOR
 from session.scopes import ADMIN, READ, TokenRecord, forbidden
@@ -101,6 +104,7 @@ from session.tags import Match, check_tag_key, parse_tags
 if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.responses import Response
+    from starlette.routing import Route
 
     from repl_daemon.engine import Engine
     from repl_daemon.engine.committer import Totals
@@ -214,6 +218,7 @@ class Api:
         #: what a delivery to no webhook is signed against, so that it costs what a real
         #: one does: a secret of this process's alone, never stored, never told
         self._nobodys_secret = secrets.token_bytes(32)
+        self.streams = _Streams()
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -252,7 +257,7 @@ class Api:
 
     def guarded(
         self, route: Callable[[Request], Awaitable[Response]], *, open: bool = False
-    ) -> Callable[[Request], Awaitable[Response]]:
+    ) -> _Endpoint:
         """``route`` behind the token (unless ``open``), its refusals as JSON errors."""
 
         errors = self.engine.counts.errors
@@ -278,7 +283,7 @@ class Api:
                     await _drain(request)
                 return error_response(exc.code.value, exc.message)
 
-        return endpoint
+        return _Endpoint(endpoint)
 
     # -- the routes -------------------------------------------------------------
 
@@ -439,22 +444,21 @@ class Api:
 
         The wait is driven by its own callback (``_Poll``), which this request awaits,
         so its answer goes out in the first pass of the event loop after the wake;
-        beside it, a task reads the ASGI receive channel until ``http.disconnect``
-        (uvicorn sends nothing else once a request's body is in) and then ends the
-        wait. This request's task is never cancelled for it. A revocation of the
-        request's token answers it ``unauthorized``, as it answers a wait of the line
-        protocol.
+        the loss of the connection (``_Line``, told by the protocol) ends the wait.
+        This request's task is never cancelled for it. A revocation of the request's
+        token answers it ``unauthorized``, as it answers a wait of the line protocol.
         """
-        await _drain(request)  # a body (a GET's, unasked): read first, so only the end is left
+        await _drain(request)  # a body (a GET's, unasked): read before the answer
         poll = _Poll(self.engine, request.state.token, job)
-        gone = asyncio.get_running_loop().create_task(_hung_up(request, poll))
         job.start(poll.answered)
+        line = _line(request.scope)
+        line.listen(poll.hung_up)
         try:
             return await poll.result()
         except _Gone:
             return None
         finally:
-            gone.cancel()
+            line.stop()
 
     async def page(self, request: Request) -> Response:
         """The page (``GET /``): plain HTML shipped in the package; it holds no data until
@@ -566,8 +570,6 @@ class Api:
         return Response(generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def events(self, request: Request) -> Response:
-        from sse_starlette import EventSourceResponse
-
         session_id = request.path_params["id"]
         # rights first, as for any request: a stream from the head asks only for the head
         # (``stats``, no right) before its waits, so without this a token that may not read
@@ -585,56 +587,388 @@ class Api:
             after = await self._head(session_id, request)
         else:  # refused now (a missing session, a seq after the head), not in the stream
             await self.call(p.Read(session=session_id, after=after, max=1), request)
-        return EventSourceResponse(
-            self._stream(session_id, after, match, request),
-            ping=HEARTBEAT,
-            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-        )
+        follow = _Follow(self.engine, self.streams, request.state.token, session_id, after, match)
+        response: Response = _event_stream_class()(follow)
+        return response
 
     async def _head(self, session_id: str, request: Request) -> int:
         listed = await self.call(p.Stats(session=session_id), request)
         assert isinstance(listed, p.StatsReply)
         return listed.sessions[0].head
 
-    async def _stream(
-        self, session_id: str, after: int, match: Match | None, request: Request
-    ) -> AsyncIterator[dict[str, str]]:
-        """The stream's events: a wait after ``after``, again and again, until the client goes.
 
-        It opens with a bare ``id:`` (no event): where it starts, so that a client that
-        reconnects before the first firing resumes from there, with no hole. With a
-        match, a batch may end past its last firing (the firings after it did not
-        match): a bare ``id:`` then says how far it looked, so a resume does not look
-        again.
-        """
-        yield {"id": str(after)}
+#: an event stream's headers, as sse-starlette's ``EventSourceResponse`` sets them (with
+#: its media type, ``text/event-stream; charset=utf-8``): no cache, no proxy's buffering
+STREAM_HEADERS = {
+    "Cache-Control": "no-store",
+    "X-Accel-Buffering": "no",
+    "Connection": "keep-alive",
+}
+#: SSE's line ending, sse-starlette's default
+SEP = "\r\n"
+#: how many sessions' newest firings' frames are kept at most (``_Streams.frame``)
+MAX_FRAMED = 1024
+
+
+class _Follow:
+    """What an event stream writes next: its waits after ``after``, one after another,
+    until its client goes, and its heartbeat.
+
+    The stream's task (the request's own) asks ``next`` for its next chunk and
+    writes it. In between it awaits one future, and nothing else of the stream's
+    runs: the engine's wait (a callback job, blocked with no work), the heartbeat
+    (``_Streams``, one timer for every stream), a revocation of its token and
+    the hang-up (``_Line``) each resolve that future. sse-starlette's
+    ``EventSourceResponse`` ran a task group of four tasks per stream (the
+    sender, the ping, a disconnect listener and an exit listener, each with
+    its cancel scope and event, and a lock): three times what this costs
+    (docs/benchmarks.md). Its framing, ``ServerSentEvent``, is what this writes.
+
+    A batch's chunk goes on from the last event it told: a bare ``id:`` (no
+    event) first of all, where the stream starts, so that a client that
+    reconnects before the first firing resumes from there, with no hole; an
+    ``event: lost`` before a gap, whose id is the last seq it stands for, so a
+    resume counts it once; one ``event: firing`` a firing; and with a match, a
+    bare ``id:`` when a batch ends past its last firing (the firings after it
+    did not match), so that a resume does not look again.
+    """
+
+    __slots__ = (
+        "after",
+        "answer",
+        "beat_due",
+        "ended",
+        "engine",
+        "gone",
+        "job",
+        "match",
+        "revoked",
+        "session_id",
+        "soon",
+        "streams",
+        "token",
+        "woken",
+    )
+
+    def __init__(
+        self,
+        engine: Engine,
+        streams: _Streams,
+        token: TokenRecord | None,
+        session_id: str,
+        after: int,
+        match: Match | None,
+    ) -> None:
+        self.engine = engine
+        self.streams = streams
+        self.token = token
+        self.session_id = session_id
+        self.after = after
+        self.match = match
+        self.job: Wait | None = None
+        #: the wait's answer once it has one: (value, None) or (None, error)
+        self.answer: tuple[p.Response | None, Exception | None] | None = None
+        self.woken: asyncio.Future[None] | None = None  # what the stream's task awaits
+        self.beat_due = False
+        self.gone = False  # the client went away: nothing more is written
+        self.revoked: Unauthorized | None = None
+        self.ended = False  # over: its last chunk (``event: error``) is given, or it closed
+        #: the next wait, once a wait's answer is told: it starts in the next pass of the
+        #: event loop, a callback, so that every stream the same firing woke writes it
+        #: before any waits again (a wait's start costs about what a write does: the last
+        #: stream's write would wait for all the others' waits too, where a TCP wait is
+        #: put back by its client)
+        self.soon: asyncio.Handle | None = None
+        if token is not None:
+            engine.hold(token, self)
+
+    def opening(self) -> bytes:
+        """The first chunk: where the stream starts. Its heartbeat starts with it."""
+        self.streams.add(self)
+        return _frame(id=str(self.after))
+
+    async def next(self) -> bytes | None:
+        """The next chunk to write, once there is one; None: the stream is over."""
         while True:
-            wait = p.Wait(sessions=[session_id], after=after, match=match)
+            if self.gone or self.ended:
+                return None
+            if self.revoked is not None:
+                return self._error(self.revoked)
+            if self.answer is not None:
+                value, error = self.answer
+                self.answer = self.job = None
+                if isinstance(error, ReplError):  # stopped, the daemon closing, the store gone
+                    return self._error(error)
+                if error is not None:  # a failure of the daemon's own: uvicorn logs it
+                    raise error
+                assert isinstance(value, p.Woken)
+                chunk = self._told(value)
+                self.soon = asyncio.get_running_loop().call_soon(self._wait)  # see ``soon``
+                return chunk
+            if self.beat_due:
+                self.beat_due = False
+                return _ping()
+            if self.job is None and self.soon is None:  # the first wait, at once
+                self._wait()
+                continue  # it may have its answer already: firings were there
+            woken = self.woken = asyncio.get_running_loop().create_future()
             try:
-                woken = await self.call(wait, request)
-            except ReplError as exc:  # stopped, the daemon closing, the store gone
-                error = {"code": exc.code.value, "message": exc.message}
-                yield {"event": "error", "data": _json.encode(error).decode()}
-                return
-            assert isinstance(woken, p.Woken)
-            for batch in woken.batches:
-                if batch.lost:  # its id: the last seq it stands for, so a resume counts it once
-                    yield {
-                        "event": "lost",
-                        "id": str(after + batch.lost),
-                        "data": json.dumps({"lost": batch.lost}),
-                    }
-                told = after + batch.lost
-                for firing in batch.firings:
-                    yield {
-                        "event": "firing",
-                        "id": str(firing.seq),
-                        "data": _json.encode(firing).decode(),
-                    }
-                    told = firing.seq
-                if batch.next > told:
-                    yield {"id": str(batch.next)}
-                after = batch.next
+                await woken
+            finally:
+                self.woken = None
+
+    def close(self) -> None:
+        """The stream is over, however it ended (its task cancelled too): its wait, its
+        heartbeat and its hold on the token end with it."""
+        self.ended = True
+        if self.soon is not None:
+            self.soon.cancel()
+            self.soon = None
+        if self.job is not None:
+            self.job.cancel()  # nothing, once it has answered
+            self.job = None
+        self.streams.discard(self)
+        if self.token is not None:
+            self.engine.release(self.token, self)
+
+    # -- what wakes the stream's task ---------------------------------------------------
+
+    def answered(self, value: p.Response | None, error: Exception | None) -> None:
+        """The wait's callback (never called once the wait is cancelled)."""
+        self.answer = (value, error)
+        self._wake()
+
+    def beat(self) -> None:
+        """The heartbeat's turn: a comment line goes out next."""
+        self.beat_due = True
+        self._wake()
+
+    def revoke(self, error: Unauthorized) -> None:
+        """The token was revoked: the stream ends with ``event: error``."""
+        self.revoked = error
+        self._cancel_wait()
+        self._wake()
+
+    def hung_up(self) -> None:
+        """The client went away: nobody reads what the stream would write."""
+        self.gone = True
+        self._cancel_wait()
+        self._wake()
+
+    def _cancel_wait(self) -> None:
+        if self.job is not None:
+            self.job.cancel()  # it moved nothing: a stream touches no cursor
+            self.job = None
+            self.answer = None
+
+    def _wake(self) -> None:
+        woken = self.woken
+        if woken is not None and not woken.done():
+            woken.set_result(None)
+
+    # -- the steps --------------------------------------------------------------------
+
+    def _wait(self) -> None:
+        """The next wait, after what the stream has told; refused at once (a revoked
+        token, the daemon closing), that is its answer."""
+        self.soon = None
+        if self.gone or self.ended or self.revoked is not None:
+            return
+        engine = self.engine
+        engine.requests += 1
+        req = p.Wait(sessions=[self.session_id], after=self.after, match=self.match)
+        try:
+            job = engine.handle(req, self.token).job
+        except Exception as exc:
+            self.answered(None, exc)
+            return
+        assert isinstance(job, Wait)  # a wait is the engine's job, started here
+        self.job = job
+        job.start(self.answered)
+
+    def _told(self, woken: p.Woken) -> bytes:
+        """A wait's answer as one chunk of events; the stream then goes on after it."""
+        after = self.after
+        events = []
+        for batch in woken.batches:
+            if batch.lost:  # its id: the last seq it stands for, so a resume counts it once
+                lost = json.dumps({"lost": batch.lost})
+                events.append(_frame(event="lost", id=str(after + batch.lost), data=lost))
+            told = after + batch.lost
+            for firing in batch.firings:
+                events.append(self.streams.frame(self.session_id, firing))
+                told = firing.seq
+            if batch.next > told:
+                events.append(_frame(id=str(batch.next)))
+            after = batch.next
+        self.after = after
+        return b"".join(events)
+
+    def _error(self, exc: ReplError) -> bytes:
+        """The last chunk: ``event: error`` (the session stopped, the daemon closing, the
+        store gone, the token revoked)."""
+        self.ended = True
+        error = _json.encode({"code": exc.code.value, "message": exc.message}).decode()
+        return _frame(event="error", data=error)
+
+
+class _Streams:
+    """What the daemon's open event streams share.
+
+    One heartbeat: every ``HEARTBEAT`` seconds every stream writes a comment line,
+    so that proxies keep it open (a stream's first within ``HEARTBEAT`` seconds of
+    its start); a timer of each stream's own cost 0.6 KB a stream, and with no
+    stream open there is no timer. And the frame of each session's newest firing
+    told: one send to a thousand streams is framed once, not a thousand times
+    (sse-starlette's framing of a firing costs more than its write).
+    """
+
+    def __init__(self) -> None:
+        self.streams: set[_Follow] = set()
+        self.timer: asyncio.TimerHandle | None = None
+        #: a session's id -> its firing last framed, and that frame
+        self.framed: dict[str, tuple[Firing, bytes]] = {}
+
+    def frame(self, session_id: str, firing: Firing) -> bytes:
+        """``event: firing``, its seq as ``id:``, its JSON as ``data:``."""
+        last = self.framed.get(session_id)
+        if last is not None and last[0] == firing:  # the same firing, to another stream
+            return last[1]
+        data = _json.encode(firing).decode()
+        framed = _frame(event="firing", id=str(firing.seq), data=data)
+        if len(self.framed) >= MAX_FRAMED:
+            self.framed.clear()
+        self.framed[session_id] = (firing, framed)
+        return framed
+
+    def add(self, stream: _Follow) -> None:
+        self.streams.add(stream)
+        if self.timer is None:
+            self.timer = asyncio.get_running_loop().call_later(HEARTBEAT, self._beat)
+
+    def discard(self, stream: _Follow) -> None:
+        self.streams.discard(stream)
+        if not self.streams:
+            self.framed.clear()
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+
+    def _beat(self) -> None:
+        self.timer = asyncio.get_running_loop().call_later(HEARTBEAT, self._beat)
+        for stream in self.streams:
+            stream.beat()  # only marks it, and resolves its future: none leaves the set here
+
+
+class _Line:
+    """Whether a request's client is still there, kept in the request's ASGI scope
+    (``LINE``): the protocol (``_protocol_class``) marks it gone when its connection
+    is lost before the response's end, and calls what the route left to be told.
+
+    uvicorn tells an app so by answering ``receive`` with ``http.disconnect``, but
+    only to a task blocked in ``receive``: a task of each open stream's own, with its
+    frames and its future, 1.5 KB a stream, for an end told once.
+    """
+
+    __slots__ = ("gone", "then")
+
+    def __init__(self) -> None:
+        self.gone = False
+        self.then: Callable[[], None] | None = None
+
+    def listen(self, then: Callable[[], None]) -> None:
+        """Call ``then`` when the client goes; at once if it has gone already."""
+        if self.gone:
+            then()
+        else:
+            self.then = then
+
+    def stop(self) -> None:
+        """The request is over: nothing more is told."""
+        self.then = None
+
+    def lost(self) -> None:
+        """The protocol's: the connection is lost, the response unfinished."""
+        self.gone = True
+        then, self.then = self.then, None
+        if then is not None:
+            then()
+
+
+#: the key of a request's ``_Line`` in its ASGI scope
+LINE = "repl.line"
+
+
+def _line(scope: MutableMapping[str, Any]) -> _Line:
+    """The request's ``_Line``, made by whichever comes first: the route, or the loss."""
+    line = scope.get(LINE)
+    if line is None:
+        line = scope[LINE] = _Line()
+    assert isinstance(line, _Line)
+    return line
+
+
+def _frame(*, id: str | None = None, event: str | None = None, data: str | None = None) -> bytes:
+    """One event as sse-starlette frames it."""
+    from sse_starlette.event import ServerSentEvent
+
+    return ServerSentEvent(data, event=event, id=id, sep=SEP).encode()
+
+
+def _ping() -> bytes:
+    """The heartbeat: sse-starlette's own ping comment (``: ping - TIME``)."""
+    from sse_starlette.event import ServerSentEvent
+
+    return ServerSentEvent(comment=f"ping - {datetime.now(UTC)}", sep=SEP).encode()
+
+
+@functools.cache
+def _event_stream_class() -> Any:
+    """The response of an event stream: Starlette's ``Response``, made on first use (the
+    module imports without the http extra)."""
+    from starlette.responses import Response
+    from starlette.types import Receive, Scope, Send
+
+    class EventStream(Response):
+        """An open event stream: its head, then ``follow``'s chunks as they come, written
+        in the request's own task; its ``_Line`` tells the hang-up."""
+
+        media_type = "text/event-stream"
+        #: every stream's headers, one list (each response would make its own: 0.6 KB)
+        shared_headers: list[tuple[bytes, bytes]] | None = None
+
+        def __init__(self, follow: _Follow) -> None:
+            self.follow = follow
+            self.status_code = 200
+            self.background = None
+            if EventStream.shared_headers is None:
+                self.init_headers(STREAM_HEADERS)
+                EventStream.shared_headers = self.raw_headers
+            self.raw_headers = EventStream.shared_headers
+
+        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+            follow = self.follow
+            try:
+                start = {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
+                await send(start)
+                if scope["method"] == "HEAD":  # its head, and no stream (sse-starlette's too)
+                    await send({"type": "http.response.body", "body": b""})
+                    return
+                line = _line(scope)
+                line.listen(follow.hung_up)
+                try:
+                    chunk: bytes | None = follow.opening()
+                    while chunk is not None:
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                        chunk = await follow.next()
+                    if not follow.gone:
+                        await send({"type": "http.response.body", "body": b""})
+                finally:
+                    line.stop()
+            finally:
+                follow.close()
+
+    return EventStream
 
 
 class _Gone(Exception):
@@ -689,14 +1023,6 @@ class _Poll:
     def _release(self) -> None:
         if self.token is not None:
             self.engine.release(self.token, self)
-
-
-async def _hung_up(request: Request, poll: _Poll) -> None:
-    """Wait for the request's client to go, then end its poll: the ASGI server tells that
-    a client went away by answering ``receive`` with ``http.disconnect``."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-    poll.hung_up()
 
 
 class _Held:
@@ -930,14 +1256,105 @@ def _decode(body: bytes, kind: type[_Body], shape: str) -> _Body:
         raise BadRequest(f"the body is not JSON ({exc}): send {shape}") from None
 
 
+class _Endpoint:
+    """A route's endpoint as an ASGI app, which Starlette's ``Route`` calls as it is.
+
+    A function endpoint Starlette runs in ``request_response``: a ``Request`` of
+    its own and an exception wrapper (two closures, two coroutines) around the
+    call, held for as long as the request is in flight (2 KB, for a long poll
+    blocked). The guarded endpoint turns its refusals into answers itself, and
+    what else it raises reaches the app's handlers all the same.
+    """
+
+    __slots__ = ("endpoint",)
+
+    def __init__(self, endpoint: Callable[[Request], Awaitable[Response]]) -> None:
+        self.endpoint = endpoint
+
+    async def __call__(
+        self,
+        scope: MutableMapping[str, Any],
+        receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
+        send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
+    ) -> None:
+        from starlette.requests import Request
+
+        response = await self.endpoint(Request(scope, receive, send))
+        await response(scope, receive, send)
+
+
+class _Front:
+    """The app uvicorn runs: Starlette's, but for an event stream's request, which goes
+    to its route's endpoint as soon as Starlette's own route has matched it.
+
+    Through Starlette's stack, a request holds a frame of each layer for as long as
+    it is in flight (the app, its error middleware and its closure around ``send``,
+    the exception middleware and its wrapper, the router and the route): 3.5 KB for
+    each open stream (docs/benchmarks.md), for layers that a stream's route never
+    uses once it has answered. Starlette still matches its path (``Route.matches``),
+    so a wrong method still gets Starlette's 405 from the whole stack; a failure of
+    the daemon's own is still ``Api.failed``'s JSON 500, raised on for uvicorn to log,
+    as Starlette's error middleware does. ``routes`` are Starlette's, all of them.
+    """
+
+    def __init__(
+        self,
+        app: Any,
+        stream: Route,
+        endpoint: Callable[[Request], Awaitable[Response]],
+        failed: Callable[[Request, Exception], Awaitable[Response]],
+    ) -> None:
+        self.app = app
+        self.routes = app.routes
+        self.stream = stream
+        self.endpoint = endpoint
+        self.failed = failed
+
+    async def __call__(
+        self,
+        scope: MutableMapping[str, Any],
+        receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
+        send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
+    ) -> None:
+        from starlette.routing import Match
+
+        if scope["type"] == "http":
+            matched, found = self.stream.matches(scope)
+            if matched is Match.FULL:
+                scope.update(found)
+                response = await self._answer(scope, receive, send)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    async def _answer(
+        self,
+        scope: MutableMapping[str, Any],
+        receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
+        send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
+    ) -> Response:
+        """The route's response, in a frame of its own, so that its ``Request`` (and the
+        headers and query it parsed) is not held while the stream is open."""
+        from starlette.requests import Request
+
+        request = Request(scope, receive, send)
+        try:
+            return await self.endpoint(request)
+        except Exception as exc:  # a failure of the daemon's own: 500, and uvicorn logs it
+            await (await self.failed(request, exc))(scope, receive, send)
+            raise
+
+
 def make_app(engine: Engine, token: str) -> Any:
-    """The Starlette app of the daemon's HTTP routes."""
+    """The ASGI app of the daemon's HTTP routes: Starlette's, streams in front (``_Front``)."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.routing import Mount, Route
 
     api = Api(engine, token)
     guarded = api.guarded
+    events = guarded(api.events)
+    stream = Route("/sessions/{id}/events", events, methods=["GET"])
     routes = [
         # the page and its files need no token: they hold no data until it is given
         Route("/", guarded(api.page, open=True), methods=["GET"]),
@@ -945,7 +1362,7 @@ def make_app(engine: Engine, token: str) -> Any:
         Route("/favicon.ico", guarded(api.favicon, open=True), methods=["GET"]),
         # one route for both methods, so a 405's Allow lists every method it serves
         Route("/sessions/{id}/firings", guarded(api.firings), methods=["GET", "POST"]),
-        Route("/sessions/{id}/events", guarded(api.events), methods=["GET"]),
+        stream,
         Route("/sessions/{id}/wait", guarded(api.wait), methods=["GET"]),
         # a cursor's name may hold a slash (any printable character but whitespace)
         Route("/sessions/{id}/cursors/{name:path}", guarded(api.ack), methods=["POST"]),
@@ -956,9 +1373,10 @@ def make_app(engine: Engine, token: str) -> Any:
         # a webhook carries its own secret: no token
         Route("/hooks/{id}", guarded(api.hook, open=True), methods=["POST"]),
     ]
-    return Starlette(
+    app = Starlette(
         routes=routes, exception_handlers={HTTPException: api.refused, Exception: api.failed}
     )
+    return _Front(app, stream, events.endpoint, api.failed)
 
 
 async def serve_http(
@@ -1002,6 +1420,9 @@ async def serve_http(
     config = uvicorn.Config(
         make_app(engine, token),
         http=_protocol_class(idle_timeout, max_connections, engine.counts.errors),
+        # no X-Forwarded-For: nothing here reads the client's address, and the middleware
+        # would be one more frame held by every request in flight (an open stream's)
+        proxy_headers=False,
         log_level="warning",
         access_log=False,
         lifespan="off",
@@ -1125,7 +1546,12 @@ def _protocol_class(deadline: float, max_connections: int, errors: Counter[str])
             if self._deadline is not None:
                 self._deadline.cancel()
                 self._deadline = None
+            unfinished = self._busy()
             super().connection_lost(exc)
+            if unfinished:  # an open stream, a long poll: the route is told (``_Line``)
+                assert self.cycle is not None
+                scope = cast("MutableMapping[str, Any]", self.cycle.scope)  # a TypedDict
+                _line(scope).lost()
 
     return Protocol
 

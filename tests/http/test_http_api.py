@@ -16,6 +16,7 @@ import socket
 import time
 from collections.abc import Iterator
 from itertools import count
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -437,6 +438,67 @@ def test_a_stream_says_where_it_starts_and_a_gap_is_counted_once_across_a_resume
         again.close()
 
 
+def test_a_stream_is_not_cached_nor_buffered_and_a_head_request_gets_its_head_alone(
+    web_api: Web,
+) -> None:
+    """A stream's head says ``text/event-stream``, ``Cache-Control: no-store`` and
+    ``X-Accel-Buffering: no`` (a proxy must pass each event on at once); HEAD gives that
+    head and no stream: the answer ends, the connection serves the next request, and no
+    wait is left."""
+    s = web_api.session()
+    stream = Stream(web_api, f"/sessions/{s}/events")
+    try:
+        assert stream.status == 200
+        assert stream.headers["content-type"] == "text/event-stream; charset=utf-8"
+        assert stream.headers["cache-control"] == "no-store"
+        assert stream.headers["x-accel-buffering"] == "no"
+    finally:
+        stream.close()
+    conn = http.client.HTTPConnection("127.0.0.1", web_api.port, timeout=10)
+    auth = {"Authorization": f"Bearer {web_api.token}"}
+    try:
+        conn.request("HEAD", f"/sessions/{s}/events", headers=auth)
+        head = conn.getresponse()
+        assert (head.status, head.read()) == (200, b"")
+        got = {k.lower(): v for k, v in head.getheaders()}
+        assert got["content-type"] == "text/event-stream; charset=utf-8"
+        assert (got["cache-control"], got["x-accel-buffering"]) == ("no-store", "no")
+        conn.request("GET", "/sessions", headers=auth)  # the same connection: HEAD ended
+        listed = conn.getresponse()
+        assert listed.status == 200 and s in {row["id"] for row in json.loads(listed.read())}
+    finally:
+        conn.close()
+    eventually(lambda: web_api.waiters(s) == 0, timeout=5)
+
+
+def test_a_daemon_that_stops_ends_its_streams_with_an_error_event_and_logs_no_error(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM with streams open: each is told ``event: error`` (``shutting_down``) and
+    ended, as a wait of the line protocol is told; none is cut off by the server's own
+    deadline (which would log a traceback)."""
+    daemon = DaemonProc(tmp_path / "home", "--http", "127.0.0.1:0", "--settle-ms", "0")
+    web = Web(daemon)
+    try:
+        s = web.session()
+        streams = [Stream(web, f"/sessions/{s}/events") for _ in range(3)]
+        eventually(lambda: web.waiters(s) == 3)
+        daemon.close_clients()
+        assert daemon.stop() == 0
+        for stream in streams:
+            ended = stream.event()
+            assert ended["event"] == "error"
+            assert json.loads(ended["data"])["code"] == "shutting_down"
+            with pytest.raises(EOFError):
+                stream.event()
+            stream.close()
+    finally:
+        daemon.close_clients()
+        daemon.stop()
+    logged = daemon.log.read_text()
+    assert "Traceback" not in logged and "ERROR" not in logged, logged
+
+
 @pytest.mark.parametrize(
     ("method", "path", "status", "says"),
     [
@@ -457,6 +519,12 @@ def test_a_stream_says_where_it_starts_and_a_gap_is_counted_once_across_a_resume
             "POST is not served on '/static/app.js': it takes GET, HEAD",
         ),
         ("GET", "/hooks/S", 405, "GET is not served on '/hooks/S': it takes POST"),
+        (
+            "POST",
+            "/sessions/S/events",
+            405,
+            "POST is not served on '/sessions/S/events': it takes GET, HEAD",
+        ),
     ],
 )
 @pytest.mark.parametrize("token", ["", None])
