@@ -1,4 +1,4 @@
-"""HTTP beside the line protocol (SPEC §10): the same engine, the same state, one event loop.
+"""HTTP beside the line protocol (rules H1-H7): the same engine, the same state, one event loop.
 
 ``repl daemon --http HOST:PORT`` serves a Starlette app with uvicorn in the
 daemon's own loop. Every route is a thin translation to a request of the
@@ -36,7 +36,7 @@ has a new firing; a client that goes away ends its wait at once.
   icon, which a browser asks for by itself (no token for any of them).
 
 Every data route needs ``Authorization: Bearer TOKEN``: the daemon's root
-token or a scoped one (SPEC §11), checked by the engine as the line
+token or a scoped one (rules K1-K5), checked by the engine as the line
 protocol's ``auth`` is; without it, or with a wrong or revoked one, 401. A
 scoped token sees only its sessions (``/sessions`` lists those, any other
 answers 404 as a missing one), a right it lacks is 403, and ``/metrics``
@@ -1434,7 +1434,7 @@ async def serve_http(
         # past it is answered in JSON as every other refusal
         h11_max_incomplete_event_size=64 * 1024,
     )
-    if tls is not None:  # the daemon's own context (SPEC §12), shared with the protocol's
+    if tls is not None:  # the daemon's own context (rules L1-L3), shared with the protocol's
         config.load()  # listener, so that a reload on SIGHUP serves both
         config.ssl = tls
     server = _server_class()(config)
