@@ -96,7 +96,7 @@ from session.errors import (
     Unauthorized,
 )
 from session.firing import Firing
-from session.ops import GetWebhook, check_match
+from session.ops import check_match
 from session.rules import DEFAULT_HANDLER, WAIT_CURSOR
 from session.scopes import ADMIN, READ, TokenRecord, forbidden
 from session.tags import Match, check_tag_key, parse_tags
@@ -324,9 +324,7 @@ class Api:
     async def sessions(self, request: Request) -> Response:
         """The protocol's listing, and each session's ``lag`` (the page shows it)."""
         engine = self.engine
-        engine.requests += 1
-        engine.counts.requests["sessions"] += 1
-        rows = await engine.view(request.state.token).summaries(None).result()
+        rows = await engine.summaries(request.state.token).result()
         return json_response(
             [
                 {
@@ -529,7 +527,7 @@ class Api:
         """
         session_id = request.path_params["id"]
         try:
-            webhook = await self.engine.committer.execute(session_id, GetWebhook()).result()
+            webhook = await self.engine.webhook_of(session_id).result()
         except (NoSuchSession, BadSessionId):
             webhook = None
         body = await _body(request)  # a body over 1 MiB is 413 whichever it is
@@ -564,7 +562,7 @@ class Api:
 
         if request.state.token is not None:
             raise forbidden("root")
-        totals = await self.engine.committer.totals().result()
+        totals = await self.engine.totals().result()
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Snapshot(self.engine, totals))
         return Response(generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -61,6 +61,7 @@ from session.ops import (
     AddTimer,
     CancelTimer,
     CursorTable,
+    GetWebhook,
     Poll,
     ReadAfter,
     ReadCursor,
@@ -393,6 +394,25 @@ class Engine:
                 )
             case _:
                 _unknown(req)
+
+    # -- what HTTP's own routes ask (each counted as the request it is) -------
+
+    def summaries(self, token: TokenRecord | None) -> Outcome[list[Summary]]:
+        """Every session ``token`` sees, with its figures (HTTP's listing shows their lag,
+        which the ``sessions`` op's rows leave out): counted as a ``sessions`` request."""
+        self.requests += 1
+        self.counts.requests["sessions"] += 1
+        if token is not None:
+            self.token_requests[token.digest] += 1
+        return self.view(token).summaries(None)
+
+    def webhook_of(self, session_id: str) -> Outcome[Webhook | None]:
+        """The session's webhook (None: it has none); ``NoSuchSession`` when there is none."""
+        return self.committer.execute(session_id, GetWebhook())
+
+    def totals(self) -> Outcome[Totals]:
+        """The daemon-wide figures (``/metrics``)."""
+        return self.committer.totals()
 
     def deliver(
         self,
