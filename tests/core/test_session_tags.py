@@ -35,6 +35,7 @@ from session.tags import (
     parse_tag,
     parse_tags,
 )
+from tests.helpers import examples
 
 TS = "2026-12-01T00:00:00.000Z"
 
@@ -272,10 +273,23 @@ class TaggedSession(RuleBasedStateMachine):
 
 max_ = max
 
+# 40 examples are some 3 s of the suite (TAGS_EXAMPLES=N for more); the slow variant runs 300
 TaggedSession.TestCase.settings = settings(
-    max_examples=150,
+    max_examples=examples(40, "TAGS_EXAMPLES"),
     stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_matching_readers_return_the_models_firings_and_move_no_cursor = TaggedSession.TestCase
+
+
+class LongTaggedSession(TaggedSession):
+    """The same machine, searched longer: ``pytest -m slow``."""
+
+
+LongTaggedSession.TestCase.settings = settings(
+    TaggedSession.TestCase.settings, max_examples=examples(300, "TAGS_EXAMPLES")
+)
+test_matching_readers_keep_every_rule_under_a_long_search = pytest.mark.timeout(900)(
+    pytest.mark.slow(LongTaggedSession.TestCase)
+)

@@ -32,6 +32,8 @@ ROWS = (
     "wake latency p99",
     "pipelined sends/s, one client, --memory",
     "pipelined sends/s, one client, durable",
+    "pipelined sends/s over 50 sessions",
+    "durable, against one session",
     "daemon CPU over",
     "idle-timeout period",
     "evaluations over",
