@@ -203,13 +203,16 @@ def test_on_a_real_daemon_a_firing_in_1s_fires_once(tmp_path: Path) -> None:
         repl.ok("start", "inbox")
         asked = time.time() * 1000
         timer = repl.ok("send", "inbox", "remind me", "--in", "1s").strip()
-        (listed,) = json.loads(repl.ok("timers", "inbox", "--json"))
-        assert listed["timer"] == timer and listed["due_ms"] >= asked + 1000
+        # listed, unless it fired already: a loaded machine can take a second to start the
+        # CLI again (no bound on the time is asserted, only the order of things)
+        listed = json.loads(repl.ok("timers", "inbox", "--json"))
+        for row in listed:
+            assert row["timer"] == timer and row["due_ms"] >= asked + 1000
         assert repl.ok("wait", "inbox", "--timeout", "30") == "on-message: remind me\n"
         # fired and gone in one step: nothing is left that could fire it again
         assert json.loads(repl.ok("timers", "--json")) == []
         (firing,) = firings(d.client(), "inbox")
-        assert firing["result"] == "remind me" and stamp_ms(firing) >= listed["due_ms"]
+        assert firing["result"] == "remind me" and stamp_ms(firing) >= asked + 1000
     finally:
         d.close_clients()
         d.stop()
