@@ -105,10 +105,22 @@ class Sink:
                 return
             if self._unread[0] == 0:
                 return
-            if poller.poll(0):
-                raise ReaderGone()
+            if poller.poll(0):  # the reader is gone: did it take the line before it left?
+                self._reader_left()
+                return
             time.sleep(pause)
             pause = min(pause * 2, _LONGEST_PAUSE)
+
+    def _reader_left(self) -> None:
+        """The pipe has no reader any more. Between the look at its unread bytes and the
+        poll, the reader may have taken the line and left (``head -n 2`` taking the second):
+        then it was delivered, and the next line finds the reader gone."""
+        try:
+            fcntl.ioctl(self.fd, termios.FIONREAD, self._unread, True)
+        except OSError:
+            raise ReaderGone() from None
+        if self._unread[0]:
+            raise ReaderGone()
 
 
 def silence_stdout() -> None:
