@@ -14,7 +14,7 @@ import time
 
 from bench.clients import encode
 from bench.measure import Group, Setup, Sizes, fill_daemon, fill_streams, run_async
-from bench.procs import HOST, BenchError, Daemon, RedisServer
+from bench.procs import HOST, BenchError, Daemon, RedisServer, rss_bytes
 from bench.table import Goal, Row
 
 
@@ -58,7 +58,14 @@ def _redis_served(port: int, key: str, deadline_s: float) -> None:
 
 def restart_rows(s: Sizes) -> list[Row]:
     figure = f"restart until {s.restart_sessions:,} full sessions are served (durable), ms"
-    return [Row("restart", figure, Goal("report", 0, "report (Redis AOF reload)"))]
+    memory = (
+        f"RSS after that restart, MiB (reference: the daemon's RSS before it, its "
+        f"{s.restart_sessions:,} sessions filled)"
+    )
+    return [
+        Row("restart", figure, Goal("report", 0, "report (Redis AOF reload)")),
+        Row("restart_rss", memory, Goal("ratio_le", 1.1, "≤ 1.1 × the RSS before it")),
+    ]
 
 
 def restart(setup: Setup, rows: dict[str, Row]) -> None:
@@ -66,16 +73,20 @@ def restart(setup: Setup, rows: dict[str, Row]) -> None:
     row = rows["restart"]
     names = [f"full-{j}" for j in range(s.restart_sessions)]
     if setup.store_missing:
-        row.missing = "store missing"
+        row.missing = rows["restart_rss"].missing = "store missing"
     else:
         daemon = Daemon(setup.dir("restart-daemon"), memory=False).start()
         try:
             run_async(fill_daemon(daemon, names, s.restart_firings, s.batch), s.deadline_s)
+            time.sleep(s.settle_s)
+            rows["restart_rss"].reference = rss_bytes(daemon.pid) / 2**20
             daemon.stop()
             t0 = time.perf_counter()
             daemon.start()
             _repl_served(daemon.port, daemon.token, names[-1], s.restart_firings, 60)
             row.repl = (time.perf_counter() - t0) * 1000
+            time.sleep(s.settle_s)
+            rows["restart_rss"].repl = rss_bytes(daemon.pid) / 2**20
         finally:
             daemon.stop()
         with Daemon(setup.dir("restart-empty"), memory=False) as empty:

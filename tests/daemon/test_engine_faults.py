@@ -44,7 +44,7 @@ class Flaky:
         self.reloads = True
 
     def load(self) -> list[Snapshot]:
-        return self.inner.load()
+        return list(self.inner.load())
 
     def load_session(self, session_id: str) -> Snapshot | None:
         if not self.reloads:

@@ -42,6 +42,7 @@ ROWS = (
     "memory per retained firing",
     "`repl read` on an empty session",
     "restart until",
+    "RSS after that restart",
     "one-shot timer lateness p50",
     "one-shot timer lateness p99",
     "pending timers on",

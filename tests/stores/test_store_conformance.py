@@ -330,7 +330,7 @@ def test_reset_replaces_whatever_was_under_the_id(open_store: OpenStore) -> None
 def test_an_unknown_session_loads_as_none(open_store: OpenStore) -> None:
     store = open_store()
     assert store.load_session("nope") is None
-    assert store.load() == []
+    assert list(store.load()) == []
 
 
 def test_a_failed_batch_writes_nothing_and_the_store_goes_on(open_store: OpenStore) -> None:
@@ -369,7 +369,7 @@ def test_the_memory_store_keeps_nothing() -> None:
     a = Mirror("a")
     a.record("m")
     store.write([a.delta()])
-    assert store.load() == [] and store.load_session("a") is None
+    assert list(store.load()) == [] and store.load_session("a") is None
     assert not store.durable
     store.close()
 

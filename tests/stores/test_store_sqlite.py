@@ -242,7 +242,7 @@ def test_a_thousand_full_rings_load_back(tmp_path: Path) -> None:
     store.close()
     started = time.perf_counter()
     store = SqliteStore(db)
-    snapshots = store.load()
+    snapshots = list(store.load())
     elapsed = time.perf_counter() - started
     store.close()
     print(f"opened and loaded 1,000 sessions x 256 firings in {elapsed:.2f} s")
@@ -259,7 +259,7 @@ def test_a_closed_store_writes_nothing_more(tmp_path: Path) -> None:
         store.write([Mirror("a").delta()])
     store.close()  # twice is harmless
     reopened = SqliteStore(tmp_path / "repl.db")
-    assert reopened.load() == []
+    assert list(reopened.load()) == []
     reopened.close()
 
 
@@ -300,9 +300,9 @@ def test_a_session_the_core_could_not_host_is_refused_at_open(
 def test_a_file_changed_under_the_store_fails_its_reads_and_says_so(tmp_path: Path) -> None:
     db = tmp_path / "repl.db"
     store = filled(db)
-    assert len(store.load()) == 3  # what it read at open
+    assert len(list(store.load())) == 3
     edited(db, "DROP TABLE keys")
-    for read in (store.load, lambda: store.load_session("s1")):
+    for read in (lambda: list(store.load()), lambda: store.load_session("s1")):
         with pytest.raises(StoreFailed, match=rf"^cannot read {db}: no such table: keys$"):
             read()
     store.close()
@@ -314,3 +314,54 @@ def test_a_home_that_does_not_exist_cannot_hold_the_lock(tmp_path: Path) -> None
     with pytest.raises(StoreFailed, match=rf"^cannot create the lock file {lock}: No such file"):
         SqliteStore(db)
     assert not db.parent.exists()
+
+
+def load_peak(store: SqliteStore, keep: bool) -> int:
+    """The most memory (bytes, tracemalloc's) a load of ``store`` held at once: keeping every
+    snapshot, or taking each and letting it go as a committer does."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        kept = list(store.load()) if keep else None
+        if not keep:
+            for snapshot in store.load():
+                del snapshot
+        del kept
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_restart_streams_the_sessions_one_at_a_time_exactly_as_they_were(
+    tmp_path: Path,
+) -> None:
+    """Issue 29: ``load`` is a generator that holds one session's rows at a time (a restart
+    of many full sessions never holds them all), and every session comes back as the core
+    held it: its ring firing by firing, its cursors and its keys, in id order."""
+    import inspect
+
+    db = tmp_path / "repl.db"
+    store = SqliteStore(db)
+    mirrors = [Mirror(f"s{n:03d}") for n in range(200)]
+    for m in mirrors:
+        for i in range(100):
+            m.record(f"{m.session.id} {i} " * 4, key=f"k{i}" if i % 3 == 0 else None)
+        m.session.ack("read", 30)
+        m.session.ack("monitor", 45)
+    store.write([m.delta() for m in mirrors])
+    store.close()
+    expected = {m.session.id: m.session.snapshot() for m in mirrors}
+
+    reopened = SqliteStore(db)
+    loading = reopened.load()
+    assert inspect.isgenerator(loading)
+    seen = []
+    for snapshot in loading:
+        assert snapshot == expected[snapshot.id], snapshot.id
+        seen.append(snapshot.id)
+    assert seen == sorted(expected)  # every session, in id order
+    # what a load holds at once: one session's rows, not the 20,000 firings of all of them
+    everything, streamed = load_peak(reopened, keep=True), load_peak(reopened, keep=False)
+    reopened.close()
+    assert streamed * 20 < everything, (streamed, everything)

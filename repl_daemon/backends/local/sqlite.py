@@ -40,8 +40,9 @@ import logging
 import os
 import sqlite3
 import threading
-from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -60,9 +61,6 @@ SCHEMA_VERSION = 4
 BUSY_TIMEOUT = 2.0
 #: the WAL file is cut back to this size once checkpointed
 WAL_SIZE_LIMIT = 64 << 20
-#: the page cache, KiB: a batch over many sessions touches a page of each, and pages
-#: read again from the file cost more than the memory they hold
-CACHE_KIB = 65536
 
 _scope = msgspec.json.Decoder(Scope)
 
@@ -181,13 +179,14 @@ class SqliteStore:
         self._mutex = threading.Lock()
         self._reopen = False
         self._conn: sqlite3.Connection | None = None
-        self._loaded: list[Snapshot] | None = None
         self._lock_fd = _lock_home(self.path)
         try:
             self._conn = self._connect()
-            # read everything now, so that a damaged file stops the daemon
-            # before it serves, with the same clear message as a bad header
-            self._loaded = self._load_all(self._conn)
+            # check everything now, so that a damaged file stops the daemon before it
+            # serves, with the same clear message as a bad header: one scan a table in
+            # SQL, which reads every page and builds no row in Python (``load`` then
+            # streams the sessions, one at a time)
+            _check_file(self._conn)
         except (sqlite3.Error, _NotOurs, _Inconsistent) as exc:
             self.close()
             if isinstance(exc, _NotOurs):
@@ -211,7 +210,6 @@ class SqliteStore:
             conn.execute("PRAGMA synchronous = FULL")
             # a burst of big firings grows the WAL; give the space back after it
             conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
-            conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
             self._check_schema(conn)
         except BaseException:
             conn.close()
@@ -278,66 +276,15 @@ class SqliteStore:
 
     # -- the Store protocol -------------------------------------------------
 
-    def load(self) -> list[Snapshot]:
-        """Every session, read with one ordered scan a table, not a query a session."""
+    def load(self) -> Iterator[Snapshot]:
+        """Every session, one at a time, in id order: one ordered scan a table (not a query a
+        session), merged, so that no more than one session's rows are held at once (a
+        restart's peak and steady memory are those of the sessions it hosts)."""
         with self._mutex:
-            loaded, self._loaded = self._loaded, None
-            if loaded is not None:
-                return loaded
             try:
-                return self._load_all(self._connection())
-            except (sqlite3.Error, _Inconsistent) as exc:
+                yield from _load_all(self._connection())
+            except (sqlite3.Error, _Inconsistent, msgspec.DecodeError) as exc:
                 raise StoreFailed(_load_failure(self.path, exc)) from None
-
-    def _load_all(self, conn: sqlite3.Connection) -> list[Snapshot]:
-        firings: defaultdict[str, list[Firing]] = defaultdict(list)
-        rows = conn.execute(
-            "SELECT session, seq, handler, result, event, ts, tags FROM firings"
-            " ORDER BY session, seq"
-        )
-        for session_id, seq, handler, result, event, ts, tags in rows:
-            firings[session_id].append(Firing(seq, handler, result, event, ts, _tags(tags)))
-        cursors: defaultdict[str, list[CursorState]] = defaultdict(list)
-        rows = conn.execute(
-            "SELECT session, name, seq, last_use FROM cursors ORDER BY session, last_use"
-        )
-        for session_id, name, seq, last_use in rows:
-            cursors[session_id].append(CursorState(name, seq, last_use))
-        keys: defaultdict[str, list[tuple[str, int]]] = defaultdict(list)
-        for session_id, key, seq in conn.execute(
-            "SELECT session, key, seq FROM keys ORDER BY session, ord"
-        ):
-            keys[session_id].append((key, seq))
-        timers: defaultdict[str, list[Timer]] = defaultdict(list)
-        for session_id, *timer in conn.execute(
-            "SELECT session, id, due_ms, every_ms, handler, text, key, tags FROM timers"
-            " ORDER BY session, due_ms, id"
-        ):
-            timers[session_id].append(_timer(session_id, *timer))
-        hooks = {
-            session_id: Webhook(secret, handler)
-            for session_id, secret, handler in conn.execute(
-                "SELECT session, secret, handler FROM hooks"
-            )
-        }
-        snapshots = []
-        for session_id, limit, head, uses in conn.execute(
-            'SELECT id, "limit", head, uses FROM sessions ORDER BY id'
-        ):
-            snapshot = Snapshot(
-                id=session_id,
-                limit=limit,
-                head=head,
-                firings=firings.get(session_id, []),
-                cursors=cursors.get(session_id, []),
-                uses=uses,
-                keys=keys.get(session_id, []),
-                timers=timers.get(session_id, []),
-                webhook=hooks.get(session_id),
-            )
-            _check_snapshot(snapshot)
-            snapshots.append(snapshot)
-        return snapshots
 
     def load_session(self, session_id: str) -> Snapshot | None:
         """One session as the file holds it, or None; ``StoreFailed`` when it cannot be read."""
@@ -395,7 +342,6 @@ class SqliteStore:
     def write(self, batch: list[Delta]) -> None:
         """Apply the batch in one transaction; on any failure nothing of it is written."""
         with self._mutex:
-            self._loaded = None  # what was read at open is out of date from here on
             try:
                 conn = self._connection()
                 conn.execute("BEGIN IMMEDIATE")
@@ -452,7 +398,6 @@ class SqliteStore:
 
     def close(self) -> None:
         with self._mutex:
-            self._loaded = None
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
@@ -620,6 +565,95 @@ def _timer(
         key=key,
         tags=_tags(tags) or None,
     )
+
+
+class _Rows:
+    """One table's rows in session order, taken a session at a time (a merge join)."""
+
+    def __init__(self, rows: Iterator[tuple[Any, ...]]) -> None:
+        self.rows = rows
+        self.next: tuple[Any, ...] | None = next(rows, None)
+
+    def of(self, session_id: str) -> list[tuple[Any, ...]]:
+        """The rows of ``session_id``: those before it belong to no session, and are left."""
+        taken = []
+        row = self.next
+        while row is not None and row[0] <= session_id:
+            if row[0] == session_id:
+                taken.append(row)
+            row = next(self.rows, None)
+        self.next = row
+        return taken
+
+
+def _load_all(conn: sqlite3.Connection) -> Iterator[Snapshot]:
+    """Every session in id order, each with its rows, one session's at a time."""
+    firings = _Rows(
+        conn.execute(
+            "SELECT session, seq, handler, result, event, ts, tags FROM firings"
+            " ORDER BY session, seq"
+        )
+    )
+    cursors = _Rows(
+        conn.execute("SELECT session, name, seq, last_use FROM cursors ORDER BY session, last_use")
+    )
+    keys = _Rows(conn.execute("SELECT session, key, seq FROM keys ORDER BY session, ord"))
+    timers = _Rows(
+        conn.execute(
+            "SELECT session, id, due_ms, every_ms, handler, text, key, tags FROM timers"
+            " ORDER BY session, due_ms, id"
+        )
+    )
+    hooks = _Rows(conn.execute("SELECT session, secret, handler FROM hooks ORDER BY session"))
+    sessions = conn.execute('SELECT id, "limit", head, uses FROM sessions ORDER BY id')
+    for session_id, limit, head, uses in sessions:
+        hook = hooks.of(session_id)
+        snapshot = Snapshot(
+            id=session_id,
+            limit=limit,
+            head=head,
+            firings=[
+                Firing(seq, handler, result, event, ts, _tags(tags))
+                for _, seq, handler, result, event, ts, tags in firings.of(session_id)
+            ],
+            cursors=[CursorState(name, seq, use) for _, name, seq, use in cursors.of(session_id)],
+            uses=uses,
+            keys=[(key, seq) for _, key, seq in keys.of(session_id)],
+            timers=[_timer(*row) for row in timers.of(session_id)],
+            webhook=Webhook(hook[0][1], hook[0][2]) if hook else None,
+        )
+        _check_snapshot(snapshot)
+        yield snapshot
+
+
+def _check_file(conn: sqlite3.Connection) -> None:
+    """What ``_check_snapshot`` checks of every session, in SQL: one scan a table, which
+    reads every page (a damaged one fails it), and no row built in Python but the
+    sessions' own."""
+    for session_id, limit in conn.execute('SELECT id, "limit" FROM sessions'):
+        try:
+            check_session_id(session_id)
+            check_limit(limit)
+        except ReplError as exc:
+            raise _Inconsistent(exc.message) from None
+    rings = conn.execute(
+        'SELECT s.id, s."limit", s.head, f.count, f.low, f.high FROM sessions AS s JOIN'
+        " (SELECT session, count(*) AS count, min(seq) AS low, max(seq) AS high"
+        " FROM firings GROUP BY session) AS f ON f.session = s.id"
+    )
+    for session_id, limit, head, count, low, high in rings:
+        if head < 0 or count > limit:
+            raise _Inconsistent(
+                f"session {session_id!r} holds {count} firing(s) under limit {limit} "
+                f"and head {head}"
+            )
+        if high != head or low != head - count + 1:
+            raise _Inconsistent(
+                f"session {session_id!r} holds firings {low} to {high}, "
+                f"which are not the newest {count} up to its head {head}"
+            )
+    for table in ("cursors", "keys", "timers", "hooks"):  # every page read
+        conn.execute(f"SELECT count(*), max(length(session)) FROM {table}").fetchone()
 
 
 def _check_snapshot(snapshot: Snapshot) -> None:

@@ -30,6 +30,7 @@ What a store must guarantee:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Protocol
 
 from session.delta import Delta
@@ -46,8 +47,9 @@ class Store(Protocol):
     durable: bool
     #: True for a store that other daemons write too (its sessions are not this daemon's alone)
 
-    def load(self) -> list[Snapshot]:
-        """Every stored session; called once at start, before serving."""
+    def load(self) -> Iterable[Snapshot]:
+        """Every stored session; called once at start, before serving. An iterator of them
+        (SQLite's) holds one session's rows at a time, so a restart never holds them all."""
         ...
 
     def load_session(self, session_id: str) -> Snapshot | None:
