@@ -105,6 +105,7 @@ if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.responses import Response
     from starlette.routing import Route
+    from starlette.types import Receive, Scope, Send
 
     from repl_daemon.engine import Engine
     from repl_daemon.engine.committer import Totals
@@ -925,7 +926,6 @@ def _event_stream_class() -> Any:
     """The response of an event stream: Starlette's ``Response``, made on first use (the
     module imports without the http extra)."""
     from starlette.responses import Response
-    from starlette.types import Receive, Scope, Send
 
     class EventStream(Response):
         """An open event stream: its head, then ``follow``'s chunks as they come, written
@@ -1269,12 +1269,7 @@ class _Endpoint:
     def __init__(self, endpoint: Callable[[Request], Awaitable[Response]]) -> None:
         self.endpoint = endpoint
 
-    async def __call__(
-        self,
-        scope: MutableMapping[str, Any],
-        receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
-        send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
-    ) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         from starlette.requests import Request
 
         response = await self.endpoint(Request(scope, receive, send))
@@ -1308,12 +1303,7 @@ class _Front:
         self.endpoint = endpoint
         self.failed = failed
 
-    async def __call__(
-        self,
-        scope: MutableMapping[str, Any],
-        receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
-        send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
-    ) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         from starlette.routing import Match
 
         if scope["type"] == "http":
@@ -1325,12 +1315,7 @@ class _Front:
                 return
         await self.app(scope, receive, send)
 
-    async def _answer(
-        self,
-        scope: MutableMapping[str, Any],
-        receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
-        send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
-    ) -> Response:
+    async def _answer(self, scope: Scope, receive: Receive, send: Send) -> Response:
         """The route's response, in a frame of its own, so that its ``Request`` (and the
         headers and query it parsed) is not held while the stream is open."""
         from starlette.requests import Request

@@ -6,29 +6,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
-import msgspec
 
 from repl_daemon.backends.redis.keys import channel_session, wake_channel
 from repl_daemon.backends.redis.store import RedisStore
 from repl_daemon.backends.redis.target import reason
-from session.errors import (
-    StoreFailed,
-)
-from session.scopes import (
-    TokenRecord,
-)
-from session.tags import Tags
+from session.errors import StoreFailed
 
 log = logging.getLogger("repl.daemon")
-
-_json = msgspec.json.Encoder()
-_token_record = msgspec.json.Decoder(TokenRecord)
-_read_tags = msgspec.json.Decoder(Tags)
-
-T = TypeVar("T")
 
 #: how long a subscription to a session's wakes may take to be confirmed
 SUBSCRIBE_TIMEOUT = 2.0
