@@ -26,7 +26,7 @@ from typing import ClassVar, Protocol, TypeVar
 import msgspec
 
 from session.delta import Webhook
-from session.errors import BadSeq
+from session.errors import BadMax, BadSeq
 from session.firing import NO_TAGS, Batch, CursorInfo
 from session.ring import check_limit
 from session.schedule import Timer
@@ -128,6 +128,29 @@ class ReadCursor(msgspec.Struct, frozen=True):
 
     def run(self, session: Session, visible: int | None) -> Batch:
         return session.read(self.cursor, self.max, visible, self.touch, self.match)
+
+
+class AckRead(msgspec.Struct, frozen=True):
+    """Ack ``cursor`` to ``seq`` (rule 5), then look after it as a wait does (no touch): a
+    wait on one session with its ``ack``, in one step. Two evaluations; a refused ack
+    changes nothing and reads nothing."""
+
+    durable: ClassVar[bool] = True
+    cursor: str
+    seq: int
+    max: int | None = None
+    match: Match | None = None
+
+    def check(self) -> None:
+        check_cursor_name(self.cursor)
+        check_seq(self.seq)
+        check_match(self.match)
+        if self.max is not None and self.max < 1:  # before the ack, which it would not undo
+            raise BadMax(f"max {self.max} is below 1")
+
+    def run(self, session: Session, visible: int | None) -> Batch:
+        session.ack(self.cursor, self.seq, visible)
+        return session.read(self.cursor, self.max, visible, touch=False, match=self.match)
 
 
 class Ack(msgspec.Struct, frozen=True):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import sys
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from itertools import islice
 
 from session import packed
@@ -256,3 +256,26 @@ class Ring:
 
 
 max_ = max
+
+
+def look_heard(
+    after: int, heard: Sequence[Firing], max: int | None = None, match: Match | None = None
+) -> Batch | None:
+    """What a look after ``after`` finds when ``heard`` are the firings recorded after it,
+    in order, and the newest of them is the head as far as the looker knows: the batch
+    ``Ring.events_after`` would give on a ring that retains them (rules S3, R3). None when
+    they do not follow ``after`` one by one (one was missed, or is older): the looker must
+    read the ring instead.
+    """
+    if not heard:
+        return None
+    for offset, firing in enumerate(heard, start=after + 1):
+        if firing.seq != offset:
+            return None
+    found: list[Firing] = []
+    for firing in heard:
+        if match is None or match.holds(firing.handler, firing.tags):
+            found.append(firing)
+            if max is not None and len(found) == max:
+                return Batch(firing.seq, 0, found)
+    return Batch(heard[-1].seq, 0, found)

@@ -159,10 +159,13 @@ def no_such_timer(session_id: str, timer_id: str) -> NoSuchTimer:
 
 
 class Recorded(msgspec.Struct, frozen=True):
-    """What a send returns: its seq, and whether an earlier send with its key had it."""
+    """What a send returns: its seq, whether an earlier send with its key had it, and
+    whether the ring keeps the new firing (not with a limit of 0: a reader after the seq
+    before it is told of one lost firing instead)."""
 
     seq: int
     duplicate: bool = False
+    retained: bool = True
 
 
 class Summary(msgspec.Struct, frozen=True):
@@ -319,7 +322,7 @@ class Session:
         self.evaluations += 1
         self.changes += 1
         self.dirty = True
-        return Recorded(seq)
+        return Recorded(seq, retained=self.ring.limit > 0)
 
     def set_limit(self, limit: int) -> int:
         """Change the ring bound; returns how many firings it trimmed."""

@@ -26,6 +26,7 @@ from repl_daemon.engine.clock import Clock
 from repl_daemon.engine.outcome import Outcome
 from repl_daemon.metrics import Counts
 from session.errors import ReplError, StoreFailed
+from session.firing import Firing
 from session.ops import Op
 from session.schedule import Timer
 from session.scopes import TokenRecord
@@ -66,8 +67,13 @@ class Listener(Protocol):
     #: where a committer counts its writes' latency and failures (``/metrics``)
     counts: Counts
 
-    def changed(self, session_id: str) -> None:
-        """New firings in ``session_id`` are visible: its waiters must read again."""
+    def changed(self, session_id: str, heard: Firing | None = None) -> None:
+        """New firings in ``session_id`` are visible: its waiters must read again.
+
+        ``heard`` is the newest of them when the committer knows it whole (a shared
+        store publishes each new firing with its wake): a waiter that looked last at
+        the seq just before it is answered from it, with no read, and tells the
+        committer so (``Committer.looked``)."""
 
     def stopped(self, session_id: str) -> None:
         """``session_id`` is gone (stopped here, elsewhere, or rolled back)."""
@@ -133,6 +139,10 @@ class Committer(Sessions, Protocol):
 
     def unwatch(self, session_id: str) -> None:
         """The session's last waiter on this daemon is gone."""
+
+    def looked(self, session_id: str) -> None:
+        """A waiter here answered a look at the session from the firing its wake carried
+        (``Listener.changed``'s ``heard``): count the look's evaluation (rule S17)."""
 
     async def health(self) -> str | None:
         """What is wrong with the store, or None when it works."""

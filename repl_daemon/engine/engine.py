@@ -55,7 +55,7 @@ from session.errors import (
     Unauthorized,
     UnknownOp,
 )
-from session.firing import Batch
+from session.firing import Batch, Firing
 from session.ops import (
     Ack,
     AddTimer,
@@ -90,6 +90,7 @@ from session.session import (
     check_cursor_name,
     check_key,
     check_session_id,
+    no_session,
 )
 from session.tags import check_tags
 
@@ -201,9 +202,9 @@ class Engine:
 
     # a woken wait may answer, and leave the table, at once: each loop runs over a copy
 
-    def changed(self, session_id: str) -> None:
+    def changed(self, session_id: str, heard: Firing | None = None) -> None:
         for waiter in self.waits.on(session_id):
-            waiter.wake()
+            waiter.wake(heard)
 
     def stopped(self, session_id: str) -> None:
         for waiter in self.waits.on(session_id):
@@ -614,16 +615,18 @@ class Engine:
         acks = [(session_id, req.ack[session_id]) for session_id in ids if session_id in req.ack]
         for _, seq in acks:  # the acks' own values before any session is looked up, as for
             check_seq(seq)  # every op (so a session a scoped token cannot see is missing)
-        # every session must exist before any is acked (or read: a read is an evaluation)
         committer = committer or self.committer
-        first: list[Outcome[Any]]
-        cursor = req.cursor or ""  # acks need a cursor: refused above without one
-        if len(ids) == 1 and acks:  # the ack checks that its one session exists, in one step
-            first = [committer.ack_all(cursor, acks)]
-        else:
-            first = [committer.require(ids)]
-            if acks:
-                first.append(committer.ack_all(cursor, acks))
+        if len(ids) == 1:
+            # one session: its first look checks that it exists, and makes the ack first
+            # (``AckRead``), in one step; a token that cannot see it is refused here
+            if isinstance(committer, Scoped) and committer.hides(ids[0]):
+                raise no_session(ids[0])
+            ack = acks[0][1] if acks else None
+            return Outcome.of(Wait(self.waits, req, ids, [], ack=ack))
+        # every session must exist before any is acked (or read: a read is an evaluation)
+        first: list[Outcome[Any]] = [committer.require(ids)]
+        if acks:
+            first.append(committer.ack_all(req.cursor or "", acks))  # refused without one
         return Outcome.of(Wait(self.waits, req, ids, first))
 
 

@@ -40,6 +40,11 @@ class Scoped:
     def _hidden(self, session_id: str) -> bool:
         return not self.scope.covers(session_id)
 
+    def hides(self, session_id: str) -> bool:
+        """Whether the token cannot see ``session_id``: the engine refuses a wait on it as
+        on a missing one, before the wait subscribes to anything."""
+        return self._hidden(session_id)
+
     def _first_hidden(self, session_ids: list[str]) -> Outcome[Any] | None:
         """None when the token sees every one; else the answer for the first hidden one,
         after the sessions before it are found (one of them may be missing first)."""

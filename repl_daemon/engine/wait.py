@@ -14,6 +14,15 @@ A step that must wait on something (the acks' commit, or a shared store's
 round trip for a read) goes on from that step's callback: a wait's reads
 of several sessions on a shared store all join the next pipeline, and
 none of it is a task.
+
+A wait on one session makes its ack and its first look one step
+(``AckRead``), which also finds the session missing. When a wake carries
+the new firing whole (a shared store publishes it with the wake) and the
+wait looked last at the seq just before it, the wait answers from it with
+no read, as Centrifugo's subscribers do from a publication; any other wake
+(a gap, an older firing, a wake with no firing, a repaired link) reads.
+With a settle time, the firings heard while settling are answered from the
+same way when they follow one another from the wait's position.
 """
 
 from __future__ import annotations
@@ -30,8 +39,9 @@ from repl_daemon import protocol as p
 from repl_daemon.engine.committer import Committer
 from repl_daemon.engine.outcome import Done, Job, Outcome, Settled
 from session.errors import NoSuchSession, SessionStopped, ShuttingDown, StoreFailed
-from session.firing import Batch
-from session.ops import ReadAfter, ReadCursor
+from session.firing import Batch, Firing
+from session.ops import AckRead, ReadAfter, ReadCursor
+from session.ring import look_heard
 
 log = logging.getLogger("repl.daemon")
 
@@ -118,7 +128,9 @@ class Wait(Job[p.Response]):
         "deadline",
         "done",
         "first",
+        "heard",
         "ids",
+        "look",
         "looks",
         "loop",
         "req",
@@ -131,7 +143,13 @@ class Wait(Job[p.Response]):
     )
 
     def __init__(
-        self, waiters: Waiters, req: p.Wait, ids: list[str], first: list[Outcome[Any]]
+        self,
+        waiters: Waiters,
+        req: p.Wait,
+        ids: list[str],
+        first: list[Outcome[Any]],
+        *,
+        ack: int | None = None,
     ) -> None:
         self.waiters = waiters
         self.req = req
@@ -143,9 +161,17 @@ class Wait(Job[p.Response]):
             if req.after is None and req.cursor is not None
             else ReadAfter(req.after, req.max, req.match)  # after None: the whole ring
         )
+        self.look = look
         #: each session's next look: a matching wait goes on after the last seq it looked
-        #: at, so a firing that does not match is looked at once (rule R3)
-        self.looks = dict.fromkeys(ids, look)
+        #: at, so a firing that does not match is looked at once (rule R3). A wait on one
+        #: session with an ack makes it with its first look, in one step.
+        self.looks: dict[str, ReadCursor | ReadAfter | AckRead] = dict.fromkeys(ids, look)
+        if ack is not None:
+            assert len(ids) == 1 and req.cursor is not None
+            self.looks[ids[0]] = AckRead(req.cursor, ack, req.max, req.match)
+        #: the firings heard whole while settling, in order; None: a wake came that
+        #: carried none, so the wait reads
+        self.heard: list[Firing] | None = None
         #: each session's ``next`` of the wait's last look: where a wait that timed out
         #: stands (its cursor's seq; for a matching one, the last seq it looked at)
         self.seen: dict[str, int] = {}
@@ -179,20 +205,26 @@ class Wait(Job[p.Response]):
 
     # -- what the engine tells ------------------------------------------------
 
-    def wake(self) -> None:
-        """One of the wait's sessions changed (or stopped, or the daemon is closing)."""
+    def wake(self, heard: Firing | None = None) -> None:
+        """One of the wait's sessions changed (or stopped, or the daemon is closing);
+        ``heard``: the new firing, when the committer knows it whole."""
         state = self.state
         if state is _State.BLOCKED:
             try:
-                self._woken()
+                self._woken(heard)
             except Exception as exc:
                 self._finish(None, exc)
+        elif state is _State.SETTLING:  # its read after the settle time sees the firing
+            if self.heard is not None:
+                if heard is None:
+                    self.heard = None
+                else:
+                    self.heard.append(heard)
         elif state is _State.LOOKING:  # a round trip's read may have missed it: once more
             self.again = True
         elif state is _State.STARTING:  # not subscribed yet: nobody can know of it
             raise RuntimeError("a wait was woken before it subscribed")
-        # SETTLING: its read, after the settle time, sees the firing; OVER: it was answered
-        # in this same pass of the loop, by a wake that came first
+        # OVER: it was answered in this same pass of the loop, by a wake that came first
 
     # -- the steps --------------------------------------------------------------
     #
@@ -234,13 +266,15 @@ class Wait(Job[p.Response]):
             assert self.loop is not None
             self.deadline = self.loop.time() + self.req.timeout_ms / 1000
 
-    def _woken(self) -> None:
+    def _woken(self, heard: Firing | None = None) -> None:
         settle = self.waiters.settle
-        if not settle:  # read at once: the answer goes out in this same pass of the loop
-            self._read()
+        if not settle:  # at once: the answer goes out in this same pass of the loop
+            if heard is None or not self._answer_heard([heard]):
+                self._read()
             return
         self._check_open()
         self._move(_State.SETTLING)
+        self.heard = None if heard is None else [heard]
         if self.timer is not None:
             self.timer.cancel()  # the timeout bounds only the blocking; it is checked after
         assert self.loop is not None
@@ -248,7 +282,32 @@ class Wait(Job[p.Response]):
 
     def _settled(self) -> None:
         self.timer = None
-        self._guarded(self._read)
+        self._guarded(self._after_settling)
+
+    def _after_settling(self) -> None:
+        heard, self.heard = self.heard, None
+        if heard is None or not self._answer_heard(heard):
+            self._read()
+
+    def _answer_heard(self, heard: list[Firing]) -> bool:
+        """Look at the firings the wakes carried, with no read, when the wait is on one
+        session and they follow its last look one by one; False when it must read."""
+        if len(self.ids) != 1:
+            return False
+        session_id = self.ids[0]
+        after = self.seen.get(session_id)
+        if after is None:
+            return False
+        batch = look_heard(after, heard, self.req.max, self.req.match)
+        if batch is None:  # a gap, or an older firing: the ring knows better
+            return False
+        self._check_open()
+        self._move(_State.LOOKING)
+        self.waiters.committer.looked(session_id)
+        batches: list[p.SessionBatch] = []
+        self._looked(session_id, batch, batches)
+        self._have_read(batches)
+        return True
 
     def _read(self) -> None:
         """Read every session of the wait (a look moves no cursor); answer, or block again."""
@@ -259,7 +318,9 @@ class Wait(Job[p.Response]):
         for index, session_id in enumerate(self.ids):
             try:
                 read = committer.execute(session_id, looks[session_id])
-            except NoSuchSession:  # it existed when the wait began
+            except NoSuchSession:  # it existed when the wait began, unless this is the first
+                if self._first_look(session_id):  # look of a wait on one session
+                    raise
                 raise committer.vanished(session_id) from None
             if read.job is not None or read.ticket is not None:
                 self._read_later(index, read, batches)  # a shared store's round trip
@@ -271,6 +332,7 @@ class Wait(Job[p.Response]):
         """A look's batch: an answer when it has firings or a loss; else, for a matching
         wait, the next look starts after the last seq this one looked at."""
         self.seen[session_id] = batch.next
+        self.looks[session_id] = self.look  # the ack, if it came with the first, is made
         if batch.firings or batch.lost:
             batches.append(p.SessionBatch(session_id, batch.next, batch.lost, batch.firings))
         elif self.req.match is not None:
@@ -283,12 +345,14 @@ class Wait(Job[p.Response]):
         for session_id in ids[1:]:
             try:
                 reads.append(committer.execute(session_id, looks[session_id]))
-            except NoSuchSession:  # it existed when the wait began
+            except NoSuchSession:  # it existed when the wait began (it has one look)
                 raise committer.vanished(session_id) from None
 
         def have_read(answers: list[Settled[Batch]]) -> None:
             for session_id, (batch, error) in zip(ids, answers, strict=True):
-                if isinstance(error, NoSuchSession):  # it existed when the wait began
+                if isinstance(error, NoSuchSession):  # it existed when the wait began,
+                    if self._first_look(session_id):  # unless this is the first look of
+                        raise error  # a wait on one session
                     raise committer.vanished(session_id)
                 if error is not None:
                     raise error
@@ -298,6 +362,11 @@ class Wait(Job[p.Response]):
 
         self.again = False
         self._after(Outcome.settle_all(reads), have_read)
+
+    def _first_look(self, session_id: str) -> bool:
+        """Whether a look at ``session_id`` is the one that finds it exists: a wait on one
+        session checks it with its first look; on several, before it starts (``first``)."""
+        return len(self.ids) == 1 and session_id not in self.seen
 
     def _have_read(self, batches: list[p.SessionBatch]) -> None:
         if batches:

@@ -90,7 +90,7 @@ class Model:
             if len(self.keys) > MAX_KEYS:
                 event("a key left the dedup window")
                 del self.keys[next(iter(self.keys))]
-        return Recorded(self.head)
+        return Recorded(self.head, retained=self.limit > 0)
 
     def cap(self, visible: int | None) -> int:
         return self.head if visible is None else min(max(visible, 0), self.head)

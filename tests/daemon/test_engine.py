@@ -224,11 +224,25 @@ async def test_a_firing_that_wakes_a_wait_near_its_timeout_is_still_returned() -
     assert [f.result for f in woken.batches[0].firings] == ["late"]
 
 
-async def test_a_session_stopped_before_its_wait_first_looks_answers_session_stopped() -> None:
-    """A stop that lands between a wait's request and its first read (pipelined behind it)."""
+async def test_a_session_stopped_before_its_wait_first_looks_answers_no_such_session() -> None:
+    """A stop that lands between a wait's request and its first look (pipelined behind it):
+    a wait on one session finds it with its first look (its ack with it, in one step), so
+    it answers as a wait sent after the stop does, and is gone from the waiters."""
     engine = await started("a")
-    outcome = engine.handle(p.Wait(sessions=["a"]))
+    outcome = engine.handle(p.Wait(sessions=["a"], cursor="c", ack={"a": 0}))
     assert outcome.job is not None  # the wait runs as its own task, later
+    await call(engine, p.Stop(session="a"))
+    with pytest.raises(NoSuchSession, match="no session 'a'"):
+        await outcome.job.run()
+    assert engine.waiting == 0 and not engine.waiters
+
+
+async def test_a_session_stopped_before_a_multi_session_wait_first_looks_answers_stopped() -> None:
+    """On several sessions the wait checks they exist before it starts: a stop that lands
+    before its first look answers ``session_stopped``."""
+    engine = await started("a", "b")
+    outcome = engine.handle(p.Wait(sessions=["a", "b"]))
+    assert outcome.job is not None
     await call(engine, p.Stop(session="a"))
     with pytest.raises(SessionStopped, match="session 'a' stopped"):
         await outcome.job.run()

@@ -303,10 +303,14 @@ async def test_two_waiters_subscribing_to_one_session_at_once_both_get_its_wakes
     await sender_committer.close()
 
 
-def _commands(redis: AnyRedis) -> dict[str, int]:
-    """The calls of every command so far, summed over the nodes (scripts' own inside)."""
+def _commands(redis: AnyRedis, primaries: bool = False) -> dict[str, int]:
+    """The calls of every command so far, summed over the nodes (scripts' own inside);
+    ``primaries``: over the primaries only (a replica counts what it is handed again)."""
     total: dict[str, int] = {}
-    for server in redis.servers:
+    servers = redis.servers
+    if primaries and isinstance(redis, RedisClusterProcs):
+        servers = [redis.node(port) for port in redis.primaries()]
+    for server in servers:
         with server.admin() as admin:
             for name, row in admin.info("commandstats").items():
                 command = name.removeprefix("cmdstat_")
@@ -314,12 +318,10 @@ def _commands(redis: AnyRedis) -> dict[str, int]:
     return total
 
 
-async def test_a_monitors_wait_with_its_ack_is_one_script_then_one_read(
-    redis_any: AnyRedis,
-) -> None:
-    """``repl wait ID --ack N`` in a loop: the ack checks the session and the seq and moves
-    the cursor in one script; its wakes are still subscribed from the turn before (they
-    linger); then one read. No EXISTS, no separate check, no SSUBSCRIBE."""
+async def test_a_monitors_wait_with_its_ack_is_one_script(redis_any: AnyRedis) -> None:
+    """``repl wait ID --ack N`` in a loop: the ack checks the session and the seq, moves
+    the cursor and looks in one script; its wakes are still subscribed from the turn
+    before (they linger). No EXISTS, no separate check, no SSUBSCRIBE."""
     engine, committer = await opened(store_url(redis_any))
     async with anyio.create_task_group() as tg:
         tg.start_soon(engine.run)
@@ -334,10 +336,9 @@ async def test_a_monitors_wait_with_its_ack_is_one_script_then_one_read(
         after = _commands(redis_any)
         assert isinstance(turn, p.Woken)
         assert [f.result for f in turn.batches[0].firings] == ["two"]
-        spent = {c: n - before.get(c, 0) for c, n in after.items() if n != before.get(c, 0)}
-        spent.pop("info", None)  # our own look
-        # the ack, then the read (with ?replicas=1 on a cluster the ack is an EVAL and a WAIT)
-        assert spent.get("evalsha", 0) + spent.get("eval", 0) == 2, spent
+        spent = _spent(before, after)
+        # the ack and the look (with ?replicas=1 on a cluster an EVAL and a WAIT)
+        assert spent.get("evalsha", 0) + spent.get("eval", 0) == 1, spent
         assert "exists" not in spent and "ssubscribe" not in spent, spent
         # a refused ack changes nothing, and is the error a separate check would give
         with pytest.raises(ReplError, match="cannot ack 9: head is 2"):
@@ -349,6 +350,86 @@ async def test_a_monitors_wait_with_its_ack_is_one_script_then_one_read(
         assert [(c.name, c.seq) for c in table.cursors] == [("mon", 1)]
         tg.cancel_scope.cancel()
     await committer.close()
+
+
+def _subscribers(redis: AnyRedis, channel: str) -> int:
+    """How many connections Redis has subscribed to the shard channel, over the nodes."""
+    total = 0
+    for server in redis.servers:
+        with server.admin() as admin:
+            _, count = admin.execute_command("PUBSUB", "SHARDNUMSUB", channel)
+            total += int(count)
+    return total
+
+
+async def _answer(into: list[p.Response], engine: Engine, req: p.AnyRequest) -> None:
+    into.append(await call(engine, req))
+
+
+#: the goal of a wait cycle's Redis commands (issue 28; XREAD BLOCK is 1), and what a
+#: send costs today (EVALSHA, HMGET, XADD, HSET, SPUBLISH; the goal is 4, not met yet)
+WAIT_CYCLE_GOAL = 5
+SEND_COMMANDS = 5
+
+
+async def test_a_wait_cycle_across_daemons_costs_redis_at_most_five_commands(
+    redis_any: AnyRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A monitor on daemon B (``wait`` with the last turn's ack, blocked) and a send
+    through daemon A, counted by Redis itself (``INFO commandstats``, commands run inside
+    scripts included, every primary summed): the wait's one script (ack, look) and nothing
+    for the wake, which carries the firing, so the turn costs at most 5 commands beside
+    the send's own (5). The answer is the firing, in order, once. Once the monitor stops,
+    B's subscription ends after its linger: Redis holds no subscriber on the channel."""
+    monkeypatch.setattr(redis_wakes, "LINGER", 0.2)
+    url = store_url(redis_any)
+    (a, first), (b, second) = [await opened(url) for _ in range(2)]
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(a.run)
+            tg.start_soon(b.run)
+            await first.shared_timers.ready.wait()
+            await second.shared_timers.ready.wait()
+            await call(a, p.Start(session="m"))
+            # a send alone, with no waiter anywhere: what the turn's send costs
+            ahead = _commands(redis_any, primaries=True)
+            await call(a, p.Send(session="m", text="zero"))
+            send = _spent(ahead, _commands(redis_any, primaries=True))
+            assert sum(n for c, n in send.items() if c != "wait") == SEND_COMMANDS, send
+            # the first turn subscribes, and its ack makes the cursor: not counted
+            await call(b, p.Wait(sessions=["m"], cursor="mon"))
+            await call(b, p.Ack(session="m", cursor="mon", seq=1))
+            acked = 1
+            for turn in range(2, 5):
+                answer: list[p.Response] = []
+                req = p.Wait(sessions=["m"], cursor="mon", ack={"m": acked})
+                before = _commands(redis_any, primaries=True)
+                tg.start_soon(_answer, answer, b, req)
+                await _blocked(b, "m")
+                sent = await call(a, p.Send(session="m", text=f"turn {turn}"))
+                assert isinstance(sent, p.Sent)
+                with anyio.fail_after(10):
+                    while not answer:  # noqa: ASYNC110 - a bounded look at another task's state
+                        await anyio.sleep(0.005)
+                spent = _spent(before, _commands(redis_any, primaries=True))
+                (woken,) = answer
+                assert isinstance(woken, p.Woken)
+                (batch,) = woken.batches
+                assert [(f.seq, f.result) for f in batch.firings] == [(sent.seq, f"turn {turn}")]
+                assert (batch.next, batch.lost) == (sent.seq, 0)
+                acked = batch.next
+                waits = {c: n - send.get(c, 0) for c, n in spent.items()}
+                waits.pop("wait", None)  # ?replicas=1: each change's WAIT, the ack's included
+                assert all(n >= 0 for n in waits.values()), (waits, send)
+                assert sum(waits.values()) <= WAIT_CYCLE_GOAL, (sorted(waits.items()), send)
+            channel = redis_keys.wake_channel("m")
+            with anyio.fail_after(10):
+                while _subscribers(redis_any, channel):  # noqa: ASYNC110 - a bounded look at the store
+                    await anyio.sleep(0.05)
+            tg.cancel_scope.cancel()
+    finally:
+        await first.close()
+        await second.close()
 
 
 async def test_a_slot_on_the_move_is_followed_through_ask_and_then_moved(
@@ -627,14 +708,34 @@ async def _blocked(engine: Engine, session_id: str) -> None:
             await anyio.sleep(0.005)
 
 
+async def _looked_at(engine: Engine, session_id: str, seq: int) -> None:
+    """Until the session's one waiter on ``engine`` has looked at ``seq`` and is blocked."""
+    with anyio.fail_after(10):
+        while not any(  # noqa: ASYNC110 - a bounded look at another task's state
+            w.state.value == "blocked" and w.position(session_id) == seq
+            for w in engine.waiters.get(session_id, ())
+        ):
+            await anyio.sleep(0.005)
+
+
+def _spent(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    ours = ("info", "hello", "replconf", "ping")  # our looks; replication's own
+    return {c: n - before.get(c, 0) for c, n in after.items() if n != before.get(c, 0)} | {
+        c: 0 for c in ours
+    }
+
+
 async def test_a_matching_wait_through_redis_stays_blocked_through_other_firings(
-    redis_any: AnyRedis,
+    redis_any: AnyRedis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A matching wait on daemon B, no cursor (the whole ring); sends through daemon A. An
     early match is found at once and acknowledges nothing. Blocked, each firing that does
-    not match costs one look (its session's evaluations go up by the send and that look,
-    nothing more) and leaves it blocked; idle it sends Redis no command at all; the match
-    wakes it with its tags, ``next`` its seq."""
+    not match costs one look, answered from the firing its wake carried: B sends Redis no
+    command for it (the send's own are the only ones), counts the look's evaluation itself
+    (its ``stats`` show it at once) and hands it to Redis when its subscription ends, so
+    every daemon then reads the same count. Idle it sends Redis no command at all; the
+    match wakes it with its tags, ``next`` its seq."""
+    monkeypatch.setattr(redis_wakes, "LINGER", 0.2)
     url = store_url(redis_any)
     (a, first), (b, second) = [await opened(url) for _ in range(2)]
     match = Match({"corr": "c-1"})
@@ -661,21 +762,24 @@ async def test_a_matching_wait_through_redis_stays_blocked_through_other_firings
 
             tg.start_soon(wait)
             await _blocked(b, "r")
-            before = await _evaluations(a, "r")
+            before = await _evaluations(b, "r")
             others: list[dict[str, str]] = [{}, {"corr": "c-2"}, {"n": "1"}, {"corr": "c-10"}]
             for n, tags in enumerate(others, 1):
-                await call(a, p.Send(session="r", text=f"other {n}", tags=tags))
-                with anyio.fail_after(10):  # the send and B's one look
-                    while await _evaluations(a, "r") < before + 2 * n:  # noqa: ASYNC110 - a bounded look at the store
-                        await anyio.sleep(0.005)
-                await _blocked(b, "r")
+                ahead = _commands(redis_any)
+                sent = await call(a, p.Send(session="r", text=f"other {n}", tags=tags))
+                assert isinstance(sent, p.Sent)
+                await _looked_at(b, "r", sent.seq)
+                spent = _spent(ahead, _commands(redis_any))
+                # the send's one script (an EVAL and a WAIT with ?replicas=1 on a cluster)
+                assert spent.get("evalsha", 0) + spent.get("eval", 0) == 1, spent
+                assert spent.get("xrange", 0) == spent.get("xlen", 0) == 0, spent
+                assert await _evaluations(b, "r") == before + 2 * n  # the send and the look
             idle = _commands(redis_any)
             await anyio.sleep(0.5)
-            spent = {c: n - idle.get(c, 0) for c, n in _commands(redis_any).items()}
-            ours = ("info", "hello", "replconf", "ping")  # our looks; replication's own
-            assert {c: n for c, n in spent.items() if n and c not in ours} == {}
+            assert {c: n for c, n in _spent(idle, _commands(redis_any)).items() if n} == {}
             assert not answer
-            assert await _evaluations(a, "r") == before + 2 * len(others)
+            assert await _evaluations(b, "r") == before + 2 * len(others)
+            assert await _evaluations(a, "r") == before + len(others)  # B's looks: not yet
             sent = await call(a, p.Send(session="r", text="reply", tags={"corr": "c-1"}))
             assert isinstance(sent, p.Sent)
             with anyio.fail_after(10):
@@ -686,6 +790,11 @@ async def test_a_matching_wait_through_redis_stays_blocked_through_other_firings
             (batch,) = woken.batches
             assert [(f.result, f.tags) for f in batch.firings] == [("reply", {"corr": "c-1"})]
             assert (batch.next, batch.lost) == (sent.seq, 0)
+            counted = before + 2 * len(others) + 2
+            assert await _evaluations(b, "r") == counted
+            with anyio.fail_after(10):  # B's subscription ends after its linger: counted
+                while await _evaluations(a, "r") != counted:  # noqa: ASYNC110 - a bounded look at the store
+                    await anyio.sleep(0.02)
             tg.cancel_scope.cancel()
     finally:
         await first.close()
@@ -790,3 +899,141 @@ async def test_a_head_redis_took_back_is_logged_once_a_session_and_counted(
     ]
     assert all(r.levelname == "WARNING" for r in caplog.records if "went back" in r.getMessage())
     await committer.close()
+
+
+async def _turn(engine: Engine, req: p.Wait, *, then: Any = None) -> p.SessionBatch:
+    """One wait on ``engine`` run until it answers, ``then`` awaited once it is blocked."""
+    answer: list[p.Response] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_answer, answer, engine, req)
+        if then is not None:
+            await _blocked(engine, req.sessions[0])
+            await then()
+        with anyio.fail_after(10):
+            while not answer:  # noqa: ASYNC110 - a bounded look at another task's state
+                await anyio.sleep(0.005)
+    (woken,) = answer
+    assert isinstance(woken, p.Woken)
+    (batch,) = woken.batches
+    return batch
+
+
+async def test_a_wake_lost_with_its_subscription_still_wakes_the_waiter_once_in_order(
+    redis_any: AnyRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The waiter's subscription on daemon B is dropped between A's sends and their wakes
+    (every pubsub connection killed, B's repair held until both are recorded): the
+    published firings reach nobody. Once the link is back, the waiter reads and gets both,
+    once, in order; the next turn is answered from its wake again."""
+    gate = anyio.Event()
+    repair = redis_wakes.Wakes._repair
+
+    async def held(self: redis_wakes.Wakes) -> None:
+        await gate.wait()
+        await repair(self)
+
+    monkeypatch.setattr(redis_wakes.Wakes, "_repair", held)
+    url = store_url(redis_any)
+    (a, first), (b, second) = [await opened(url) for _ in range(2)]
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(a.run)
+            tg.start_soon(b.run)
+            await first.shared_timers.ready.wait()
+            await second.shared_timers.ready.wait()
+            await call(a, p.Start(session="l"))
+
+            async def drop_then_send() -> None:
+                for server in redis_any.servers:
+                    with server.admin() as admin:
+                        admin.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+                with anyio.fail_after(10):
+                    while second.wakes.subscribers:  # noqa: ASYNC110 - a bounded look at another task's state
+                        await anyio.sleep(0.005)
+                for text in ("one", "two"):
+                    await call(a, p.Send(session="l", text=text))
+                gate.set()
+
+            req = p.Wait(sessions=["l"], cursor="w")
+            batch = await _turn(b, req, then=drop_then_send)
+            assert [(f.seq, f.result) for f in batch.firings] == [(1, "one"), (2, "two")]
+
+            async def send() -> None:
+                await call(a, p.Send(session="l", text="three"))
+
+            req = p.Wait(sessions=["l"], cursor="w", ack={"l": batch.next})
+            batch = await _turn(b, req, then=send)
+            assert [(f.seq, f.result) for f in batch.firings] == [(3, "three")]
+            tg.cancel_scope.cancel()
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_wakes_out_of_order_across_two_senders_give_every_firing_once_in_order(
+    redis_any: AnyRedis,
+) -> None:
+    """Daemon B's wakes from Redis are held and handed over late, newest first, while B's
+    own sends wake its waiter at once: the waiter hears a firing past a gap (it reads the
+    ring), or one it has seen (it reads, finds nothing, blocks on). Over every turn it
+    gets each firing once, in order, and a firing answered from its wake is the one a read
+    gives, field for field (an event with tags and text a read must keep exactly)."""
+    url = store_url(redis_any)
+    (a, first), (b, second) = [await opened(url) for _ in range(2)]
+    held: list[tuple[str, bytes]] = []
+    deliver = second.wakes.on_wake
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(a.run)
+            tg.start_soon(b.run)
+            await first.shared_timers.ready.wait()
+            await second.shared_timers.ready.wait()
+            await call(a, p.Start(session="o"))
+            second.wakes.on_wake = lambda session, payload: held.append((session, payload))
+            got: list[int] = []
+
+            def hand_over() -> None:
+                for session, payload in reversed(held):
+                    deliver(session, payload)
+                held.clear()
+
+            async def a_thrice() -> None:  # three wakes held, then handed over newest first
+                for n in range(3):
+                    await call(a, p.Send(session="o", text=f"a{n}"))
+                hand_over()
+
+            async def a_then_b() -> None:  # A's wake held; B's own send wakes at once
+                await call(a, p.Send(session="o", text="a3"))
+                await call(b, p.Send(session="o", text="b4"))
+
+            async def late() -> None:  # A's wake from the turn before comes now: seen
+                hand_over()
+                await call(b, p.Send(session="o", text="b5"))
+
+            for then in (a_thrice, a_then_b, late):
+                ack = {"o": got[-1]} if got else {}
+                batch = await _turn(b, p.Wait(sessions=["o"], cursor="w", ack=ack), then=then)
+                got += [f.seq for f in batch.firings]
+                assert batch.next == got[-1]
+            assert got == [1, 2, 3, 4, 5, 6]
+
+            second.wakes.on_wake = deliver  # in order again: answered from the wake
+            tags = {"corr": "c-7", "reply-to": "r é"}
+
+            async def send() -> None:
+                text = 'é"\\/\n\x00☃\U0001f600 ' * 3
+                await call(a, p.Send(session="o", handler="on-ci", text=text, tags=tags))
+
+            before = _commands(redis_any, primaries=True)
+            batch = await _turn(b, p.Wait(sessions=["o"], cursor="w", ack={"o": 6}), then=send)
+            spent = _spent(before, _commands(redis_any, primaries=True))
+            assert spent.get("xrange", 0) == 0, spent  # the wait's look read no firing
+            read = await call(a, p.Read(session="o", after=6))
+            assert isinstance(read, p.Firings)
+            assert batch.firings == read.firings and batch.firings[0].tags == tags
+            assert batch.firings[0].event is not None and batch.firings[0].result is None
+            tg.cancel_scope.cancel()
+    finally:
+        second.wakes.on_wake = deliver
+        await first.close()
+        await second.close()

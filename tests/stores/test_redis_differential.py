@@ -45,6 +45,7 @@ from session.errors import ReplError, StoreFailed
 from session.firing import Firing
 from session.ops import (
     Ack,
+    AckRead,
     AddTimer,
     CancelTimer,
     CursorTable,
@@ -74,7 +75,7 @@ class Quiet:
     def __init__(self) -> None:
         self.counts = Counts()
 
-    def changed(self, session_id: str) -> None:
+    def changed(self, session_id: str, heard: Firing | None = None) -> None:
         pass
 
     def stopped(self, session_id: str) -> None:
@@ -203,6 +204,9 @@ kinds = {
     ),
     "look": st.builds(Look, match=matches, max=st.none() | st.integers(1, 3)),
     "ack": st.builds(Ack, cursor=names, seq=seqs),
+    "ack_read": st.builds(
+        AckRead, cursor=names, seq=seqs, max=counts, match=st.none() | st.none() | matches
+    ),
     "poll": st.builds(Poll, max=counts),
     "limit": st.builds(SetLimit, limit=st.sampled_from([-1, 0, 1, 2, 3, 5, 70_000])),
     "table": st.just(CursorTable()),
@@ -210,7 +214,7 @@ kinds = {
 }
 weights = ["record"] * 4 + ["cursor"] * 3 + ["ack"] * 3 + ["after", "poll", "limit"]
 weights += ["timer"] * 3 + ["fire"] * 2 + ["cancel", "timers", "hook", "get_hook", "handled"]
-weights += ["match_after"] * 2 + ["match_cursor"] * 2 + ["look"] * 2
+weights += ["match_after"] * 2 + ["match_cursor"] * 2 + ["look"] * 2 + ["ack_read"] * 2
 ops = st.sampled_from([*weights, "table", "describe"]).flatmap(lambda kind: kinds[kind])
 
 
@@ -366,10 +370,13 @@ tag_kinds = {
     ),
     "look": st.builds(Look, match=pool_matches, max=st.none() | st.integers(1, 3)),
     "ack": st.builds(Ack, cursor=names, seq=seqs),
+    "ack_read": st.builds(
+        AckRead, cursor=st.sampled_from(["c1", "c2"]), seq=seqs, max=counts, match=pool_matches
+    ),
     "limit": st.builds(SetLimit, limit=st.sampled_from([0, 2, 5, 12])),
 }
 tag_weights = ["record"] * 5 + ["after"] * 2 + ["cursor"] * 2 + ["look"] * 3
-tag_weights += ["timer", "fire", "ack", "ack", "limit"]
+tag_weights += ["timer", "fire", "ack", "ack", "ack_read", "ack_read", "limit"]
 tag_ops = st.sampled_from(tag_weights).flatmap(lambda kind: tag_kinds[kind])
 
 

@@ -421,6 +421,9 @@ class LocalCommitter:
     def unwatch(self, session_id: str) -> None:
         pass
 
+    def looked(self, session_id: str) -> None:
+        raise AssertionError("a local change hands no firing to answer from: its reads are here")
+
     async def health(self) -> str | None:
         return self.failing
 

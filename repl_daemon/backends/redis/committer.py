@@ -15,10 +15,15 @@ does no harm.
 
 Waits stay free of polling: a daemon subscribes to the wake channel of each
 session it has waiters on (``watch``), and the script that records a
-firing publishes on it. This daemon's own changes wake its waiters at once
-(their wakes from Redis are skipped by origin); another daemon's arrive as
-messages. A broken subscription is repaired by ``Wakes``, and once it is
-back every waiter reads again: a lost wake never leaves a waiter asleep.
+firing publishes on it, with the firing itself. This daemon's own changes
+wake its waiters at once (their wakes from Redis are skipped by origin);
+another daemon's arrive as messages. Either way the waiters are handed the
+new firing, and one that looked last just before it is answered from it
+with no read (``repl_daemon.engine.wait``); such a look's evaluation is
+counted with this daemon's next read of the session, or when its
+subscription ends (``looked``). A broken subscription is repaired by
+``Wakes``, and once it is back every waiter reads again: a lost wake never
+leaves a waiter asleep.
 
 Scoped tokens (rules K1-K5) live in Redis too, so every daemon of the store
 knows them. A daemon keeps the ones it has seen; a token it has not seen
@@ -36,17 +41,20 @@ from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 import anyio
+from msgspec.structs import replace
 
 from repl_daemon.backends.redis.keys import AUTH, is_partition
 from repl_daemon.backends.redis.store import RedisStore
 from repl_daemon.backends.redis.timers import SharedTimers
-from repl_daemon.backends.redis.wakes import Wakes
+from repl_daemon.backends.redis.wakes import Wakes, heard
 from repl_daemon.engine.clock import REAL, Clock
 from repl_daemon.engine.committer import Listener, Totals, made_up_id
 from repl_daemon.engine.outcome import Outcome, Settled
 from session.errors import NoSuchSession, ReplError, StoreFailed, no_such_session
+from session.firing import NO_TAGS, Firing
 from session.ops import (
     Ack,
+    AckRead,
     AddTimer,
     CancelTimer,
     CursorTable,
@@ -86,13 +94,16 @@ class SharedCommitter:
     def __init__(self, store: RedisStore, listener: Listener, *, clock: Clock = REAL) -> None:
         self.store = store
         self.listener = listener
-        self.wakes = Wakes(store, self._woken, self._restored)
+        self.wakes = Wakes(store, self._woken, self._restored, self._quiet)
         self.shared_timers = SharedTimers(store, self.wakes, listener, clock=clock)
         store.counts = listener.counts  # its round trips are this daemon's writes
         #: the scoped tokens this daemon has seen, by digest (a miss asks Redis)
         self._tokens: dict[str, TokenRecord] = {}
         #: digests heard revoked: a lookup's answer that crossed its revocation is dropped
         self._revoked: set[str] = set()
+        #: each session's looks answered here from a published firing, not yet counted in
+        #: Redis: they go with the next read of the session from here (or ``_quiet``)
+        self._owed: dict[str, int] = {}
         self._tg: Any = None
 
     # -- life --------------------------------------------------------------
@@ -112,7 +123,14 @@ class SharedCommitter:
             tg.start_soon(self._watch_tokens)
 
     async def close(self) -> None:
-        """Disconnect: nothing to write, every change was made inside Redis by its operation."""
+        """Count the looks still owed, then disconnect: every change was made inside Redis
+        by its operation."""
+        owed, self._owed = self._owed, {}
+        for session_id, count in owed.items():
+            try:
+                await self.store.looked(session_id, count)
+            except (StoreFailed, RuntimeError) as exc:  # not connected, or gone: uncounted
+                log.debug("the looks at %r go uncounted: %s", session_id, exc)
         await self.store.close()
 
     def _woken(self, session_id: str, payload: bytes) -> None:
@@ -124,13 +142,24 @@ class SharedCommitter:
         if is_partition(session_id):  # a timer partition's earliest due time moved sooner
             self.shared_timers.heard(session_id, payload)
             return
-        what, _, origin = payload.decode().partition(" ")
+        what, origin, firing = heard(payload)
         if origin == self.store.origin:
             return  # this daemon told its waiters already
         if what == "stop":
+            self._owed.pop(session_id, None)
             self.listener.stopped(session_id)
         else:
-            self.listener.changed(session_id)
+            self.listener.changed(session_id, firing)
+
+    def _quiet(self, session_id: str) -> None:
+        """The session's subscription ended: count the looks owed there now."""
+        owed = self._owed.pop(session_id, 0)
+        if owed:
+            future = self.store.looked(session_id, owed)
+            future.add_done_callback(_uncounted)
+
+    def looked(self, session_id: str) -> None:
+        self._owed[session_id] = self._owed.get(session_id, 0) + 1
 
     def _restored(self) -> None:
         self.shared_timers.restored()
@@ -232,15 +261,35 @@ class SharedCommitter:
                 )
 
                 def recorded(future: asyncio.Future[Recorded]) -> None:
-                    ok = not future.cancelled() and future.exception() is None
-                    if ok and not future.result().duplicate:
-                        self.listener.changed(session_id)
+                    if future.cancelled() or future.exception() is not None:
+                        return
+                    done = future.result()
+                    if done.duplicate:
+                        return
+                    firing = None
+                    if done.retained:  # as the ring holds it, as a read would give it
+                        text = op.text
+                        result, event = (text, None) if handled else (None, text)
+                        tags = op.tags or NO_TAGS
+                        firing = Firing(done.seq, op.handler, result, event, op.ts, tags)
+                    self.listener.changed(session_id, firing)
 
                 future.add_done_callback(recorded)  # before the caller's: waiters first
             case ReadAfter():
-                future = store.read(session_id, "after", op.after, op.max, False, op.match)
+                owed = self._owed.pop(session_id, 0)
+                future = store.read(
+                    session_id, "after", op.after, op.max, False, op.match, owed=owed
+                )
             case ReadCursor():
-                future = store.read(session_id, "cursor", op.cursor, op.max, op.touch, op.match)
+                owed = self._owed.pop(session_id, 0)
+                future = store.read(
+                    session_id, "cursor", op.cursor, op.max, op.touch, op.match, owed=owed
+                )
+            case AckRead():
+                owed = self._owed.pop(session_id, 0)
+                future = store.read(
+                    session_id, "cursor", op.cursor, op.max, False, op.match, ack=op.seq, owed=owed
+                )
             case Ack():
                 future = store.ack(session_id, op.cursor, op.seq)
             case Poll():
@@ -341,9 +390,11 @@ class SharedCommitter:
         asked = [self.store.summary(one) for one in ids]  # one pipeline for them all
         rows = []
         try:
-            for future in asked:
+            for one, future in zip(ids, asked, strict=True):
                 try:
-                    rows.append(await future)
+                    row = await future
+                    owed = self._owed.get(one)  # counted here, not yet in Redis
+                    rows.append(replace(row, evaluations=row.evaluations + owed) if owed else row)
                 except NoSuchSession:
                     if session_id is not None:
                         raise
@@ -403,3 +454,8 @@ class SharedCommitter:
 
 def _listed(moved: int) -> list[int]:
     return [moved]
+
+
+def _uncounted(future: asyncio.Future[None]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.debug("looks went uncounted: %s", future.exception())

@@ -73,11 +73,11 @@ local function cursor_seq(value)
   if not value then return 0 end
   return tonumber(string.match(value, '^(%d+)'))
 end
--- a use of a cursor (rule S4): the clock ticks, a new cursor starts at 0
--- and evicts the least recently used one when the session has max_cursors
-local function use(name, max_cursors)
-  local uses = redis.call('HINCRBY', meta, 'uses', 1)
-  local value = redis.call('HGET', cursors, name)
+-- a use of a cursor (rule S4) whose stored value is ``value`` (nil: it is new), at the
+-- cursor-use clock ``uses``: the clock ticks, and a new cursor evicts the least recently
+-- used one when the session has max_cursors. Answers the cursor's seq (a new one's is 0)
+-- and the clock after the use, which the caller writes back with the session's figures
+local function use(name, value, uses, max_cursors)
   if not value and redis.call('HLEN', cursors) >= max_cursors then
     local all = redis.call('HGETALL', cursors)
     local oldest, oldest_use = nil, nil
@@ -89,7 +89,7 @@ local function use(name, max_cursors)
     end
     redis.call('HDEL', cursors, oldest)
   end
-  return cursor_seq(value), uses
+  return cursor_seq(value), uses + 1
 end
 -- the head, or nil when the session is missing; an ack past it is refused (rule 5)
 local function head_for_ack(seq)
@@ -131,7 +131,12 @@ end
 
 #: ARGV: handler, text, handled ('1': the text is the result), ts, key ('' for none),
 #: max_keys, origin (the publishing daemon, so it can skip its own wakes), tags (JSON,
-#: '' for none). Answers {'ok', seq, duplicate, head, incarnation}.
+#: '' for none). Answers {'ok', seq, duplicate, head, incarnation, retained (1 or 0)}.
+#: A new firing the ring keeps is published whole on the wake channel, so a waiter that
+#: is up to date is answered from the message with no read (``repl_daemon.backends.redis.
+#: wakes.heard``): ``SEQ ORIGIN FIELD LEN(handler) LEN(ts) LEN(tags)``, a newline, then
+#: the handler, the ts, the tags and the text, one after the other. One it does not keep
+#: (a limit of 0) is published as ``SEQ ORIGIN``, as a timer's firings are.
 RECORD = (
     _PRELUDE
     + """
@@ -139,37 +144,65 @@ local m = redis.call('HMGET', meta, 'head', 'limit', 'evals', 'inc')
 if not m[1] then return missing() end
 local field = 'e'
 if ARGV[3] == '1' then field = 'r' end
-local seq, duplicate, head = record(tonumber(m[1]), tonumber(m[2]), field, ARGV[1], ARGV[2],
+local limit = tonumber(m[2])
+local seq, duplicate, head = record(tonumber(m[1]), limit, field, ARGV[1], ARGV[2],
   ARGV[4], ARGV[5], tonumber(ARGV[6]), ARGV[8])
 redis.call('HSET', meta, 'head', head, 'evals', tonumber(m[3]) + 1)
-if duplicate == 0 then
+local retained = 1  -- (a duplicate's answer says 1, as the core's does)
+if duplicate == 0 and limit == 0 then retained = 0 end
+if duplicate == 0 and limit > 0 then
+  redis.call('SPUBLISH', wake, string.format('%d %s %s %d %d %d\\n', head, ARGV[7], field,
+    #ARGV[1], #ARGV[4], #ARGV[8]) .. ARGV[1] .. ARGV[4] .. ARGV[8] .. ARGV[2])
+elseif duplicate == 0 then
   redis.call('SPUBLISH', wake, string.format('%d %s', head, ARGV[7]))
 end
-return {'ok', seq, duplicate, head, m[4]}
+return {'ok', seq, duplicate, head, m[4], retained}
 """
 )
 
 #: ARGV: mode ('after', 'cursor' or 'poll'), after (for 'after'; '' for the whole retained
 #: ring) or the cursor's name, max ('' for none), touch ('1': the read is a use of its
-#: cursor), max_cursors, match (JSON made by the daemon, ``session.tags.Match``; '' for none).
+#: cursor), max_cursors, match (JSON made by the daemon, ``session.tags.Match``; '' for none),
+#: ack (for 'cursor': the seq to ack the cursor to first, as ``AckRead`` does; '' for none),
+#: owed (the evaluations of this daemon's looks answered from a published firing since its
+#: last script on the session, counted now).
 #: With a match only the firings it holds for come back, at most max of them, and next is
 #: the last seq looked at: the last match when max stopped the look, else the head
 #: (``Ring.events_after``). A look goes through the ring in pieces when max can stop it.
+#: A look at the head (the waiter's usual turn) reads no part of the ring.
 #: Answers {'ok', next, lost, entries, head, incarnation}.
 READ = (
     _PRELUDE
     + """
-local m = redis.call('HMGET', meta, 'head', 'inc')
+local m = redis.call('HMGET', meta, 'head', 'inc', 'uses', 'evals')
 local h = m[1]
 if not h then return missing() end
 local mode, touch, max_cursors = ARGV[1], ARGV[4] == '1', tonumber(ARGV[5])
-local head = tonumber(h)
-local first = head - redis.call('XLEN', ring) + 1
-local after
+local head, uses = tonumber(h), tonumber(m[3])
+local evals = tonumber(m[4]) + 1 + tonumber(ARGV[8])
+local retained = nil
+local function first()
+  if not retained then retained = redis.call('XLEN', ring) end
+  return head - retained + 1
+end
+local after, value
 if mode ~= 'after' then
-  after = cursor_seq(redis.call('HGET', cursors, ARGV[2]))
+  value = redis.call('HGET', cursors, ARGV[2])
+  if ARGV[7] ~= '' then  -- the wait's ack, first (rule 5): refused, nothing changes
+    local seq = tonumber(ARGV[7])
+    if seq > head then
+      return {'err', 'ack_after_head', string.format('cannot ack %d: head is %d', seq, head)}
+    end
+    local current
+    current, uses = use(ARGV[2], value, uses, max_cursors)
+    local moved = math.max(current, seq)
+    set_cursor(ARGV[2], moved, uses)
+    value = string.format('%d:%d', moved, uses)
+    evals = evals + 1
+  end
+  after = cursor_seq(value)
 elseif ARGV[2] == '' then
-  after = first - 1  -- just before the oldest retained: the whole ring, nothing lost
+  after = first() - 1  -- just before the oldest retained: the whole ring, nothing lost
 else
   after = tonumber(ARGV[2])
 end
@@ -182,8 +215,11 @@ if ARGV[3] ~= '' then
   max = tonumber(ARGV[3])
   if max < 1 then return {'err', 'bad_max', string.format('max %d is below 1', max)} end
 end
-local lost = math.max(0, math.min(first, head + 1) - after - 1)
-local start = math.max(after + 1, first)
+local lost, start = 0, head + 1
+if after < head then
+  lost = math.max(0, math.min(first(), head + 1) - after - 1)
+  start = math.max(after + 1, first())
+end
 local entries = {}
 local last = after + lost
 if ARGV[6] ~= '' then
@@ -248,13 +284,15 @@ else
   end
 end
 if mode == 'poll' then
-  local seq, uses = use(ARGV[2], max_cursors)
+  local seq
+  seq, uses = use(ARGV[2], value, uses, max_cursors)
   set_cursor(ARGV[2], math.max(seq, last), uses)
 elseif mode == 'cursor' and touch then
-  local seq, uses = use(ARGV[2], max_cursors)
+  local seq
+  seq, uses = use(ARGV[2], value, uses, max_cursors)
   set_cursor(ARGV[2], seq, uses)
 end
-redis.call('HINCRBY', meta, 'evals', 1)
+redis.call('HSET', meta, 'uses', uses, 'evals', evals)
 return {'ok', last, lost, entries, head, m[2]}
 """
 )
@@ -263,14 +301,30 @@ return {'ok', last, lost, entries, head, m[2]}
 ACK = (
     _PRELUDE
     + """
-local seq = tonumber(ARGV[2])
-local _, refused = head_for_ack(seq)
-if refused then return refused end
-local current, uses = use(ARGV[1], tonumber(ARGV[3]))
+local m = redis.call('HMGET', meta, 'head', 'uses', 'evals')
+if not m[1] then return missing() end
+local seq, head = tonumber(ARGV[2]), tonumber(m[1])
+if seq > head then
+  return {'err', 'ack_after_head', string.format('cannot ack %d: head is %d', seq, head)}
+end
+local current, uses = use(ARGV[1], redis.call('HGET', cursors, ARGV[1]), tonumber(m[2]),
+  tonumber(ARGV[3]))
 local moved = math.max(current, seq)
 set_cursor(ARGV[1], moved, uses)
-redis.call('HINCRBY', meta, 'evals', 1)
+redis.call('HSET', meta, 'uses', uses, 'evals', tonumber(m[3]) + 1)
 return {'ok', moved}
+"""
+)
+
+#: ARGV: the evaluations to count (a daemon's looks answered from published firings, told
+#: when its subscription to the session's wakes ends); a session gone meanwhile is left gone
+LOOKED = (
+    _PRELUDE
+    + """
+if redis.call('EXISTS', meta) == 1 then
+  redis.call('HINCRBY', meta, 'evals', tonumber(ARGV[1]))
+end
+return {'ok'}
 """
 )
 

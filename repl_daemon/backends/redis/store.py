@@ -112,7 +112,7 @@ _TIMER_ERRORS: dict[str, Callable[[str, str], ReplError]] = {
 
 SCRIPTS: tuple[str, ...] = ("RECORD", "READ", "ACK", "CHECK_ACK", "SET_LIMIT", "DESCRIBE")
 SCRIPTS += ("START", "STOP", "SCHEDULE", "CANCEL", "TIMERS", "FIRE", "CLAIM", "INDEX")
-SCRIPTS += ("SET_WEBHOOK", "GET_WEBHOOK", "TOKEN_ADD", "TOKEN_REVOKE", "TOKEN_FIND")
+SCRIPTS += ("SET_WEBHOOK", "GET_WEBHOOK", "TOKEN_ADD", "TOKEN_REVOKE", "TOKEN_FIND", "LOOKED")
 #: the partitions of the timer index (``repl:{~tN}:due``); every daemon sharing a store
 #: must agree on it, so it is fixed. On a cluster they spread over the primaries.
 PARTITIONS = 8
@@ -760,10 +760,10 @@ class RedisStore:
         before = self.heads.before(session_id)
 
         def recorded(answer: list[Any]) -> Recorded:
-            seq, duplicate, head, incarnation = answer
+            seq, duplicate, head, incarnation, retained = answer
             found = int(head) if duplicate else int(seq) - 1
             self._learned(session_id, before, incarnation, found, int(head))
-            return Recorded(int(seq), duplicate=bool(duplicate))
+            return Recorded(int(seq), duplicate=bool(duplicate), retained=bool(retained))
 
         return self._script("RECORD", session_id, (*args, encoded), change=True, then=recorded)
 
@@ -775,10 +775,16 @@ class RedisStore:
         max: int | None,
         touch: bool,
         match: Match | None = None,
+        *,
+        ack: int | None = None,
+        owed: int = 0,
     ) -> asyncio.Future[Batch]:
         """``mode`` "after" (``start`` a seq, None for the whole retained ring), "cursor" or
-        "poll" (``start`` a cursor's name); with ``match`` only the firings it holds for."""
-        change = mode == "poll" or (mode == "cursor" and touch)
+        "poll" (``start`` a cursor's name); with ``match`` only the firings it holds for.
+        ``ack`` (mode "cursor"): ack the cursor to that seq first, in the same script.
+        ``owed``: evaluations of this daemon's to count with it (looks it answered from
+        published firings)."""
+        change = mode == "poll" or (mode == "cursor" and touch) or ack is not None
         args = (
             mode,
             "" if start is None else start,
@@ -786,6 +792,8 @@ class RedisStore:
             "1" if touch else "0",
             MAX_CURSORS,
             "" if match is None else _json.encode(match),
+            "" if ack is None else ack,
+            owed,
         )
         before = self.heads.before(session_id)
 
@@ -836,6 +844,10 @@ class RedisStore:
     def ack(self, session_id: str, cursor: str, seq: int) -> asyncio.Future[int]:
         args = (cursor, seq, MAX_CURSORS)
         return self._script("ACK", session_id, args, change=True, then=_number)
+
+    def looked(self, session_id: str, owed: int) -> asyncio.Future[None]:
+        """Count ``owed`` evaluations in the session (none if it is gone)."""
+        return self._script("LOOKED", session_id, (owed,), change=True, then=_nothing)
 
     def check_ack(self, session_id: str, seq: int) -> asyncio.Future[None]:
         return self._script("CHECK_ACK", session_id, (seq,), change=False, then=_nothing)

@@ -9,11 +9,16 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
+import msgspec
 
 from repl_daemon.backends.redis.keys import channel_session, wake_channel
 from repl_daemon.backends.redis.store import RedisStore
 from repl_daemon.backends.redis.target import reason
 from session.errors import StoreFailed
+from session.firing import NO_TAGS, Firing
+from session.tags import Tags
+
+_read_tags = msgspec.json.Decoder(Tags)
 
 log = logging.getLogger("repl.daemon")
 
@@ -22,6 +27,32 @@ SUBSCRIBE_TIMEOUT = 2.0
 #: how long a session's wakes stay subscribed after its last waiter left: a
 #: monitor runs ``repl wait`` again at once, and then pays no SSUBSCRIBE
 LINGER = 5.0
+
+
+def heard(payload: bytes) -> tuple[str, str, Firing | None]:
+    """A message on a session's wake channel: what happened (a seq, or ``stop``), the
+    daemon that published it, and the new firing when the message carries it whole
+    (``scripts.RECORD`` says how)."""
+    line, _, body = payload.partition(b"\n")
+    words = line.decode().split(" ")
+    if len(words) != 6:  # SEQ ORIGIN, or stop ORIGIN: no firing
+        what, _, origin = line.decode().partition(" ")
+        return what, origin, None
+    seq, origin, field, handler_length, ts_length, tags_length = words
+    handler_end = int(handler_length)
+    ts_end = handler_end + int(ts_length)
+    tags_end = ts_end + int(tags_length)
+    text = body[tags_end:].decode()
+    tags = body[ts_end:tags_end]
+    firing = Firing(
+        int(seq),
+        body[:handler_end].decode(),
+        text if field == "r" else None,
+        None if field == "r" else text,
+        body[handler_end:ts_end].decode(),
+        _read_tags.decode(tags) if tags else NO_TAGS,
+    )
+    return seq, origin, firing
 
 
 class _Subscriber:
@@ -105,7 +136,8 @@ class _Subscriber:
 class Wakes:
     """This daemon's subscriptions to the wake channels of the sessions it has waiters on.
 
-    ``on_wake(session_id, payload)`` gets each message; ``on_restored()`` is
+    ``on_wake(session_id, payload)`` gets each message; ``on_quiet(session_id)``
+    is told when a session's subscription ends, its linger over; ``on_restored()`` is
     called once every subscription of a broken link is made again (on the
     node that holds its slot now) and confirmed, and those nodes serve reads,
     so that every waiter reads again (a firing recorded while the link was
@@ -118,10 +150,12 @@ class Wakes:
         store: RedisStore,
         on_wake: Callable[[str, bytes], None],
         on_restored: Callable[[], None],
+        on_quiet: Callable[[str], None] | None = None,
     ) -> None:
         self.store = store
         self.on_wake = on_wake
         self.on_restored = on_restored
+        self.on_quiet = on_quiet
         self.subscribers: dict[str, _Subscriber] = {}
         #: the sessions whose wakes this daemon wants (it has waiters on them)
         self.wanted: set[str] = set()
@@ -229,6 +263,8 @@ class Wakes:
         self.lingering.discard(session_id)
         if session_id not in self.wanted:
             self.unsubscribe(session_id, linger=0)
+            if self.on_quiet is not None:
+                self.on_quiet(session_id)
 
     async def _quietly(self, work: Awaitable[None]) -> None:
         try:
