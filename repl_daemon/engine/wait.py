@@ -21,8 +21,8 @@ the new firing whole (a shared store publishes it with the wake) and the
 wait looked last at the seq just before it, the wait answers from it with
 no read, as Centrifugo's subscribers do from a publication; any other wake
 (a gap, an older firing, a wake with no firing, a repaired link) reads.
-With a settle time, the firings heard while settling are answered from the
-same way when they follow one another from the wait's position.
+With a settle time, a firing heard while settling is answered from the same
+way when it is the only one (of a burst the ring may keep only the newest).
 """
 
 from __future__ import annotations
@@ -290,9 +290,13 @@ class Wait(Job[p.Response]):
             self._read()
 
     def _answer_heard(self, heard: list[Firing]) -> bool:
-        """Look at the firings the wakes carried, with no read, when the wait is on one
-        session and they follow its last look one by one; False when it must read."""
-        if len(self.ids) != 1:
+        """Look at the firing the wake carried, with no read, when the wait is on one
+        session and it follows the wait's last look; False when it must read.
+
+        One firing only: the ring keeps it (the committer hands only those), but of a
+        burst heard while settling it may keep only the newest few, as its limit says,
+        and a read tells which were lost."""
+        if len(self.ids) != 1 or len(heard) != 1:
             return False
         session_id = self.ids[0]
         after = self.seen.get(session_id)

@@ -86,9 +86,13 @@ def test_an_ack_with_the_first_look_acks_then_reads_through_the_cursor() -> None
     batch = AckRead("c", 1, max=1).run(session, None)
     assert [f.seq for f in batch.firings] == [2] and batch.next == 2
     assert session.evaluations == before + 2  # the ack and the look
-    assert session.cursor_table()[0].seq == 1
-    # a look, not a read: the cursor's place in the LRU is the ack's
+    acked = session.snapshot().cursors
+    assert [(c.name, c.seq) for c in acked] == [("c", 1)]
+    # the ack is a use of the cursor, the look is not: a look after it leaves the LRU alone
     assert ReadCursor("c", touch=False).run(session, None).next == 3
+    assert session.snapshot().cursors == acked
+    AckRead("c", 1).run(session, None)
+    assert session.snapshot().cursors[0].last_use == acked[0].last_use + 1
 
 
 def test_a_refused_ack_with_the_first_look_changes_and_reads_nothing() -> None:

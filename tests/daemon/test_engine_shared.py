@@ -381,7 +381,7 @@ async def test_a_wait_cycle_across_daemons_costs_redis_at_most_five_commands(
     for the wake, which carries the firing, so the turn costs at most 5 commands beside
     the send's own (5). The answer is the firing, in order, once. Once the monitor stops,
     B's subscription ends after its linger: Redis holds no subscriber on the channel."""
-    monkeypatch.setattr(redis_wakes, "LINGER", 0.2)
+    monkeypatch.setattr(redis_wakes, "LINGER", 1.0)  # the turns come well within it
     url = store_url(redis_any)
     (a, first), (b, second) = [await opened(url) for _ in range(2)]
     try:
@@ -970,8 +970,11 @@ async def test_a_wake_lost_with_its_subscription_still_wakes_the_waiter_once_in_
                 await call(a, p.Send(session="l", text="three"))
 
             req = p.Wait(sessions=["l"], cursor="w", ack={"l": batch.next})
+            before = _commands(redis_any, primaries=True)
             batch = await _turn(b, req, then=send)
+            spent = _spent(before, _commands(redis_any, primaries=True))
             assert [(f.seq, f.result) for f in batch.firings] == [(3, "three")]
+            assert spent.get("xrange", 0) == 0, spent  # the wake's own firing, no read
             tg.cancel_scope.cancel()
     finally:
         await first.close()
@@ -1040,6 +1043,101 @@ async def test_wakes_out_of_order_across_two_senders_give_every_firing_once_in_o
             assert isinstance(read, p.Firings)
             assert batch.firings == read.firings and batch.firings[0].tags == tags
             assert batch.firings[0].event is not None and batch.firings[0].result is None
+
+            # B's own send: the firing its waiter is handed is made from the request
+            for handler in ("on-ci", "on-message"):
+                seq = batch.next
+
+                async def own(handler: str = handler) -> None:
+                    await call(b, p.Send(session="o", handler=handler, text="é\n", tags=tags))
+
+                before = _commands(redis_any, primaries=True)
+                req = p.Wait(sessions=["o"], cursor="w", ack={"o": seq})
+                batch = await _turn(b, req, then=own)
+                spent = _spent(before, _commands(redis_any, primaries=True))
+                assert spent.get("xrange", 0) == 0, spent
+                read = await call(a, p.Read(session="o", after=seq))
+                assert isinstance(read, p.Firings)
+                assert batch.firings == read.firings and len(read.firings) == 1
+            tg.cancel_scope.cancel()
+    finally:
+        second.wakes.on_wake = deliver
+        await first.close()
+        await second.close()
+
+
+async def test_a_burst_heard_while_settling_is_read_so_the_rings_limit_holds(
+    redis_any: AnyRedis,
+) -> None:
+    """A waiter on daemon B with a settle time, a session with a limit of 2, five sends
+    through A within the settle time: B has heard all five, but the ring keeps two, so the
+    wait reads and answers what a read gives (three lost, the last two), never more
+    firings than the limit."""
+    url = store_url(redis_any)
+    a, first = await opened(url)
+    b = Engine(RedisBackend(RedisStore(url)), settle=0.3)
+    second = b.committer
+    assert isinstance(second, SharedCommitter)
+    await b.load()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(a.run)
+            tg.start_soon(b.run)
+            await first.shared_timers.ready.wait()
+            await second.shared_timers.ready.wait()
+            await call(a, p.Start(session="burst", buffer=2))
+
+            async def five() -> None:
+                for n in range(1, 6):
+                    await call(a, p.Send(session="burst", text=f"b{n}"))
+
+            batch = await _turn(b, p.Wait(sessions=["burst"], cursor="w"), then=five)
+            assert [(f.seq, f.result) for f in batch.firings] == [(4, "b4"), (5, "b5")]
+            assert (batch.next, batch.lost) == (5, 3)
+            tg.cancel_scope.cancel()
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_a_firing_heard_from_before_a_restart_of_its_session_is_not_answered(
+    redis_any: AnyRedis,
+) -> None:
+    """Daemon B's wakes are held while A sends to a session, stops it and starts it again;
+    B's waiter then looks at the new session (empty). The old firing's message, handed
+    over late, has the seq the waiter would take next, but of the session's earlier
+    incarnation: the waiter reads, finds nothing and blocks on; the new session's first
+    firing wakes it."""
+    url = store_url(redis_any)
+    (a, first), (b, second) = [await opened(url) for _ in range(2)]
+    held: list[tuple[str, bytes]] = []
+    deliver = second.wakes.on_wake
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(a.run)
+            tg.start_soon(b.run)
+            await first.shared_timers.ready.wait()
+            await second.shared_timers.ready.wait()
+            await call(a, p.Start(session="inc"))
+            await call(b, p.Wait(sessions=["inc"], timeout_ms=0))  # B subscribes, lingers
+            second.wakes.on_wake = lambda session, payload: held.append((session, payload))
+            await call(a, p.Send(session="inc", text="old"))
+            await call(a, p.Stop(session="inc"))
+            await call(a, p.Start(session="inc"))
+            with anyio.fail_after(10):
+                while len(held) < 2:  # noqa: ASYNC110 - a bounded look at another task's state
+                    await anyio.sleep(0.005)
+            (old, _stop) = held  # the stop's message is not handed over: no wait to end
+            second.wakes.on_wake = deliver
+
+            async def late_then_new() -> None:
+                deliver(*old)
+                await anyio.sleep(0.05)
+                await _blocked(b, "inc")
+                await call(a, p.Send(session="inc", text="new"))
+
+            batch = await _turn(b, p.Wait(sessions=["inc"], cursor="w"), then=late_then_new)
+            assert [(f.seq, f.result) for f in batch.firings] == [(1, "new")]
             tg.cancel_scope.cancel()
     finally:
         second.wakes.on_wake = deliver

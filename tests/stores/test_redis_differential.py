@@ -144,6 +144,12 @@ class Look(msgspec.Struct, frozen=True):
     max: int | None = None
 
 
+class Looked(msgspec.Struct, frozen=True):
+    """A wait's look answered from the firing its wake carried: no script runs, the daemon
+    owes Redis one evaluation (``SharedCommitter.looked``) and hands it over with its
+    next read of the session; the core counts it at once."""
+
+
 timer_ids = st.sampled_from(["t1", "t2", "t3", "t4", "", "a b"])
 
 
@@ -208,6 +214,7 @@ kinds = {
         AckRead, cursor=names, seq=seqs, max=counts, match=st.none() | st.none() | matches
     ),
     "poll": st.builds(Poll, max=counts),
+    "looked": st.just(Looked()),
     "limit": st.builds(SetLimit, limit=st.sampled_from([-1, 0, 1, 2, 3, 5, 70_000])),
     "table": st.just(CursorTable()),
     "describe": st.just(Describe()),
@@ -215,6 +222,7 @@ kinds = {
 weights = ["record"] * 4 + ["cursor"] * 3 + ["ack"] * 3 + ["after", "poll", "limit"]
 weights += ["timer"] * 3 + ["fire"] * 2 + ["cancel", "timers", "hook", "get_hook", "handled"]
 weights += ["match_after"] * 2 + ["match_cursor"] * 2 + ["look"] * 2 + ["ack_read"] * 2
+weights += ["looked"] * 2
 ops = st.sampled_from([*weights, "table", "describe"]).flatmap(lambda kind: kinds[kind])
 
 
@@ -282,11 +290,13 @@ class Both:
         #: matching reads of the last run that found some firings (for ``event``)
         self.matched = 0
 
-    def run(self, session_id: str, limit: int, script: list[Op[Any] | Look]) -> None:
+    def run(self, session_id: str, limit: int, script: list[Op[Any] | Look | Looked]) -> None:
         self.matched = 0
         self.portal.call(self._run, session_id, limit, script)
 
-    async def _run(self, session_id: str, limit: int, script: list[Op[Any] | Look]) -> None:
+    async def _run(
+        self, session_id: str, limit: int, script: list[Op[Any] | Look | Looked]
+    ) -> None:
         core = Session(session_id, limit)
         committer = self.committer
         await committer.store.client.delete(*session_keys(session_id)[:5])
@@ -294,6 +304,10 @@ class Both:
         assert started == (session_id, True)
         looked: int | None = None  # where the next ``Look`` goes on from
         for step, item in enumerate(script):
+            if isinstance(item, Looked):
+                committer.looked(session_id)
+                core.evaluations += 1
+                continue
             op = ReadAfter(looked, item.max, item.match) if isinstance(item, Look) else item
             if isinstance(op, AddTimer):  # generated for no session in particular
                 op = AddTimer(msgspec.structs.replace(op.timer, session=session_id))
@@ -305,6 +319,9 @@ class Both:
             if isinstance(item, Look) and expected[0] == "ok":
                 batch = expected[1]
                 looked = None if batch.firings or batch.lost else batch.next
+        owed = committer._owed.pop(session_id, 0)  # what no read of the script handed over
+        if owed:
+            await committer.store.looked(session_id, owed)
         snapshot, evaluations = await stored(committer.store, session_id)
         assert snapshot == core.snapshot()
         assert evaluations == core.evaluations

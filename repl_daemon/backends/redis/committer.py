@@ -87,6 +87,10 @@ log = logging.getLogger("repl.daemon")
 
 R = TypeVar("R")
 
+#: the most looks a daemon answers from published firings at one session before it counts
+#: them in Redis (it counts them sooner, with its next read there or when it unsubscribes)
+MAX_OWED = 64
+
 
 class SharedCommitter:
     """Every operation one script in Redis; wakes over sharded pub/sub."""
@@ -126,11 +130,17 @@ class SharedCommitter:
         """Count the looks still owed, then disconnect: every change was made inside Redis
         by its operation."""
         owed, self._owed = self._owed, {}
-        for session_id, count in owed.items():
+        counted = []
+        for session_id, count in owed.items():  # one pipeline for them all
             try:
-                await self.store.looked(session_id, count)
-            except (StoreFailed, RuntimeError) as exc:  # not connected, or gone: uncounted
+                counted.append(self.store.looked(session_id, count))
+            except StoreFailed as exc:  # not connected: uncounted
                 log.debug("the looks at %r go uncounted: %s", session_id, exc)
+        for future in counted:
+            try:
+                await future
+            except ReplError as exc:
+                log.debug("looks went uncounted: %s", exc)
         await self.store.close()
 
     def _woken(self, session_id: str, payload: bytes) -> None:
@@ -142,14 +152,21 @@ class SharedCommitter:
         if is_partition(session_id):  # a timer partition's earliest due time moved sooner
             self.shared_timers.heard(session_id, payload)
             return
-        what, origin, firing = heard(payload)
-        if origin == self.store.origin:
+        message = heard(payload)
+        if message.origin == self.store.origin:
             return  # this daemon told its waiters already
-        if what == "stop":
+        if message.what == "stop":
             self._owed.pop(session_id, None)
             self.listener.stopped(session_id)
-        else:
-            self.listener.changed(session_id, firing)
+            return
+        firing = message.firing
+        if firing is not None and message.incarnation.encode() != self.store.heads.incarnation(
+            session_id
+        ):
+            # of a session this daemon has not read, or of one stopped and started again
+            # since (a message that waited behind a newer answer): the waiters read
+            firing = None
+        self.listener.changed(session_id, firing)
 
     def _quiet(self, session_id: str) -> None:
         """The session's subscription ended: count the looks owed there now."""
@@ -159,7 +176,41 @@ class SharedCommitter:
             future.add_done_callback(_uncounted)
 
     def looked(self, session_id: str) -> None:
-        self._owed[session_id] = self._owed.get(session_id, 0) + 1
+        owed = self._owed[session_id] = self._owed.get(session_id, 0) + 1
+        if owed >= MAX_OWED:  # a wait that stays blocked on a busy session: count them now
+            self._quiet(session_id)
+
+    def _counted(self, session_id: str, asked: asyncio.Future[Summary]) -> asyncio.Future[Summary]:
+        """The session's summary with the looks this daemon owes Redis counted in."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Summary] = loop.create_future()
+
+        def answered(_: asyncio.Future[Summary]) -> None:
+            if future.done():
+                return
+            if asked.cancelled():
+                future.cancel()
+            elif (error := asked.exception()) is not None:
+                future.set_exception(error)
+            else:
+                row, owed = asked.result(), self._owed.get(session_id)
+                future.set_result(replace(row, evaluations=row.evaluations + owed) if owed else row)
+
+        asked.add_done_callback(answered)
+        future.add_done_callback(lambda _: asked.cancel())  # no one waits for it any more
+        return future
+
+    def _unless_refused(self, session_id: str, owed: int) -> Callable[[asyncio.Future[Any]], None]:
+        def counted(future: asyncio.Future[Any]) -> None:
+            if future.cancelled():
+                return  # perhaps sent, perhaps not: uncounted rather than counted twice
+            error = future.exception()
+            if isinstance(error, ReplError) and not isinstance(
+                error, StoreFailed | NoSuchSession
+            ):  # a refusal: the script stopped before it counted
+                self._owed[session_id] = self._owed.get(session_id, 0) + owed
+
+        return counted
 
     def _restored(self) -> None:
         self.shared_timers.restored()
@@ -253,6 +304,7 @@ class SharedCommitter:
     def _call(self, session_id: str, op: Op[R]) -> asyncio.Future[R]:
         store = self.store
         future: asyncio.Future[Any]
+        owed = 0
         match op:
             case Record():
                 handled = op.handler in HANDLERS if op.handled is None else op.handled
@@ -299,7 +351,7 @@ class SharedCommitter:
             case CursorTable():
                 future = store.cursors(session_id)
             case Describe():
-                future = store.summary(session_id)
+                future = self._counted(session_id, store.summary(session_id))
             case TimerList():
                 future = store.timer_list(session_id)
             case SetWebhook():
@@ -310,6 +362,8 @@ class SharedCommitter:
                 future = store.fire_timers(session_id, op.timers, op.now_ms, op.ts)
             case _:  # pragma: no cover
                 raise AssertionError(f"no script for {op!r}")
+        if owed:  # the looks it counts are owed again if Redis refused it before counting
+            future.add_done_callback(self._unless_refused(session_id, owed))
         return cast("asyncio.Future[R]", future)
 
     def ack_all(self, cursor: str, acks: list[tuple[str, int]]) -> Outcome[list[int]]:
@@ -375,6 +429,7 @@ class SharedCommitter:
 
         async def stop() -> None:
             cancelled = await self.store.stop(session_id)
+            self._owed.pop(session_id, None)  # a new session of this id starts at 0
             self.listener.stopped(session_id)
             await self.shared_timers.stopped(session_id, cancelled)
 

@@ -100,6 +100,12 @@ class Heads:
             self._known[session_id] = (incarnation, head, known[2])
         return None
 
+    def incarnation(self, session_id: str) -> bytes | None:
+        """The session's incarnation as the daemon's last answer about it said (None when
+        it has had none, or it says none)."""
+        known = self._known.get(session_id)
+        return None if known is None else known[0]
+
     def forget(self, session_id: str) -> None:
         """The session was stopped: nothing more to compare."""
         self._known.pop(session_id, None)

@@ -134,9 +134,10 @@ end
 #: '' for none). Answers {'ok', seq, duplicate, head, incarnation, retained (1 or 0)}.
 #: A new firing the ring keeps is published whole on the wake channel, so a waiter that
 #: is up to date is answered from the message with no read (``repl_daemon.backends.redis.
-#: wakes.heard``): ``SEQ ORIGIN FIELD LEN(handler) LEN(ts) LEN(tags)``, a newline, then
-#: the handler, the ts, the tags and the text, one after the other. One it does not keep
-#: (a limit of 0) is published as ``SEQ ORIGIN``, as a timer's firings are.
+#: wakes.heard``): ``SEQ ORIGIN FIELD LEN(handler) LEN(ts) LEN(tags) INCARNATION`` (``-``
+#: for a session made before incarnations), a newline, then the handler, the ts, the tags
+#: and the text, one after the other. One it does not keep (a limit of 0) is published as
+#: ``SEQ ORIGIN``, as a timer's firings are.
 RECORD = (
     _PRELUDE
     + """
@@ -151,8 +152,8 @@ redis.call('HSET', meta, 'head', head, 'evals', tonumber(m[3]) + 1)
 local retained = 1  -- (a duplicate's answer says 1, as the core's does)
 if duplicate == 0 and limit == 0 then retained = 0 end
 if duplicate == 0 and limit > 0 then
-  redis.call('SPUBLISH', wake, string.format('%d %s %s %d %d %d\\n', head, ARGV[7], field,
-    #ARGV[1], #ARGV[4], #ARGV[8]) .. ARGV[1] .. ARGV[4] .. ARGV[8] .. ARGV[2])
+  redis.call('SPUBLISH', wake, string.format('%d %s %s %d %d %d %s\\n', head, ARGV[7], field,
+    #ARGV[1], #ARGV[4], #ARGV[8], m[4] or '-') .. ARGV[1] .. ARGV[4] .. ARGV[8] .. ARGV[2])
 elseif duplicate == 0 then
   redis.call('SPUBLISH', wake, string.format('%d %s', head, ARGV[7]))
 end
@@ -186,21 +187,17 @@ local function first()
   return head - retained + 1
 end
 local after, value
+local ack = nil
 if mode ~= 'after' then
   value = redis.call('HGET', cursors, ARGV[2])
-  if ARGV[7] ~= '' then  -- the wait's ack, first (rule 5): refused, nothing changes
-    local seq = tonumber(ARGV[7])
-    if seq > head then
-      return {'err', 'ack_after_head', string.format('cannot ack %d: head is %d', seq, head)}
-    end
-    local current
-    current, uses = use(ARGV[2], value, uses, max_cursors)
-    local moved = math.max(current, seq)
-    set_cursor(ARGV[2], moved, uses)
-    value = string.format('%d:%d', moved, uses)
-    evals = evals + 1
-  end
   after = cursor_seq(value)
+  if ARGV[7] ~= '' then  -- the wait's ack, first (rule 5), made once every check passed
+    ack = tonumber(ARGV[7])
+    if ack > head then
+      return {'err', 'ack_after_head', string.format('cannot ack %d: head is %d', ack, head)}
+    end
+    after = math.max(after, ack)
+  end
 elseif ARGV[2] == '' then
   after = first() - 1  -- just before the oldest retained: the whole ring, nothing lost
 else
@@ -214,6 +211,12 @@ local max = nil
 if ARGV[3] ~= '' then
   max = tonumber(ARGV[3])
   if max < 1 then return {'err', 'bad_max', string.format('max %d is below 1', max)} end
+end
+if ack then  -- every refusal is behind: the ack is a use of its cursor, which moves
+  uses = select(2, use(ARGV[2], value, uses, max_cursors))
+  set_cursor(ARGV[2], after, uses)
+  value = string.format('%d:%d', after, uses)
+  evals = evals + 1
 end
 local lost, start = 0, head + 1
 if after < head then

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import msgspec
@@ -29,16 +29,28 @@ SUBSCRIBE_TIMEOUT = 2.0
 LINGER = 5.0
 
 
-def heard(payload: bytes) -> tuple[str, str, Firing | None]:
-    """A message on a session's wake channel: what happened (a seq, or ``stop``), the
-    daemon that published it, and the new firing when the message carries it whole
-    (``scripts.RECORD`` says how)."""
+class Heard(NamedTuple):
+    """A message on a session's wake channel."""
+
+    #: a seq, or ``stop``
+    what: str
+    #: the daemon that published it
+    origin: str
+    #: the new firing, when the message carries it whole
+    firing: Firing | None = None
+    #: the session's incarnation the firing is of (``-``: a session too old to have one)
+    incarnation: str = "-"
+
+
+def heard(payload: bytes) -> Heard:
+    """A message on a session's wake channel, as ``scripts.RECORD`` (and ``STOP``,
+    ``FIRE``) publish it."""
     line, _, body = payload.partition(b"\n")
     words = line.decode().split(" ")
-    if len(words) != 6:  # SEQ ORIGIN, or stop ORIGIN: no firing
+    if len(words) != 7:  # SEQ ORIGIN, or stop ORIGIN: no firing
         what, _, origin = line.decode().partition(" ")
-        return what, origin, None
-    seq, origin, field, handler_length, ts_length, tags_length = words
+        return Heard(what, origin)
+    seq, origin, field, handler_length, ts_length, tags_length, incarnation = words
     handler_end = int(handler_length)
     ts_end = handler_end + int(ts_length)
     tags_end = ts_end + int(tags_length)
@@ -52,7 +64,7 @@ def heard(payload: bytes) -> tuple[str, str, Firing | None]:
         body[handler_end:ts_end].decode(),
         _read_tags.decode(tags) if tags else NO_TAGS,
     )
-    return seq, origin, firing
+    return Heard(seq, origin, firing, incarnation)
 
 
 class _Subscriber:
