@@ -12,8 +12,8 @@ store writes a batch. Two layouts of the firings:
   a commit's firings land on the last few pages whatever sessions they are for.
 
 Prints each layout's median commit, the sends/s it makes, and the same without
-the heads' update. A measurement for the next step's design, not a row of the
-benchmark: the daemon does not use the log layout yet.
+the heads' update. The measurement behind schema 5 (the daemon's store keeps its
+firings in such a log since), not a row of the benchmark.
 """
 
 from __future__ import annotations

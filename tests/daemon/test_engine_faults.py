@@ -12,7 +12,7 @@ the whole session again with the next batch. Either way the caller was told
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from pathlib import Path
 
 import anyio
@@ -47,9 +47,12 @@ class Flaky:
         return list(self.inner.load())
 
     def load_session(self, session_id: str) -> Snapshot | None:
+        return self.load_sessions([session_id])[session_id]
+
+    def load_sessions(self, session_ids: Collection[str]) -> dict[str, Snapshot | None]:
         if not self.reloads:
             raise StoreFailed(f"cannot read {self.inner.path}: the disk is gone")
-        return self.inner.load_session(session_id)
+        return self.inner.load_sessions(session_ids)
 
     def write(self, batch: list[Delta]) -> None:
         if not self.writes:

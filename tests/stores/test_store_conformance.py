@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 from repl_daemon import protocol as p
 from repl_daemon.backends.local import LocalBackend
+from repl_daemon.backends.local import sqlite as sqlite_store
 from repl_daemon.backends.local.committer import LocalCommitter
 from repl_daemon.backends.local.memory import MemoryStore
 from repl_daemon.backends.local.sqlite import SqliteStore
@@ -44,6 +45,15 @@ OpenStore = Callable[[], Store]
 STORES: dict[str, Callable[[Path], Store]] = {
     "sqlite": lambda home: SqliteStore(home / "repl.db"),
 }
+
+
+@pytest.fixture(autouse=True, scope="module")
+def compact_at_once() -> Iterator[None]:
+    """The SQLite store compacts its log as soon as it holds more than twice its live
+    rows, so every test here (and every example of the random ones) goes through it."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sqlite_store, "COMPACT_SLACK", 0)
+        yield
 
 
 @pytest.fixture(params=sorted(STORES))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from repl_daemon.backends.local import sqlite as sqlite_store
 from repl_daemon.backends.local.sqlite import SCHEMA_VERSION, SqliteStore
 from session.delta import Delta
 from session.errors import StoreFailed
@@ -35,6 +36,25 @@ def filled(path: Path, sessions: int = 3, firings: int = 50) -> SqliteStore:
     return store
 
 
+def _as_schema_4(conn: sqlite3.Connection) -> None:
+    """A schema-5 file made as the repl of schema 4 wrote it: the firings in a table of
+    their own, by session, and no log."""
+    conn.executescript(
+        """
+        CREATE TABLE firings (session TEXT NOT NULL, seq INTEGER NOT NULL,
+            handler TEXT NOT NULL, result TEXT, event TEXT, ts TEXT NOT NULL, tags TEXT,
+            PRIMARY KEY (session, seq)) WITHOUT ROWID;
+        INSERT INTO firings SELECT l.session, l.seq, l.handler, l.result, l.event, l.ts,
+            l.tags FROM log AS l JOIN sessions AS s ON s.id = l.session
+            WHERE l.id > s.since AND l.seq >= s.first;
+        DROP TABLE log;
+        ALTER TABLE sessions DROP COLUMN first;
+        ALTER TABLE sessions DROP COLUMN since;
+        PRAGMA user_version = 4;
+        """
+    )
+
+
 def test_the_file_has_the_documented_schema(tmp_path: Path) -> None:
     db = tmp_path / "repl.db"
     filled(db).close()
@@ -43,13 +63,13 @@ def test_the_file_has_the_documented_schema(tmp_path: Path) -> None:
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
         columns = {
             table: [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]
-            for table in ("sessions", "firings", "cursors", "keys", "timers", "hooks")
+            for table in ("sessions", "log", "cursors", "keys", "timers", "hooks")
         }
-        count = conn.execute("SELECT count(*) FROM firings WHERE session = 's0'").fetchone()
+        count = conn.execute("SELECT count(*) FROM log WHERE session = 's0'").fetchone()
     conn.close()
     assert columns == {
-        "sessions": ["id", "limit", "head", "uses"],
-        "firings": ["session", "seq", "handler", "result", "event", "ts", "tags"],
+        "sessions": ["id", "limit", "head", "uses", "first", "since"],
+        "log": ["id", "session", "seq", "handler", "result", "event", "ts", "tags"],
         "cursors": ["session", "name", "seq", "last_use"],
         "keys": ["session", "key", "seq", "ord"],
         "timers": ["session", "id", "due_ms", "every_ms", "handler", "text", "key", "tags"],
@@ -60,21 +80,24 @@ def test_the_file_has_the_documented_schema(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("version", "dropped"),
-    [(1, ("timers", "hooks", "tokens")), (2, ("tokens",)), (3, ())],
+    [(1, ("timers", "hooks", "tokens")), (2, ("tokens",)), (3, ()), (4, ())],
 )
 def test_an_older_file_opens_with_its_sessions_and_gains_the_newer_tables(
     tmp_path: Path, version: int, dropped: tuple[str, ...]
 ) -> None:
-    """A home written by the repl before timers (1), before tokens (2) or before tags (3):
-    it opens, keeps everything, and takes timers, tokens and tagged firings."""
+    """A home written by the repl before timers (1), before tokens (2), before tags (3) or
+    before the firings' log (4): it opens, keeps everything (the firings moved to the
+    log), and takes timers, tokens and tagged firings."""
     db = tmp_path / "repl.db"
     filled(db, sessions=2, firings=5).close()
     with sqlite3.connect(db) as conn:  # back to what that repl wrote
+        _as_schema_4(conn)
         for table in dropped:
             conn.execute(f"DROP TABLE {table}")
-        conn.execute("ALTER TABLE firings DROP COLUMN tags")
-        if "timers" not in dropped:
-            conn.execute("ALTER TABLE timers DROP COLUMN tags")
+        if version < 4:
+            conn.execute("ALTER TABLE firings DROP COLUMN tags")
+            if "timers" not in dropped:
+                conn.execute("ALTER TABLE timers DROP COLUMN tags")
         conn.execute(f"PRAGMA user_version = {version}")
     conn.close()
     store = SqliteStore(db)
@@ -168,7 +191,7 @@ def test_a_ring_with_a_hole_is_refused_at_open(tmp_path: Path) -> None:
     db = tmp_path / "repl.db"
     filled(db).close()
     with sqlite3.connect(db) as conn:
-        conn.execute("DELETE FROM firings WHERE session = 's1' AND seq = 30")
+        conn.execute("DELETE FROM log WHERE session = 's1' AND seq = 30")
     conn.close()
     with pytest.raises(StoreFailed, match="not consistent: session 's1'"):
         SqliteStore(db)
@@ -365,3 +388,67 @@ def test_a_restart_streams_the_sessions_one_at_a_time_exactly_as_they_were(
     everything, streamed = load_peak(reopened, keep=True), load_peak(reopened, keep=False)
     reopened.close()
     assert streamed * 20 < everything, (streamed, everything)
+
+
+def test_the_log_stays_within_twice_its_live_rows_and_loads_back_exactly(tmp_path: Path) -> None:
+    """Firings go to an append-only log; a trim, a stop or a restart of a session leaves
+    its old rows dead, and compaction (in each batch's transaction) takes them away by
+    range, appending the live ones again. 20 sessions of limit 8, 300 batches of a send
+    to each, a stop and a new start of one session now and then: the log never holds
+    more than twice its live rows and the slack, and the file loads back as the core
+    holds every session, firing by firing, after a restart of the store."""
+    db = tmp_path / "repl.db"
+    store = SqliteStore(db)
+    mirrors = {f"s{n}": Mirror(f"s{n}", limit=8) for n in range(20)}
+    store.write([m.delta() for m in mirrors.values()])
+    ts = "2026-12-02T04:30:00.000Z"
+    most = 0
+    for turn in range(300):
+        for name, m in mirrors.items():
+            m.session.record("on-message", f"{name} turn {turn}", ts)
+        if turn % 37 == 5:  # one session stopped and started again under the same id
+            gone = f"s{turn % 20}"
+            store.write([Delta(gone, gone=True)])
+            mirrors[gone] = Mirror(gone, limit=3 + turn % 5)
+        store.write([m.delta() for m in mirrors.values()])
+        with sqlite3.connect(db) as conn:
+            (rows,) = conn.execute("SELECT count(*) FROM log").fetchone()
+        conn.close()
+        live = sum(len(m.session.snapshot().firings) for m in mirrors.values())
+        assert rows <= 2 * live + sqlite_store.COMPACT_SLACK + 2 * len(mirrors) + 1
+        most = max(most, rows)
+    store.close()
+    store = SqliteStore(db)
+    assert {snap.id: snap for snap in store.load()} == {
+        name: m.session.snapshot() for name, m in mirrors.items()
+    }
+    assert store.load_sessions(["s3", "nope"]) == {
+        "s3": mirrors["s3"].session.snapshot(),
+        "nope": None,
+    }
+    store.close()
+    assert most > 2 * 20 * 8  # the log grew past twice the live rows: compaction ran
+
+
+def test_compaction_keeps_every_live_row_whatever_the_slack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no slack at all the log is compacted in every batch once it holds more than
+    twice its live rows: each load still gives exactly the core's sessions."""
+    monkeypatch.setattr(sqlite_store, "COMPACT_SLACK", 0)
+    db = tmp_path / "repl.db"
+    store = SqliteStore(db)
+    mirrors = [Mirror(f"c{n}", limit=1 + n) for n in range(4)]
+    store.write([m.delta() for m in mirrors])
+    for turn in range(60):
+        for m in mirrors[: 1 + turn % 4]:
+            m.session.record("on-message", f"{m.session.id} {turn}", "2026-12-02T04:31:00.000Z")
+        if turn == 30:
+            mirrors[1].session.set_limit(0)
+        if turn == 40:
+            mirrors[1].session.set_limit(5)
+        store.write([m.delta() for m in mirrors])
+        assert {snap.id: snap for snap in store.load()} == {
+            m.session.id: m.session.snapshot() for m in mirrors
+        }
+    store.close()

@@ -271,17 +271,18 @@ class LocalCommitter:
         self._gone.clear()
         pending, self._pending = self._pending, Ticket()
         pending.resolve(failure)
-        for session_id in touched:
-            try:
-                snapshot = self.store.load_session(session_id)
-            except Exception as exc:
-                log.error("cannot reload %s after a failed write: %s", session_id, exc)
+        try:
+            snapshots = self.store.load_sessions(touched)  # one read for them all
+        except Exception as exc:
+            log.error("cannot reload %s after a failed write: %s", ", ".join(sorted(touched)), exc)
+            for session_id in touched:
                 hosted = self.sessions.get(session_id)
                 if hosted is not None:
                     hosted.session.mark_reset()
                     self._dirty[session_id] = hosted
-                continue
-            self._replace(session_id, snapshot)
+            return
+        for session_id in touched:
+            self._replace(session_id, snapshots[session_id])
 
     def _replace(self, session_id: str, snapshot: Snapshot | None) -> None:
         old = self.sessions.pop(session_id, None)

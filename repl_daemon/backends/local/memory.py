@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from session.delta import Delta
 from session.scopes import TokenRecord
 from session.session import Snapshot
@@ -18,6 +20,9 @@ class MemoryStore:
 
     def load_session(self, session_id: str) -> Snapshot | None:
         return None
+
+    def load_sessions(self, session_ids: Collection[str]) -> dict[str, Snapshot | None]:
+        return dict.fromkeys(session_ids)
 
     def write(self, batch: list[Delta]) -> None:
         pass

@@ -9,18 +9,22 @@ it or none. When a write fails the transaction is rolled back and
 is used again (a read-only one is reopened, so that a database made
 writable again is written again without a restart).
 
-The file holds six tables: ``sessions`` (limit, head and the cursor-use
-clock of each session), ``firings`` (the newest firings of each ring: a
-write deletes what the ring no longer holds), ``cursors`` (with their last
+The file holds these tables: ``sessions`` (limit, head and the cursor-use
+clock of each session, with where its firings start in the log), ``log``
+(every session's firings, appended in the order they were committed, so a
+commit writes the log's last pages whatever sessions it touches: a trim, a
+stop or a restart of a session only moves its ``first`` or ``since``, and
+compaction takes the dead rows away by range, in the same transactions,
+keeping the log within twice its live rows), ``cursors`` (with their last
 use, which orders the LRU eviction), ``keys`` (the newest 1,024 dedup
 keys of each session, in the order they came), ``timers`` (the pending
 timers, rules T1-T6: a firing and its timer's move or deletion are in one
 batch, so one transaction) and ``hooks`` (a session's webhook secret and
 handler, rules H1-H7), and ``tokens`` (the scoped tokens, rules K1-K5: a name, the
 SHA-256 of the secret, never the secret, and the scope). ``PRAGMA
-user_version`` holds the schema's version (4; a file of schema 1, 2 or 3
-gets the tables and columns it lacks when opened: schema 4 added the tags
-of firings and timers).
+user_version`` holds the schema's version (5; a file of schema 1 to 4 gets
+the tables and columns it lacks when opened: schema 4 added the tags of
+firings and timers, schema 5 moved the firings into the log).
 
 Only one daemon may use a home at a time: the store holds an exclusive
 ``flock`` on ``repl.db.lock`` next to the database for as long as it is
@@ -40,7 +44,7 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +60,7 @@ from session.session import Snapshot, check_session_id
 
 log = logging.getLogger("repl.daemon")
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 #: how long a write waits for another program's lock on the file before it fails
 BUSY_TIMEOUT = 2.0
 #: the WAL file is cut back to this size once checkpointed
@@ -133,6 +137,35 @@ ALTER TABLE firings ADD COLUMN tags TEXT;
 ALTER TABLE timers ADD COLUMN tags TEXT;
 """
 
+# schema 5 keeps the firings in an append-only log, so that a commit's new firings land
+# on the log's last pages whatever sessions they are for (a table clustered by session
+# wrote a page a touched session). A session's rows in it are those after its ``since``
+# (the log's last id before its newest start) from its ``first`` retained seq on; older
+# ones are dead, and compaction (``_compact``) takes them away by range.
+_SCHEMA_5 = """
+ALTER TABLE sessions ADD COLUMN first INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE sessions ADD COLUMN since INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE log (
+    id INTEGER PRIMARY KEY,
+    session TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    handler TEXT NOT NULL,
+    result TEXT,
+    event TEXT,
+    ts TEXT NOT NULL,
+    tags TEXT
+);
+INSERT INTO log (session, seq, handler, result, event, ts, tags)
+    SELECT session, seq, handler, result, event, ts, tags FROM firings ORDER BY session, seq;
+UPDATE sessions SET first = coalesce(
+    (SELECT min(seq) FROM firings WHERE firings.session = sessions.id), head + 1);
+DROP TABLE firings;
+"""
+#: the log's live rows: those of a session after its ``since``, from its ``first`` seq on
+_LIVE = "log AS l JOIN sessions AS s ON s.id = l.session WHERE l.id > s.since AND l.seq >= s.first"
+#: compaction starts once the log holds more than twice its live rows and this many more
+COMPACT_SLACK = 4096
+
 _tags_json = msgspec.json.Encoder()
 _tags_of = msgspec.json.Decoder(dict[str, str]).decode
 
@@ -186,7 +219,9 @@ class SqliteStore:
             # serves, with the same clear message as a bad header: one scan a table in
             # SQL, which reads every page and builds no row in Python (``load`` then
             # streams the sessions, one at a time)
-            _check_file(self._conn)
+            #: the log's rows and the live ones among them (compaction keeps the first
+            #: within twice the second)
+            self._counts = _check_file(self._conn)
         except (sqlite3.Error, _NotOurs, _Inconsistent) as exc:
             self.close()
             if isinstance(exc, _NotOurs):
@@ -220,8 +255,10 @@ class SqliteStore:
         (version,) = conn.execute("PRAGMA user_version").fetchone()
         if version == SCHEMA_VERSION:
             return
-        if version in (1, 2, 3):  # written by the repl before timers, tokens, or tags
-            missing = {1: _SCHEMA_2 + _SCHEMA_3, 2: _SCHEMA_3, 3: ""}[version] + _SCHEMA_4
+        if version in (1, 2, 3, 4):  # written by the repl before timers, tokens, tags, log
+            missing = {1: _SCHEMA_2 + _SCHEMA_3 + _SCHEMA_4, 2: _SCHEMA_3 + _SCHEMA_4}.get(
+                version, {3: _SCHEMA_4, 4: ""}.get(version, "")
+            ) + _SCHEMA_5
             conn.executescript(
                 f"BEGIN IMMEDIATE; {missing} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
             )
@@ -238,7 +275,7 @@ class SqliteStore:
                 f"{', '.join(sorted(tables)[:5])}): move it away, or give the daemon another --home"
             )
         conn.executescript(
-            f"BEGIN IMMEDIATE; {_SCHEMA} {_SCHEMA_2} {_SCHEMA_3} {_SCHEMA_4} "
+            f"BEGIN IMMEDIATE; {_SCHEMA} {_SCHEMA_2} {_SCHEMA_3} {_SCHEMA_4} {_SCHEMA_5} "
             f"PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
         )
 
@@ -288,56 +325,28 @@ class SqliteStore:
 
     def load_session(self, session_id: str) -> Snapshot | None:
         """One session as the file holds it, or None; ``StoreFailed`` when it cannot be read."""
+        return self.load_sessions([session_id])[session_id]
+
+    def load_sessions(self, session_ids: Collection[str]) -> dict[str, Snapshot | None]:
+        """These sessions as the file holds them (None for one it does not): one read of
+        the log for them all, which has no index by session."""
         with self._mutex:
             try:
                 conn = self._conn if self._conn is not None else self._connection()
-                return self._load_one(conn, session_id)
-            except (sqlite3.Error, _Inconsistent) as exc:
+                found: dict[str, Snapshot | None] = dict.fromkeys(session_ids)
+                conn.execute("CREATE TEMP TABLE IF NOT EXISTS wanted (id TEXT PRIMARY KEY)")
+                conn.execute("DELETE FROM temp.wanted")
+                conn.executemany(
+                    "INSERT OR IGNORE INTO temp.wanted VALUES (?)", [(i,) for i in found]
+                )
+                try:
+                    for snapshot in _load_all(conn, "JOIN temp.wanted AS w ON w.id = s.id"):
+                        found[snapshot.id] = snapshot
+                finally:
+                    conn.execute("DELETE FROM temp.wanted")
+                return found
+            except (sqlite3.Error, _Inconsistent, msgspec.DecodeError) as exc:
                 raise StoreFailed(_load_failure(self.path, exc)) from None
-
-    def _load_one(self, conn: sqlite3.Connection, session_id: str) -> Snapshot | None:
-        row = conn.execute(
-            'SELECT "limit", head, uses FROM sessions WHERE id = ?', (session_id,)
-        ).fetchone()
-        if row is None:
-            return None
-        limit, head, uses = row
-        firings = [
-            Firing(seq, handler, result, event, ts, _tags(tags))
-            for seq, handler, result, event, ts, tags in conn.execute(
-                "SELECT seq, handler, result, event, ts, tags FROM firings"
-                " WHERE session = ? ORDER BY seq",
-                (session_id,),
-            )
-        ]
-        cursors = [
-            CursorState(*c)
-            for c in conn.execute(
-                "SELECT name, seq, last_use FROM cursors WHERE session = ? ORDER BY last_use",
-                (session_id,),
-            )
-        ]
-        keys = [
-            (key, seq)
-            for key, seq in conn.execute(
-                "SELECT key, seq FROM keys WHERE session = ? ORDER BY ord", (session_id,)
-            )
-        ]
-        timers = [
-            _timer(session_id, *t)
-            for t in conn.execute(
-                "SELECT id, due_ms, every_ms, handler, text, key, tags FROM timers"
-                " WHERE session = ? ORDER BY due_ms, id",
-                (session_id,),
-            )
-        ]
-        hook = conn.execute(
-            "SELECT secret, handler FROM hooks WHERE session = ?", (session_id,)
-        ).fetchone()
-        webhook = None if hook is None else Webhook(*hook)
-        snapshot = Snapshot(session_id, limit, head, firings, cursors, uses, keys, timers, webhook)
-        _check_snapshot(snapshot)
-        return snapshot
 
     def write(self, batch: list[Delta]) -> None:
         """Apply the batch in one transaction; on any failure nothing of it is written."""
@@ -345,8 +354,9 @@ class SqliteStore:
             try:
                 conn = self._connection()
                 conn.execute("BEGIN IMMEDIATE")
-                _write_batch(conn, batch)
+                counts = _write_batch(conn, batch, self._counts)
                 conn.execute("COMMIT")
+                self._counts = counts
             except StoreFailed:
                 raise
             except Exception as exc:
@@ -409,9 +419,9 @@ class SqliteStore:
 #: the most session ids one ``IN (...)`` query of the stored heads names
 HEADS_AT_ONCE = 500
 #: the tables a gone or reset session is deleted from, with their session column
+# (a gone session's firings are left in the log: dead, as nothing names them, until compacted)
 _SESSION_TABLES = (
     ("sessions", "id"),
-    ("firings", "session"),
     ("cursors", "session"),
     ("keys", "session"),
     ("timers", "session"),
@@ -419,19 +429,27 @@ _SESSION_TABLES = (
 )
 
 
-def _write_batch(conn: sqlite3.Connection, batch: list[Delta]) -> None:
+def _write_batch(
+    conn: sqlite3.Connection, batch: list[Delta], counts: tuple[int, int]
+) -> tuple[int, int]:
     """A batch's changes, inside its transaction: one statement a table for the whole
-    batch (``executemany``), not one a session, so that a batch's cost grows with what it
-    changes and not with how many sessions it touches."""
+    batch (``executemany``), not one a session, and the new firings appended to the log,
+    so that a batch's cost grows with what it changes and not with how many sessions it
+    touches. ``counts`` are the log's rows and live rows before; returns them after."""
+    rows, live = counts
+    stored = _stored_heads(conn, [d.id for d in batch])
+    for delta in batch:  # what a gone or reset session's ring held is live no more
+        row = stored.get(delta.id)
+        if row is not None and (delta.gone or delta.reset):
+            live -= row[0] - row[2] + 1
     cleared = [(d.id,) for d in batch if d.gone or d.reset]
-    if cleared:  # a stopped session's rows, or what a reset rewrites
+    if cleared:  # a stopped session's rows, or what a reset rewrites (its firings: by since)
         for table, column in _SESSION_TABLES:
             conn.executemany(f"DELETE FROM {table} WHERE {column} = ?", cleared)
     kept = [d for d in batch if not d.gone]
-    stored = _stored_heads(conn, [d.id for d in kept if not d.reset])
-    sessions: list[tuple[str, int, int, int]] = []
+    (top,) = conn.execute("SELECT coalesce(max(id), 0) FROM log").fetchone()
+    sessions: list[tuple[str, int, int, int, int, int]] = []
     firings: list[tuple[str, int, str, str | None, str | None, str, str | None]] = []
-    trims: list[tuple[str, int]] = []
     cursors_replaced: list[tuple[str]] = []
     cursors: list[tuple[str, str, int, int]] = []
     hooks_changed: list[tuple[str]] = []
@@ -440,30 +458,28 @@ def _write_batch(conn: sqlite3.Connection, batch: list[Delta]) -> None:
     timers: list[tuple[str, str, int, int | None, str, str, str | None, str | None]] = []
     for delta in kept:
         sid = delta.id
-        if delta.reset:
-            base, present = 0, None
+        if delta.reset:  # its rows so far are at or before the log's last id: dead
+            base, since = 0, top
         else:
             row = stored.get(sid)
             if row is None:
                 raise _Inconsistent(
                     f"session {sid!r} is not in the file, and the change is no reset"
                 )
-            base, limit = row
-            # the stored ring holds no seq below this (each write trimmed it to its limit)
-            present = max(1, base - limit + 1)
+            base, _, first_before, since = row
+            live -= base - first_before + 1
         # the new firings must continue the stored ring exactly, or the file would
         # hold a ring with a hole in it; refuse, and the engine reloads what is stored
         problem = gap(delta, base)
         if problem is not None:
             raise _Inconsistent(problem)
-        sessions.append((sid, delta.limit, delta.head, delta.uses))
+        first = delta.oldest  # a trim is this, moved: the rows before it are dead
+        live += delta.head - first + 1
+        sessions.append((sid, delta.limit, delta.head, delta.uses, first, since))
         firings.extend(
             (sid, f.seq, f.handler, f.result, f.event, f.ts, _tags_column(f.tags))
             for f in delta.firings
         )
-        oldest = delta.oldest
-        if present is not None and oldest > present:  # else nothing stored is that old
-            trims.append((sid, oldest))
         if delta.cursors is not None:
             cursors_replaced.append((sid,))
             cursors.extend((sid, c.name, c.seq, c.last_use) for c in delta.cursors)
@@ -477,19 +493,19 @@ def _write_batch(conn: sqlite3.Connection, batch: list[Delta]) -> None:
             for t in delta.timers
         )
     conn.executemany(
-        'INSERT INTO sessions (id, "limit", head, uses) VALUES (?, ?, ?, ?)'
+        'INSERT INTO sessions (id, "limit", head, uses, first, since) VALUES (?, ?, ?, ?, ?, ?)'
         ' ON CONFLICT (id) DO UPDATE SET "limit" = excluded."limit",'
-        " head = excluded.head, uses = excluded.uses",
+        " head = excluded.head, uses = excluded.uses, first = excluded.first,"
+        " since = excluded.since",
         sessions,
     )
     if firings:
         conn.executemany(
-            "INSERT INTO firings (session, seq, handler, result, event, ts, tags)"
+            "INSERT INTO log (session, seq, handler, result, event, ts, tags)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
             firings,
         )
-    if trims:
-        conn.executemany("DELETE FROM firings WHERE session = ? AND seq < ?", trims)
+        rows += len(firings)
     if cursors_replaced:
         conn.executemany("DELETE FROM cursors WHERE session = ?", cursors_replaced)
         conn.executemany(
@@ -510,19 +526,41 @@ def _write_batch(conn: sqlite3.Connection, batch: list[Delta]) -> None:
     for delta in kept:
         if delta.keys:
             _add_keys(conn, delta)
+    if rows > 2 * live + COMPACT_SLACK:
+        rows = _compact(conn, rows, 2 * len(firings) + COMPACT_SLACK // 4 + 1)
+    return rows, live
 
 
-def _stored_heads(conn: sqlite3.Connection, ids: list[str]) -> dict[str, tuple[int, int]]:
-    """Each stored session's head and limit, of those of ``ids`` the file has."""
-    found: dict[str, tuple[int, int]] = {}
+def _compact(conn: sqlite3.Connection, rows: int, budget: int) -> int:
+    """The log's oldest ``budget`` rows away: the live ones among them appended again, the
+    rest deleted, by range (the batch's own transaction). Each batch takes away about
+    twice what it adds while the log holds more than twice its live rows, so it stays
+    within that, at a few rows a send. Returns the log's rows after."""
+    edge = conn.execute("SELECT id FROM log ORDER BY id LIMIT 1 OFFSET ?", (budget - 1,)).fetchone()
+    if edge is None:  # fewer rows than the budget: all of them
+        edge = conn.execute("SELECT coalesce(max(id), 0) FROM log").fetchone()
+    (last,) = edge
+    moved = conn.execute(
+        "INSERT INTO log (session, seq, handler, result, event, ts, tags)"
+        " SELECT l.session, l.seq, l.handler, l.result, l.event, l.ts, l.tags"
+        f" FROM {_LIVE} AND l.id <= ? ORDER BY l.id",
+        (last,),
+    ).rowcount
+    deleted = conn.execute("DELETE FROM log WHERE id <= ?", (last,)).rowcount
+    return rows + moved - deleted
+
+
+def _stored_heads(conn: sqlite3.Connection, ids: list[str]) -> dict[str, tuple[int, int, int, int]]:
+    """Each stored session's head, limit, first retained seq and since, of ``ids``."""
+    found: dict[str, tuple[int, int, int, int]] = {}
     for first in range(0, len(ids), HEADS_AT_ONCE):
         chunk = ids[first : first + HEADS_AT_ONCE]
         marks = ",".join("?" * len(chunk))
         rows = conn.execute(
-            f'SELECT id, head, "limit" FROM sessions WHERE id IN ({marks})',
+            f'SELECT id, head, "limit", first, since FROM sessions WHERE id IN ({marks})',
             chunk,
         )
-        found.update((sid, (head, limit)) for sid, head, limit in rows)
+        found.update((sid, (head, limit, low, since)) for sid, head, limit, low, since in rows)
     return found
 
 
@@ -586,27 +624,39 @@ class _Rows:
         return taken
 
 
-def _load_all(conn: sqlite3.Connection) -> Iterator[Snapshot]:
-    """Every session in id order, each with its rows, one session's at a time."""
+def _load_all(conn: sqlite3.Connection, only: str = "") -> Iterator[Snapshot]:
+    """Every session in id order (``only``: a join that narrows the sessions), each with its
+    rows, one session's at a time. The log is read once, in session order (SQLite's sorter,
+    which spills to disk: not Python's memory)."""
     firings = _Rows(
         conn.execute(
-            "SELECT session, seq, handler, result, event, ts, tags FROM firings"
-            " ORDER BY session, seq"
+            "SELECT l.session, l.seq, l.handler, l.result, l.event, l.ts, l.tags FROM log AS l"
+            f" JOIN sessions AS s ON s.id = l.session {only}"
+            " WHERE l.id > s.since AND l.seq >= s.first ORDER BY l.session, l.seq"
         )
     )
-    cursors = _Rows(
-        conn.execute("SELECT session, name, seq, last_use FROM cursors ORDER BY session, last_use")
-    )
-    keys = _Rows(conn.execute("SELECT session, key, seq FROM keys ORDER BY session, ord"))
-    timers = _Rows(
-        conn.execute(
-            "SELECT session, id, due_ms, every_ms, handler, text, key, tags FROM timers"
-            " ORDER BY session, due_ms, id"
+
+    def of(table: str, columns: str, order: str) -> _Rows:
+        narrowed = f"JOIN sessions AS s ON s.id = t.session {only}" if only else ""
+        return _Rows(
+            conn.execute(
+                f"SELECT t.session, {columns} FROM {table} AS t {narrowed}"
+                f" ORDER BY t.session, {order}"
+            )
         )
+
+    cursors = of("cursors", "t.name, t.seq, t.last_use", "t.last_use")
+    keys = of("keys", "t.key, t.seq", "t.ord")
+    timers = of(
+        "timers",
+        "t.id, t.due_ms, t.every_ms, t.handler, t.text, t.key, t.tags",
+        "t.due_ms, t.id",
     )
-    hooks = _Rows(conn.execute("SELECT session, secret, handler FROM hooks ORDER BY session"))
-    sessions = conn.execute('SELECT id, "limit", head, uses FROM sessions ORDER BY id')
-    for session_id, limit, head, uses in sessions:
+    hooks = of("hooks", "t.secret, t.handler", "t.session")
+    sessions = conn.execute(
+        f'SELECT s.id, s."limit", s.head, s.uses, s.first FROM sessions AS s {only} ORDER BY s.id'
+    )
+    for session_id, limit, head, uses, first in sessions:
         hook = hooks.of(session_id)
         snapshot = Snapshot(
             id=session_id,
@@ -623,13 +673,18 @@ def _load_all(conn: sqlite3.Connection) -> Iterator[Snapshot]:
             webhook=Webhook(hook[0][1], hook[0][2]) if hook else None,
         )
         _check_snapshot(snapshot)
+        if len(snapshot.firings) != head - first + 1:
+            raise _Inconsistent(
+                f"session {session_id!r} holds {len(snapshot.firings)} firing(s) where its "
+                f"ring keeps {head - first + 1}"
+            )
         yield snapshot
 
 
-def _check_file(conn: sqlite3.Connection) -> None:
+def _check_file(conn: sqlite3.Connection) -> tuple[int, int]:
     """What ``_check_snapshot`` checks of every session, in SQL: one scan a table, which
     reads every page (a damaged one fails it), and no row built in Python but the
-    sessions' own."""
+    sessions' own. Returns the log's rows and its live rows."""
     for session_id, limit in conn.execute('SELECT id, "limit" FROM sessions'):
         try:
             check_session_id(session_id)
@@ -637,23 +692,28 @@ def _check_file(conn: sqlite3.Connection) -> None:
         except ReplError as exc:
             raise _Inconsistent(exc.message) from None
     rings = conn.execute(
-        'SELECT s.id, s."limit", s.head, f.count, f.low, f.high FROM sessions AS s JOIN'
-        " (SELECT session, count(*) AS count, min(seq) AS low, max(seq) AS high"
-        " FROM firings GROUP BY session) AS f ON f.session = s.id"
+        'SELECT s.id, s."limit", s.head, s.first, coalesce(f.count, 0), f.low, f.high'
+        " FROM sessions AS s LEFT JOIN"
+        " (SELECT l.session, count(*) AS count, min(l.seq) AS low, max(l.seq) AS high"
+        f" FROM {_LIVE} GROUP BY l.session) AS f ON f.session = s.id"
     )
-    for session_id, limit, head, count, low, high in rings:
-        if head < 0 or count > limit:
+    live = 0
+    for session_id, limit, head, first, count, low, high in rings:
+        if head < 0 or count > limit or count != head - first + 1:
             raise _Inconsistent(
                 f"session {session_id!r} holds {count} firing(s) under limit {limit} "
-                f"and head {head}"
+                f"and head {head}, where its ring keeps {head - first + 1}"
             )
-        if high != head or low != head - count + 1:
+        if count and (high != head or low != head - count + 1):
             raise _Inconsistent(
                 f"session {session_id!r} holds firings {low} to {high}, "
                 f"which are not the newest {count} up to its head {head}"
             )
+        live += count
+    (rows,) = conn.execute("SELECT count(*) FROM log").fetchone()
     for table in ("cursors", "keys", "timers", "hooks"):  # every page read
         conn.execute(f"SELECT count(*), max(length(session)) FROM {table}").fetchone()
+    return rows, live
 
 
 def _check_snapshot(snapshot: Snapshot) -> None:

@@ -30,7 +30,7 @@ What a store must guarantee:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Protocol
 
 from session.delta import Delta
@@ -53,7 +53,12 @@ class Store(Protocol):
         ...
 
     def load_session(self, session_id: str) -> Snapshot | None:
-        """One session as stored, or None; used to roll back after a failed write."""
+        """One session as stored, or None."""
+        ...
+
+    def load_sessions(self, session_ids: Collection[str]) -> dict[str, Snapshot | None]:
+        """Each of these sessions as stored (None for one that is not); used to roll back
+        after a failed write, in one read."""
         ...
 
     def write(self, batch: list[Delta]) -> None:
