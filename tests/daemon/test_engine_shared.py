@@ -19,6 +19,7 @@ import pytest
 
 from repl_daemon import protocol as p
 from repl_daemon.backends.redis import RedisBackend
+from repl_daemon.backends.redis import committer as redis_committer
 from repl_daemon.backends.redis import keys as redis_keys
 from repl_daemon.backends.redis import store as redis_store
 from repl_daemon.backends.redis import wakes as redis_wakes
@@ -1141,5 +1142,72 @@ async def test_a_firing_heard_from_before_a_restart_of_its_session_is_not_answer
             tg.cancel_scope.cancel()
     finally:
         second.wakes.on_wake = deliver
+        await first.close()
+        await second.close()
+
+
+async def test_the_looks_a_daemon_owes_redis_are_counted_once_whatever_happens_to_them(
+    redis_any: AnyRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Looks B answers from published firings are owed to Redis's count: B's own figures
+    show them at once; a read Redis refuses before counting (an ack past the head) leaves
+    them owed; the next read hands them over; 2 of them at one session (``MAX_OWED``,
+    made small) are handed over with no read; a stop on B drops them, so the session
+    started again under the id counts from 0."""
+    monkeypatch.setattr(redis_committer, "MAX_OWED", 3)
+    url = store_url(redis_any)
+    (a, first), (b, second) = [await opened(url) for _ in range(2)]
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(a.run)
+            tg.start_soon(b.run)
+            await first.shared_timers.ready.wait()
+            await second.shared_timers.ready.wait()
+            await call(a, p.Start(session="owe"))
+            match = Match({"corr": "never"})
+
+            async def others(n: int) -> None:
+                for _ in range(n):
+                    sent = await call(a, p.Send(session="owe", text="other"))
+                    assert isinstance(sent, p.Sent)
+                    await _looked_at(b, "owe", sent.seq)
+
+            ended: list[ReplError] = []
+
+            async def wait() -> None:
+                try:
+                    await call(b, p.Wait(sessions=["owe"], match=match, cursor=None))
+                except ReplError as exc:
+                    ended.append(exc)
+
+            tg.start_soon(wait)
+            await _blocked(b, "owe")
+            await others(2)  # two looks owed
+            assert second._owed == {"owe": 2}
+            assert await _evaluations(b, "owe") == await _evaluations(a, "owe") + 2
+            refused = p.Read(session="owe", after=99)  # refused before it counts
+            with pytest.raises(ReplError, match="after head"):
+                await call(b, refused)
+            assert second._owed == {"owe": 2}
+            await call(b, p.Read(session="owe", after=0))  # hands them over
+            assert second._owed == {}
+            assert await _evaluations(b, "owe") == await _evaluations(a, "owe")
+            await others(3)  # the third is counted at once, with no read
+            counted = await _evaluations(b, "owe")
+            with anyio.fail_after(10):
+                while second._owed or await _evaluations(a, "owe") != counted:  # noqa: ASYNC110 - a bounded look at the store
+                    await anyio.sleep(0.01)
+            await others(1)
+            assert second._owed == {"owe": 1}
+            await call(b, p.Stop(session="owe"))
+            assert second._owed == {}
+            with anyio.fail_after(10):
+                while not ended:  # noqa: ASYNC110 - a bounded look at another task's state
+                    await anyio.sleep(0.005)
+            assert ended[0].code.value == "session_stopped"
+            await call(b, p.Start(session="owe"))
+            assert await _evaluations(b, "owe") == await _evaluations(a, "owe") == 0
+            tg.cancel_scope.cancel()
+    finally:
         await first.close()
         await second.close()

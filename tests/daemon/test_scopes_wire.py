@@ -851,6 +851,32 @@ def test_a_hidden_session_with_a_bad_ack_answers_as_a_missing_one(daemon: InProc
     token.close()
 
 
+def test_a_wait_on_several_sessions_with_acks_answers_a_hidden_one_as_a_missing_one(
+    daemon: InProcess,
+) -> None:
+    """On several sessions a wait checks them all before its acks: a token's wait whose
+    second session is hidden is refused as the root's whose second is missing (the same
+    code), with a good ack and a bad one, and moves no cursor of the session it sees."""
+    root = daemon.root()
+    for session_id in ("team-a.1", "solo"):
+        root.ok({"op": "start", "session": session_id})
+    root.ok({"op": "send", "session": "team-a.1", "text": "one"})
+    token = scoped(daemon, root, ["team-a.*"], ["read"])
+    for seq in (1, -1):
+        req = {"op": "wait", "cursor": "c", "timeout_ms": 0}
+        hidden = token.call(
+            {**req, "sessions": ["team-a.1", "solo"], "ack": {"team-a.1": 1, "solo": seq}}
+        )
+        missing = root.call(
+            {**req, "sessions": ["team-a.1", "nope"], "ack": {"team-a.1": 1, "nope": seq}}
+        )
+        assert hidden["code"] == missing["code"], (hidden, missing)
+        assert hidden["code"] == ("no_such_session" if seq == 1 else "bad_seq"), hidden
+    assert root.ok({"op": "cursors", "session": "team-a.1"})["cursors"] == []
+    root.close()
+    token.close()
+
+
 def test_a_scoped_wait_is_not_woken_by_a_hidden_session(daemon: InProcess) -> None:
     root = daemon.root()
     for session_id in ("team-a.1", "solo"):

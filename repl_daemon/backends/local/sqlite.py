@@ -146,7 +146,7 @@ _SCHEMA_5 = """
 ALTER TABLE sessions ADD COLUMN first INTEGER NOT NULL DEFAULT 1;
 ALTER TABLE sessions ADD COLUMN since INTEGER NOT NULL DEFAULT 0;
 CREATE TABLE log (
-    id INTEGER PRIMARY KEY,
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
     session TEXT NOT NULL,
     seq INTEGER NOT NULL,
     handler TEXT NOT NULL,
@@ -437,10 +437,14 @@ def _write_batch(
     so that a batch's cost grows with what it changes and not with how many sessions it
     touches. ``counts`` are the log's rows and live rows before; returns them after."""
     rows, live = counts
-    stored = _stored_heads(conn, [d.id for d in batch])
-    for delta in batch:  # what a gone or reset session's ring held is live no more
-        row = stored.get(delta.id)
-        if row is not None and (delta.gone or delta.reset):
+    named = [d.id for d in batch if not d.gone]
+    if len(set(named)) != len(named):
+        raise _Inconsistent("a batch names a session twice")
+    stored = _stored_heads(conn, list({d.id: None for d in batch}))
+    gone = {d.id for d in batch if d.gone}
+    for sid in gone | {d.id for d in batch if d.reset}:  # live no more, once an id
+        row = stored.get(sid)
+        if row is not None:
             live -= row[0] - row[2] + 1
     cleared = [(d.id,) for d in batch if d.gone or d.reset]
     if cleared:  # a stopped session's rows, or what a reset rewrites (its firings: by since)
@@ -459,7 +463,7 @@ def _write_batch(
     for delta in kept:
         sid = delta.id
         if delta.reset:  # its rows so far are at or before the log's last id: dead
-            base, since = 0, top
+            base, first_before, since = 0, 1, top
         else:
             row = stored.get(sid)
             if row is None:
@@ -468,12 +472,18 @@ def _write_batch(
                 )
             base, _, first_before, since = row
             live -= base - first_before + 1
+            if sid in gone:  # gone, then back in the same batch with no reset
+                raise _Inconsistent(
+                    f"session {sid!r} is not in the file, and the change is no reset"
+                )
         # the new firings must continue the stored ring exactly, or the file would
         # hold a ring with a hole in it; refuse, and the engine reloads what is stored
         problem = gap(delta, base)
         if problem is not None:
             raise _Inconsistent(problem)
         first = delta.oldest  # a trim is this, moved: the rows before it are dead
+        if not delta.reset:  # a ring never takes back what it trimmed
+            first = max(first, first_before)
         live += delta.head - first + 1
         sessions.append((sid, delta.limit, delta.head, delta.uses, first, since))
         firings.extend(
@@ -699,7 +709,7 @@ def _check_file(conn: sqlite3.Connection) -> tuple[int, int]:
     )
     live = 0
     for session_id, limit, head, first, count, low, high in rings:
-        if head < 0 or count > limit or count != head - first + 1:
+        if head < 0 or first < 1 or count > limit or count != head - first + 1:
             raise _Inconsistent(
                 f"session {session_id!r} holds {count} firing(s) under limit {limit} "
                 f"and head {head}, where its ring keeps {head - first + 1}"

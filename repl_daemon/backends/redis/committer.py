@@ -180,25 +180,11 @@ class SharedCommitter:
         if owed >= MAX_OWED:  # a wait that stays blocked on a busy session: count them now
             self._quiet(session_id)
 
-    def _counted(self, session_id: str, asked: asyncio.Future[Summary]) -> asyncio.Future[Summary]:
+    async def _summary(self, session_id: str) -> Summary:
         """The session's summary with the looks this daemon owes Redis counted in."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Summary] = loop.create_future()
-
-        def answered(_: asyncio.Future[Summary]) -> None:
-            if future.done():
-                return
-            if asked.cancelled():
-                future.cancel()
-            elif (error := asked.exception()) is not None:
-                future.set_exception(error)
-            else:
-                row, owed = asked.result(), self._owed.get(session_id)
-                future.set_result(replace(row, evaluations=row.evaluations + owed) if owed else row)
-
-        asked.add_done_callback(answered)
-        future.add_done_callback(lambda _: asked.cancel())  # no one waits for it any more
-        return future
+        row = await self.store.summary(session_id)
+        owed = self._owed.get(session_id)
+        return replace(row, evaluations=row.evaluations + owed) if owed else row
 
     def _unless_refused(self, session_id: str, owed: int) -> Callable[[asyncio.Future[Any]], None]:
         def counted(future: asyncio.Future[Any]) -> None:
@@ -299,6 +285,8 @@ class SharedCommitter:
                 timer_id = op.timer
                 cancel = Outcome.later(lambda: timers.cancel(session_id, timer_id))
                 return cast("Outcome[R]", cancel)
+        if isinstance(op, Describe):  # not the store's alone: with the looks owed here
+            return cast("Outcome[R]", Outcome.later(lambda: self._summary(session_id)))
         return Outcome.pending(lambda: self._call(session_id, op))
 
     def _call(self, session_id: str, op: Op[R]) -> asyncio.Future[R]:
@@ -350,8 +338,6 @@ class SharedCommitter:
                 future = store.set_limit(session_id, op.limit)
             case CursorTable():
                 future = store.cursors(session_id)
-            case Describe():
-                future = self._counted(session_id, store.summary(session_id))
             case TimerList():
                 future = store.timer_list(session_id)
             case SetWebhook():
