@@ -37,6 +37,7 @@ from session.delta import Delta, Webhook
 from session.errors import StoreFailed
 from session.rules import MAX_KEYS
 from session.schedule import Timer
+from session.scopes import READ, Scope, TokenRecord
 from session.session import Session, Snapshot
 from tests.helpers import Mirror
 
@@ -380,7 +381,12 @@ def test_the_memory_store_keeps_nothing() -> None:
     a.record("m")
     store.write([a.delta()])
     assert list(store.load()) == [] and store.load_session("a") is None
+    assert store.load_sessions(["a", "b"]) == {"a": None, "b": None}
     assert not store.durable
+    token = TokenRecord("t", "d" * 64, Scope(("a*",), frozenset({READ})))
+    store.put_token(token)
+    store.drop_token("t")
+    assert store.load_tokens() == []
     store.close()
 
 
