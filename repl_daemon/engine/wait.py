@@ -169,9 +169,9 @@ class Wait(Job[p.Response]):
         if ack is not None:
             assert len(ids) == 1 and req.cursor is not None
             self.looks[ids[0]] = AckRead(req.cursor, ack, req.max, req.match)
-        #: the firings heard whole while settling, in order; None: a wake came that
-        #: carried none, so the wait reads
-        self.heard: list[Firing] | None = None
+        #: the one firing heard whole while settling; None: none, or a second wake came
+        #: (the ring may keep only the newest of a burst), so the wait reads
+        self.heard: Firing | None = None
         #: each session's ``next`` of the wait's last look: where a wait that timed out
         #: stands (its cursor's seq; for a matching one, the last seq it looked at)
         self.seen: dict[str, int] = {}
@@ -215,11 +215,7 @@ class Wait(Job[p.Response]):
             except Exception as exc:
                 self._finish(None, exc)
         elif state is _State.SETTLING:  # its read after the settle time sees the firing
-            if self.heard is not None:
-                if heard is None:
-                    self.heard = None
-                else:
-                    self.heard.append(heard)
+            self.heard = None  # a burst: the ring says which of it is still there
         elif state is _State.LOOKING:  # a round trip's read may have missed it: once more
             self.again = True
         elif state is _State.STARTING:  # not subscribed yet: nobody can know of it
@@ -269,12 +265,12 @@ class Wait(Job[p.Response]):
     def _woken(self, heard: Firing | None = None) -> None:
         settle = self.waiters.settle
         if not settle:  # at once: the answer goes out in this same pass of the loop
-            if heard is None or not self._answer_heard([heard]):
+            if heard is None or not self._answer_heard(heard):
                 self._read()
             return
         self._check_open()
         self._move(_State.SETTLING)
-        self.heard = None if heard is None else [heard]
+        self.heard = heard
         if self.timer is not None:
             self.timer.cancel()  # the timeout bounds only the blocking; it is checked after
         assert self.loop is not None
@@ -289,20 +285,20 @@ class Wait(Job[p.Response]):
         if heard is None or not self._answer_heard(heard):
             self._read()
 
-    def _answer_heard(self, heard: list[Firing]) -> bool:
+    def _answer_heard(self, heard: Firing) -> bool:
         """Look at the firing the wake carried, with no read, when the wait is on one
         session and it follows the wait's last look; False when it must read.
 
         One firing only: the ring keeps it (the committer hands only those), but of a
         burst heard while settling it may keep only the newest few, as its limit says,
         and a read tells which were lost."""
-        if len(self.ids) != 1 or len(heard) != 1:
+        if len(self.ids) != 1:
             return False
         session_id = self.ids[0]
         after = self.seen.get(session_id)
         if after is None:
             return False
-        batch = look_heard(after, heard, self.req.max, self.req.match)
+        batch = look_heard(after, [heard], self.req.max, self.req.match)
         if batch is None:  # a gap, or an older firing: the ring knows better
             return False
         self._check_open()

@@ -10,12 +10,15 @@ one with a replica each (through ``?replicas=1``): ``redis_any``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
 import anyio.lowlevel
 import pytest
+from anyio.abc import TaskGroup
 
 from repl_daemon import protocol as p
 from repl_daemon.backends.redis import RedisBackend
@@ -50,6 +53,26 @@ async def opened(url: str) -> tuple[Engine, SharedCommitter]:
     assert isinstance(committer, SharedCommitter)
     await engine.load()
     return engine, committer
+
+
+@contextlib.asynccontextmanager
+async def two_daemons(
+    url: str,
+) -> AsyncIterator[tuple[Engine, SharedCommitter, Engine, SharedCommitter, TaskGroup]]:
+    """Daemons A and B on one store, running, their own subscriptions made; on the way
+    out both are stopped and closed."""
+    (a, first), (b, second) = [await opened(url) for _ in range(2)]
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(a.run)
+            tg.start_soon(b.run)
+            await first.shared_timers.ready.wait()
+            await second.shared_timers.ready.wait()
+            yield a, first, b, second, tg
+            tg.cancel_scope.cancel()
+    finally:
+        await first.close()
+        await second.close()
 
 
 async def test_the_daemon_keeps_nothing_of_the_sessions_it_serves(
@@ -384,53 +407,43 @@ async def test_a_wait_cycle_across_daemons_costs_redis_at_most_five_commands(
     B's subscription ends after its linger: Redis holds no subscriber on the channel."""
     monkeypatch.setattr(redis_wakes, "LINGER", 1.0)  # the turns come well within it
     url = store_url(redis_any)
-    (a, first), (b, second) = [await opened(url) for _ in range(2)]
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(a.run)
-            tg.start_soon(b.run)
-            await first.shared_timers.ready.wait()
-            await second.shared_timers.ready.wait()
-            await call(a, p.Start(session="m"))
-            # a send alone, with no waiter anywhere: what the turn's send costs
-            ahead = _commands(redis_any, primaries=True)
-            await call(a, p.Send(session="m", text="zero"))
-            send = _spent(ahead, _commands(redis_any, primaries=True))
-            assert sum(n for c, n in send.items() if c != "wait") == SEND_COMMANDS, send
-            # the first turn subscribes, and its ack makes the cursor: not counted
-            await call(b, p.Wait(sessions=["m"], cursor="mon"))
-            await call(b, p.Ack(session="m", cursor="mon", seq=1))
-            acked = 1
-            for turn in range(2, 5):
-                answer: list[p.Response] = []
-                req = p.Wait(sessions=["m"], cursor="mon", ack={"m": acked})
-                before = _commands(redis_any, primaries=True)
-                tg.start_soon(_answer, answer, b, req)
-                await _blocked(b, "m")
-                sent = await call(a, p.Send(session="m", text=f"turn {turn}"))
-                assert isinstance(sent, p.Sent)
-                with anyio.fail_after(10):
-                    while not answer:  # noqa: ASYNC110 - a bounded look at another task's state
-                        await anyio.sleep(0.005)
-                spent = _spent(before, _commands(redis_any, primaries=True))
-                (woken,) = answer
-                assert isinstance(woken, p.Woken)
-                (batch,) = woken.batches
-                assert [(f.seq, f.result) for f in batch.firings] == [(sent.seq, f"turn {turn}")]
-                assert (batch.next, batch.lost) == (sent.seq, 0)
-                acked = batch.next
-                waits = {c: n - send.get(c, 0) for c, n in spent.items()}
-                waits.pop("wait", None)  # ?replicas=1: each change's WAIT, the ack's included
-                assert all(n >= 0 for n in waits.values()), (waits, send)
-                assert sum(waits.values()) <= WAIT_CYCLE_GOAL, (sorted(waits.items()), send)
-            channel = redis_keys.wake_channel("m")
+    async with two_daemons(url) as (a, _first, b, _second, tg):
+        await call(a, p.Start(session="m"))
+        # a send alone, with no waiter anywhere: what the turn's send costs
+        ahead = _commands(redis_any, primaries=True)
+        await call(a, p.Send(session="m", text="zero"))
+        send = _spent(ahead, _commands(redis_any, primaries=True))
+        assert sum(n for c, n in send.items() if c != "wait") == SEND_COMMANDS, send
+        # the first turn subscribes, and its ack makes the cursor: not counted
+        await call(b, p.Wait(sessions=["m"], cursor="mon"))
+        await call(b, p.Ack(session="m", cursor="mon", seq=1))
+        acked = 1
+        for turn in range(2, 5):
+            answer: list[p.Response] = []
+            req = p.Wait(sessions=["m"], cursor="mon", ack={"m": acked})
+            before = _commands(redis_any, primaries=True)
+            tg.start_soon(_answer, answer, b, req)
+            await _blocked(b, "m")
+            sent = await call(a, p.Send(session="m", text=f"turn {turn}"))
+            assert isinstance(sent, p.Sent)
             with anyio.fail_after(10):
-                while _subscribers(redis_any, channel):  # noqa: ASYNC110 - a bounded look at the store
-                    await anyio.sleep(0.05)
-            tg.cancel_scope.cancel()
-    finally:
-        await first.close()
-        await second.close()
+                while not answer:  # noqa: ASYNC110 - a bounded look at another task's state
+                    await anyio.sleep(0.005)
+            spent = _spent(before, _commands(redis_any, primaries=True))
+            (woken,) = answer
+            assert isinstance(woken, p.Woken)
+            (batch,) = woken.batches
+            assert [(f.seq, f.result) for f in batch.firings] == [(sent.seq, f"turn {turn}")]
+            assert (batch.next, batch.lost) == (sent.seq, 0)
+            acked = batch.next
+            waits = {c: n - send.get(c, 0) for c, n in spent.items()}
+            waits.pop("wait", None)  # ?replicas=1: each change's WAIT, the ack's included
+            assert all(n >= 0 for n in waits.values()), (waits, send)
+            assert sum(waits.values()) <= WAIT_CYCLE_GOAL, (sorted(waits.items()), send)
+        channel = redis_keys.wake_channel("m")
+        with anyio.fail_after(10):
+            while _subscribers(redis_any, channel):  # noqa: ASYNC110 - a bounded look at the store
+                await anyio.sleep(0.05)
 
 
 async def test_a_slot_on_the_move_is_followed_through_ask_and_then_moved(
@@ -943,43 +956,33 @@ async def test_a_wake_lost_with_its_subscription_still_wakes_the_waiter_once_in_
 
     monkeypatch.setattr(redis_wakes.Wakes, "_repair", held)
     url = store_url(redis_any)
-    (a, first), (b, second) = [await opened(url) for _ in range(2)]
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(a.run)
-            tg.start_soon(b.run)
-            await first.shared_timers.ready.wait()
-            await second.shared_timers.ready.wait()
-            await call(a, p.Start(session="l"))
+    async with two_daemons(url) as (a, _first, b, second, _tg):
+        await call(a, p.Start(session="l"))
 
-            async def drop_then_send() -> None:
-                for server in redis_any.servers:
-                    with server.admin() as admin:
-                        admin.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
-                with anyio.fail_after(10):
-                    while second.wakes.subscribers:  # noqa: ASYNC110 - a bounded look at another task's state
-                        await anyio.sleep(0.005)
-                for text in ("one", "two"):
-                    await call(a, p.Send(session="l", text=text))
-                gate.set()
+        async def drop_then_send() -> None:
+            for server in redis_any.servers:
+                with server.admin() as admin:
+                    admin.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+            with anyio.fail_after(10):
+                while second.wakes.subscribers:  # noqa: ASYNC110 - a bounded look at another task's state
+                    await anyio.sleep(0.005)
+            for text in ("one", "two"):
+                await call(a, p.Send(session="l", text=text))
+            gate.set()
 
-            req = p.Wait(sessions=["l"], cursor="w")
-            batch = await _turn(b, req, then=drop_then_send)
-            assert [(f.seq, f.result) for f in batch.firings] == [(1, "one"), (2, "two")]
+        req = p.Wait(sessions=["l"], cursor="w")
+        batch = await _turn(b, req, then=drop_then_send)
+        assert [(f.seq, f.result) for f in batch.firings] == [(1, "one"), (2, "two")]
 
-            async def send() -> None:
-                await call(a, p.Send(session="l", text="three"))
+        async def send() -> None:
+            await call(a, p.Send(session="l", text="three"))
 
-            req = p.Wait(sessions=["l"], cursor="w", ack={"l": batch.next})
-            before = _commands(redis_any, primaries=True)
-            batch = await _turn(b, req, then=send)
-            spent = _spent(before, _commands(redis_any, primaries=True))
-            assert [(f.seq, f.result) for f in batch.firings] == [(3, "three")]
-            assert spent.get("xrange", 0) == 0, spent  # the wake's own firing, no read
-            tg.cancel_scope.cancel()
-    finally:
-        await first.close()
-        await second.close()
+        req = p.Wait(sessions=["l"], cursor="w", ack={"l": batch.next})
+        before = _commands(redis_any, primaries=True)
+        batch = await _turn(b, req, then=send)
+        spent = _spent(before, _commands(redis_any, primaries=True))
+        assert [(f.seq, f.result) for f in batch.firings] == [(3, "three")]
+        assert spent.get("xrange", 0) == 0, spent  # the wake's own firing, no read
 
 
 async def test_wakes_out_of_order_across_two_senders_give_every_firing_once_in_order(
@@ -1156,58 +1159,48 @@ async def test_the_looks_a_daemon_owes_redis_are_counted_once_whatever_happens_t
     started again under the id counts from 0."""
     monkeypatch.setattr(redis_committer, "MAX_OWED", 3)
     url = store_url(redis_any)
-    (a, first), (b, second) = [await opened(url) for _ in range(2)]
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(a.run)
-            tg.start_soon(b.run)
-            await first.shared_timers.ready.wait()
-            await second.shared_timers.ready.wait()
-            await call(a, p.Start(session="owe"))
-            match = Match({"corr": "never"})
+    async with two_daemons(url) as (a, _first, b, second, tg):
+        await call(a, p.Start(session="owe"))
+        match = Match({"corr": "never"})
 
-            async def others(n: int) -> None:
-                for _ in range(n):
-                    sent = await call(a, p.Send(session="owe", text="other"))
-                    assert isinstance(sent, p.Sent)
-                    await _looked_at(b, "owe", sent.seq)
+        async def others(n: int) -> None:
+            for _ in range(n):
+                sent = await call(a, p.Send(session="owe", text="other"))
+                assert isinstance(sent, p.Sent)
+                await _looked_at(b, "owe", sent.seq)
 
-            ended: list[ReplError] = []
+        ended: list[ReplError] = []
 
-            async def wait() -> None:
-                try:
-                    await call(b, p.Wait(sessions=["owe"], match=match, cursor=None))
-                except ReplError as exc:
-                    ended.append(exc)
+        async def wait() -> None:
+            try:
+                await call(b, p.Wait(sessions=["owe"], match=match, cursor=None))
+            except ReplError as exc:
+                ended.append(exc)
 
-            tg.start_soon(wait)
-            await _blocked(b, "owe")
-            await others(2)  # two looks owed
-            assert second._owed == {"owe": 2}
-            assert await _evaluations(b, "owe") == await _evaluations(a, "owe") + 2
-            refused = p.Read(session="owe", after=99)  # refused before it counts
-            with pytest.raises(ReplError, match="after head"):
-                await call(b, refused)
-            assert second._owed == {"owe": 2}
-            await call(b, p.Read(session="owe", after=0))  # hands them over
-            assert second._owed == {}
-            assert await _evaluations(b, "owe") == await _evaluations(a, "owe")
-            await others(3)  # the third is counted at once, with no read
-            counted = await _evaluations(b, "owe")
-            with anyio.fail_after(10):
-                while second._owed or await _evaluations(a, "owe") != counted:  # noqa: ASYNC110 - a bounded look at the store
-                    await anyio.sleep(0.01)
-            await others(1)
-            assert second._owed == {"owe": 1}
-            await call(b, p.Stop(session="owe"))
-            assert second._owed == {}
-            with anyio.fail_after(10):
-                while not ended:  # noqa: ASYNC110 - a bounded look at another task's state
-                    await anyio.sleep(0.005)
-            assert ended[0].code.value == "session_stopped"
-            await call(b, p.Start(session="owe"))
-            assert await _evaluations(b, "owe") == await _evaluations(a, "owe") == 0
-            tg.cancel_scope.cancel()
-    finally:
-        await first.close()
-        await second.close()
+        tg.start_soon(wait)
+        await _blocked(b, "owe")
+        await others(2)  # two looks owed
+        assert second._owed == {"owe": 2}
+        assert await _evaluations(b, "owe") == await _evaluations(a, "owe") + 2
+        refused = p.Read(session="owe", after=99)  # refused before it counts
+        with pytest.raises(ReplError, match="after head"):
+            await call(b, refused)
+        assert second._owed == {"owe": 2}
+        await call(b, p.Read(session="owe", after=0))  # hands them over
+        assert second._owed == {}
+        assert await _evaluations(b, "owe") == await _evaluations(a, "owe")
+        await others(3)  # the third is counted at once, with no read
+        counted = await _evaluations(b, "owe")
+        with anyio.fail_after(10):
+            while second._owed or await _evaluations(a, "owe") != counted:  # noqa: ASYNC110 - a bounded look at the store
+                await anyio.sleep(0.01)
+        await others(1)
+        assert second._owed == {"owe": 1}
+        await call(b, p.Stop(session="owe"))
+        assert second._owed == {}
+        with anyio.fail_after(10):
+            while not ended:  # noqa: ASYNC110 - a bounded look at another task's state
+                await anyio.sleep(0.005)
+        assert ended[0].code.value == "session_stopped"
+        await call(b, p.Start(session="owe"))
+        assert await _evaluations(b, "owe") == await _evaluations(a, "owe") == 0

@@ -181,9 +181,11 @@ class SharedCommitter:
             self._quiet(session_id)
 
     async def _summary(self, session_id: str) -> Summary:
-        """The session's summary with the looks this daemon owes Redis counted in."""
-        row = await self.store.summary(session_id)
-        owed = self._owed.get(session_id)
+        return self._with_owed(await self.store.summary(session_id))
+
+    def _with_owed(self, row: Summary) -> Summary:
+        """A session's summary with the looks this daemon owes Redis counted in."""
+        owed = self._owed.get(row.id)
         return replace(row, evaluations=row.evaluations + owed) if owed else row
 
     def _unless_refused(self, session_id: str, owed: int) -> Callable[[asyncio.Future[Any]], None]:
@@ -431,11 +433,9 @@ class SharedCommitter:
         asked = [self.store.summary(one) for one in ids]  # one pipeline for them all
         rows = []
         try:
-            for one, future in zip(ids, asked, strict=True):
+            for future in asked:
                 try:
-                    row = await future
-                    owed = self._owed.get(one)  # counted here, not yet in Redis
-                    rows.append(replace(row, evaluations=row.evaluations + owed) if owed else row)
+                    rows.append(self._with_owed(await future))
                 except NoSuchSession:
                     if session_id is not None:
                         raise
