@@ -1,7 +1,7 @@
 """What every store of deltas must do, checked against real files (SQLite).
 
 A store is handed :class:`Delta` batches and must give back, through
-``load`` and ``load_session``, exactly what the core's ``Session.snapshot()``
+``load`` and ``load_sessions``, exactly what the core's ``Session.snapshot()``
 holds: seqs, the ring (bound included), cursors with their last use, dedup
 keys in order, limits and the cursor-use clock. The deltas here are the
 core's own (``Session.take_delta``, through ``Mirror`` in tests/helpers.py,
@@ -98,7 +98,7 @@ def test_timers_load_back_as_added_moved_and_gone(open_store: OpenStore) -> None
     store = reopen(store, open_store)
     assert loaded(store) == {"a": a.snapshot()}
     assert [(t.id, t.due_ms) for t in loaded(store)["a"].timers] == [("tick", 3100)]
-    assert store.load_session("a") == a.snapshot()
+    assert store.load_sessions(["a"])["a"] == a.snapshot()
 
 
 def test_a_webhook_loads_back_as_set_and_taken_away(open_store: OpenStore) -> None:
@@ -110,7 +110,7 @@ def test_a_webhook_loads_back_as_set_and_taken_away(open_store: OpenStore) -> No
     assert loaded(store)["a"].webhook == Webhook("secret", "on-ci")
     a.session.set_webhook(Webhook("rotated"))
     store.write([a.delta()])
-    assert store.load_session("a") == a.snapshot()
+    assert store.load_sessions(["a"])["a"] == a.snapshot()
     a.session.set_webhook(None)
     store.write([a.delta()])
     store = reopen(store, open_store)
@@ -128,7 +128,7 @@ def test_a_new_session_loads_back_as_the_core_holds_it(open_store: OpenStore) ->
     store.write([a.delta()])
     store = reopen(store, open_store)
     assert loaded(store) == {"a": a.snapshot()}
-    assert store.load_session("a") == a.snapshot()
+    assert store.load_sessions(["a"])["a"] == a.snapshot()
 
 
 def test_later_batches_add_to_what_is_stored(open_store: OpenStore) -> None:
@@ -152,7 +152,7 @@ def test_a_session_with_nothing_changed_but_its_cursors(open_store: OpenStore) -
     store.write([a.delta()])
     a.session.read("peeker")  # a read is a use of the cursor: its last use moves
     store.write([a.delta()])
-    assert store.load_session("a") == a.snapshot()
+    assert store.load_sessions(["a"])["a"] == a.snapshot()
 
 
 def test_texts_come_back_byte_for_byte(open_store: OpenStore) -> None:
@@ -177,7 +177,7 @@ def test_only_the_newest_limit_firings_stay(open_store: OpenStore) -> None:
         if i % 3 == 0:
             store.write([a.delta()])
     store.write([a.delta()])
-    snap = store.load_session("a")
+    snap = store.load_sessions(["a"])["a"]
     assert snap is not None and [f.seq for f in snap.firings] == [7, 8, 9, 10]
     assert snap == a.snapshot()
 
@@ -190,7 +190,7 @@ def test_more_firings_in_one_batch_than_the_ring_holds(open_store: OpenStore) ->
     for i in range(50):
         a.record(f"m{i}")
     store.write([a.delta()])
-    assert store.load_session("a") == a.snapshot()
+    assert store.load_sessions(["a"])["a"] == a.snapshot()
 
 
 def test_a_lowered_limit_trims_and_a_raised_one_does_not_bring_firings_back(
@@ -316,7 +316,7 @@ def test_gone_deletes_the_whole_session(open_store: OpenStore) -> None:
     store.write([Delta("a", gone=True)])
     store = reopen(store, open_store)
     assert loaded(store) == {"b": b.snapshot()}
-    assert store.load_session("a") is None
+    assert store.load_sessions(["a"])["a"] is None
 
 
 def test_reset_replaces_whatever_was_under_the_id(open_store: OpenStore) -> None:
@@ -330,7 +330,7 @@ def test_reset_replaces_whatever_was_under_the_id(open_store: OpenStore) -> None
     new = Mirror("a", limit=4)
     new.record("new")
     store.write([Delta("a", gone=True), new.delta()])
-    assert store.load_session("a") == new.snapshot()
+    assert store.load_sessions(["a"])["a"] == new.snapshot()
     # a reset alone does the same
     newer = Mirror("a", limit=2)
     store.write([newer.delta()])
@@ -340,7 +340,7 @@ def test_reset_replaces_whatever_was_under_the_id(open_store: OpenStore) -> None
 
 def test_an_unknown_session_loads_as_none(open_store: OpenStore) -> None:
     store = open_store()
-    assert store.load_session("nope") is None
+    assert store.load_sessions(["nope"])["nope"] is None
     assert list(store.load()) == []
 
 
@@ -380,7 +380,7 @@ def test_the_memory_store_keeps_nothing() -> None:
     a = Mirror("a")
     a.record("m")
     store.write([a.delta()])
-    assert list(store.load()) == [] and store.load_session("a") is None
+    assert list(store.load()) == [] and store.load_sessions(["a"])["a"] is None
     assert store.load_sessions(["a", "b"]) == {"a": None, "b": None}
     assert not store.durable
     token = TokenRecord("t", "d" * 64, Scope(("a*",), frozenset({READ})))

@@ -216,12 +216,12 @@ def test_a_lock_held_by_another_program_fails_the_write_then_clears(tmp_path: Pa
         delta = a.delta()
         with pytest.raises(StoreFailed, match="database is locked: another program holds"):
             store.write([delta])
-        assert store.load_session("a") is not None  # reading goes on meanwhile
+        assert store.load_sessions(["a"])["a"] is not None  # reading goes on meanwhile
         other.execute("ROLLBACK")
     finally:
         other.close()
     store.write([delta])
-    assert store.load_session("a") == a.snapshot()
+    assert store.load_sessions(["a"])["a"] == a.snapshot()
     store.close()
 
 
@@ -325,7 +325,7 @@ def test_a_file_changed_under_the_store_fails_its_reads_and_says_so(tmp_path: Pa
     store = filled(db)
     assert len(list(store.load())) == 3
     edited(db, "DROP TABLE keys")
-    for read in (lambda: list(store.load()), lambda: store.load_session("s1")):
+    for read in (lambda: list(store.load()), lambda: store.load_sessions(["s1"])["s1"]):
         with pytest.raises(StoreFailed, match=rf"^cannot read {db}: no such table: keys$"):
             read()
     store.close()
@@ -474,7 +474,7 @@ def test_a_log_emptied_by_compaction_never_gives_an_old_id_again(
     b.record("b's first")
     store.write([b.delta()])
     assert store._counts == (1, 1)
-    assert store.load_session("b") == b.snapshot()
+    assert store.load_sessions(["b"])["b"] == b.snapshot()
     store.close()
     store = SqliteStore(db)
     assert list(store.load()) == [b.snapshot()]
@@ -492,5 +492,5 @@ def test_a_batch_that_names_a_session_twice_is_refused_and_writes_nothing(
     with pytest.raises(StoreFailed, match="names a session twice"):
         store.write([first, first])
     store.write([Delta("a", gone=True), first])  # a stop and a new start: that is fine
-    assert store.load_session("a") == a.snapshot()
+    assert store.load_sessions(["a"])["a"] == a.snapshot()
     store.close()

@@ -18,9 +18,6 @@ class MemoryStore:
     def load(self) -> list[Snapshot]:
         return []
 
-    def load_session(self, session_id: str) -> Snapshot | None:
-        return None
-
     def load_sessions(self, session_ids: Collection[str]) -> dict[str, Snapshot | None]:
         return dict.fromkeys(session_ids)
 

@@ -323,10 +323,6 @@ class SqliteStore:
             except (sqlite3.Error, _Inconsistent, msgspec.DecodeError) as exc:
                 raise StoreFailed(_load_failure(self.path, exc)) from None
 
-    def load_session(self, session_id: str) -> Snapshot | None:
-        """One session as the file holds it, or None; ``StoreFailed`` when it cannot be read."""
-        return self.load_sessions([session_id])[session_id]
-
     def load_sessions(self, session_ids: Collection[str]) -> dict[str, Snapshot | None]:
         """These sessions as the file holds them (None for one it does not): one read of
         the log for them all, which has no index by session."""

@@ -17,13 +17,13 @@ What a store must guarantee:
   the transaction is committed with ``synchronous=FULL``);
 - ``write`` raises ``StoreFailed`` with a reason when it cannot, and then
   has written nothing; the committer reloads the sessions of the batch with
-  ``load_session`` and answers their callers ``store_failed``;
+  ``load_sessions`` and answers their callers ``store_failed``;
 - a write after a failed one works again once the cause is gone (a
   reopened file, a disk with room again): the daemon does not restart for it;
 - ``load`` returns exactly what was written: seqs, the newest firings
   (seq above ``head - retained``, with no hole), cursors with their last
   use, dedup keys in the order they came (the newest ``max_keys``), limits
-  and the cursor-use clock; ``load_session`` the same for one session;
+  and the cursor-use clock; ``load_sessions`` the same for the sessions named;
 - one writer at a time: a second daemon on the same SQLite file refuses to
   start (``repl_daemon.backends.local.sqlite`` holds a file lock on it).
 """
@@ -50,10 +50,6 @@ class Store(Protocol):
     def load(self) -> Iterable[Snapshot]:
         """Every stored session; called once at start, before serving. An iterator of them
         (SQLite's) holds one session's rows at a time, so a restart never holds them all."""
-        ...
-
-    def load_session(self, session_id: str) -> Snapshot | None:
-        """One session as stored, or None."""
         ...
 
     def load_sessions(self, session_ids: Collection[str]) -> dict[str, Snapshot | None]:
