@@ -1128,7 +1128,9 @@ async def _drain(request: Request) -> None:
     lose the answer. Past those bounds it may (as with nginx's lingering close)."""
     from starlette.requests import ClientDisconnect
 
-    declared = request.headers.get("content-length", "")
+    declared = request.headers.get("content-length", "") or request.headers.get(
+        "transfer-encoding", ""
+    )  # a chunked body declares no length: it is drained all the same
     if request.method in ("GET", "HEAD") and not declared:
         return
     size = 0
@@ -1512,6 +1514,13 @@ def _protocol_class(deadline: float, max_connections: int, errors: Counter[str])
             over = len(self.connections) > max_connections or len(self.tasks) > max_connections
             self.app = busy if over else self._served  # the app for requests taken now
             super().handle_events()
+            cycle = self.cycle
+            if cycle is not None and not cycle.more_body and not self.conn.trailing_data[0]:
+                # the body is in, and nothing of a next request waits behind it: read on.
+                # uvicorn pauses reading when a body's part takes its buffer over 64 KiB,
+                # and only the route's next receive resumes it; after the last part there
+                # is none, so an open stream or long poll would never hear its client go
+                self.flow.resume_reading()
             if self._busy() and self._deadline is not None:
                 self._deadline.cancel()  # its headers are in: the request runs as long as it must
                 self._deadline = None

@@ -297,10 +297,11 @@ class Session:
         handled whatever its handler is named, rules H1-H7).
         """
         check_handler(handler)
+        if key is not None:  # the order of ``ops.Record.check``: one request, one refusal
+            check_key(key)
         if tags:
             check_tags(tags)
         if key is not None:
-            check_key(key)
             seq = self._keys.get(key)
             if seq is not None:
                 self.evaluations += 1

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
 from session import Session
-from session.errors import BadTag, CursorAfterHead
+from session.errors import BadKey, BadTag, CursorAfterHead
 from session.firing import Batch, Firing
 from session.ops import ReadAfter, ReadCursor, Record, check_match
 from session.ring import Ring
@@ -77,6 +77,19 @@ def test_a_session_refuses_bad_tags_and_records_nothing() -> None:
         check_timer(
             Timer(id="t", session="s", due_ms=1, handler="on-tick", text="", tags={"A": "b"})
         )
+
+
+def test_a_key_and_a_tag_both_bad_are_refused_as_the_op_refuses_them() -> None:
+    """A webhook's delivery id is its key and its ``delivery`` tag: one too long for both
+    (over 256 and 1,024) is ``bad_key`` whichever path checks it first (found by the HTTP
+    fuzz: the session said ``bad_tag`` where the op, and so Redis, said ``bad_key``)."""
+    delivery = "k" * 5000
+    with pytest.raises(BadKey):
+        Record("on-message", "x", TS, delivery, tags={"delivery": delivery}).check()
+    session = Session("s")
+    with pytest.raises(BadKey):
+        session.record("on-message", "x", TS, delivery, tags={"delivery": delivery})
+    assert session.head == 0 and session.evaluations == 0
 
 
 def test_the_cli_words_of_tags_and_matches() -> None:

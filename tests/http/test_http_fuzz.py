@@ -1361,3 +1361,40 @@ def test_a_get_with_a_body_nobody_reads_is_answered_whole(quiet: Model, size: in
         with sock.makefile("rb") as reader:
             answer = read_answer(reader)
     assert answer.status == 200 and answer.json() == {"ok": True}
+
+
+@pytest.mark.parametrize("chunk", [0, 65543], ids=["length", "chunked"])
+@pytest.mark.parametrize("route", ["events", "wait?timeout=30&after="])
+def test_a_held_request_with_a_big_body_still_hears_its_client_go(
+    model: Model, route: str, chunk: int
+) -> None:
+    """An event stream or a long poll whose GET carried a body of over 1 MiB ends the
+    moment its client closes its side. uvicorn pauses reading when a body's part takes its
+    buffer over 64 KiB and resumes only on the route's next receive; after the last part
+    there is none, so the daemon never heard the hang-up and the wait stayed blocked (the
+    fuzz found it, with a chunked body of 1,048,699 bytes)."""
+    c = model.client()
+    try:
+        _hears_its_client_go(model, c, route, chunk)
+    finally:
+        c.close()
+
+
+def _hears_its_client_go(model: Model, c: Client, route: str, chunk: int) -> None:
+    if route.endswith("after="):  # from the head, whatever the fuzz left in fz-b
+        route += str(c.ok({"op": "stats", "session": "fz-b"})["sessions"][0]["head"])
+    body = b"\xff" * 1_100_000
+    auth = [(b"Authorization", b"Bearer " + TOKEN)]
+    req = Req(b"GET", b"/sessions/fz-b/" + route.encode(), auth, body, chunk=chunk)
+    with socket.create_connection(("127.0.0.1", model.port), timeout=5) as sock:
+        sender = threading.Thread(
+            target=_send_quietly, args=(sock, req.filled(model.token).encode()), daemon=True
+        )
+        sender.start()
+        sender.join(5)
+        assert eventually(lambda: c.ok({"op": "stats"})["daemon"]["waiters"] == 1)
+        sock.shutdown(socket.SHUT_WR)
+        with sock.makefile("rb") as reader:
+            while reader.read1(65536):  # what it sent before it heard: then its close
+                pass
+    released(c)
