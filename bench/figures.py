@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from bench import (
     cli,
+    full,
     http_api,
     many,
     matching,
@@ -46,6 +47,7 @@ GROUPS: dict[str, Group] = {
         memory.MEMORY,
         cli.CLI,
         restart.RESTART,
+        full.FULL,
         timers.TIMERS,
         http_api.HTTP,
         tls.TLS,

@@ -78,6 +78,10 @@ class Sizes:
     # many sessions (bench/many.py): pipelined durable sends spread round-robin over them
     many_sessions: int = 10_000
     many_sends: int = 32  # to each
+    # every ring full at scale (bench/full.py): filled, then sent to round-robin, restarted
+    full_sessions: int = 10_000
+    full_firings: int = 256
+    full_sends: int = 32  # to each, timed, once the rings are full
     deadline_s: float = 600.0
 
 
@@ -115,6 +119,9 @@ QUICK = Sizes(
     burst_lead_s=2.0,  # and 1,000 took past 0.5 s in a loaded CI run
     many_sessions=50,
     many_sends=4,
+    full_sessions=4,
+    full_firings=256,
+    full_sends=4,
     http_round_trips=100,
     http_warmup=10,
     http_wakes=30,
