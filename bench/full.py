@@ -81,8 +81,8 @@ def full_rows(s: Sizes) -> list[Row]:
     return [
         Row(
             "full_sends",
-            f"pipelined sends/s over {scale}, every ring full, durable "
-            f"(reference: the same sends to {s.full_sessions:,} empty rings)",
+            f"pipelined sends/s, {s.full_sends} to each of {s.full_sessions:,} full rings "
+            f"(× {s.full_firings}), durable (reference: the same sends to empty rings)",
             Goal("ratio_ge", 0.8, "within 20 % of empty rings"),
         ),
         Row(
