@@ -8,6 +8,10 @@ it holds sends. The daemon is durable (SQLite) and Redis has
 same batches. The one-session rate of the same run (same daemon kind, same
 count of sends, one session) is measured here too, so the goal's ratio to it
 is of two figures taken minutes apart at most.
+
+The Redis store's rows: the same sends through one daemon whose store is one
+redis-server (no AOF), against redis-py's pipelined XADD to the same 10,000
+streams on a fresh redis-server of the same kind, and the daemon's CPU per send.
 """
 
 from __future__ import annotations
@@ -15,7 +19,17 @@ from __future__ import annotations
 import time
 
 from bench.clients import LineClient, encode, redis_client
-from bench.measure import Group, Setup, Sizes, on_daemon, on_redis, pipeline, send_request
+from bench.measure import (
+    Group,
+    Setup,
+    Sizes,
+    on_daemon,
+    on_redis,
+    pipeline,
+    run_async,
+    send_request,
+)
+from bench.procs import Daemon, RedisServer, cpu_seconds
 from bench.table import Goal, Row
 
 
@@ -36,6 +50,22 @@ async def line_spread(port: int, token: str | None, targets: list[str], batch: i
         t0 = time.perf_counter()
         await pipeline(client, requests, batch, what="send")
         return len(targets) / (time.perf_counter() - t0)
+    finally:
+        await client.close()
+
+
+async def line_spread_cpu(daemon: Daemon, targets: list[str], batch: int) -> tuple[float, float]:
+    """``line_spread`` on ``daemon``, and the daemon's CPU time (s) over the timed sends."""
+    client = await LineClient.connect(daemon.port, daemon.token)
+    try:
+        sessions = sorted(set(targets))
+        starts = [encode({"op": "start", "session": sid}) for sid in sessions]
+        await pipeline(client, starts, batch, what="start")
+        requests = [encode(send_request(sid)) for sid in targets]
+        cpu0, t0 = cpu_seconds(daemon.pid), time.perf_counter()
+        await pipeline(client, requests, batch, what="send")
+        seconds, cpu = time.perf_counter() - t0, cpu_seconds(daemon.pid) - cpu0
+        return len(targets) / seconds, cpu
     finally:
         await client.close()
 
@@ -63,6 +93,17 @@ def many_rows(s: Sizes) -> list[Row]:
             f"{spread}, against one session (reference: the same sends to one)",
             Goal("ratio_ge", 0.8, "≥ 0.8 × one session"),
         ),
+        Row(
+            "many_redis_store",
+            f"pipelined sends/s over {s.many_sessions:,} sessions × {s.many_sends}, "
+            "Redis store (one daemon, one redis-server)",
+            Goal("report", 0, "report (× redis-py pipelined XADD)"),
+        ),
+        Row(
+            "many_redis_cpu",
+            "daemon CPU per send of that row, µs",
+            Goal("report", 0, "report"),
+        ),
     ]
 
 
@@ -85,6 +126,19 @@ def many(setup: Setup, rows: dict[str, Row]) -> None:
     rows["many_vs_one"].reference = one
     rows["many_durable"].reference = on_redis(
         setup, "many-redis", lambda r: redis_spread(r.port, targets, s.batch), durable=True
+    )
+    store, cpu = rows["many_redis_store"], rows["many_redis_cpu"]
+    if not setup.redis_exe:
+        store.missing = cpu.missing = "redis-server missing"
+        return
+    with RedisServer(setup.redis_exe, setup.dir("many-store-redis"), durable=False) as redis:
+        redis.start()
+        with Daemon(setup.dir("many-store-daemon"), memory=False, store=redis.url) as daemon:
+            daemon.start()
+            rate, seconds = run_async(line_spread_cpu(daemon, targets, s.batch), s.deadline_s)
+    store.repl, cpu.repl = rate, seconds / len(targets) * 1e6
+    store.reference = on_redis(
+        setup, "many-store-xadd", lambda r: redis_spread(r.port, targets, s.batch)
     )
 
 

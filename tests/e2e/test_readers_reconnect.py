@@ -173,15 +173,28 @@ def test_a_wait_rides_out_an_outage_of_its_daemons_redis(tmp_path: Path) -> None
     require_redis()
     redis = RedisProc(tmp_path / "redis", appendonly=True)
     group = SharedDaemons(tmp_path / "daemons", redis.url, 1)
+    started: list[subprocess.Popen[bytes]] = []  # ended below whatever fails first
     try:
         daemon = group.daemons[0]
         repl = Repl(daemon)
         s = repl.session("o", "before")
         assert repl.ok("wait", s) == "on-message: before\n"
+
+        def looks() -> int:
+            (listed,) = repl.ask({"op": "stats", "session": s})
+            count: int = listed["sessions"][0]["evaluations"]
+            return count
+
+        before = looks()
         blocked = repl.popen("wait", s)
-        eventually(lambda: repl.waiters(s) == 1, what="the wait blocks")
+        started.append(blocked)
+        # blocked: listed as a waiter, and its first look answered (counted), so the outage
+        # meets it blocked, not with that look in flight (which fails with the link, and
+        # was this test's flake under load: the wait said "reconnecting")
+        eventually(lambda: repl.waiters(s) == 1 and looks() > before, what="the wait blocks")
         redis.kill()
         late = repl.popen("wait", s, "--cursor", "late")  # starts during the outage
+        started.append(late)
         down = repl.run("send", s, "lost?")
         assert down.returncode == UNAVAILABLE, down
         assert "redis" in down.stderr and "Traceback" not in down.stderr
@@ -200,5 +213,12 @@ def test_a_wait_rides_out_an_outage_of_its_daemons_redis(tmp_path: Path) -> None
         assert out.decode().startswith("on-message: before\n")
         assert err.decode().startswith("repl: reconnected to the daemon at ")
     finally:
+        for proc in started:  # a failure above leaves them waiting: the next test's warning
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=30)
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
         group.close()
         redis.stop()
