@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 
-from bench.clients import LineClient, encode, redis_client, redis_info
+from bench.clients import LineClient, redis_client, redis_info
 from bench.many import line_spread
 from bench.measure import (
     Group,
@@ -28,9 +28,7 @@ from bench.measure import (
     Sizes,
     fill_daemon,
     fill_streams,
-    pipeline,
     run_async,
-    send_request,
     stats,
 )
 from bench.procs import BenchError, Daemon, RedisServer, rss_bytes
@@ -46,17 +44,6 @@ def _spread(s: Sizes) -> list[str]:
     """Each session ``full_sends`` times, round-robin: every batch touches ``batch`` sessions."""
     names = _names(s)
     return [names[i % len(names)] for i in range(len(names) * s.full_sends)]
-
-
-async def _sends_to_full(daemon: Daemon, targets: list[str], batch: int) -> float:
-    client = await LineClient.connect(daemon.port, daemon.token)
-    try:
-        requests = [encode(send_request(sid)) for sid in targets]
-        t0 = time.perf_counter()
-        await pipeline(client, requests, batch, what="send")
-        return len(targets) / (time.perf_counter() - t0)
-    finally:
-        await client.close()
 
 
 async def _retained(daemon: Daemon) -> int:
@@ -126,7 +113,9 @@ def full(setup: Setup, rows: dict[str, Row]) -> None:
         if retained != len(names) * s.full_firings:
             raise BenchError(f"the daemon retains {retained} firings after the fill")
         rows["full_memory"].repl = (rss_bytes(daemon.pid) - rss0) / retained
-        rows["full_sends"].repl = run_async(_sends_to_full(daemon, targets, s.batch), deadline)
+        rows["full_sends"].repl = run_async(
+            line_spread(daemon.port, daemon.token, targets, s.batch, start=False), deadline
+        )
         time.sleep(s.settle_s)
         rows["full_restart_rss"].reference = rss_bytes(daemon.pid) / 2**20
         daemon.stop()

@@ -38,33 +38,36 @@ def _targets(s: Sizes) -> list[str]:
     return [names[i % len(names)] for i in range(s.many_sessions * s.many_sends)]
 
 
-async def line_spread(port: int, token: str | None, targets: list[str], batch: int) -> float:
+async def line_spread(
+    port: int, token: str | None, targets: list[str], batch: int, *, start: bool = True
+) -> float:
     """Sends per second, ``batch`` at once, to the sessions of ``targets`` in that order
-    (each started first, in pipelined batches too, not timed)."""
+    (each started first unless ``start`` is False, in pipelined batches too, not timed)."""
+    rate, _ = await line_spread_cpu(port, token, targets, batch, start=start)
+    return rate
+
+
+async def line_spread_cpu(
+    port: int,
+    token: str | None,
+    targets: list[str],
+    batch: int,
+    *,
+    start: bool = True,
+    pid: int | None = None,
+) -> tuple[float, float]:
+    """``line_spread``, and the CPU time (s) of process ``pid`` over the timed sends."""
     client = await LineClient.connect(port, token)
     try:
-        sessions = sorted(set(targets))
-        starts = [encode({"op": "start", "session": sid}) for sid in sessions]
-        await pipeline(client, starts, batch, what="start")
+        if start:
+            starts = [encode({"op": "start", "session": sid}) for sid in sorted(set(targets))]
+            await pipeline(client, starts, batch, what="start")
         requests = [encode(send_request(sid)) for sid in targets]
+        cpu0 = cpu_seconds(pid) if pid is not None else 0.0
         t0 = time.perf_counter()
         await pipeline(client, requests, batch, what="send")
-        return len(targets) / (time.perf_counter() - t0)
-    finally:
-        await client.close()
-
-
-async def line_spread_cpu(daemon: Daemon, targets: list[str], batch: int) -> tuple[float, float]:
-    """``line_spread`` on ``daemon``, and the daemon's CPU time (s) over the timed sends."""
-    client = await LineClient.connect(daemon.port, daemon.token)
-    try:
-        sessions = sorted(set(targets))
-        starts = [encode({"op": "start", "session": sid}) for sid in sessions]
-        await pipeline(client, starts, batch, what="start")
-        requests = [encode(send_request(sid)) for sid in targets]
-        cpu0, t0 = cpu_seconds(daemon.pid), time.perf_counter()
-        await pipeline(client, requests, batch, what="send")
-        seconds, cpu = time.perf_counter() - t0, cpu_seconds(daemon.pid) - cpu0
+        seconds = time.perf_counter() - t0
+        cpu = cpu_seconds(pid) - cpu0 if pid is not None else 0.0
         return len(targets) / seconds, cpu
     finally:
         await client.close()
@@ -135,7 +138,10 @@ def many(setup: Setup, rows: dict[str, Row]) -> None:
         redis.start()
         with Daemon(setup.dir("many-store-daemon"), memory=False, store=redis.url) as daemon:
             daemon.start()
-            rate, seconds = run_async(line_spread_cpu(daemon, targets, s.batch), s.deadline_s)
+            rate, seconds = run_async(
+                line_spread_cpu(daemon.port, daemon.token, targets, s.batch, pid=daemon.pid),
+                s.deadline_s,
+            )
     store.repl, cpu.repl = rate, seconds / len(targets) * 1e6
     store.reference = on_redis(
         setup, "many-store-xadd", lambda r: redis_spread(r.port, targets, s.batch)
