@@ -17,6 +17,14 @@ ring shares one ``"on-message"``). The table only grows when a firing brings
 a handler it has not seen; when it has grown to twice the ring's length (plus
 some room) it is rebuilt from the firings still held, so a stream of ever-new
 handler names costs O(1) a firing and memory in proportion to the ring.
+
+``Ring.image`` is the ring as it keeps itself (its head, its table and its
+items, still packed), and ``Ring.from_image`` takes one back with the
+firings recorded after it: a store that keeps the image brings a ring back
+without building a ``Firing`` for each of its firings and packing it again,
+which is what a restart of many full rings spends its time on. The image's
+bytes (``encode_image``, ``decode_image``) are msgpack: each packed firing one
+``bin``, a ``Firing`` (one with tags, or a ts of another form) a map.
 """
 
 from __future__ import annotations
@@ -26,19 +34,56 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from itertools import islice
 
+import msgspec
+
 from session import packed
 from session.errors import BadLimit, BadMax, BadSeq, CursorAfterHead
 from session.firing import NO_TAGS, Batch, Firing
 from session.rules import DEFAULT_LIMIT, MAX_LIMIT
 from session.tags import Match
 
-__all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "Ring", "check_limit"]
+__all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "Image", "Ring", "check_limit"]
 
 
 def check_limit(limit: int) -> int:
     if not 0 <= limit <= MAX_LIMIT:
         raise BadLimit(f"limit {limit} is outside 0 to {MAX_LIMIT:,}")
     return limit
+
+
+class Image(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """A ring as it keeps itself: its head, its table of slots and its items (oldest first,
+    the newest ``head``), packed or as themselves; ``Ring.image`` and ``Ring.from_image``."""
+
+    head: int
+    slots: list[tuple[str, bool]]
+    items: list[bytes | Firing]
+
+    @property
+    def first(self) -> int:
+        """The seq of its oldest item; ``head + 1`` when it holds none."""
+        return self.head - len(self.items) + 1
+
+    def since(self, first: int) -> Image:
+        """The image without its items older than ``first`` (a trim made after it was taken)."""
+        if first <= self.first:
+            return self
+        if first > self.head + 1:  # trimmed past its newest: none of it is left
+            return Image(first - 1, [], [])
+        return Image(self.head, self.slots, self.items[first - self.first :])
+
+
+_image_encoder = msgspec.msgpack.Encoder()
+_image_decoder = msgspec.msgpack.Decoder(Image)
+
+
+def encode_image(image: Image) -> bytes:
+    return _image_encoder.encode(image)
+
+
+def decode_image(data: bytes) -> Image:
+    """The image ``data`` holds; ``msgspec.DecodeError`` when it holds none."""
+    return _image_decoder.decode(data)
 
 
 class Ring:
@@ -177,6 +222,36 @@ class Ring:
                 item = packed.repack(item, slot)
             items.append(item)
         self._firings, self._slots, self._slot_of = items, slots, slot_of
+
+    def image(self) -> Image:
+        """The ring as it keeps itself, for :meth:`from_image` (its items are shared: they
+        are immutable)."""
+        return Image(self._head, list(self._slots), list(self._firings))
+
+    @classmethod
+    def from_image(
+        cls, limit: int, head: int, image: Image, firings: Iterable[Firing] = ()
+    ) -> Ring:
+        """The ring ``image`` holds, bound to ``limit`` (its newest kept), with ``firings``
+        recorded after it; they must continue it seq by seq up to ``head``.
+
+        The image's items are taken as they are: an image is only ever made by
+        :meth:`image`, and a store that keeps one checks its bytes (SQLite's: a
+        CRC) before it hands it here.
+        """
+        if image.head < 0 or image.first < 1:
+            raise BadSeq(f"an image of head {image.head} holds {len(image.items)} firings")
+        ring = cls(limit, image.head)
+        ring._slots = [(sys.intern(handler), unhandled) for handler, unhandled in image.slots]
+        ring._slot_of = {key: slot for slot, key in enumerate(ring._slots)}
+        ring._firings = deque(image.items, maxlen=limit)
+        for f in firings:
+            if f.seq != ring._head + 1:
+                raise BadSeq(f"firing {f.seq} does not follow the image's seq {ring._head}")
+            ring.record(f.handler, f.result, f.event, f.ts, f.tags)
+        if ring._head != head:
+            raise BadSeq(f"the image and its firings end at {ring._head}, not at head {head}")
+        return ring
 
     def set_limit(self, limit: int) -> int:
         """Change the bound, keeping the newest; returns how many firings it trimmed."""

@@ -39,7 +39,7 @@ from session.errors import (
     no_such_session,
 )
 from session.firing import NO_TAGS, Batch, CursorInfo, Firing
-from session.ring import Ring
+from session.ring import Image, Ring
 from session.rules import (
     DEFAULT_LIMIT,
     HANDLERS,
@@ -209,7 +209,13 @@ class Fired(msgspec.Struct, frozen=True):
 
 
 class Snapshot(msgspec.Struct, frozen=True):
-    """Everything a store must keep to bring a session back exactly."""
+    """Everything a store must keep to bring a session back exactly.
+
+    ``firings`` are the ring's retained firings, oldest first; with an ``image`` (a store
+    that keeps rings as they keep themselves, ``Ring.image``) they are the firings recorded
+    after it, and the ring is the image (its items from the ring's first retained seq on)
+    followed by them.
+    """
 
     id: str
     limit: int
@@ -220,6 +226,7 @@ class Snapshot(msgspec.Struct, frozen=True):
     keys: list[tuple[str, int]]
     timers: list[Timer] = []
     webhook: Webhook | None = None
+    image: Image | None = None
 
 
 class Session:
@@ -620,7 +627,12 @@ class Session:
         back, whatever the store held.
         """
         session = cls(snapshot.id, snapshot.limit)
-        session.ring = Ring(snapshot.limit, snapshot.head, snapshot.firings)
+        if snapshot.image is None:
+            session.ring = Ring(snapshot.limit, snapshot.head, snapshot.firings)
+        else:
+            session.ring = Ring.from_image(
+                snapshot.limit, snapshot.head, snapshot.image, snapshot.firings
+            )
         ordered = sorted(snapshot.cursors, key=lambda c: c.last_use)[-MAX_CURSORS:]
         session._cursors = {c.name: [c.seq, c.last_use] for c in ordered}
         # a store that held more than come back is told so with the next delta

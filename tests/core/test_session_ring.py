@@ -6,11 +6,14 @@ does one thing to it and checks the exact answer.
 
 from __future__ import annotations
 
+import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from session.errors import BadLimit, BadMax, BadSeq, Code, CursorAfterHead
 from session.firing import Batch, Firing
-from session.ring import DEFAULT_LIMIT, MAX_LIMIT, Ring
+from session.ring import DEFAULT_LIMIT, MAX_LIMIT, Image, Ring, decode_image, encode_image
 
 
 def append(ring: Ring, handler: str, result: str | None, event: str | None, ts: str) -> Firing:
@@ -295,3 +298,102 @@ def test_a_ring_rebuilt_from_firings_that_are_not_the_seqs_up_to_its_head_is_bad
     firings = filled(10, limit=4).firings()[kept]
     with pytest.raises(BadSeq, match="are not the newest"):
         Ring(4, head, firings)
+
+
+# -- a ring's image (what SQLite keeps at a clean stop) ---------------------------------
+
+TS = "2026-12-02T09:00:00.250Z"
+
+TEXTS = ["text", "", "é ∑ 🦀", "x" * 300]
+
+
+def sending(texts: list[str]) -> st.SearchStrategy[tuple[str, bool, str, str, dict[str, str]]]:
+    """What a send can record: handled or not, with tags, with a ts that does not pack, and
+    enough handler names to rebuild the ring's table of them."""
+    return st.tuples(
+        st.sampled_from(["on-message", "on-tick", *(f"h{n}" for n in range(40))]),
+        st.booleans(),
+        st.sampled_from(texts),
+        st.sampled_from([TS, "2026-12-02T09:00:01.999Z", "not a ts", "1999-01-01T00:00:00.000Z"]),
+        st.sampled_from([{}, {"corr": "c-1"}]),
+    )
+
+
+sends = sending(TEXTS)
+# text UTF-8 cannot carry, which the ring keeps as a Firing: an image cannot hold it
+any_sends = sending([*TEXTS, "\ud800 lone"])
+
+
+def record(ring: Ring, send: tuple[str, bool, str, str, dict[str, str]]) -> Firing:
+    handler, handled, text, ts, tags = send
+    result, event = (text, None) if handled else (None, text)
+    return Firing(ring.record(handler, result, event, ts, tags), handler, result, event, ts, tags)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    limit=st.integers(0, 40),
+    before=st.lists(sends, max_size=120),
+    after=st.lists(any_sends, max_size=60),
+    new_limit=st.none() | st.integers(0, 40),
+)
+def test_a_ring_from_its_image_and_the_firings_after_it_is_the_ring(
+    limit: int,
+    before: list[tuple[str, bool, str, str, dict[str, str]]],
+    after: list[tuple[str, bool, str, str, dict[str, str]]],
+    new_limit: int | None,
+) -> None:
+    """A ring's image, through its bytes, trimmed to the ring's first seq as it is later,
+    with the firings recorded after it: the same ring, firing by firing, and one that goes
+    on recording (and rebuilding its table of handlers) as the ring does."""
+    ring = Ring(limit)
+    for send in before:
+        record(ring, send)
+    image = decode_image(encode_image(ring.image()))
+    assert image == ring.image()
+    later = [record(ring, send) for send in after]
+    if new_limit is not None:
+        ring.set_limit(new_limit)
+    tail = [f for f in later if f.seq >= ring.first]
+    again = Ring.from_image(ring.limit, ring.head, image.since(ring.first), tail)
+    assert state(again) == state(ring)
+    assert again.events_after(None) == ring.events_after(None)
+    for send in after + before[:50]:
+        assert record(again, send) == record(ring, send)
+    assert state(again) == state(ring)
+
+
+def test_an_image_whose_firings_do_not_follow_it_is_bad_seq() -> None:
+    ring = filled(10, limit=4)
+    image = ring.image()
+    eleven, twelve = (Firing(n, "on-message", f"m{n}", None, TS) for n in (11, 12))
+    with pytest.raises(BadSeq, match="firing 12 does not follow the image's seq 10"):
+        Ring.from_image(4, 12, image, [twelve])
+    with pytest.raises(BadSeq, match="end at 11, not at head 12"):
+        Ring.from_image(4, 12, image, [eleven])
+    with pytest.raises(BadSeq, match="an image of head 2 holds 4 firings"):
+        Ring.from_image(4, 2, Image(2, image.slots, image.items))
+    assert Ring.from_image(4, 11, image, [eleven]).firings() == [*ring.firings()[1:], eleven]
+
+
+def test_an_image_trimmed_past_its_newest_firing_holds_none_up_to_the_first() -> None:
+    image = filled(10, limit=4).image()
+    assert image.since(7) == Image(10, image.slots, image.items[0:])
+    assert image.since(9).items == image.items[2:]
+    assert image.since(14) == Image(13, [], [])
+    fourteen = Firing(14, "on-message", "m14", None, TS)
+    assert Ring.from_image(4, 14, image.since(14), [fourteen]).firings() == [fourteen]
+
+
+def test_a_ring_holding_text_utf8_cannot_carry_has_no_image_bytes() -> None:
+    ring = filled(3)
+    record(ring, ("on-message", True, "\ud800 lone", TS, {}))
+    with pytest.raises(UnicodeEncodeError):
+        encode_image(ring.image())
+
+
+def test_bytes_that_are_no_image_are_a_decode_error() -> None:
+    with pytest.raises(msgspec.DecodeError):
+        decode_image(b"\x93\x01")
+    with pytest.raises(msgspec.DecodeError):
+        decode_image(encode_image(filled(3).image())[:-2])

@@ -12,6 +12,8 @@ the whole session again with the next batch. Either way the caller was told
 from __future__ import annotations
 
 import contextlib
+import logging
+import sqlite3
 from collections.abc import AsyncIterator, Collection
 from pathlib import Path
 
@@ -26,8 +28,9 @@ from repl_daemon.backends.local.sqlite import SqliteStore
 from repl_daemon.engine import Engine
 from session.delta import Delta
 from session.errors import StoreFailed, TooMany
+from session.ring import Image
 from session.scopes import TokenRecord
-from session.session import Snapshot
+from session.session import Session, Snapshot
 
 pytestmark = pytest.mark.anyio
 
@@ -42,6 +45,7 @@ class Flaky:
         self.name = self.inner.name
         self.writes = True
         self.reloads = True
+        self.images = True
 
     def load(self) -> list[Snapshot]:
         return list(self.inner.load())
@@ -55,6 +59,11 @@ class Flaky:
         if not self.writes:
             raise StoreFailed(f"cannot write {self.inner.path}: the disk is full")
         self.inner.write(batch)
+
+    def keep_images(self, images: list[tuple[str, Image]]) -> int:
+        if not self.images:
+            raise StoreFailed(f"cannot write {self.inner.path}: the disk is full")
+        return self.inner.keep_images(images)
 
     def load_tokens(self) -> list[TokenRecord]:
         return self.inner.load_tokens()
@@ -211,3 +220,53 @@ async def test_past_the_most_tokens_an_add_is_too_many(
             await call(engine, p.Token(action="add", name=name, sessions=["*"], can=["read"]))
         with pytest.raises(TooMany, match="tokens, its limit"):
             await call(engine, p.Token(action="add", name="c", sessions=["*"], can=["read"]))
+
+
+def images_on_file(path: Path) -> list[str]:
+    with sqlite3.connect(path) as conn:
+        found = [row[0] for row in conn.execute("SELECT session FROM rings ORDER BY session")]
+    conn.close()
+    return found
+
+
+async def test_a_clean_stop_whose_images_cannot_be_written_still_loses_nothing(
+    store: Flaky, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The images are a copy: when they cannot be written the stop says so and goes on,
+    and the next start reads the log."""
+    async with running(store) as engine:
+        for sid in ("a", "b"):
+            await call(engine, p.Start(session=sid))
+            await call(engine, p.Send(session=sid, text=f"{sid} one"))
+        store.images = False
+        with caplog.at_level(logging.WARNING, logger="repl.daemon"):
+            await engine.shutdown()
+        expected = served(engine)
+    assert "the rings' images were not kept: cannot write" in caplog.text
+    assert images_on_file(store.inner.path) == []
+    loaded = {sid: Session.restore(s).snapshot() for sid, s in on_file(store.inner.path).items()}
+    assert loaded == expected
+
+
+async def test_a_stop_while_the_store_fails_keeps_no_images(store: Flaky) -> None:
+    """A daemon whose last commit failed may hold rings the file does not: none is kept."""
+    async with running(store) as engine:
+        await call(engine, p.Start(session="a"))
+        store.writes = False
+        with pytest.raises(StoreFailed):
+            await call(engine, p.Send(session="a", text="never stored"))
+        await engine.shutdown()
+    assert images_on_file(store.inner.path) == []
+    store.writes = True
+
+
+async def test_a_clean_stop_keeps_the_image_of_every_ring_it_wrote(store: Flaky) -> None:
+    async with running(store) as engine:
+        for sid in ("a", "b", "c"):
+            await call(engine, p.Start(session=sid))
+            await call(engine, p.Send(session=sid, text=f"{sid} one"))
+        await engine.shutdown()
+        expected = served(engine)
+    assert images_on_file(store.inner.path) == ["a", "b", "c"]
+    loaded = {sid: Session.restore(s).snapshot() for sid, s in on_file(store.inner.path).items()}
+    assert loaded == expected

@@ -10,6 +10,8 @@ import os
 import re
 import sqlite3
 import time
+import zlib
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -19,10 +21,11 @@ from repl_daemon.backends.local.sqlite import SCHEMA_VERSION, SqliteStore
 from session.delta import Delta
 from session.errors import StoreFailed
 from session.firing import Firing
+from session.ring import Image
 from session.schedule import Timer
 from session.scopes import READ, Scope, TokenRecord, digest
-from session.session import CursorState, Session
-from tests.helpers import Mirror
+from session.session import CursorState, Session, Snapshot
+from tests.helpers import TS, Mirror
 
 
 def filled(path: Path, sessions: int = 3, firings: int = 50) -> SqliteStore:
@@ -63,7 +66,7 @@ def test_the_file_has_the_documented_schema(tmp_path: Path) -> None:
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
         columns = {
             table: [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]
-            for table in ("sessions", "log", "cursors", "keys", "timers", "hooks")
+            for table in ("sessions", "log", "cursors", "keys", "timers", "hooks", "rings")
         }
         count = conn.execute("SELECT count(*) FROM log WHERE session = 's0'").fetchone()
     conn.close()
@@ -74,24 +77,27 @@ def test_the_file_has_the_documented_schema(tmp_path: Path) -> None:
         "keys": ["session", "key", "seq", "ord"],
         "timers": ["session", "id", "due_ms", "every_ms", "handler", "text", "key", "tags"],
         "hooks": ["session", "secret", "handler"],
+        "rings": ["session", "since", "mark", "head", "image", "crc"],
     }
     assert count == (50,)
 
 
 @pytest.mark.parametrize(
     ("version", "dropped"),
-    [(1, ("timers", "hooks", "tokens")), (2, ("tokens",)), (3, ()), (4, ())],
+    [(1, ("timers", "hooks", "tokens")), (2, ("tokens",)), (3, ()), (4, ()), (5, ())],
 )
 def test_an_older_file_opens_with_its_sessions_and_gains_the_newer_tables(
     tmp_path: Path, version: int, dropped: tuple[str, ...]
 ) -> None:
     """A home written by the repl before timers (1), before tokens (2), before tags (3) or
-    before the firings' log (4): it opens, keeps everything (the firings moved to the
-    log), and takes timers, tokens and tagged firings."""
+    before the firings' log (4) or before the rings' images (5): it opens, keeps everything
+    (the firings moved to the log), and takes timers, tokens and tagged firings."""
     db = tmp_path / "repl.db"
     filled(db, sessions=2, firings=5).close()
     with sqlite3.connect(db) as conn:  # back to what that repl wrote
-        _as_schema_4(conn)
+        conn.execute("DROP TABLE rings")
+        if version < 5:
+            _as_schema_4(conn)
         for table in dropped:
             conn.execute(f"DROP TABLE {table}")
         if version < 4:
@@ -504,4 +510,142 @@ def test_a_batch_that_names_a_session_twice_is_refused_and_writes_nothing(
         store.write([first, first])
     store.write([Delta("a", gone=True), first])  # a stop and a new start: that is fine
     assert store.load_sessions(["a"])["a"] == a.snapshot()
+    store.close()
+
+
+# -- the rings' images (schema 6) ------------------------------------------------------
+
+
+def as_restored(snapshots: Iterable[Snapshot]) -> dict[str, Snapshot]:
+    """Each session as the core holds it once restored: every retained firing, no image."""
+    return {s.id: Session.restore(s).snapshot() for s in snapshots}
+
+
+def images_of(mirrors: Iterable[Mirror]) -> list[tuple[str, Image]]:
+    return [(m.session.id, m.session.ring.image()) for m in mirrors]
+
+
+def test_the_rings_images_load_exactly_as_the_log_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Images kept now and then (of every ring, or of some), and after them sends, trims, a
+    session stopped and started again, one stopped for good, tags and a ts that does not
+    pack, compaction in every batch: after each batch the store loads, and after a restart
+    of the store, exactly the sessions the core holds, firing by firing."""
+    monkeypatch.setattr(sqlite_store, "COMPACT_SLACK", 0)
+    db = tmp_path / "repl.db"
+    store = SqliteStore(db)
+    mirrors = {f"s{n}": Mirror(f"s{n}", limit=limit) for n, limit in enumerate((0, 1, 3, 8, 20))}
+    store.write([m.delta() for m in mirrors.values()])
+    for turn in range(90):
+        for n, m in enumerate(mirrors.values()):
+            if (turn + n) % 3:
+                tags = {"corr": f"c{turn}"} if turn % 7 == 0 else {}
+                ts = "a ts of another form" if turn % 11 == 0 else TS
+                m.session.record(f"h{turn % 5}", f"{m.session.id} {turn}", ts, tags=tags)
+        if turn == 20:
+            mirrors["s4"].session.set_limit(5)
+        if turn == 33:  # stopped and started again under the same id
+            store.write([Delta("s3", gone=True)])
+            mirrors["s3"] = Mirror("s3", limit=6)
+        if turn == 50:  # stopped for good
+            store.write([Delta("s2", gone=True)])
+            del mirrors["s2"]
+        store.write([m.delta() for m in mirrors.values()])
+        if turn % 10 == 9:  # every ring's image, or the even turns' sessions' only
+            kept = [m for n, m in enumerate(mirrors.values()) if turn % 20 == 9 or n % 2]
+            assert store.keep_images(images_of(kept)) == len(kept)
+        expected = as_restored(m.snapshot() for m in mirrors.values())
+        assert as_restored(store.load()) == expected, turn
+        assert as_restored(s for s in store.load_sessions(["s1", "s4"]).values() if s) == {
+            sid: expected[sid] for sid in ("s1", "s4")
+        }
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM rings").fetchone() == (len(mirrors),)
+    conn.close()
+    store.close()
+    store = SqliteStore(db)
+    assert as_restored(store.load()) == expected
+    store.close()
+
+
+def test_a_load_after_every_ring_was_imaged_reads_the_images_and_the_log_after_them(
+    tmp_path: Path,
+) -> None:
+    """The images are what is read: with the log's rows up to them taken away by hand, the
+    load still gives every session exactly, from its image and the rows after it."""
+    db = tmp_path / "repl.db"
+    store = SqliteStore(db)
+    mirrors = [Mirror(f"s{n}", limit=8) for n in range(4)]
+    for i in range(20):
+        for m in mirrors:
+            m.record(f"{m.session.id} {i}")
+    store.write([m.delta() for m in mirrors])
+    assert store.keep_images(images_of(mirrors)) == 4
+    for m in mirrors[1:]:  # after the images: two more firings, and a trim
+        m.record("after the image")
+        m.record("and one more")
+    mirrors[2].session.set_limit(1)
+    store.write([m.delta() for m in mirrors])
+    store.close()
+    with sqlite3.connect(db) as conn:
+        (mark,) = conn.execute("SELECT min(mark) FROM rings").fetchone()
+        conn.execute("DELETE FROM log WHERE id <= ?", (mark,))
+    conn.close()
+    store = SqliteStore(db)
+    loaded = list(store.load())
+    assert [len(s.firings) for s in loaded] == [0, 2, 1, 2]  # the rows after the images
+    assert as_restored(loaded) == as_restored(m.snapshot() for m in mirrors)
+    store.close()
+
+
+def test_a_damaged_image_is_passed_over_for_the_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    db = tmp_path / "repl.db"
+    store = SqliteStore(db)
+    mirrors = [Mirror(f"s{n}") for n in range(3)]
+    for m in mirrors:
+        for i in range(30):
+            m.record(f"{m.session.id} {i}")
+    store.write([m.delta() for m in mirrors])
+    assert store.keep_images(images_of(mirrors)) == 3
+    store.close()
+    with sqlite3.connect(db) as conn:  # one byte of s1's image changed, and s2's cut short
+        (image,) = conn.execute("SELECT image FROM rings WHERE session = 's1'").fetchone()
+        damaged = image[:40] + bytes([image[40] ^ 1]) + image[41:]
+        conn.execute("UPDATE rings SET image = ? WHERE session = 's1'", (damaged,))
+        conn.execute(
+            "UPDATE rings SET image = substr(image, 1, 20), crc = ? WHERE session = 's2'",
+            (zlib.crc32(image[:20]),),
+        )
+    conn.close()
+    store = SqliteStore(db)
+    assert as_restored(store.load()) == as_restored(m.snapshot() for m in mirrors)
+    store.close()
+    damaged_ones = [r.getMessage() for r in caplog.records if "damaged" in r.getMessage()]
+    assert damaged_ones == [
+        f"the image of session {sid!r}'s ring is damaged; its firings are read from the log"
+        for sid in ("s1", "s2")
+    ]
+
+
+def test_an_image_of_a_ring_the_file_does_not_hold_is_not_kept(tmp_path: Path) -> None:
+    """An image ahead of the file (a send not yet written), behind it, or of a session the
+    file does not hold, is not kept: only an image of what is durable is."""
+    db = tmp_path / "repl.db"
+    store = SqliteStore(db)
+    ahead, behind, written = Mirror("ahead"), Mirror("behind"), Mirror("written")
+    for m in (ahead, behind, written):
+        m.record("one")
+    store.write([m.delta() for m in (ahead, behind, written)])
+    old = behind.session.ring.image()
+    behind.record("two")
+    store.write([behind.delta()])
+    ahead.record("not yet written")
+    images = [*images_of([ahead, written]), ("behind", old), ("nowhere", old)]
+    assert store.keep_images(images) == 1
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT session FROM rings").fetchall() == [("written",)]
+    conn.close()
     store.close()

@@ -32,6 +32,7 @@ while the daemon was down fires on its first turn after ``load``.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Callable
@@ -72,6 +73,8 @@ T = TypeVar("T")
 FIRE_RETRY = (0.1, 5.0)
 #: how many due timers the timer task fires before it lets the connections run
 FIRE_SLICE = 512
+#: how many rings' images a clean stop builds and writes in one transaction
+IMAGES_AT_ONCE = 1024
 
 
 class Hosted:
@@ -131,8 +134,17 @@ class LocalCommitter:
     # -- life --------------------------------------------------------------
 
     async def load(self) -> int:
-        for snapshot in self.store.load():
-            self._host(Session.restore(snapshot))
+        # Every object the load makes lives as long as its session, so the cyclic
+        # collector's passes over them as they pile up find nothing, and they cost a
+        # third of a restart of 10,000 full rings: it waits until they are all in.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            for snapshot in self.store.load():
+                self._host(Session.restore(snapshot))
+        finally:
+            if collecting:
+                gc.enable()
         for record in self.store.load_tokens():
             self._tokens[record.name] = self._by_digest[record.digest] = record
         return len(self.sessions)
@@ -215,6 +227,33 @@ class LocalCommitter:
     async def close(self) -> None:
         with anyio.CancelScope(shield=True):
             await self.commit_now()
+            if self._durable and self.failing is None:
+                await self._keep_images()
+
+    async def _keep_images(self) -> None:
+        """A clean stop's last write: every ring that is as durable as it is in memory, as
+        it keeps itself (``Ring.image``), so that the next start reads each in one piece.
+        A few thousand rings a transaction: the images are built a chunk at a time."""
+        hosted = [
+            (sid, h.session)
+            for sid, h in self.sessions.items()
+            if not h.session.dirty and h.visible == h.session.head
+        ]
+        kept = 0
+        began = time.perf_counter()
+        for start in range(0, len(hosted), IMAGES_AT_ONCE):
+            chunk = [(sid, s.ring.image()) for sid, s in hosted[start : start + IMAGES_AT_ONCE]]
+            try:
+                kept += await anyio.to_thread.run_sync(self.store.keep_images, chunk)
+            except StoreFailed as exc:  # the log has it all: the next start reads that
+                log.warning("the rings' images were not kept: %s", exc.message)
+                return
+        log.info(
+            "kept the images of %d of %d ring(s) in %.2f s",
+            kept,
+            len(self.sessions),
+            time.perf_counter() - began,
+        )
 
     async def commit_now(self) -> None:
         # one commit at a time: the shutdown's final commit must not take a

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from session.delta import Delta
+from session.ring import Image
 from session.scopes import TokenRecord
 from session.session import Snapshot
 
@@ -23,6 +24,9 @@ class MemoryStore:
 
     def write(self, batch: list[Delta]) -> None:
         pass
+
+    def keep_images(self, images: list[tuple[str, Image]]) -> int:
+        return 0
 
     def load_tokens(self) -> list[TokenRecord]:
         return []

@@ -20,11 +20,16 @@ use, which orders the LRU eviction), ``keys`` (the newest 1,024 dedup
 keys of each session, in the order they came), ``timers`` (the pending
 timers, rules T1-T6: a firing and its timer's move or deletion are in one
 batch, so one transaction) and ``hooks`` (a session's webhook secret and
-handler, rules H1-H7), and ``tokens`` (the scoped tokens, rules K1-K5: a name, the
-SHA-256 of the secret, never the secret, and the scope). ``PRAGMA
-user_version`` holds the schema's version (5; a file of schema 1 to 4 gets
-the tables and columns it lacks when opened: schema 4 added the tags of
-firings and timers, schema 5 moved the firings into the log).
+handler, rules H1-H7), ``tokens`` (the scoped tokens, rules K1-K5: a name, the
+SHA-256 of the secret, never the secret, and the scope) and ``rings`` (each
+ring's image as the last clean stop left it, ``session.ring.Image``: its
+firings still packed, so that a start reads a ring as one blob and the log
+only after it, instead of building and packing every firing again; a copy,
+checked by a CRC, that a damaged or stale one is passed over for the log,
+which always holds every live row). ``PRAGMA user_version`` holds the
+schema's version (6; a file of schema 1 to 5 gets the tables and columns it
+lacks when opened: schema 4 added the tags of firings and timers, schema 5
+moved the firings into the log, schema 6 added the images).
 
 Only one daemon may use a home at a time: the store holds an exclusive
 ``flock`` on ``repl.db.lock`` next to the database for as long as it is
@@ -44,6 +49,7 @@ import logging
 import os
 import sqlite3
 import threading
+import zlib
 from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
@@ -53,14 +59,14 @@ import msgspec
 from session.delta import CursorState, Delta, Webhook, gap
 from session.errors import ReplError, StoreFailed
 from session.firing import NO_TAGS, Firing
-from session.ring import check_limit
+from session.ring import Image, check_limit, decode_image, encode_image
 from session.schedule import Timer
 from session.scopes import Scope, TokenRecord
 from session.session import Snapshot, check_session_id
 
 log = logging.getLogger("repl.daemon")
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 #: how long a write waits for another program's lock on the file before it fails
 BUSY_TIMEOUT = 2.0
 #: the WAL file is cut back to this size once checkpointed
@@ -161,8 +167,27 @@ UPDATE sessions SET first = coalesce(
     (SELECT min(seq) FROM firings WHERE firings.session = sessions.id), head + 1);
 DROP TABLE firings;
 """
+# schema 6 keeps each ring's image as a clean stop left it (``session.ring.Image``: the
+# ring's items still packed, so a restart does not build and pack every firing again). An
+# image is a copy, never the truth: the log still holds every live row. It holds the
+# session's live rows up to the log's id ``mark`` (the last one when it was taken), its
+# newest seq ``head``; the session's rows after ``mark`` and ``head`` are what came since,
+# and a reset (``since`` moves) or a stop leaves it no longer the session's.
+_SCHEMA_6 = """
+CREATE TABLE rings (
+    session TEXT PRIMARY KEY,
+    since INTEGER NOT NULL,
+    mark INTEGER NOT NULL,
+    head INTEGER NOT NULL,
+    image BLOB NOT NULL,
+    crc INTEGER NOT NULL
+);
+"""
+#: what each schema after the first added (timers and hooks, tokens, tags, the log, rings)
+_UPGRADES = (_SCHEMA_2, _SCHEMA_3, _SCHEMA_4, _SCHEMA_5, _SCHEMA_6)
 #: the log's live rows: those of a session after its ``since``, from its ``first`` seq on
-_LIVE = "log AS l JOIN sessions AS s ON s.id = l.session WHERE l.id > s.since AND l.seq >= s.first"
+_LIVE_ROW = "l.id > s.since AND l.seq >= s.first"
+_LIVE = f"log AS l JOIN sessions AS s ON s.id = l.session WHERE {_LIVE_ROW}"
 #: compaction starts once the log holds more than twice its live rows and this many more
 COMPACT_SLACK = 4096
 
@@ -255,10 +280,8 @@ class SqliteStore:
         (version,) = conn.execute("PRAGMA user_version").fetchone()
         if version == SCHEMA_VERSION:
             return
-        if version in (1, 2, 3, 4):  # written by the repl before timers, tokens, tags, log
-            missing = {1: _SCHEMA_2 + _SCHEMA_3 + _SCHEMA_4, 2: _SCHEMA_3 + _SCHEMA_4}.get(
-                version, {3: _SCHEMA_4, 4: ""}.get(version, "")
-            ) + _SCHEMA_5
+        if 1 <= version < SCHEMA_VERSION:  # written by an older repl: what it lacks
+            missing = " ".join(_UPGRADES[version - 1 :])
             conn.executescript(
                 f"BEGIN IMMEDIATE; {missing} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
             )
@@ -275,7 +298,7 @@ class SqliteStore:
                 f"{', '.join(sorted(tables)[:5])}): move it away, or give the daemon another --home"
             )
         conn.executescript(
-            f"BEGIN IMMEDIATE; {_SCHEMA} {_SCHEMA_2} {_SCHEMA_3} {_SCHEMA_4} {_SCHEMA_5} "
+            f"BEGIN IMMEDIATE; {_SCHEMA} {' '.join(_UPGRADES)} "
             f"PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
         )
 
@@ -359,6 +382,36 @@ class SqliteStore:
                 self._abort(exc)
                 raise StoreFailed(_write_failure(self.path, exc)) from None
 
+    def keep_images(self, images: list[tuple[str, Image]]) -> int:
+        """Keep these rings' images (a clean stop's, ``Ring.image``) in one transaction, each
+        only where the file's ring is that ring (the same head and first retained seq); an
+        image kept before of a session not among them stays, as right as it was. Returns how
+        many were kept."""
+        with self._mutex:
+            try:
+                conn = self._connection()
+                conn.execute("BEGIN IMMEDIATE")
+                (mark,) = conn.execute("SELECT coalesce(max(id), 0) FROM log").fetchone()
+                rows = []
+                for session_id, image in images:
+                    try:
+                        data = encode_image(image)
+                    except UnicodeEncodeError:  # text UTF-8 cannot carry: the log has it
+                        continue
+                    crc, head, first = zlib.crc32(data), image.head, image.first
+                    rows.append((session_id, mark, head, data, crc, session_id, head, first))
+                kept = conn.executemany(
+                    "INSERT OR REPLACE INTO rings (session, since, mark, head, image, crc)"
+                    " SELECT ?, s.since, ?, ?, ?, ? FROM sessions AS s"
+                    " WHERE s.id = ? AND s.head = ? AND s.first = ?",
+                    rows,
+                ).rowcount
+                conn.execute("COMMIT")
+                return kept
+            except Exception as exc:
+                self._abort(exc)
+                raise StoreFailed(_write_failure(self.path, exc)) from None
+
     def load_tokens(self) -> list[TokenRecord]:
         with self._mutex:
             try:
@@ -422,6 +475,7 @@ _SESSION_TABLES = (
     ("keys", "session"),
     ("timers", "session"),
     ("hooks", "session"),
+    ("rings", "session"),
 )
 
 
@@ -633,14 +687,32 @@ class _Rows:
 def _load_all(conn: sqlite3.Connection, only: str = "") -> Iterator[Snapshot]:
     """Every session in id order (``only``: a join that narrows the sessions), each with its
     rows, one session's at a time. The log is read once, in session order (SQLite's sorter,
-    which spills to disk: not Python's memory)."""
-    firings = _Rows(
-        conn.execute(
-            "SELECT l.session, l.seq, l.handler, l.result, l.event, l.ts, l.tags FROM log AS l"
-            f" JOIN sessions AS s ON s.id = l.session {only}"
-            " WHERE l.id > s.since AND l.seq >= s.first ORDER BY l.session, l.seq"
-        )
+    which spills to disk: not Python's memory); where every session has its ring's image,
+    only the log's rows after the oldest image (a range of ids), so that a restart after a
+    clean stop reads each ring as one blob."""
+    imaged = (
+        f"FROM sessions AS s {only} LEFT JOIN rings AS r ON r.session = s.id AND r.since = s.since"
     )
+    without, oldest = conn.execute(
+        f"SELECT count(*) - count(r.session), min(r.mark) {imaged}"
+    ).fetchone()
+    columns = "l.session, l.seq, l.handler, l.result, l.event, l.ts, l.tags"
+    if without == 0 and oldest is not None:  # every ring has its image: the log's tail
+        query = (
+            f"SELECT {columns} FROM log AS l JOIN sessions AS s ON s.id = l.session {only}"
+            " JOIN rings AS r ON r.session = s.id AND r.since = s.since"
+            f" WHERE l.id > ? AND {_LIVE_ROW} AND l.id > r.mark AND l.seq > r.head"
+            " ORDER BY l.session, l.seq"
+        )
+        rows = conn.execute(query, (oldest,))
+    else:
+        rows = conn.execute(
+            f"SELECT {columns} FROM log AS l JOIN sessions AS s ON s.id = l.session {only}"
+            " LEFT JOIN rings AS r ON r.session = s.id AND r.since = s.since"
+            f" WHERE {_LIVE_ROW} AND (r.session IS NULL OR (l.id > r.mark AND l.seq > r.head))"
+            " ORDER BY l.session, l.seq"
+        )
+    firings = _Rows(rows)
 
     def of(table: str, columns: str, order: str) -> _Rows:
         narrowed = f"JOIN sessions AS s ON s.id = t.session {only}" if only else ""
@@ -660,31 +732,58 @@ def _load_all(conn: sqlite3.Connection, only: str = "") -> Iterator[Snapshot]:
     )
     hooks = of("hooks", "t.secret, t.handler", "t.session")
     sessions = conn.execute(
-        f'SELECT s.id, s."limit", s.head, s.uses, s.first FROM sessions AS s {only} ORDER BY s.id'
+        f'SELECT s.id, s."limit", s.head, s.uses, s.first, s.since, r.image, r.crc {imaged}'
+        " ORDER BY s.id"
     )
-    for session_id, limit, head, uses, first in sessions:
+    for session_id, limit, head, uses, first, since, data, crc in sessions:
         hook = hooks.of(session_id)
+        tail = firings.of(session_id)
+        image = None if data is None else _image(session_id, data, crc, first)
+        if data is not None and image is None:  # damaged: the log has every live row
+            tail = list(
+                conn.execute(
+                    f"SELECT {columns} FROM log AS l WHERE l.session = ? AND l.id > ?"
+                    " AND l.seq >= ? ORDER BY l.seq",
+                    (session_id, since, first),
+                )
+            )
         snapshot = Snapshot(
             id=session_id,
             limit=limit,
             head=head,
             firings=[
                 Firing(seq, handler, result, event, ts, _tags(tags))
-                for _, seq, handler, result, event, ts, tags in firings.of(session_id)
+                for _, seq, handler, result, event, ts, tags in tail
             ],
             cursors=[CursorState(name, seq, use) for _, name, seq, use in cursors.of(session_id)],
             uses=uses,
             keys=[(key, seq) for _, key, seq in keys.of(session_id)],
             timers=[_timer(*row) for row in timers.of(session_id)],
             webhook=Webhook(hook[0][1], hook[0][2]) if hook else None,
+            image=image,
         )
-        _check_snapshot(snapshot)
-        if len(snapshot.firings) != head - first + 1:
+        count = _check_snapshot(snapshot)
+        if count != head - first + 1:
             raise _Inconsistent(
-                f"session {session_id!r} holds {len(snapshot.firings)} firing(s) where its "
+                f"session {session_id!r} holds {count} firing(s) where its "
                 f"ring keeps {head - first + 1}"
             )
         yield snapshot
+
+
+def _image(session_id: str, data: bytes, crc: int, first: int) -> Image | None:
+    """The ring's image ``data`` holds, from seq ``first`` on; None (and a warning) when its
+    bytes are not those that were written."""
+    if zlib.crc32(data) == crc:
+        try:
+            return decode_image(data).since(first)
+        except msgspec.DecodeError:
+            pass
+    log.warning(
+        "the image of session %r's ring is damaged; its firings are read from the log",
+        session_id,
+    )
+    return None
 
 
 def _check_file(conn: sqlite3.Connection) -> tuple[int, int]:
@@ -718,25 +817,33 @@ def _check_file(conn: sqlite3.Connection) -> tuple[int, int]:
     return rows, live
 
 
-def _check_snapshot(snapshot: Snapshot) -> None:
-    """A stored session must be one the core can host: the newest firings up to the head."""
+def _check_snapshot(snapshot: Snapshot) -> int:
+    """A stored session must be one the core can host: the newest firings up to the head,
+    its image's (when it has one) and then those after it. Returns how many it holds."""
     try:
         check_session_id(snapshot.id)
         check_limit(snapshot.limit)
     except ReplError as exc:
         raise _Inconsistent(exc.message) from None
-    firings = snapshot.firings
-    if snapshot.limit < 0 or snapshot.head < 0 or len(firings) > snapshot.limit:
+    firings, image = snapshot.firings, snapshot.image
+    count = len(firings) + (0 if image is None else len(image.items))
+    if snapshot.limit < 0 or snapshot.head < 0 or count > snapshot.limit:
         raise _Inconsistent(
-            f"session {snapshot.id!r} holds {len(firings)} firing(s) under limit "
+            f"session {snapshot.id!r} holds {count} firing(s) under limit "
             f"{snapshot.limit} and head {snapshot.head}"
         )
-    first = snapshot.head - len(firings) + 1
-    if any(firing.seq != seq for seq, firing in enumerate(firings, first)):
+    start = snapshot.head - len(firings) + 1  # the seq the first of ``firings`` must have
+    if image is not None and image.head != start - 1:
+        raise _Inconsistent(
+            f"session {snapshot.id!r}'s ring image ends at {image.head}, and the firings "
+            f"after it start at {start}"
+        )
+    if any(firing.seq != seq for seq, firing in enumerate(firings, start)):
         raise _Inconsistent(
             f"session {snapshot.id!r} holds firings {firings[0].seq} to {firings[-1].seq}, "
             f"which are not the newest {len(firings)} up to its head {snapshot.head}"
         )
+    return count
 
 
 def _lock_home(db: Path) -> int:

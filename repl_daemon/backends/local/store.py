@@ -34,6 +34,7 @@ from collections.abc import Collection, Iterable
 from typing import Protocol
 
 from session.delta import Delta
+from session.ring import Image
 from session.scopes import TokenRecord
 from session.session import Snapshot
 
@@ -59,6 +60,14 @@ class Store(Protocol):
 
     def write(self, batch: list[Delta]) -> None:
         """Make the batch durable atomically, or raise ``StoreFailed``. Runs in a thread."""
+        ...
+
+    def keep_images(self, images: list[tuple[str, Image]]) -> int:
+        """Keep these rings' images (``Ring.image``) beside what ``write`` made durable, so
+        that the next ``load`` reads a ring as one piece: a clean stop's, once the last batch
+        is written. A copy only: ``load`` must give the same with them or without them, and
+        an image whose ring the store no longer holds (a head or first retained seq that
+        differs) is not kept. Returns how many were kept. Runs in a thread."""
         ...
 
     def load_tokens(self) -> list[TokenRecord]:
