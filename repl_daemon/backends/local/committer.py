@@ -135,8 +135,8 @@ class LocalCommitter:
 
     async def load(self) -> int:
         # Every object the load makes lives as long as its session, so the cyclic
-        # collector's passes over them as they pile up find nothing, and they cost a
-        # third of a restart of 10,000 full rings: it waits until they are all in.
+        # collector's passes over them as they pile up find nothing: it waits until they
+        # are all in (a load of 10,000 full rings in the daemon, 0.63 s against 0.71).
         collecting = gc.isenabled()
         gc.disable()
         try:
@@ -233,7 +233,7 @@ class LocalCommitter:
     async def _keep_images(self) -> None:
         """A clean stop's last write: every ring that is as durable as it is in memory, as
         it keeps itself (``Ring.image``), so that the next start reads each in one piece.
-        A few thousand rings a transaction: the images are built a chunk at a time."""
+        ``IMAGES_AT_ONCE`` rings a transaction: the images are built a chunk at a time."""
         hosted = [
             (sid, h.session)
             for sid, h in self.sessions.items()
