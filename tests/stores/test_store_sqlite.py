@@ -21,7 +21,7 @@ from repl_daemon.backends.local.sqlite import SCHEMA_VERSION, SqliteStore
 from session.delta import Delta
 from session.errors import StoreFailed
 from session.firing import Firing
-from session.ring import Image
+from session.ring import Image, encode_image
 from session.schedule import Timer
 from session.scopes import READ, Scope, TokenRecord, digest
 from session.session import CursorState, Session, Snapshot
@@ -628,6 +628,29 @@ def test_a_damaged_image_is_passed_over_for_the_log(
         f"the image of session {sid!r}'s ring is damaged; its firings are read from the log"
         for sid in ("s1", "s2")
     ]
+
+
+def test_an_image_with_its_crc_that_holds_no_ring_is_passed_over_for_the_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bytes whose CRC checks but whose ring could not be (four firings up to head 2): a
+    hand-made image, passed over as a damaged one is."""
+    db = tmp_path / "repl.db"
+    store = SqliteStore(db)
+    m = Mirror("s0")
+    for i in range(3):
+        m.record(f"firing {i}")
+    store.write([m.delta()])
+    assert store.keep_images(images_of([m])) == 1
+    store.close()
+    made_up = encode_image(Image(2, [("on-message", False)], [b"\0" * 12] * 4))
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE rings SET image = ?, crc = ?", (made_up, zlib.crc32(made_up)))
+    conn.close()
+    store = SqliteStore(db)
+    assert as_restored(store.load()) == as_restored([m.snapshot()])
+    store.close()
+    assert "the image of session 's0''s ring is damaged" in caplog.text
 
 
 def test_an_image_of_a_ring_the_file_does_not_hold_is_not_kept(tmp_path: Path) -> None:

@@ -773,12 +773,15 @@ def _load_all(conn: sqlite3.Connection, only: str = "") -> Iterator[Snapshot]:
 
 def _image(session_id: str, data: bytes, crc: int, first: int) -> Image | None:
     """The ring's image ``data`` holds, from seq ``first`` on; None (and a warning) when its
-    bytes are not those that were written."""
+    bytes are not those that were written, or hold no ring (seqs below 1)."""
     if zlib.crc32(data) == crc:
         try:
-            return decode_image(data).since(first)
+            image = decode_image(data)
         except msgspec.DecodeError:
             pass
+        else:
+            if image.first >= 1:
+                return image.since(first)
     log.warning(
         "the image of session %r's ring is damaged; its firings are read from the log",
         session_id,
