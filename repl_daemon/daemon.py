@@ -256,10 +256,10 @@ def run(config: Config) -> None:
     # process: out of the collector's sight, a full collection while many
     # waits are in flight takes 1.7 ms instead of 7.5-15 ms
     gc.freeze()
-    # and a full collection comes a tenth as often (its threshold 100 young ones, not
-    # 10): each walks every session the daemon holds, whose objects make no cycles, and
-    # over 10,000 sessions they took a quarter of a durable send's time (pipelined
-    # sends across them: 26-29 thousand a second by default, 35-38 with this)
+    # and a full collection comes a tenth as often (after 100 collections of the middle
+    # generation, not 10): each walks every session the daemon holds, whose objects make
+    # no cycles, and over 10,000 sessions they took a quarter of a durable send's time
+    # (pipelined sends across them: 28-31 thousand a second by default, 33-42 with this)
     young, middle, _ = gc.get_threshold()
     gc.set_threshold(young, middle, FULL_COLLECTION_EVERY)
     try:

@@ -239,7 +239,7 @@ class Ring:
         :meth:`image`, and a store that keeps one checks its bytes (SQLite's: a
         CRC) before it hands it here.
         """
-        if image.head < 0 or image.first < 1:
+        if image.first < 1:  # a head below 0 has a first below 1 too
             raise BadSeq(f"an image of head {image.head} holds {len(image.items)} firings")
         ring = cls(limit, image.head)
         ring._slots = [(sys.intern(handler), unhandled) for handler, unhandled in image.slots]
