@@ -10,7 +10,11 @@ One durable daemon is filled to ``full_sessions`` × ``full_firings``
   number of empty sessions on a fresh daemon of the same run;
 - a restart, until the newest firing of the last session is served, against
   Redis reloading the same streams from its AOF;
-- its RSS after that restart, against its RSS before it.
+- its RSS after that restart, against its RSS before it;
+- a read of every session's newest firing after it (which brings in each ring
+  the restart left folded, issue 29 step 7), against Redis's XREVRANGE of every
+  stream after its reload, and the RSS after those reads against the RSS
+  before the restart.
 
 The fill takes a minute or two on this machine; ``--only full`` runs the group
 alone.
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 import time
 
-from bench.clients import LineClient, redis_client, redis_info
+from bench.clients import LineClient, encode, redis_client, redis_info
 from bench.many import line_spread
 from bench.measure import (
     Group,
@@ -28,6 +32,7 @@ from bench.measure import (
     Sizes,
     fill_daemon,
     fill_streams,
+    pipeline,
     run_async,
     stats,
 )
@@ -52,6 +57,34 @@ async def _retained(daemon: Daemon) -> int:
         return int((await stats(client))["daemon"]["firings"])
     finally:
         await client.close()
+
+
+async def _read_every(daemon: Daemon, names: list[str], head: int, batch: int) -> float:
+    """Seconds to read the newest firing of every session, ``batch`` reads at once."""
+    client = await LineClient.connect(daemon.port, daemon.token)
+    try:
+        reads = [encode({"op": "read", "session": n, "after": head - 1}) for n in names]
+        t0 = time.perf_counter()
+        await pipeline(client, reads, batch, what="read")
+        return time.perf_counter() - t0
+    finally:
+        await client.close()
+
+
+async def _redis_read_every(port: int, names: list[str], batch: int) -> float:
+    client = redis_client(port)
+    try:
+        t0 = time.perf_counter()
+        for first in range(0, len(names), batch):
+            async with client.pipeline(transaction=False) as pipe:
+                for key in names[first : first + batch]:
+                    pipe.xrevrange(key, count=1)
+                found = await pipe.execute()
+            if not all(found):
+                raise BenchError("a stream was empty after the reload")
+        return time.perf_counter() - t0
+    finally:
+        await client.aclose()
 
 
 async def _used_memory(port: int) -> int:
@@ -85,6 +118,17 @@ def full_rows(s: Sizes) -> list[Row]:
         Row(
             "full_restart_rss",
             f"RSS after that restart, MiB (reference: the daemon's RSS before it, {scale})",
+            Goal("ratio_le", 1.1, "≤ 1.1 × the RSS before it"),
+        ),
+        Row(
+            "full_read_every",
+            f"after that restart, a read of each of the {s.full_sessions:,} sessions' newest "
+            "firing (pipelined), ms (reference: Redis XREVRANGE of each after its reload)",
+            Goal("report", 0, "report (× Redis)"),
+        ),
+        Row(
+            "full_read_every_rss",
+            "RSS after those reads, MiB (reference: the daemon's RSS before the restart)",
             Goal("ratio_le", 1.1, "≤ 1.1 × the RSS before it"),
         ),
     ]
@@ -127,6 +171,12 @@ def full(setup: Setup, rows: dict[str, Row]) -> None:
         rows["full_restart"].repl = (time.perf_counter() - t0) * 1000
         time.sleep(s.settle_s)
         rows["full_restart_rss"].repl = rss_bytes(daemon.pid) / 2**20
+        head = s.full_firings + s.full_sends
+        seconds = run_async(_read_every(daemon, names, head, s.batch), deadline)
+        rows["full_read_every"].repl = seconds * 1000
+        time.sleep(s.settle_s)
+        rows["full_read_every_rss"].repl = rss_bytes(daemon.pid) / 2**20
+        rows["full_read_every_rss"].reference = rows["full_restart_rss"].reference
     finally:
         daemon.stop()
     with Daemon(setup.dir("full-empty-daemon"), memory=False).start() as empty:
@@ -145,6 +195,8 @@ def full(setup: Setup, rows: dict[str, Row]) -> None:
             redis.spawn(redis.port)
             _redis_served(redis.port, names[-1], 120)
             rows["full_restart"].reference = (time.perf_counter() - t0) * 1000
+            seconds = run_async(_redis_read_every(redis.port, names, s.batch), deadline)
+            rows["full_read_every"].reference = seconds * 1000
 
 
 FULL = Group("full", full_rows, full)

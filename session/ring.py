@@ -25,14 +25,21 @@ without building a ``Firing`` for each of its firings and packing it again,
 which is what a restart of many full rings spends its time on. The image's
 bytes (``encode_image``, ``decode_image``) are msgpack: each packed firing one
 ``bin``, a ``Firing`` (one with tags, or a ts of another form) a map.
+
+``Ring.folded`` is a ring whose firings are still in its store: its head, its
+limit and its counts answer without them, and whatever needs a firing first
+brings them in (``unfold``, which calls the store back) and from then on is
+a plain ``Ring``. A restart of many full rings so serves at once, and a ring
+costs its memory only once something looks into it.
 """
 
 from __future__ import annotations
 
 import sys
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
+from typing import NamedTuple
 
 import msgspec
 
@@ -42,7 +49,7 @@ from session.firing import NO_TAGS, Batch, Firing
 from session.rules import DEFAULT_LIMIT, MAX_LIMIT
 from session.tags import Match
 
-__all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "Image", "Ring", "check_limit"]
+__all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "Fold", "Image", "Ring", "check_limit"]
 
 
 def check_limit(limit: int) -> int:
@@ -86,10 +93,18 @@ def decode_image(data: bytes) -> Image:
     return _image_decoder.decode(data)
 
 
+class Fold(NamedTuple):
+    """Where a folded ring's firings are (``Ring.folded``): how many it retains, and what
+    brings them in, a ring of the same limit and head (a store's read of its image)."""
+
+    retained: int
+    unfold: Callable[[], Ring]
+
+
 class Ring:
     """The newest ``limit`` firings, the head, and reads after a seq."""
 
-    __slots__ = ("_firings", "_head", "_slot_of", "_slots")
+    __slots__ = ("_firings", "_fold", "_head", "_slot_of", "_slots")
 
     def __init__(
         self, limit: int = DEFAULT_LIMIT, head: int = 0, firings: Iterable[Firing] = ()
@@ -107,6 +122,7 @@ class Ring:
                 f"are not the newest {len(kept)} up to head {head}"
             )
         self._head = head
+        self._fold: Fold | None = None
         self._slots: list[tuple[str, bool]] = []
         self._slot_of: dict[tuple[str, bool], int] = {}
         self._firings: deque[bytes | Firing] = deque(maxlen=limit)
@@ -139,6 +155,24 @@ class Ring:
     def dropped(self) -> int:
         """How many firings the bound has removed so far."""
         return self._head - len(self._firings)
+
+    @property
+    def is_folded(self) -> bool:
+        """Whether its firings are still where ``Ring.folded`` left them."""
+        return False
+
+    def unfold(self) -> None:
+        """Bring a folded ring's firings in; nothing for a ring that holds them."""
+
+    @classmethod
+    def folded(cls, limit: int, head: int, fold: Fold) -> Ring:
+        """A ring of ``limit`` and ``head`` whose ``fold.retained`` firings are brought in by
+        ``fold.unfold`` the first time something needs one (and then never again)."""
+        if not 0 <= fold.retained <= min(limit, head):
+            raise BadSeq(f"a ring of head {head} and limit {limit} cannot hold {fold.retained}")
+        ring = _Folded(limit, head)
+        ring._fold = fold
+        return ring
 
     def visible_head(self, visible: int | None = None) -> int:
         """The newest seq a reader capped at ``visible`` may see: within 0 to the head."""
@@ -305,9 +339,10 @@ class Ring:
         if start > head:
             return Batch(after + lost, lost, [])
         found: list[Firing] = []
-        slots, needs_tags = self._slots, match.needs_tags
+        items = self._slice(start - self.first, head - self.first + 1)
+        slots, needs_tags = self._slots, match.needs_tags  # after the slice: it may unfold
         seq = start
-        for item in self._slice(start - self.first, head - self.first + 1):
+        for item in items:
             if isinstance(item, bytes):
                 if not needs_tags:
                     handler = slots[packed.slot_of(item)][0]
@@ -328,6 +363,73 @@ class Ring:
         tail = list(islice(reversed(self._firings), size - stop, size - start))
         tail.reverse()
         return tail
+
+
+class _Folded(Ring):
+    """A ring whose firings are still in its store (``Ring.folded``): an empty deque of its
+    limit, its head and its fold. What needs a firing unfolds it first, after which it is a
+    ``Ring`` (its class is swapped: no check is left on a send's path)."""
+
+    __slots__ = ()
+
+    @property
+    def is_folded(self) -> bool:
+        return True
+
+    @property
+    def retained(self) -> int:
+        assert self._fold is not None
+        return self._fold.retained
+
+    @property
+    def first(self) -> int:
+        return self._head - self.retained + 1
+
+    @property
+    def dropped(self) -> int:
+        return self._head - self.retained
+
+    def unfold(self) -> None:
+        """Take the firings from the fold; what ``fold.unfold`` raises leaves it folded."""
+        assert self._fold is not None
+        retained, unfold = self._fold
+        ring = unfold()
+        if (ring.limit, ring.head, ring.retained) != (self.limit, self._head, retained):
+            raise BadSeq(
+                f"a ring of limit {self.limit}, head {self._head} and {retained} firings "
+                f"unfolded as one of limit {ring.limit}, head {ring.head} and {ring.retained}"
+            )
+        self._firings, self._slots, self._slot_of = ring._firings, ring._slots, ring._slot_of
+        self._fold = None
+        self.__class__ = Ring  # type: ignore[assignment]
+
+    def firings(self) -> list[Firing]:
+        self.unfold()
+        return self.firings()
+
+    def record(
+        self,
+        handler: str,
+        result: str | None,
+        event: str | None,
+        ts: str,
+        tags: dict[str, str] = NO_TAGS,
+    ) -> int:
+        self.unfold()
+        return self.record(handler, result, event, ts, tags)
+
+    def set_limit(self, limit: int) -> int:
+        check_limit(limit)  # a bad limit changes nothing, folded or not
+        self.unfold()
+        return self.set_limit(limit)
+
+    def image(self) -> Image:
+        self.unfold()
+        return self.image()
+
+    def _slice(self, start: int, stop: int) -> list[bytes | Firing]:
+        self.unfold()
+        return self._slice(start, stop)
 
 
 max_ = max

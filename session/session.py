@@ -39,7 +39,7 @@ from session.errors import (
     no_such_session,
 )
 from session.firing import NO_TAGS, Batch, CursorInfo, Firing
-from session.ring import Image, Ring
+from session.ring import Fold, Image, Ring
 from session.rules import (
     DEFAULT_LIMIT,
     HANDLERS,
@@ -214,7 +214,9 @@ class Snapshot(msgspec.Struct, frozen=True):
     ``firings`` are the ring's retained firings, oldest first; with an ``image`` (a store
     that keeps rings as they keep themselves, ``Ring.image``) they are the firings recorded
     after it, and the ring is the image (its items from the ring's first retained seq on)
-    followed by them.
+    followed by them. With a ``fold`` the ring's firings are still in the store, which
+    brings them in when the ring is first looked into (``Ring.folded``; ``firings`` and
+    ``image`` are then empty).
     """
 
     id: str
@@ -227,6 +229,7 @@ class Snapshot(msgspec.Struct, frozen=True):
     timers: list[Timer] = []
     webhook: Webhook | None = None
     image: Image | None = None
+    fold: Fold | None = None
 
 
 class Session:
@@ -627,7 +630,9 @@ class Session:
         back, whatever the store held.
         """
         session = cls(snapshot.id, snapshot.limit)
-        if snapshot.image is None:
+        if snapshot.fold is not None:
+            session.ring = Ring.folded(snapshot.limit, snapshot.head, snapshot.fold)
+        elif snapshot.image is None:
             session.ring = Ring(snapshot.limit, snapshot.head, snapshot.firings)
         else:
             session.ring = Ring.from_image(

@@ -13,7 +13,16 @@ from hypothesis import strategies as st
 
 from session.errors import BadLimit, BadMax, BadSeq, Code, CursorAfterHead
 from session.firing import Batch, Firing
-from session.ring import DEFAULT_LIMIT, MAX_LIMIT, Image, Ring, decode_image, encode_image
+from session.ring import (
+    DEFAULT_LIMIT,
+    MAX_LIMIT,
+    Fold,
+    Image,
+    Ring,
+    decode_image,
+    encode_image,
+)
+from session.tags import Match
 
 
 def append(ring: Ring, handler: str, result: str | None, event: str | None, ts: str) -> Firing:
@@ -397,3 +406,138 @@ def test_bytes_that_are_no_image_are_a_decode_error() -> None:
         decode_image(b"\x93\x01")
     with pytest.raises(msgspec.DecodeError):
         decode_image(encode_image(filled(3).image())[:-2])
+
+
+# -- a folded ring (a restart's, brought in from its store when first looked into) ------
+
+
+class Keeper:
+    """A store of one ring: unfolding it hands over a copy, through its image's bytes, and
+    counts the calls (a folded ring must unfold once, and only when a firing is needed)."""
+
+    def __init__(self, ring: Ring, fail: int = 0) -> None:
+        self.data = encode_image(ring.image())
+        self.limit, self.head = ring.limit, ring.head
+        self.calls, self.fail = 0, fail
+
+    def unfold(self) -> Ring:
+        self.calls += 1
+        if self.calls <= self.fail:
+            raise OSError("the store is away")
+        return Ring.from_image(self.limit, self.head, decode_image(self.data))
+
+    def folded(self, retained: int) -> Ring:
+        return Ring.folded(self.limit, self.head, Fold(retained, self.unfold))
+
+
+def counts(ring: Ring) -> tuple[int, int, int, int, int]:
+    return ring.head, ring.limit, ring.retained, ring.first, ring.dropped
+
+
+looks = st.one_of(
+    st.tuples(st.just("send"), sends),
+    st.tuples(st.just("limit"), st.integers(0, 40)),
+    st.tuples(
+        st.just("read"),
+        st.tuples(
+            st.none() | st.integers(0, 130),  # after (past the head: cursor_after_head)
+            st.none() | st.integers(0, 12),  # max (0: bad_max)
+            st.none() | st.integers(-1, 130),  # visible
+            st.sampled_from(
+                [None, Match(handler="on-tick"), Match(tags={"corr": None}), Match(handler="h3")]
+            ),
+        ),
+    ),
+    st.tuples(st.just("firings"), st.none()),
+    st.tuples(st.just("image"), st.none()),
+)
+
+
+def look(ring: Ring, what: str, arg: object) -> object:
+    """One operation on ``ring``, and what it gave (an error by its code)."""
+    try:
+        if what == "send":
+            return record(ring, arg)  # type: ignore[arg-type]
+        if what == "limit":
+            return ring.set_limit(arg)  # type: ignore[arg-type]
+        if what == "read":
+            after, most, visible, match = arg  # type: ignore[misc]
+            return ring.events_after(after, most, visible, match=match)
+        if what == "firings":
+            return ring.firings()
+        return ring.image()
+    except (BadSeq, BadMax, CursorAfterHead, BadLimit) as exc:
+        return exc.code
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    limit=st.integers(0, 40),
+    before=st.lists(sends, max_size=80),
+    then=st.lists(looks, max_size=30),
+)
+def test_a_folded_ring_is_the_ring_whatever_is_done_to_it(
+    limit: int,
+    before: list[tuple[str, bool, str, str, dict[str, str]]],
+    then: list[tuple[str, object]],
+) -> None:
+    """A folded ring and the ring it folds, put through the same operations: the same
+    answers and the same counts after each; it unfolds once at most, and only for an
+    operation that needs a firing (never for its counts, nor a read that finds none)."""
+    ring = Ring(limit)
+    for send in before:
+        record(ring, send)
+    keeper = Keeper(ring)
+    folded = keeper.folded(ring.retained)
+    for what, arg in then:
+        assert counts(folded) == counts(ring)
+        assert look(folded, what, arg) == look(ring, what, arg)
+        assert keeper.calls == (0 if folded.is_folded else 1)
+    assert counts(folded) == counts(ring)
+    assert (type(folded) is Ring) == (keeper.calls == 1)
+    assert state(folded) == state(ring)
+    assert keeper.calls == 1
+
+
+def test_a_folded_ring_answers_its_counts_and_an_empty_read_without_unfolding() -> None:
+    ring = filled(10, limit=4)
+    keeper = Keeper(ring)
+    folded = keeper.folded(4)
+    assert folded.is_folded
+    assert counts(folded) == (10, 4, 4, 7, 6)
+    assert folded.visible_head(8) == 8
+    assert folded.events_after(10) == Batch(10, 0, [])
+    assert folded.events_after(6, visible=6) == Batch(6, 0, [])
+    with pytest.raises(CursorAfterHead):
+        folded.events_after(11)
+    with pytest.raises(BadLimit):
+        folded.set_limit(MAX_LIMIT + 1)
+    assert keeper.calls == 0
+    assert folded.events_after(8) == ring.events_after(8)
+    assert keeper.calls == 1 and type(folded) is Ring and not folded.is_folded
+    folded.firings(), folded.record("on-message", "m11", None, TS)
+    assert keeper.calls == 1
+
+
+def test_an_unfold_that_fails_leaves_the_ring_folded_and_the_next_look_tries_again() -> None:
+    ring = filled(6, limit=4)
+    keeper = Keeper(ring, fail=1)
+    folded = keeper.folded(4)
+    with pytest.raises(OSError, match="the store is away"):
+        folded.record("on-message", "m7", None, TS)
+    assert folded.is_folded and counts(folded) == counts(ring)
+    assert folded.firings() == ring.firings()
+    assert keeper.calls == 2
+
+
+def test_a_fold_that_brings_in_another_ring_is_bad_seq_and_stays_folded() -> None:
+    keeper = Keeper(filled(6, limit=4))
+    for retained, limit, head in ((3, 4, 6), (4, 5, 6), (4, 4, 7)):
+        folded = Ring.folded(limit, head, Fold(retained, keeper.unfold))
+        with pytest.raises(BadSeq, match="unfolded as one of limit 4, head 6 and 4"):
+            folded.firings()
+        assert folded.is_folded
+    with pytest.raises(BadSeq, match="cannot hold 5"):
+        Ring.folded(4, 6, Fold(5, keeper.unfold))
+    with pytest.raises(BadSeq, match="cannot hold 3"):
+        Ring.folded(4, 2, Fold(3, keeper.unfold))

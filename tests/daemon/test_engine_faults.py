@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Collection
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 
 from repl_daemon import protocol as p
@@ -112,12 +113,19 @@ def served(engine: Engine) -> dict[str, Snapshot]:
 
 
 def on_file(path: Path) -> dict[str, Snapshot]:
-    """What a daemon started on the file now would load."""
+    """What a daemon started on the file now would load (a folded ring brought in)."""
     reopened = SqliteStore(path)
     try:
-        return {s.id: s for s in reopened.load()}
+        return {s.id: unfolded(s) for s in reopened.load()}
     finally:
         reopened.close()
+
+
+def unfolded(snapshot: Snapshot) -> Snapshot:
+    if snapshot.fold is None:
+        return snapshot
+    firings = snapshot.fold.unfold().firings()
+    return msgspec.structs.replace(snapshot, fold=None, firings=firings)
 
 
 def results(snapshot: Snapshot) -> list[str | None]:
@@ -270,3 +278,85 @@ async def test_a_clean_stop_keeps_the_image_of_every_ring_it_wrote(store: Flaky)
     assert images_on_file(store.inner.path) == ["a", "b", "c"]
     loaded = {sid: Session.restore(s).snapshot() for sid, s in on_file(store.inner.path).items()}
     assert loaded == expected
+
+
+def texts(answer: p.Response) -> list[str | None]:
+    assert isinstance(answer, p.Firings)
+    return [f.result if f.event is None else f.event for f in answer.firings]
+
+
+async def test_a_folded_ring_that_cannot_be_read_fails_its_ops_and_changes_nothing(
+    store: Flaky,
+) -> None:
+    """After a clean stop the rings come back folded. One whose image was damaged and whose
+    rows were put aside by hand: a send, a read and an ack on it are ``store_failed`` and
+    change nothing, a timer due on it stays due, and the other ring is served. With its rows
+    back the same timer fires, the send is stored, and nothing was lost."""
+    async with running(store) as engine:
+        for sid in ("a", "b"):
+            await call(engine, p.Start(session=sid))
+            await call(engine, p.Send(session=sid, text=f"{sid} one"))
+        await call(engine, p.Schedule(session="a", text="due", in_="1h"))
+        await engine.shutdown()
+    db = store.inner.path
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE rings SET image = substr(image, 2) WHERE session = 'a'")
+        conn.execute("CREATE TABLE aside AS SELECT * FROM log WHERE session = 'a'")
+        conn.execute("DELETE FROM log WHERE session = 'a'")
+    conn.close()
+    store = Flaky(db)
+    async with running(store) as engine:
+        committer = engine.committer
+        assert isinstance(committer, LocalCommitter)
+        a = committer.sessions["a"].session
+        for request in (
+            p.Send(session="a", text="a two"),
+            p.Read(session="a", after=0),
+            p.Ack(session="a", cursor="read", seq=1),
+        ):
+            with pytest.raises(StoreFailed, match="session 'a' holds 0 firing.s. where"):
+                await call(engine, request)
+        assert a.ring.is_folded and a.head == 1 and a.cursor_states() == []
+        assert texts(await call(engine, p.Read(session="b", after=0))) == ["b one"]
+        later = committer.clock.now_ms() + 2 * 3_600_000
+        assert not await committer.fire(later)
+        assert [t.text for t in a.timer_list()] == ["due"] and a.head == 1
+        with sqlite3.connect(db) as conn:
+            conn.execute("INSERT INTO log SELECT * FROM aside")
+        conn.close()
+        assert await committer.fire(later)
+        await call(engine, p.Send(session="a", text="a two"))
+        assert texts(await call(engine, p.Read(session="a", after=0))) == [
+            "a one",
+            "due",
+            "a two",
+        ]
+        assert a.timer_list() == []
+
+
+async def test_a_clean_stop_keeps_the_images_of_rings_left_folded(store: Flaky) -> None:
+    """A ring nothing looked into since the start keeps the image it came from; a stop writes
+    the images of the rings that were brought in and changed, and the next start has every
+    ring exactly as it was served."""
+    async with running(store) as engine:
+        for sid in ("a", "b", "c"):
+            await call(engine, p.Start(session=sid))
+            await call(engine, p.Send(session=sid, text=f"{sid} one"))
+        await engine.shutdown()
+    for turn in range(2):
+        store = Flaky(store.inner.path)
+        async with running(store) as engine:
+            await call(engine, p.Send(session="b", text=f"b turn {turn}"))
+            await engine.shutdown()
+            committer = engine.committer
+            assert isinstance(committer, LocalCommitter)
+            assert [sid for sid, h in committer.sessions.items() if h.session.ring.is_folded] == [
+                "a",
+                "c",
+            ]
+            expected = served(engine)
+        assert images_on_file(store.inner.path) == ["a", "b", "c"]
+        loaded = {
+            sid: Session.restore(s).snapshot() for sid, s in on_file(store.inner.path).items()
+        }
+        assert loaded == expected

@@ -672,3 +672,101 @@ def test_an_image_of_a_ring_the_file_does_not_hold_is_not_kept(tmp_path: Path) -
         assert conn.execute("SELECT session FROM rings").fetchall() == [("written",)]
     conn.close()
     store.close()
+
+
+# -- folded rings: a whole image is read when its ring is first looked into -------------
+
+
+def restored(mirror: Mirror) -> Session:
+    return Session.restore(mirror.snapshot())
+
+
+def imaged(db: Path, sessions: int = 3, firings: int = 30) -> list[Mirror]:
+    """A file whose every ring has its image, as a clean stop leaves it; the store closed."""
+    store = SqliteStore(db)
+    mirrors = [Mirror(f"s{n}", limit=16) for n in range(sessions)]
+    for m in mirrors:
+        for i in range(firings):
+            m.record(f"{m.session.id} {i}")
+    store.write([m.delta() for m in mirrors])
+    assert store.keep_images(images_of(mirrors)) == sessions
+    store.close()
+    return mirrors
+
+
+def test_a_whole_image_is_read_only_when_its_ring_is_first_looked_into(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After a clean stop the load reads no image (one damaged by hand is not noticed yet):
+    each ring comes folded, with its counts, and is read, the damaged one from the log, the
+    first time a firing of it is needed."""
+    db = tmp_path / "repl.db"
+    mirrors = imaged(db)
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE rings SET image = substr(image, 2) WHERE session = 's1'")
+    conn.close()
+    store = SqliteStore(db)
+    loaded = list(store.load())
+    assert [(s.fold is not None, s.firings, s.image) for s in loaded] == [(True, [], None)] * 3
+    sessions = [Session.restore(s) for s in loaded]
+    assert [s.summary() for s in sessions] == [restored(m).summary() for m in mirrors]
+    assert all(s.ring.is_folded for s in sessions) and "damaged" not in caplog.text
+    assert [s.snapshot() for s in sessions] == [m.session.snapshot() for m in mirrors]
+    assert not any(s.ring.is_folded for s in sessions)
+    assert "the image of session 's1''s ring is damaged" in caplog.text
+    store.close()
+
+
+def test_a_folded_ring_that_cannot_be_read_is_store_failed_and_stays_folded(
+    tmp_path: Path,
+) -> None:
+    """A ring whose image was damaged and rows taken away by hand, and a store closed under a
+    folded ring: bringing it in is ``store_failed``, saying why, and the ring stays folded
+    (its counts as they were); the other rings are read as ever."""
+    db = tmp_path / "repl.db"
+    mirrors = imaged(db)
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE rings SET image = substr(image, 2) WHERE session = 's1'")
+        conn.execute("DELETE FROM log WHERE session = 's1'")
+    conn.close()
+    store = SqliteStore(db)
+    s0, s1, s2 = (Session.restore(s) for s in store.load())
+    with pytest.raises(StoreFailed, match="session 's1' holds 0 firing.s. where its ring keeps 16"):
+        s1.ring.firings()
+    assert s1.ring.is_folded and s1.summary() == restored(mirrors[1]).summary()
+    assert s0.snapshot() == mirrors[0].session.snapshot()
+    store.close()
+    with pytest.raises(StoreFailed, match="is closed"):
+        s2.ring.firings()
+    assert s2.ring.is_folded
+
+
+def test_a_ring_left_folded_through_a_stop_keeps_its_image_for_the_next_start(
+    tmp_path: Path,
+) -> None:
+    """A ring nothing looked into keeps the image of an older stop, whose mark is behind the
+    log's growth since: a start after sends to the other rings, new images of those only
+    (as a stop keeps them: not of a folded ring), and more sends after them, gives every
+    ring exactly, the untouched one still from its old image."""
+    db = tmp_path / "repl.db"
+    mirrors = imaged(db)
+    for turn in range(3):
+        store = SqliteStore(db)
+        assert as_restored(store.load()) == as_restored(m.snapshot() for m in mirrors)
+        for m in mirrors[1:]:
+            for i in range(20):
+                m.record(f"{m.session.id} turn {turn} {i}")
+        store.write([m.delta() for m in mirrors[1:]])
+        assert store.keep_images(images_of(mirrors[1 + turn % 2 :])) == 2 - turn % 2
+        mirrors[2].record("after the images")
+        store.write([mirrors[2].delta()])
+        store.close()
+    with sqlite3.connect(db) as conn:
+        marks = conn.execute("SELECT session, mark FROM rings ORDER BY session").fetchall()
+    conn.close()
+    assert marks[0][1] < marks[1][1]  # s0's image is the first stop's
+    store = SqliteStore(db)
+    loaded = list(store.load())
+    assert [s.fold is not None for s in loaded] == [True, True, False]
+    assert as_restored(loaded) == as_restored(m.snapshot() for m in mirrors)
+    store.close()

@@ -179,11 +179,21 @@ class LocalCommitter:
         """Fire every timer due at ``now``, one batch; False when the store failed it."""
         ts = self.clock.utc_now()
         fired = since = 0
+        failed = False
         outcomes = []
         for session_id, timer_ids in self.schedule.take_due(now).items():
-            if session_id not in self.sessions:  # stopped while this loop let others run
+            hosted = self.sessions.get(session_id)
+            if hosted is None:  # stopped while this loop let others run
                 continue
-            outcome = self.execute(session_id, FireTimers(timer_ids, now, ts))
+            try:
+                outcome = self.execute(session_id, FireTimers(timer_ids, now, ts))
+            except StoreFailed:  # its ring could not be brought in: still due, fired later
+                for timer_id in timer_ids:
+                    timer = hosted.session.timers.get(timer_id)
+                    if timer is not None:
+                        self.schedule.add(timer)
+                failed = True
+                continue
             fired += sum(f.seq is not None for f in outcome.value)
             outcomes.append(outcome)
             since += len(timer_ids)
@@ -196,7 +206,7 @@ class LocalCommitter:
         except StoreFailed:
             return False
         self.listener.fired(fired)
-        return True
+        return not failed
 
     def _pending_timer(self, session_id: str, timer_id: str, due_ms: int) -> bool:
         hosted = self.sessions.get(session_id)
@@ -234,10 +244,11 @@ class LocalCommitter:
         """A clean stop's last write: every ring that is as durable as it is in memory, as
         it keeps itself (``Ring.image``), so that the next start reads each in one piece.
         ``IMAGES_AT_ONCE`` rings a transaction: the images are built a chunk at a time."""
+        # a folded ring was never brought in: the image it came from is still right
         hosted = [
             (sid, h.session)
             for sid, h in self.sessions.items()
-            if not h.session.dirty and h.visible == h.session.head
+            if not h.session.dirty and h.visible == h.session.head and not h.session.ring.is_folded
         ]
         kept = 0
         began = time.perf_counter()
@@ -377,6 +388,9 @@ class LocalCommitter:
             op.check()
             raise no_session(session_id)
         session = hosted.session
+        # a folded ring is brought in before the op, so that one that cannot be is the op's
+        # store_failed, with nothing changed
+        session.ring.unfold()
         before = session.changes
         result = op.run(session, hosted.cap())
         if session.changes == before:
@@ -388,6 +402,8 @@ class LocalCommitter:
 
     def ack_all(self, cursor: str, acks: list[tuple[str, int]]) -> Outcome[list[int]]:
         chosen = [(self._get(session_id), seq) for session_id, seq in acks]
+        for hosted, _ in chosen:
+            hosted.session.ring.unfold()
         seqs = ack_all([(h.session, seq, h.cap()) for h, seq in chosen], cursor)
         ticket = None
         for hosted, _ in chosen:

@@ -50,16 +50,17 @@ import os
 import sqlite3
 import threading
 import zlib
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from session.delta import CursorState, Delta, Webhook, gap
-from session.errors import ReplError, StoreFailed
+from session.errors import BadSeq, ReplError, StoreFailed
 from session.firing import NO_TAGS, Firing
-from session.ring import Image, check_limit, decode_image, encode_image
+from session.ring import Fold, Image, Ring, check_limit, decode_image, encode_image
 from session.schedule import Timer
 from session.scopes import Scope, TokenRecord
 from session.session import Snapshot, check_session_id
@@ -237,6 +238,9 @@ class SqliteStore:
         self._mutex = threading.Lock()
         self._reopen = False
         self._conn: sqlite3.Connection | None = None
+        # the event loop's own, for folded rings (``load``): never the writer's, which a
+        # commit may hold for milliseconds, and never written with
+        self._reader: sqlite3.Connection | None = None
         self._lock_fd = _lock_home(self.path)
         try:
             self._conn = self._connect()
@@ -339,12 +343,63 @@ class SqliteStore:
     def load(self) -> Iterator[Snapshot]:
         """Every session, one at a time, in id order: one ordered scan a table (not a query a
         session), merged, so that no more than one session's rows are held at once (a
-        restart's peak and steady memory are those of the sessions it hosts)."""
+        restart's peak and steady memory are those of the sessions it hosts). A ring whose
+        image is whole (a clean stop's, with nothing after it) comes folded: its image is
+        read when the ring is first looked into (``Ring.folded``, ``_unfold``), so a start
+        reads no image and a ring costs memory once it is used."""
         with self._mutex:
             try:
-                yield from _load_all(self._connection())
+                yield from _load_all(self._connection(), fold=self._fold)
             except (sqlite3.Error, _Inconsistent, msgspec.DecodeError) as exc:
                 raise StoreFailed(_load_failure(self.path, exc)) from None
+
+    def _fold(self, session_id: str, limit: int, head: int, first: int, since: int) -> Fold:
+        return Fold(head - first + 1, partial(self._unfold, session_id, limit, head, first, since))
+
+    def _unfold(self, session_id: str, limit: int, head: int, first: int, since: int) -> Ring:
+        """A folded ring's firings: its image, or (damaged, or not the ring's) its rows in the
+        log, read in full as a start without images does. ``StoreFailed`` when neither can
+        be read, or the log's rows are not the ring: the ring stays folded, and an operation
+        that needed it fails and changes nothing."""
+        try:
+            conn = self._reading()
+            row = conn.execute(
+                "SELECT image, crc FROM rings WHERE session = ? AND since = ? AND head = ?",
+                (session_id, since, head),
+            ).fetchone()
+            image = None if row is None else _image(session_id, row[0], row[1], first)
+            if image is not None and len(image.items) == head - first + 1:
+                return Ring.from_image(limit, head, image)
+            if image is not None:
+                log.warning(
+                    "the image of session %r's ring is not its ring; its firings "
+                    "are read from the log",
+                    session_id,
+                )
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM log AS l WHERE l.session = ? AND l.id > ?"
+                " AND l.seq >= ? ORDER BY l.seq",
+                (session_id, since, first),
+            )
+            firings = [_firing(row) for row in rows]
+            if len(firings) != head - first + 1:
+                raise _Inconsistent(
+                    f"session {session_id!r} holds {len(firings)} firing(s) where its "
+                    f"ring keeps {head - first + 1}"
+                )
+            return Ring(limit, head, firings)
+        except (sqlite3.Error, _Inconsistent, BadSeq) as exc:
+            raise StoreFailed(_load_failure(self.path, exc)) from None
+
+    def _reading(self) -> sqlite3.Connection:
+        if self._reader is None:
+            if self._lock_fd < 0:
+                raise StoreFailed(f"the store {self.path} is closed")
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+            conn.execute("PRAGMA query_only = 1")
+            self._reader = conn
+        return self._reader
 
     def load_sessions(self, session_ids: Collection[str]) -> dict[str, Snapshot | None]:
         """These sessions as the file holds them (None for one it does not): one read of
@@ -457,6 +512,9 @@ class SqliteStore:
 
     def close(self) -> None:
         with self._mutex:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
@@ -684,22 +742,40 @@ class _Rows:
         return taken
 
 
-def _load_all(conn: sqlite3.Connection, only: str = "") -> Iterator[Snapshot]:
+#: a log row as a firing is read from it (``_firing``)
+_COLUMNS = "l.session, l.seq, l.handler, l.result, l.event, l.ts, l.tags"
+
+
+def _firing(row: tuple[Any, ...]) -> Firing:
+    _, seq, handler, result, event, ts, tags = row
+    return Firing(seq, handler, result, event, ts, _tags(tags))
+
+
+def _load_all(
+    conn: sqlite3.Connection,
+    only: str = "",
+    fold: Callable[[str, int, int, int, int], Fold] | None = None,
+) -> Iterator[Snapshot]:
     """Every session in id order (``only``: a join that narrows the sessions), each with its
     rows, one session's at a time. The log is read once, in session order (SQLite's sorter,
     which spills to disk: not Python's memory); where every session has its ring's image,
-    only the log's rows after the oldest image (a range of ids), so that a restart after a
-    clean stop reads each ring as one blob."""
+    only the log's rows after the oldest image that has rows after it (a range of ids), so
+    that a restart after a clean stop reads each ring as one blob. With ``fold`` a ring whose
+    image is whole (its head the session's) is not read at all: ``fold`` makes what brings
+    it in later (``Ring.folded``)."""
     imaged = (
         f"FROM sessions AS s {only} LEFT JOIN rings AS r ON r.session = s.id AND r.since = s.since"
     )
+    # an image of the session's head has no rows after it, whatever its mark
     without, oldest = conn.execute(
-        f"SELECT count(*) - count(r.session), min(r.mark) {imaged}"
+        f"SELECT count(*) - count(r.session), min(CASE WHEN r.head < s.head THEN r.mark END)"
+        f" {imaged}"
     ).fetchone()
-    columns = "l.session, l.seq, l.handler, l.result, l.event, l.ts, l.tags"
-    if without == 0 and oldest is not None:  # every ring has its image: the log's tail
+    if without == 0 and oldest is None:  # every ring is its image: no row of the log is read
+        rows: Iterator[tuple[Any, ...]] = iter(())
+    elif without == 0:  # every ring has its image: the log's tail
         query = (
-            f"SELECT {columns} FROM log AS l JOIN sessions AS s ON s.id = l.session {only}"
+            f"SELECT {_COLUMNS} FROM log AS l JOIN sessions AS s ON s.id = l.session {only}"
             " JOIN rings AS r ON r.session = s.id AND r.since = s.since"
             f" WHERE l.id > ? AND {_LIVE_ROW} AND l.id > r.mark AND l.seq > r.head"
             " ORDER BY l.session, l.seq"
@@ -707,7 +783,7 @@ def _load_all(conn: sqlite3.Connection, only: str = "") -> Iterator[Snapshot]:
         rows = conn.execute(query, (oldest,))
     else:
         rows = conn.execute(
-            f"SELECT {columns} FROM log AS l JOIN sessions AS s ON s.id = l.session {only}"
+            f"SELECT {_COLUMNS} FROM log AS l JOIN sessions AS s ON s.id = l.session {only}"
             " LEFT JOIN rings AS r ON r.session = s.id AND r.since = s.since"
             f" WHERE {_LIVE_ROW} AND (r.session IS NULL OR (l.id > r.mark AND l.seq > r.head))"
             " ORDER BY l.session, l.seq"
@@ -731,18 +807,30 @@ def _load_all(conn: sqlite3.Connection, only: str = "") -> Iterator[Snapshot]:
         "t.due_ms, t.id",
     )
     hooks = of("hooks", "t.secret, t.handler", "t.session")
+    # a folded ring's image is not read: not even its crc, which comes after it in the row
+    # (SQLite would walk the image's overflow pages to reach it)
+    whole = "r.head = s.head" if fold is not None else "0"
     sessions = conn.execute(
-        f'SELECT s.id, s."limit", s.head, s.uses, s.first, s.since, r.image, r.crc {imaged}'
-        " ORDER BY s.id"
+        f'SELECT s.id, s."limit", s.head, s.uses, s.first, s.since, r.head,'
+        f" CASE WHEN {whole} THEN NULL ELSE r.image END,"
+        f" CASE WHEN {whole} THEN NULL ELSE r.crc END {imaged} ORDER BY s.id"
     )
-    for session_id, limit, head, uses, first, since, data, crc in sessions:
+    for session_id, limit, head, uses, first, since, image_head, data, crc in sessions:
         hook = hooks.of(session_id)
         tail = firings.of(session_id)
+        folded = None
+        if fold is not None and image_head == head:
+            if not tail:
+                folded = fold(session_id, limit, head, first, since)
+            else:  # rows past the session's head: the check below refuses them
+                data, crc = conn.execute(
+                    "SELECT image, crc FROM rings WHERE session = ?", (session_id,)
+                ).fetchone()
         image = None if data is None else _image(session_id, data, crc, first)
         if data is not None and image is None:  # damaged: the log has every live row
             tail = list(
                 conn.execute(
-                    f"SELECT {columns} FROM log AS l WHERE l.session = ? AND l.id > ?"
+                    f"SELECT {_COLUMNS} FROM log AS l WHERE l.session = ? AND l.id > ?"
                     " AND l.seq >= ? ORDER BY l.seq",
                     (session_id, since, first),
                 )
@@ -751,18 +839,16 @@ def _load_all(conn: sqlite3.Connection, only: str = "") -> Iterator[Snapshot]:
             id=session_id,
             limit=limit,
             head=head,
-            firings=[
-                Firing(seq, handler, result, event, ts, _tags(tags))
-                for _, seq, handler, result, event, ts, tags in tail
-            ],
+            firings=[_firing(row) for row in tail],
             cursors=[CursorState(name, seq, use) for _, name, seq, use in cursors.of(session_id)],
             uses=uses,
             keys=[(key, seq) for _, key, seq in keys.of(session_id)],
             timers=[_timer(*row) for row in timers.of(session_id)],
             webhook=Webhook(hook[0][1], hook[0][2]) if hook else None,
             image=image,
+            fold=folded,
         )
-        count = _check_snapshot(snapshot)
+        count = head - first + 1 if folded is not None else _check_snapshot(snapshot)
         if count != head - first + 1:
             raise _Inconsistent(
                 f"session {session_id!r} holds {count} firing(s) where its "
