@@ -314,7 +314,7 @@ async def test_a_folded_ring_that_cannot_be_read_fails_its_ops_and_changes_nothi
             p.Read(session="a", after=0),
             p.Ack(session="a", cursor="read", seq=1),
         ):
-            with pytest.raises(StoreFailed, match="session 'a' holds 0 firing.s. where"):
+            with pytest.raises(StoreFailed, match=r"session 'a' holds 0 firing\(s\) where"):
                 await call(engine, request)
         assert a.ring.is_folded and a.head == 1 and a.cursor_states() == []
         assert texts(await call(engine, p.Read(session="b", after=0))) == ["b one"]

@@ -731,7 +731,9 @@ def test_a_folded_ring_that_cannot_be_read_is_store_failed_and_stays_folded(
     conn.close()
     store = SqliteStore(db)
     s0, s1, s2 = (Session.restore(s) for s in store.load())
-    with pytest.raises(StoreFailed, match="session 's1' holds 0 firing.s. where its ring keeps 16"):
+    with pytest.raises(
+        StoreFailed, match=r"session 's1' holds 0 firing\(s\) where its ring keeps 16"
+    ):
         s1.ring.firings()
     assert s1.ring.is_folded and s1.summary() == restored(mirrors[1]).summary()
     assert s0.snapshot() == mirrors[0].session.snapshot()

@@ -24,9 +24,11 @@ handler, rules H1-H7), ``tokens`` (the scoped tokens, rules K1-K5: a name, the
 SHA-256 of the secret, never the secret, and the scope) and ``rings`` (each
 ring's image as the last clean stop left it, ``session.ring.Image``: its
 firings still packed, so that a start reads a ring as one blob and the log
-only after it, instead of building and packing every firing again; a copy,
-checked by a CRC, that a damaged or stale one is passed over for the log,
-which always holds every live row). ``PRAGMA user_version`` holds the
+only after it, instead of building and packing every firing again, and a
+ring the image holds whole not at all until a firing of it is needed
+(``Ring.folded``, read then with a reader connection of the event loop's
+own); a copy, checked by a CRC, that a damaged or stale one is passed over
+for the log, which always holds every live row). ``PRAGMA user_version`` holds the
 schema's version (6; a file of schema 1 to 5 gets the tables and columns it
 lacks when opened: schema 4 added the tags of firings and timers, schema 5
 moved the firings into the log, schema 6 added the images).
