@@ -772,3 +772,49 @@ def test_a_ring_left_folded_through_a_stop_keeps_its_image_for_the_next_start(
     assert [s.fold is not None for s in loaded] == [True, True, False]
     assert as_restored(loaded) == as_restored(m.snapshot() for m in mirrors)
     store.close()
+
+
+def test_a_whole_image_with_rows_past_its_head_is_refused_by_the_load(tmp_path: Path) -> None:
+    """A ring that would fold, but the log's tail, read for another ring's rows after its
+    image, holds a row past this ring's head (written by hand): the load reads its image to
+    check it, as it does a ring with rows after its image, and refuses the file before the
+    daemon serves. (With every ring whole the log is not read at all, and such a row is
+    found only if the ring is ever read from the log.)"""
+    db = tmp_path / "repl.db"
+    s0 = imaged(db)[0]
+    store = SqliteStore(db)
+    s0.record("after the image")
+    store.write([s0.delta()])
+    store.close()
+    edited(
+        db,
+        "INSERT INTO log (session, seq, handler, result, event, ts)"
+        " VALUES ('s1', 31, 'on-message', NULL, 'past the head', '2026-12-02T09:00:00.000Z')",
+    )
+    store = SqliteStore(db)
+    try:
+        with pytest.raises(StoreFailed, match="not consistent: session 's1' holds 17 firing"):
+            list(store.load())
+    finally:
+        store.close()
+
+
+def test_a_whole_image_that_holds_less_than_its_ring_is_passed_over_when_first_used(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An image of the session's head whose CRC checks but that holds fewer firings than the
+    ring keeps (made by hand: a clean stop keeps only the image of the file's ring): when the
+    ring is first used it is read from the log instead, exactly, with a warning."""
+    db = tmp_path / "repl.db"
+    mirrors = imaged(db)
+    image = mirrors[2].session.ring.image()
+    short = encode_image(Image(image.head, image.slots, image.items[-3:]))
+    edited(
+        db,
+        f"UPDATE rings SET image = x'{short.hex()}', crc = {zlib.crc32(short)}"
+        " WHERE session = 's2'",
+    )
+    store = SqliteStore(db)
+    assert as_restored(store.load()) == as_restored(m.snapshot() for m in mirrors)
+    store.close()
+    assert "the image of session 's2''s ring is not its ring" in caplog.text
