@@ -49,6 +49,8 @@ ROWS = (
     "memory per retained firing at",
     "(every ring full) until served",
     "RSS after that restart",
+    "a read of each of the 4 sessions' newest firing",
+    "RSS after those reads",
     "one-shot timer lateness p50",
     "one-shot timer lateness p99",
     "pending timers on",
