@@ -8,6 +8,7 @@ engine a test built itself (so it can look at the engine's sessions).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import gc
 import logging
@@ -114,6 +115,8 @@ async def serve_daemon(
         except StoreFailed as exc:
             raise ConfigError(exc.message) from None
         log.info("loaded %d session(s) from %s", count, backend.name)
+        # after the load, whose failure (a damaged file) is then the start's only line
+        log.info("event loop: %s", _loop_name())
         for level, line in backend.notes():
             log.log(level, line)
         await serve_engine(
@@ -251,7 +254,6 @@ def run(config: Config) -> None:
     certificate = open_certificate(config)
     ensure_token(config.home)
     backend = open_backend(config)
-    log.info("event loop: %s", "uvloop" if use_uvloop else "asyncio")
     # what start-up made (modules, functions, the config) lives as long as the
     # process: out of the collector's sight, a full collection while many
     # waits are in flight takes 1.7 ms instead of 7.5-15 ms
@@ -266,6 +268,13 @@ def run(config: Config) -> None:
         anyio.run(_run, config, backend, certificate, backend_options={"use_uvloop": use_uvloop})
     except* ConfigError as group:  # an address it cannot bind, a store it cannot reach
         raise ConfigError(str(_first(group))) from None
+
+
+def _loop_name() -> str:
+    """The event loop this runs on: uvloop's, or asyncio's own."""
+    return (
+        "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
+    )
 
 
 def choose_loop(loop: str) -> bool:

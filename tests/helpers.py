@@ -58,6 +58,7 @@ import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from repl_daemon.backends.local import LocalBackend
+from repl_daemon.backends.local import sqlite as sqlite_store
 from repl_daemon.backends.local.store import Store
 from repl_daemon.backends.redis.keys import session_keys
 from repl_daemon.config import DEFAULTS, Config, Limits
@@ -879,6 +880,12 @@ def require_build() -> None:
 # -- stores --------------------------------------------------------------------
 
 TS = "2026-01-02T03:04:05.678Z"
+
+
+def counted(conn: Any) -> tuple[int, int]:
+    """What the SQLite store's checks at open count: the log's rows and its live ones (what
+    its compaction goes by), recounted on ``conn``."""
+    return sqlite_store._read_pages(conn), sqlite_store._check_sessions(conn)
 
 
 class Mirror:

@@ -39,7 +39,7 @@ from session.rules import MAX_KEYS
 from session.schedule import Timer
 from session.scopes import READ, Scope, TokenRecord
 from session.session import Session, Snapshot
-from tests.helpers import Mirror
+from tests.helpers import Mirror, counted
 
 OpenStore = Callable[[], Store]
 
@@ -468,7 +468,7 @@ def test_what_the_engine_writes_loads_back_as_its_sessions(script: list[Op]) -> 
                 expected = anyio.run(run_engine, store, script)
                 if isinstance(store, SqliteStore):  # the counts compaction goes by, recounted
                     assert store._conn is not None
-                    assert sqlite_store._check_file(store._conn) == store._counts
+                    assert counted(store._conn) == store._counts
             finally:
                 store.close()
             store = make(Path(home))

@@ -25,7 +25,7 @@ from session.ring import Image, encode_image
 from session.schedule import Timer
 from session.scopes import READ, Scope, TokenRecord, digest
 from session.session import CursorState, Session, Snapshot
-from tests.helpers import TS, Mirror
+from tests.helpers import TS, Mirror, counted
 
 
 def filled(path: Path, sessions: int = 3, firings: int = 50) -> SqliteStore:
@@ -161,7 +161,11 @@ def test_a_file_that_is_not_a_database_is_refused_and_left_alone(tmp_path: Path)
     SqliteStore(db).close()
 
 
-def test_a_damaged_page_is_found_at_open_and_the_file_left_alone(tmp_path: Path) -> None:
+def test_a_damaged_page_is_found_before_the_store_serves_and_the_file_left_alone(
+    tmp_path: Path,
+) -> None:
+    """A page of the log damaged: the open reads every page beside the load (a thread of
+    its own), and the load, or a write before it, fails with the open's message."""
     db = tmp_path / "repl.db"
     filled(db, sessions=10, firings=200).close()
     size = db.stat().st_size
@@ -169,8 +173,16 @@ def test_a_damaged_page_is_found_at_open_and_the_file_left_alone(tmp_path: Path)
         f.seek(size // 2)
         f.write(b"\xff" * 8192)
     damaged = db.read_bytes()
-    with pytest.raises(StoreFailed, match="malformed"):
-        SqliteStore(db)
+    for use in ("load", "write"):
+        store = SqliteStore(db)
+        try:
+            with pytest.raises(StoreFailed, match=r"is not a readable repl database .* malformed"):
+                if use == "load":
+                    list(store.load())
+                else:
+                    store.write([Delta("s0", gone=True)])
+        finally:
+            store.close()
     assert db.read_bytes() == damaged
 
 
@@ -429,7 +441,7 @@ def test_the_log_stays_within_twice_its_live_rows_and_loads_back_exactly(tmp_pat
             mirrors[gone] = Mirror(gone, limit=3 + turn % 5)
         store.write([m.delta() for m in mirrors.values()])
         with sqlite3.connect(db) as conn:
-            recounted = sqlite_store._check_file(conn)
+            recounted = counted(conn)
         conn.close()
         rows, live = recounted
         assert store._counts == recounted  # what compaction goes by is what the file holds

@@ -243,16 +243,16 @@ class SqliteStore:
         # the event loop's own, for folded rings (``load``): never the writer's, which a
         # commit may hold for milliseconds, and never written with
         self._reader: sqlite3.Connection | None = None
+        # the read of every page, beside the load (``_checked``)
+        self._pages: _PageCheck | None = None
         self._lock_fd = _lock_home(self.path)
         try:
             self._conn = self._connect()
-            # check everything now, so that a damaged file stops the daemon before it
-            # serves, with the same clear message as a bad header: one scan a table in
-            # SQL, which reads every page and builds no row in Python (``load`` then
-            # streams the sessions, one at a time)
-            #: the log's rows and the live ones among them (compaction keeps the first
-            #: within twice the second)
-            self._counts = _check_file(self._conn)
+            # check everything before the daemon serves, so that a damaged file stops it
+            # with the same clear message as a bad header: every session's row now, and
+            # every page of the tables beside the load (``_PageCheck``, which ``load``
+            # waits for at its end, and a write before it does)
+            self._live = _check_sessions(self._conn)
         except (sqlite3.Error, _NotOurs, _Inconsistent) as exc:
             self.close()
             if isinstance(exc, _NotOurs):
@@ -260,7 +260,22 @@ class SqliteStore:
             if isinstance(exc, _Inconsistent):
                 raise StoreFailed(_load_failure(self.path, exc)) from None
             raise StoreFailed(_open_failure(self.path, exc)) from None
-        self._probe_writable()
+        self._pages = _PageCheck(self.path, self._busy_ms)
+        #: the log's rows and the live ones among them (compaction keeps the first within
+        #: twice the second), once the page check has counted them
+        self._counts = (0, self._live)
+
+    def _checked(self) -> None:
+        """Wait for the page check begun at open; ``StoreFailed`` when it found damage."""
+        check = self._pages
+        if check is None:
+            return
+        check.join()
+        if check.error is not None:
+            raise StoreFailed(_open_failure(self.path, check.error))
+        self._pages = None
+        self._counts = (check.rows, self._live)
+        self._probe_writable()  # a file found damaged is never written
 
     # -- opening -----------------------------------------------------------
 
@@ -353,7 +368,11 @@ class SqliteStore:
             try:
                 yield from _load_all(self._connection(), fold=self._fold)
             except (sqlite3.Error, _Inconsistent, msgspec.DecodeError) as exc:
+                if isinstance(exc, sqlite3.Error) and _error_name(exc).startswith(_DAMAGED):
+                    # a damaged page the load came to first: the page check's words for it
+                    raise StoreFailed(_open_failure(self.path, exc)) from None
                 raise StoreFailed(_load_failure(self.path, exc)) from None
+            self._checked()  # a daemon serves once every page was read, and not before
 
     def _fold(self, session_id: str, limit: int, head: int, first: int, since: int) -> Fold:
         return Fold(head - first + 1, partial(self._unfold, session_id, limit, head, first, since))
@@ -427,6 +446,7 @@ class SqliteStore:
     def write(self, batch: list[Delta]) -> None:
         """Apply the batch in one transaction; on any failure nothing of it is written."""
         with self._mutex:
+            self._checked()
             try:
                 conn = self._connection()
                 conn.execute("BEGIN IMMEDIATE")
@@ -445,6 +465,7 @@ class SqliteStore:
         image kept before of a session not among them stays, as right as it was. Returns how
         many were kept."""
         with self._mutex:
+            self._checked()
             try:
                 conn = self._connection()
                 conn.execute("BEGIN IMMEDIATE")
@@ -490,6 +511,7 @@ class SqliteStore:
 
     def _token_change(self, sql: str, args: tuple[str, ...]) -> None:
         with self._mutex:
+            self._checked()
             try:
                 conn = self._connection()
                 conn.execute("BEGIN IMMEDIATE")
@@ -514,6 +536,9 @@ class SqliteStore:
 
     def close(self) -> None:
         with self._mutex:
+            if self._pages is not None:  # its connection is its own: let it finish
+                self._pages.join()
+                self._pages = None
             if self._reader is not None:
                 self._reader.close()
                 self._reader = None
@@ -877,15 +902,13 @@ def _image(session_id: str, data: bytes, crc: int, first: int) -> Image | None:
     return None
 
 
-def _check_file(conn: sqlite3.Connection) -> tuple[int, int]:
+def _check_sessions(conn: sqlite3.Connection) -> int:
     """What can be checked of the file before its sessions are loaded: every session's row
-    (one the core can host, with a ring that fits its limit) and one scan of every table,
-    which reads every page (a damaged one fails it) and builds no row in Python. Returns
-    the log's rows and its live ones: the sum of the rings the sessions say they keep.
-    ``load`` checks each session's firings against its row as it reads them (a session
-    whose live rows disagree ends the load, so the daemon stops before it serves); an
-    aggregate of the log here would be a second sort of it, which cost a restart of
-    256,000 firings a sixth of its time."""
+    (one the core can host, with a ring that fits its limit). Returns the log's live rows:
+    the sum of the rings the sessions say they keep. ``load`` checks each session's
+    firings against its row as it reads them (a session whose live rows disagree ends the
+    load, so the daemon stops before it serves); an aggregate of the log here would be a
+    second sort of it, which cost a restart of 256,000 firings a sixth of its time."""
     live = 0
     for session_id, limit, head, first in conn.execute(
         'SELECT id, "limit", head, first FROM sessions'
@@ -902,10 +925,40 @@ def _check_file(conn: sqlite3.Connection) -> tuple[int, int]:
                 f"and head {head} (its first is {first})"
             )
         live += count
+    return live
+
+
+def _read_pages(conn: sqlite3.Connection) -> int:
+    """One scan of the log and of each table a load reads whole, which reads every page (a
+    damaged one fails it) and builds no row in Python. Returns the log's rows."""
     (rows,) = conn.execute("SELECT count(*) FROM log").fetchone()
     for table in ("cursors", "keys", "timers", "hooks"):  # every page read
         conn.execute(f"SELECT count(*), max(length(session)) FROM {table}").fetchone()
-    return rows, live
+    return int(rows)
+
+
+class _PageCheck(threading.Thread):
+    """``_read_pages`` on a connection of its own, beside the load: SQLite lets go of the
+    GIL while it reads, so the check of 10,000 full rings' log (0.15 s) costs a start on two
+    cores next to nothing. ``SqliteStore._checked`` waits for it."""
+
+    def __init__(self, path: Path, busy_ms: int) -> None:
+        super().__init__(name="repl-page-check", daemon=True)
+        self.path, self.busy_ms = path, busy_ms
+        self.rows = 0
+        self.error: sqlite3.Error | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            conn = sqlite3.connect(self.path, isolation_level=None)
+            try:
+                conn.execute(f"PRAGMA busy_timeout = {self.busy_ms}")
+                self.rows = _read_pages(conn)
+            finally:
+                conn.close()
+        except sqlite3.Error as exc:
+            self.error = exc
 
 
 def _check_snapshot(snapshot: Snapshot) -> int:
@@ -989,9 +1042,13 @@ def _load_failure(path: Path, exc: BaseException) -> str:
     return f"cannot read {path}: {exc}{_hint(exc)}"
 
 
+#: the SQLite errors of a file whose pages are not a database's
+_DAMAGED = ("SQLITE_NOTADB", "SQLITE_CORRUPT")
+
+
 def _open_failure(path: Path, exc: sqlite3.Error) -> str:
     name = _error_name(exc)
-    if name.startswith(("SQLITE_NOTADB", "SQLITE_CORRUPT")):
+    if name.startswith(_DAMAGED):
         return (
             f"{path} is not a readable repl database ({exc}): move it away to start "
             "with no sessions, or restore it from a backup"
