@@ -181,6 +181,18 @@ class Ring:
     def firings(self) -> list[Firing]:
         return packed.unpack(self.first, self._firings, self._slots)
 
+    def recorded_after(self, seq: int) -> list[Firing]:
+        """The retained firings after ``seq`` (a seq it has recorded), oldest first: what a
+        store is handed of a ring since it last was. ``events_after`` without a read's
+        checks, its cap and its batch: a durable send's commit takes this of every ring
+        it touched, most often its one newest firing."""
+        held = len(self._firings)
+        count = min(self._head - seq, held)
+        if count <= 0:
+            return []
+        items = [self._firings[-1]] if count == 1 else self._slice(held - count, held)
+        return packed.unpack(self._head - count + 1, items, self._slots)
+
     def record(
         self,
         handler: str,
@@ -417,6 +429,12 @@ class _Folded(Ring):
     ) -> int:
         self.unfold()
         return self.record(handler, result, event, ts, tags)
+
+    def recorded_after(self, seq: int) -> list[Firing]:
+        if seq >= self._head:  # nothing after it: a ring changed only in its cursors
+            return []
+        self.unfold()
+        return self.recorded_after(seq)
 
     def set_limit(self, limit: int) -> int:
         check_limit(limit)  # a bad limit changes nothing, folded or not

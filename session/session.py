@@ -573,7 +573,7 @@ class Session:
             keys = list(self._keys.items())
             timers = self.timer_list()
         else:
-            firings = ring.events_after(min(self._persisted, ring.head)).firings
+            firings = ring.recorded_after(self._persisted)
             keys = self._new_keys
             timers = [t for t in self._timer_changes.values() if t is not None]
             timers_gone = [i for i, t in self._timer_changes.items() if t is None]

@@ -450,6 +450,7 @@ looks = st.one_of(
     ),
     st.tuples(st.just("firings"), st.none()),
     st.tuples(st.just("image"), st.none()),
+    st.tuples(st.just("since"), st.integers(0, 130)),
 )
 
 
@@ -465,6 +466,8 @@ def look(ring: Ring, what: str, arg: object) -> object:
             return ring.events_after(after, most, visible, match=match)
         if what == "firings":
             return ring.firings()
+        if what == "since":
+            return ring.recorded_after(arg)  # type: ignore[arg-type]
         return ring.image()
     except (BadSeq, BadMax, CursorAfterHead, BadLimit) as exc:
         return exc.code
@@ -541,3 +544,28 @@ def test_a_fold_that_brings_in_another_ring_is_bad_seq_and_stays_folded() -> Non
         Ring.folded(4, 6, Fold(5, keeper.unfold))
     with pytest.raises(BadSeq, match="cannot hold 3"):
         Ring.folded(4, 2, Fold(3, keeper.unfold))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    limit=st.integers(0, 40),
+    before=st.lists(any_sends, max_size=120),
+    new_limit=st.none() | st.integers(0, 40),
+    data=st.data(),
+)
+def test_what_a_ring_recorded_after_a_seq_is_what_a_read_after_it_returns(
+    limit: int,
+    before: list[tuple[str, bool, str, str, dict[str, str]]],
+    new_limit: int | None,
+    data: st.DataObject,
+) -> None:
+    """``recorded_after`` (a commit's look at a ring) gives the firings a read after the
+    same seq does, for every seq up to the head, trimmed or not; none after the head."""
+    ring = Ring(limit)
+    for send in before:
+        record(ring, send)
+    if new_limit is not None:
+        ring.set_limit(new_limit)
+    seq = data.draw(st.integers(0, ring.head))
+    assert ring.recorded_after(seq) == ring.events_after(seq).firings
+    assert ring.recorded_after(ring.head + data.draw(st.integers(0, 3))) == []
