@@ -515,11 +515,14 @@ def test_a_folded_ring_answers_its_counts_and_an_empty_read_without_unfolding() 
         folded.events_after(11)
     with pytest.raises(BadLimit):
         folded.set_limit(MAX_LIMIT + 1)
+    assert folded.recorded_after(10) == [] and folded.recorded_after(12) == []
     assert keeper.calls == 0
     assert folded.events_after(8) == ring.events_after(8)
     assert keeper.calls == 1 and type(folded) is Ring and not folded.is_folded
+    again = keeper.folded(4)
+    assert again.recorded_after(8) == ring.recorded_after(8) and not again.is_folded
     folded.firings(), folded.record("on-message", "m11", None, TS)
-    assert keeper.calls == 1
+    assert keeper.calls == 2
 
 
 def test_an_unfold_that_fails_leaves_the_ring_folded_and_the_next_look_tries_again() -> None:
