@@ -8,6 +8,9 @@ it or none. When a write fails the transaction is rolled back and
 ``StoreFailed`` says why in words a user can act on; the same connection
 is used again (a read-only one is reopened, so that a database made
 writable again is written again without a restart).
+Two more connections only read: the event loop's, which brings in the rings a
+start left folded, and, at open, one in a thread of its own that reads every
+page beside the load (``_PageCheck``).
 
 The file holds these tables: ``sessions`` (limit, head and the cursor-use
 clock of each session, with where its firings start in the log), ``log``
@@ -28,8 +31,8 @@ only after it, instead of building and packing every firing again, and a
 ring the image holds whole not at all until a firing of it is needed
 (``Ring.folded``, read then with a reader connection of the event loop's
 own); a copy, checked by a CRC, that a damaged or stale one is passed over
-for the log, which always holds every live row). ``PRAGMA user_version`` holds the
-schema's version (6; a file of schema 1 to 5 gets the tables and columns it
+for the log, which always holds every live row). ``PRAGMA user_version``
+holds the schema's version (6; a file of schema 1 to 5 gets the tables and columns it
 lacks when opened: schema 4 added the tags of firings and timers, schema 5
 moved the firings into the log, schema 6 added the images).
 
