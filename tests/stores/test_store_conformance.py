@@ -35,6 +35,7 @@ from repl_daemon.backends.local.store import Store
 from repl_daemon.engine import Engine, Outcome
 from session.delta import Delta, Webhook
 from session.errors import StoreFailed
+from session.firing import Firing
 from session.rules import MAX_KEYS
 from session.schedule import Timer
 from session.scopes import READ, Scope, TokenRecord
@@ -373,6 +374,38 @@ def test_a_delta_that_would_leave_a_hole_in_the_ring_is_refused(open_store: Open
     with pytest.raises(StoreFailed, match="do not continue"):
         store.write([delta])
     assert [f.seq for f in loaded(store)["a"].firings] == [1]
+
+
+@pytest.mark.parametrize(
+    ("seqs", "head"),
+    [
+        ([3], 3),  # one firing after a hole
+        ([2, 2], 3),  # two, the second a twin: the head not reached
+        ([3, 3], 3),  # two ending at the head, the first not after the stored head
+        ([2, 4], 4),  # two whose ends are right, a hole between them
+        ([2, 4, 4], 4),  # three whose ends are right, a twin and a hole between
+        ([1, 2], 2),  # two starting at the stored head itself
+    ],
+)
+def test_new_firings_that_do_not_follow_the_stored_head_one_by_one_are_refused(
+    open_store: OpenStore, seqs: list[int], head: int
+) -> None:
+    """The check every delta passes, one new firing or a few (the store takes a short cut
+    for one or two whose ends are where they must be): anything else is refused whole."""
+    store = open_store()
+    a = Mirror("a")
+    a.record("one")
+    store.write([a.delta()])
+    firings = [
+        Firing(seq, "on-message", f"m{seq}", None, "2026-12-02T09:00:00.000Z") for seq in seqs
+    ]
+    delta = Delta("a", limit=256, head=head, retained=head, firings=firings)
+    with pytest.raises(StoreFailed, match="do not continue"):
+        store.write([delta])
+    assert [f.seq for f in loaded(store)["a"].firings] == [1]
+    follows = [Firing(2, "on-message", "m2", None, "2026-12-02T09:00:00.000Z")]
+    store.write([Delta("a", limit=256, head=2, retained=2, firings=follows)])
+    assert [f.seq for f in loaded(store)["a"].firings] == [1, 2]
 
 
 def test_the_memory_store_keeps_nothing() -> None:
