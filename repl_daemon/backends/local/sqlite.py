@@ -632,7 +632,7 @@ def _write_batch(
         live += head - first + 1
         sessions.append((sid, delta.limit, head, delta.uses, first, since))
         for f in new:
-            tags = _tags_json.encode(f.tags).decode() if f.tags else None
+            tags = _tags_column(f.tags) if f.tags else None  # most have none: no call
             firings.append((sid, f.seq, f.handler, f.result, f.event, f.ts, tags))
         if delta.cursors is not None:
             cursors_replaced.append((sid,))
