@@ -761,13 +761,15 @@ class RedisClusterProcs:
                 state = admin.cluster("INFO")["cluster_state"]
                 if state != "ok":
                     return f"{port}: cluster_state {state}"
-                known = sum(
-                    1
+                rows = [
+                    row
                     for row in admin.cluster("NODES").values()
                     if not {"fail", "fail?", "handshake"} & set(row["flags"].split(","))
-                )
-                if known < expected:
-                    return f"{port}: knows {known} of {expected} nodes"
+                ]
+                if len(rows) < expected:
+                    return f"{port}: knows {len(rows)} of {expected} nodes"
+                if expected == len(self.nodes) and (shape := self._shape(rows)):
+                    return f"{port}: {shape}"
                 replication = admin.info("replication")
                 if replication["role"] == "slave" and (
                     replication.get("master_link_status") != "up"
@@ -776,6 +778,21 @@ class RedisClusterProcs:
                     return f"{port}: replica not synced"
         except redis.RedisError as exc:
             return f"{port}: {exc}"
+        return None
+
+    def _shape(self, rows: list[dict[str, Any]]) -> str | None:
+        """What is wrong with the shape one node sees, with every node running: each primary
+        holds slots and has ``replicas`` replicas of its own (a primary killed and started
+        again is seen as a primary for a while before it is seen as its successor's replica,
+        and a test that looks for each primary's replica then finds none)."""
+        primaries = {row["node_id"] for row in rows if "master" in row["flags"]}
+        for row in rows:
+            if "master" in row["flags"] and not row["slots"] and self.replicas:
+                return f"{row['node_id'][:8]} is a primary without slots"
+        for node_id in primaries:
+            have = sum(1 for row in rows if row["master_id"] == node_id)
+            if have != self.replicas:
+                return f"{node_id[:8]} has {have} of {self.replicas} replicas"
         return None
 
     def flush(self) -> None:
