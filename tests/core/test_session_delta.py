@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from session.delta import Delta, gap
+from session.delta import Delta, Webhook, gap
 from session.errors import AckAfterHead, BadCursorName, BadMax, BadSeq, ReplError
 from session.firing import Firing
 from session.ops import (
@@ -29,6 +29,7 @@ from session.ops import (
     ack_all,
 )
 from session.rules import MAX_KEYS
+from session.schedule import Timer
 from session.session import Session, Snapshot, Summary
 
 TS = "2026-12-01T06:00:00.000Z"
@@ -305,3 +306,76 @@ def test_new_keys_never_pile_up_where_no_store_takes_deltas() -> None:
     store = ModelStore()
     store.apply(delta)
     assert Session.restore(store.snapshot("s")).snapshot() == session.snapshot()
+
+
+twin_steps = st.lists(
+    st.tuples(
+        st.sampled_from(
+            [
+                "send",
+                "send",
+                "send",
+                "tagged",
+                "keyed",
+                "ack",
+                "read",
+                "peek",
+                "limit",
+                "timer",
+                "cancel",
+                "fire",
+                "hook",
+                "reset",
+                "take",
+                "take",
+                "take",
+            ]
+        ),
+        st.integers(0, 40),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps=twin_steps, limit=st.integers(0, 6))
+def test_a_sends_short_delta_is_the_whole_deltas_answer(
+    steps: list[tuple[str, int]], limit: int
+) -> None:
+    """``take_delta`` has a short cut for a delta of new firings alone: two twins go through
+    the same operations, one handing over by ``take_delta`` and one by the whole
+    computation, and every delta and the state after it are the same."""
+    twins = Session("s", limit), Session("s", limit)
+    for kind, n in steps:
+        for s in twins:
+            if kind == "send":
+                s.record("on-message", f"t{n}", TS)
+            elif kind == "tagged":
+                s.record("on-message", f"g{n}", TS, tags={"k": f"v{n % 3}"})
+            elif kind == "keyed":
+                s.record("on-message", f"k{n}", TS, key=f"k{n % 5}")
+            elif kind == "ack":
+                s.ack(f"c{n % 3}", min(n, s.head))
+            elif kind == "read":
+                s.read(f"c{n % 3}")
+            elif kind == "peek":
+                s.read(f"c{n % 3}", touch=False)
+            elif kind == "limit":
+                s.set_limit(n % 7)
+            elif kind == "timer" and f"t{n % 4}" not in {t.id for t in s.timer_list()}:
+                s.schedule(Timer(id=f"t{n % 4}", session="s", due_ms=n, handler="h", text="x"))
+            elif kind == "cancel" and f"t{n % 4}" in {t.id for t in s.timer_list()}:
+                s.cancel_timer(f"t{n % 4}")
+            elif kind == "fire":
+                s.fire_timers([t.id for t in s.timer_list()], 40, TS)
+            elif kind == "hook":
+                s.set_webhook(Webhook(f"secret{n % 2}") if n % 3 else None)
+            elif kind == "reset":
+                s.mark_reset()
+        if kind == "take":
+            quick, whole = twins
+            assert quick.take_delta() == whole._take_whole_delta()
+            assert quick.snapshot() == whole.snapshot() and not quick.dirty and not whole.dirty
+    quick, whole = twins
+    assert quick.take_delta() == whole._take_whole_delta()
+    assert quick.take_delta() == whole._take_whole_delta()  # nothing since: the same empty one
