@@ -81,6 +81,42 @@ steps = st.lists(
 )
 
 
+def step(session: Session, kind: str, n: int, cursors: int) -> None:
+    """One operation of a random history on ``session``: ``kind``, with ``n`` choosing
+    its text, key, cursor (of ``cursors``), seq, limit or timer."""
+    if kind == "send":
+        session.record("on-message", f"t{n}", TS)
+    elif kind == "tagged":
+        session.record("on-message", f"g{n}", TS, tags={"k": f"v{n % 3}"})
+    elif kind == "keyed":
+        session.record("on-message", f"k{n}", TS, key=f"k{n % 5}")
+    elif kind == "ack":
+        session.ack(f"c{n % cursors}", min(n, session.head))
+    elif kind == "read":
+        session.read(f"c{n % cursors}")
+    elif kind == "peek":
+        session.read(f"c{n % cursors}", touch=False)
+    elif kind == "poll":
+        session.poll()
+    elif kind == "limit":
+        session.set_limit(n % 7)
+    elif kind in ("timer", "cancel"):
+        timer_id = f"t{n % 4}"
+        pending = timer_id in {t.id for t in session.timer_list()}
+        if kind == "timer" and not pending:
+            session.schedule(Timer(id=timer_id, session="s", due_ms=n, handler="h", text="x"))
+        elif kind == "cancel" and pending:
+            session.cancel_timer(timer_id)
+    elif kind == "fire":
+        session.fire_timers([t.id for t in session.timer_list()], 40, TS)
+    elif kind == "hook":
+        session.set_webhook(Webhook(f"secret{n % 2}") if n % 3 else None)
+    elif kind == "reset":
+        session.mark_reset()
+    else:
+        raise AssertionError(f"no such step: {kind}")
+
+
 @settings(max_examples=200, deadline=None)
 @given(steps=steps, limit=st.integers(0, 6))
 def test_what_the_deltas_carry_restores_to_the_session_as_it_is(
@@ -89,20 +125,8 @@ def test_what_the_deltas_carry_restores_to_the_session_as_it_is(
     session = Session("s", limit)
     store = ModelStore()
     for kind, n in steps:
-        if kind == "send":
-            session.record("on-message", f"t{n}", TS)
-        elif kind == "keyed":
-            session.record("on-message", f"k{n}", TS, key=f"k{n % 5}")
-        elif kind == "ack":
-            session.ack(f"c{n % 18}", min(n, session.head))
-        elif kind == "read":
-            session.read(f"c{n % 18}")
-        elif kind == "peek":
-            session.read(f"c{n % 18}", touch=False)
-        elif kind == "poll":
-            session.poll()
-        elif kind == "limit":
-            session.set_limit(n % 7)
+        if kind != "take":
+            step(session, kind, n, 18)
         else:
             store.apply(session.take_delta())
             assert not session.dirty
@@ -347,31 +371,9 @@ def test_a_sends_short_delta_is_the_whole_deltas_answer(
     computation, and every delta and the state after it are the same."""
     twins = Session("s", limit), Session("s", limit)
     for kind, n in steps:
-        for s in twins:
-            if kind == "send":
-                s.record("on-message", f"t{n}", TS)
-            elif kind == "tagged":
-                s.record("on-message", f"g{n}", TS, tags={"k": f"v{n % 3}"})
-            elif kind == "keyed":
-                s.record("on-message", f"k{n}", TS, key=f"k{n % 5}")
-            elif kind == "ack":
-                s.ack(f"c{n % 3}", min(n, s.head))
-            elif kind == "read":
-                s.read(f"c{n % 3}")
-            elif kind == "peek":
-                s.read(f"c{n % 3}", touch=False)
-            elif kind == "limit":
-                s.set_limit(n % 7)
-            elif kind == "timer" and f"t{n % 4}" not in {t.id for t in s.timer_list()}:
-                s.schedule(Timer(id=f"t{n % 4}", session="s", due_ms=n, handler="h", text="x"))
-            elif kind == "cancel" and f"t{n % 4}" in {t.id for t in s.timer_list()}:
-                s.cancel_timer(f"t{n % 4}")
-            elif kind == "fire":
-                s.fire_timers([t.id for t in s.timer_list()], 40, TS)
-            elif kind == "hook":
-                s.set_webhook(Webhook(f"secret{n % 2}") if n % 3 else None)
-            elif kind == "reset":
-                s.mark_reset()
+        if kind != "take":
+            for s in twins:
+                step(s, kind, n, 3)
         if kind == "take":
             quick, whole = twins
             assert quick.take_delta() == whole._take_whole_delta()
