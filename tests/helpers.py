@@ -782,14 +782,10 @@ class RedisClusterProcs:
 
     def _shape(self, rows: list[dict[str, Any]]) -> str | None:
         """What is wrong with the shape one node sees, with every node running: each primary
-        holds slots and has ``replicas`` replicas of its own (a primary killed and started
-        again is seen as a primary for a while before it is seen as its successor's replica,
-        and a test that looks for each primary's replica then finds none)."""
-        primaries = {row["node_id"] for row in rows if "master" in row["flags"]}
-        for row in rows:
-            if "master" in row["flags"] and not row["slots"] and self.replicas:
-                return f"{row['node_id'][:8]} is a primary without slots"
-        for node_id in primaries:
+        has ``replicas`` replicas of its own (a primary killed and started again is seen as a
+        primary without slots or replicas for a while before it is seen as its successor's
+        replica, and a test that looks for each primary's replica then finds none)."""
+        for node_id in (row["node_id"] for row in rows if "master" in row["flags"]):
             have = sum(1 for row in rows if row["master_id"] == node_id)
             if have != self.replicas:
                 return f"{node_id[:8]} has {have} of {self.replicas} replicas"

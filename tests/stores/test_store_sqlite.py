@@ -205,6 +205,16 @@ def test_a_database_from_a_newer_repl_is_refused(tmp_path: Path) -> None:
         SqliteStore(db)
 
 
+def refused_load(db: Path, match: str) -> None:
+    """A load of ``db`` ends in ``StoreFailed`` saying ``match``."""
+    store = SqliteStore(db)
+    try:
+        with pytest.raises(StoreFailed, match=match):
+            list(store.load())
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize(
     "edit",
     [
@@ -218,12 +228,7 @@ def test_a_ring_with_a_hole_is_refused_by_the_load(tmp_path: Path, edit: str) ->
     db = tmp_path / "repl.db"
     filled(db).close()
     edited(db, edit)
-    store = SqliteStore(db)
-    try:
-        with pytest.raises(StoreFailed, match="not consistent: session 's1'"):
-            list(store.load())
-    finally:
-        store.close()
+    refused_load(db, "not consistent: session 's1'")
 
 
 def test_a_directory_it_cannot_create_the_file_in(tmp_path: Path) -> None:
@@ -803,12 +808,7 @@ def test_a_whole_image_with_rows_past_its_head_is_refused_by_the_load(tmp_path: 
         "INSERT INTO log (session, seq, handler, result, event, ts)"
         " VALUES ('s1', 31, 'on-message', NULL, 'past the head', '2026-12-02T09:00:00.000Z')",
     )
-    store = SqliteStore(db)
-    try:
-        with pytest.raises(StoreFailed, match="not consistent: session 's1' holds 17 firing"):
-            list(store.load())
-    finally:
-        store.close()
+    refused_load(db, "not consistent: session 's1' holds 17 firing")
 
 
 def test_a_whole_image_that_holds_less_than_its_ring_is_passed_over_when_first_used(
