@@ -139,7 +139,7 @@ class _Subscriber:
 
     async def close(self) -> None:
         try:
-            await self.pubsub.aclose()  # type: ignore[no-untyped-call]
+            await self.pubsub.aclose()
             await self.client.aclose()
         except Exception as exc:
             log.debug("closing a subscriber: %s", exc)
