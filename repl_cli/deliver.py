@@ -103,6 +103,28 @@ class Printer:
             pass  # the firings come again to the next reader: at least once
 
 
+def at_most(batches: Sequence[Batch], most: int) -> list[Batch]:
+    """The first ``most`` firings of ``batches``, in order, each batch cut to what it keeps.
+
+    A batch cut short ends at its last kept firing (that is what is acknowledged,
+    and where the next read starts); a batch left with none of its firings is left
+    out whole, its loss too, to be told by the next read. One that had none (a loss
+    alone) costs nothing and stays.
+    """
+    kept: list[Batch] = []
+    for batch in batches:
+        if not batch.firings:
+            kept.append(batch)
+        elif most > 0:
+            firings = batch.firings[:most]
+            most -= len(firings)
+            cut = len(firings) < len(batch.firings)
+            kept.append(
+                Batch(batch.session, firings[-1].seq if cut else batch.next, batch.lost, firings)
+            )
+    return kept
+
+
 def deliver(printer: Printer, batches: Sequence[Batch]) -> None:
     """Print the batches, then acknowledge what was delivered (read, wait)."""
     printer.ack(printer.show(batches))

@@ -24,7 +24,7 @@ import click
 from repl_cli import output
 from repl_cli.api import Repl
 from repl_cli.client import Client
-from repl_cli.deliver import Batch, Printer, deliver, follow
+from repl_cli.deliver import Batch, Printer, at_most, deliver, follow
 from repl_cli.errors import (
     ERROR,
     INTERRUPTED,
@@ -921,6 +921,13 @@ def parse_since(text: str) -> str:
 )
 @click.option("--peek", is_flag=True, help="Do not acknowledge.")
 @click.option(
+    "--max",
+    "most",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Print at most N firings, the oldest; the rest stay for the next wait.",
+)
+@click.option(
     "--count",
     type=click.IntRange(min=1),
     metavar="N",
@@ -936,6 +943,7 @@ def wait(
     cursor: str | None,
     timeout: float | None,
     peek: bool,
+    most: int | None,
     count: int | None,
     match_words: tuple[str, ...],
     handler_filter: str | None,
@@ -959,6 +967,10 @@ def wait(
 
     if peek and count is not None:
         raise click.UsageError("--count waits for new firings: a --peek would see the same again")
+    if most is not None and count is not None:
+        raise click.UsageError(
+            "--max returns at once with at most N; --count waits for N: not both"
+        )
     match = match_of(match_words, handler_filter)
     if cursor is None and match is None:
         cursor = WAIT_CURSOR
@@ -971,11 +983,12 @@ def wait(
     after: dict[str, int] = {}  # a cursorless --count goes on after what it printed
     while True:
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        bound = most if count is None else count - printed
         woken = repl.wait(
             ids,
             cursor=cursor,
             timeout=left,
-            max=None if count is None else count - printed,
+            max=bound,
             watch=printer.watch,
             match=match,
             after=after.get(ids[0]) if cursor is None and len(ids) == 1 else None,
@@ -983,6 +996,9 @@ def wait(
         if woken.timed_out:
             return OK if printed else TIMED_OUT
         batches = [Batch(b.session, b.next, b.lost, b.firings) for b in woken.batches]
+        if len(batches) > 1 and bound is not None:
+            # the daemon bounds each session's batch; the whole is bounded here
+            batches = at_most(batches, bound)
         taken = printer.show(batches)
         # printed: the ack is tried again across an outage too (acks are idempotent)
         repl.again().run(partial(printer.ack, taken))

@@ -2,7 +2,8 @@
 
 ``read --last N`` (the newest N) and ``read --since WHEN`` (a time back or
 an ISO time) look without a cursor; ``--ts`` shows each firing's time;
-``wait --count N`` and ``follow --count N`` stop after N firings; ``send``
+``wait --count N`` and ``follow --count N`` stop after N firings, ``wait --max N``
+prints at most N; ``send``
 and ``start`` speak ``--json``; session ids complete in the shell. And the
 wording that used to surprise: one dropped firing, an ``--after`` past the
 head, a server that is not a daemon, a line that is too long.
@@ -97,6 +98,39 @@ def test_wait_count_with_a_timeout_exits_0_once_something_was_printed(repl: Repl
     assert (done.returncode, done.stdout) == (0, "on-message: only\n")
     done = repl.run("wait", s, "--count", "5", "--timeout", "0.3")
     assert (done.returncode, done.stdout) == (2, "")
+
+
+def test_wait_max_prints_the_oldest_n_and_acknowledges_only_them(repl: Repl, s: str) -> None:
+    repl.send(s, "a", "b", "c")
+    assert repl.ok("wait", s, "--max", "1") == "on-message: a\n"
+    assert repl.cursor(s, "wait") == 1  # b and c stay for the next wait
+    assert repl.ok("wait", s, "--max", "2", "--seq") == "#2 on-message: b\n#3 on-message: c\n"
+    assert repl.cursor(s, "wait") == 3
+    assert repl.run("wait", s, "--max", "1", "--timeout", "0").returncode == 2
+    # a matching reader's --max ends its batch at the last firing it printed, not at the last
+    # it looked at, so the matching firings after it are not passed over
+    repl.ok("send", s, "--lines", "--tag", "reply-to=me", input="x\ny\nz\n")
+    one = repl.ok("wait", s, "--match", "reply-to", "--cursor", "worker", "--max", "1")
+    assert one == "on-message: x\n"
+    assert repl.cursor(s, "worker") == 4
+    rest = repl.ok("wait", s, "--match", "reply-to", "--cursor", "worker", "--max", "5")
+    assert rest == "on-message: y\non-message: z\n"
+    repl.fails(64, "wait", s, "--max", "1", "--count", "2")
+    repl.fails(64, "wait", s, "--max", "0")
+
+
+def test_wait_max_bounds_the_whole_over_several_sessions(repl: Repl) -> None:
+    a, b = repl.session("a", "a1", "a2"), repl.session("b", "b1", "b2")
+    out = repl.ok("wait", a, b, "--max", "3", "--json")
+    firings = [json.loads(line) for line in out.splitlines() if '"seq"' in line]
+    assert [(f["session"], f["result"]) for f in firings] == [
+        (a, "a1"),
+        (a, "a2"),
+        (b, "b1"),
+    ] or [(f["session"], f["result"]) for f in firings] == [(b, "b1"), (b, "b2"), (a, "a1")]
+    assert sorted([repl.cursor(a, "wait"), repl.cursor(b, "wait")]) == [1, 2]
+    rest = repl.ok("wait", a, b, "--max", "3")
+    assert len(rest.splitlines()) == 1  # the one left of the four
 
 
 def test_follow_count_stops_after_n_and_acknowledges_them(repl: Repl, s: str) -> None:
