@@ -24,12 +24,16 @@ INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 class CliError(Exception):
     """A failure to report as one line on stderr, ending with ``status``."""
 
-    def __init__(self, message: str, status: int = ERROR, code: str | None = None) -> None:
+    def __init__(
+        self, message: str, status: int = ERROR, code: str | None = None, said: str | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         #: the daemon's error code (``no_such_session``...) when the daemon refused
         self.code = code
+        #: the daemon's own message, before the CLI's hint (what MCP words its way)
+        self.said = message if said is None else said
 
 
 def unavailable(message: str) -> CliError:
@@ -95,6 +99,5 @@ WIRE: dict[str, tuple[int, str]] = {
 def from_wire(code: str, message: str) -> CliError:
     """The CliError for a daemon's error answer; an unknown code is a plain error."""
     status, hint = WIRE.get(code, (ERROR, ""))
-    if hint and "`" not in message:
-        message = f"{message}: {hint}"
-    return CliError(message, status, code)
+    line = f"{message}: {hint}" if hint and "`" not in message else message
+    return CliError(line, status, code, said=message)

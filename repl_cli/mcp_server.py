@@ -32,18 +32,20 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import anyio
 import msgspec
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from pydantic import Field
+from mcp.types import ToolAnnotations
+from pydantic import Field, ValidationError
 from typing_extensions import TypedDict
 
 from repl_cli import aio
 from repl_cli.errors import CliError
 from repl_daemon import protocol as p
+from session.advice import advised
 from session.firing import Firing
 from session.rules import DEFAULT_HANDLER, WAIT_CURSOR
 from session.tags import CORR, REPLY_TO, correlation_id
@@ -54,6 +56,26 @@ T = TypeVar("T")
 
 #: how often a blocked wait tells a client that asked for progress that it is still there
 PROGRESS_EVERY = 5.0
+
+#: the longest a ``wait`` or ``request`` blocks: below the 60 s that MCP clients commonly
+#: give a request (the SDK's default among them) whether or not progress resets it, so a
+#: wait at its longest still answers ``timed_out`` rather than the client giving up with a
+#: protocol error; an agent that wants to wait longer calls again (nothing is lost between)
+MAX_WAIT_S = 50.0
+
+#: what each tool may do, for a harness deciding whether to ask a person first (MCP's tool
+#: annotations): nothing ever reaches past the daemon (openWorldHint false), and nothing
+#: deletes what cannot be had again (destructiveHint false: a cursor never moves back)
+LOOKS = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+#: changes only what doing it again leaves as it is (a cursor set to max(seq), a start with
+#: exist_ok)
+SETS = ToolAnnotations(
+    read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False
+)
+#: records something new each time (a firing, a timer) unless a dedup key says otherwise
+RECORDS = ToolAnnotations(
+    read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
+)
 
 INSTRUCTIONS = """\
 repl is a session inbox: each session records messages as numbered firings
@@ -139,6 +161,8 @@ class ScheduledOut(TypedDict):
     due: str | None
     every_ms: int | None
     duplicate: bool
+    #: a duplicate whose first timer has fired already: the firing it recorded
+    seq: int | None
 
 
 class ReplyOut(TypedDict):
@@ -170,6 +194,15 @@ MatchArg = Annotated[
     Field(
         description="Only firings whose tags match: each KEY must be there with that value "
         "(null: any value)."
+    ),
+]
+WaitSeconds = Annotated[
+    float,
+    Field(
+        ge=0,
+        le=MAX_WAIT_S,
+        description=f"How long to wait at most, in seconds (at most {MAX_WAIT_S:g}: call "
+        "again to wait longer).",
     ),
 ]
 TagsArg = Annotated[
@@ -223,9 +256,38 @@ class Tools:
 
 
 def tool_error(exc: CliError) -> ToolError:
-    """The CLI's one line, with the wire code when the daemon gave one."""
-    code = f" (code {exc.code})" if exc.code else ""
-    return ToolError(f"repl: {exc.message}{code}")
+    """One line in MCP's words (tools and their arguments, not commands and flags), with
+    the wire code when the daemon gave one; the CLI's line when it did not (the daemon
+    away, a token file missing: what a person must fix, not the agent)."""
+    if exc.code is None:
+        return ToolError(f"repl: {exc.message}")
+    return ToolError(f"repl: {advised(exc.code, exc.said, 'mcp')} (code {exc.code})")
+
+
+def plain(tool: str, exc: ValidationError) -> str:
+    """A validator's complaint about a tool's arguments as one plain line."""
+    problems = []
+    for error in exc.errors(include_url=False):
+        where = ".".join(str(part) for part in error["loc"]) or "the arguments"
+        problems.append(f"{where}: {error['msg'][:1].lower()}{error['msg'][1:]}")
+    return f"repl: the {tool} tool's arguments: {'; '.join(problems)}"
+
+
+class Server(MCPServer):
+    """The SDK's server, its tool errors as one line of ours: an argument of the wrong
+    shape is told what is wrong in one line (not a validator's dump with a URL), and no
+    error carries the SDK's ``Error executing tool`` prefix."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, ValidationError):
+                raise ToolError(plain(name, cause)) from None
+            if isinstance(cause, ToolError):
+                raise ToolError(str(cause)) from None
+            raise
 
 
 def check(condition: bool, message: str) -> None:
@@ -254,7 +316,7 @@ async def waited(
 def build(settings: Settings) -> MCPServer:
     """The MCP server and its tools, connecting as ``settings`` say."""
     tools = Tools(settings)
-    server: MCPServer = MCPServer(
+    server: MCPServer = Server(
         name="repl",
         title="repl session inbox",
         instructions=INSTRUCTIONS,
@@ -264,7 +326,8 @@ def build(settings: Settings) -> MCPServer:
 
     @server.tool(
         description="Send a message to a session; it is recorded as the next firing. "
-        "Give a key to make a retry safe (a second send with it records nothing)."
+        "Give a key to make a retry safe (a second send with it records nothing).",
+        annotations=RECORDS,
     )
     async def send(
         session: SessionArg,
@@ -281,7 +344,8 @@ def build(settings: Settings) -> MCPServer:
     @server.tool(
         description="Wait until firings exist after your cursor in one of the sessions, "
         "and return them; at timeout_s it returns timed_out. It acknowledges nothing: pass "
-        "each batch's next in ack on your next call once you have handled it."
+        "each batch's next in ack on your next call once you have handled it.",
+        annotations=SETS,
     )
     async def wait(
         ctx: Context,
@@ -299,7 +363,7 @@ def build(settings: Settings) -> MCPServer:
             dict[str, int] | None,
             Field(description="Session -> the next of the batch you handled, acknowledged first."),
         ] = None,
-        timeout_s: Annotated[float, Field(ge=0, description="How long to wait at most.")] = 30.0,
+        timeout_s: WaitSeconds = 30.0,
         match: MatchArg = None,
         max: Annotated[int | None, Field(ge=1, description="At most this many firings.")] = None,
     ) -> WaitOut:
@@ -321,13 +385,22 @@ def build(settings: Settings) -> MCPServer:
 
     @server.tool(
         description="Read a session's firings without waiting and without acknowledging: "
-        "after a seq, the last N, after a cursor's position, or (none given) the whole ring."
+        "after a seq, the last N, after a cursor's position, or (none given) the whole ring. "
+        "Give at most one of after, last and cursor.",
+        annotations=LOOKS,
     )
     async def read(
         session: SessionArg,
-        after: Annotated[int | None, Field(ge=0, description="After this seq.")] = None,
-        last: Annotated[int | None, Field(ge=1, description="The newest N.")] = None,
-        cursor: Annotated[str | None, Field(description="After this cursor.")] = None,
+        after: Annotated[
+            int | None, Field(ge=0, description="After this seq (not with last or cursor).")
+        ] = None,
+        last: Annotated[
+            int | None, Field(ge=1, description="The newest N (not with after or cursor).")
+        ] = None,
+        cursor: Annotated[
+            str | None,
+            Field(description="After this cursor, which is not moved (not with after or last)."),
+        ] = None,
         max: Annotated[int | None, Field(ge=1, description="At most this many firings.")] = None,
         match: MatchArg = None,
     ) -> ReadOut:
@@ -349,7 +422,10 @@ def build(settings: Settings) -> MCPServer:
         got = await tools.call(look)
         return ReadOut(next=got.next, lost=got.lost, firings=[firing_out(f) for f in got.firings])
 
-    @server.tool(description="List the sessions: id, head, retained, limit, cursors, waiters.")
+    @server.tool(
+        description="List the sessions: id, head, retained, limit, cursors, waiters.",
+        annotations=LOOKS,
+    )
     async def sessions() -> SessionsOut:
         listed = await tools.call(lambda r: r.sessions())
         rows = [
@@ -365,7 +441,9 @@ def build(settings: Settings) -> MCPServer:
         ]
         return SessionsOut(sessions=rows)
 
-    @server.tool(description="Start a session (an id is made up when none is given).")
+    @server.tool(
+        description="Start a session (an id is made up when none is given).", annotations=SETS
+    )
     async def start(
         session: Annotated[str | None, Field(description="The new session's id.")] = None,
         exist_ok: Annotated[bool, Field(description="An existing session is fine.")] = True,
@@ -375,7 +453,8 @@ def build(settings: Settings) -> MCPServer:
 
     @server.tool(
         description="Acknowledge up to seq on a cursor, once those firings are handled; "
-        "a cursor never moves back."
+        "a cursor never moves back.",
+        annotations=SETS,
     )
     async def ack(
         session: SessionArg,
@@ -385,14 +464,19 @@ def build(settings: Settings) -> MCPServer:
         acked = await tools.call(lambda r: r.ack(session, seq, cursor=cursor))
         return AckedOut(cursor=acked.cursor, seq=acked.seq)
 
-    @server.tool(description="List a session's cursors: name, seq, and lag behind the head.")
+    @server.tool(
+        description="List a session's cursors: name, seq, and lag behind the head.",
+        annotations=LOOKS,
+    )
     async def cursors(session: SessionArg) -> CursorsOut:
         listed = await tools.call(lambda r: r.cursors(session))
         return CursorsOut(cursors=[CursorOut(name=c.name, seq=c.seq, lag=c.lag) for c in listed])
 
     @server.tool(
         description="Record a message later: after a delay ('90s', '5m'), at a time "
-        "(RFC 3339), and/or again every interval ('1h'). Returns the timer's id."
+        "(RFC 3339), and/or again every interval ('1h'). Returns the timer's id; a retry "
+        "with the same key returns the first timer's, or the seq it fired as.",
+        annotations=RECORDS,
     )
     async def schedule(
         session: SessionArg,
@@ -409,19 +493,24 @@ def build(settings: Settings) -> MCPServer:
             lambda r: r.schedule(session, text, in_=delay, at=at, every=every, key=key, tags=tags)
         )
         return ScheduledOut(
-            timer=made.timer, due=made.due, every_ms=made.every_ms, duplicate=made.duplicate
+            timer=made.timer,
+            due=made.due,
+            every_ms=made.every_ms,
+            duplicate=made.duplicate,
+            seq=made.seq,
         )
 
     @server.tool(
         description="Ask another agent: send text to its session tagged with where to reply, "
-        "and wait in your own session (reply_to) for the answer to this request."
+        "and wait in your own session (reply_to) for the answer to this request.",
+        annotations=RECORDS,
     )
     async def request(
         ctx: Context,
         session: Annotated[str, Field(description="The session of the agent you ask.")],
         text: Annotated[str, Field(description="The request.")],
         reply_to: Annotated[str, Field(description="Your own session, where the answer comes.")],
-        timeout_s: Annotated[float, Field(ge=0, description="How long to wait at most.")] = 30.0,
+        timeout_s: WaitSeconds = 30.0,
         tags: TagsArg = None,
     ) -> ReplyOut:
         corr = correlation_id()
@@ -440,7 +529,8 @@ def build(settings: Settings) -> MCPServer:
 
     @server.tool(
         description="Answer a request: send text to the session named in the reply-to tag "
-        "of firing seq of session, tagged with the request's corr."
+        "of firing seq of session, tagged with the request's corr.",
+        annotations=RECORDS,
     )
     async def reply(
         session: Annotated[str, Field(description="The session the request came to.")],

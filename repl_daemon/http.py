@@ -83,6 +83,7 @@ from repl_daemon.engine.engine import REVOKED
 from repl_daemon.engine.outcome import Outcome
 from repl_daemon.engine.wait import Wait
 from repl_daemon.protocol import MAX_LINE
+from session.advice import advised
 from session.errors import (
     BadRequest,
     BadSessionId,
@@ -98,7 +99,7 @@ from session.errors import (
 from session.firing import Firing
 from session.ops import check_match
 from session.rules import DEFAULT_HANDLER, WAIT_CURSOR
-from session.scopes import ADMIN, READ, TokenRecord, forbidden
+from session.scopes import ADMIN, READ, TokenRecord, forbidden, scoped_refusal
 from session.tags import Match, check_tag_key, parse_tags
 
 if TYPE_CHECKING:
@@ -201,7 +202,8 @@ def error_response(
 
 
 def error_body(code: str, message: str) -> bytes:
-    return _json.encode({"code": code, "message": message})
+    """An error as HTTP tells it: its advice in HTTP's words (``session.advice``)."""
+    return _json.encode({"code": code, "message": advised(code, message, "http")})
 
 
 def json_response(value: Any, status: int = 200) -> Response:
@@ -282,6 +284,8 @@ class Api:
                 errors[exc.code.value] += 1
                 if exc.code is not Code.LINE_TOO_LONG:  # that one is refused unread, on purpose
                     await _drain(request)
+                if request.state.token is not None:  # a missing session with its own advice
+                    exc = scoped_refusal(request.state.token.scope, exc)
                 return error_response(exc.code.value, exc.message)
 
         return _Endpoint(endpoint)
@@ -807,7 +811,7 @@ class _Follow:
         """The last chunk: ``event: error`` (the session stopped, the daemon closing, the
         store gone, the token revoked)."""
         self.ended = True
-        error = _json.encode({"code": exc.code.value, "message": exc.message}).decode()
+        error = error_body(exc.code.value, exc.message).decode()
         return _frame(event="error", data=error)
 
 

@@ -215,13 +215,15 @@ async def test_a_timeout_is_a_result_and_progress_comes_while_it_blocks(
     assert all(message and "still waiting" in message for _, _, message in progress)
 
 
-async def test_a_missing_session_is_a_tool_error_with_the_cli_line(
+async def test_a_missing_session_is_a_tool_error_in_the_tools_words(
     daemon: DaemonProc, shared: ClientSession
 ) -> None:
     session = shared
     text = await refused(session, "read", session="m-nosuch")
-    assert "repl: no session 'm-nosuch': start it with `repl start m-nosuch`" in text
-    assert "(code no_such_session)" in text
+    assert text == (
+        "repl: no session 'm-nosuch': start it with the start tool (session \"m-nosuch\") "
+        "(code no_such_session)"
+    )
     assert "code bad_tag" in await refused(
         session, "send", session="m-nosuch", text="x", tags={"Bad": "x"}
     )
@@ -232,6 +234,72 @@ async def test_a_missing_session_is_a_tool_error_with_the_cli_line(
         session, "wait", sessions="m-nosuch", match={"k": None}, ack={"m-nosuch": 1}
     )
     assert (await call(session, "sessions"))["sessions"] is not None  # still up
+
+
+async def test_every_error_speaks_of_tools_and_arguments_never_commands_or_upgrades(
+    daemon: DaemonProc, shared: ClientSession
+) -> None:
+    session = shared
+    await call(session, "start", session="m-words")
+    said = {
+        "exists": await refused(session, "start", session="m-words", exist_ok=False),
+        "no time": await refused(session, "schedule", session="m-words", text="x"),
+        "ack elsewhere": await refused(
+            session, "wait", sessions="m-words", ack={"m-other": 1}, timeout_s=0
+        ),
+        "after head": await refused(session, "read", session="m-words", after=99),
+        "wrong type": await refused(session, "wait", sessions="m-words", timeout_s="soon"),
+        "too long": await refused(session, "wait", sessions="m-words", timeout_s=65),
+    }
+    assert said["exists"] == (
+        "repl: session 'm-words' exists: stop it first, or give exist_ok true (code session_exists)"
+    )
+    assert "schedule needs delay, at or every" in said["no time"]
+    assert "which the wait is not on (code bad_request)" in said["ack elsewhere"]
+    assert "(the sessions tool shows it)" in said["after head"]
+    assert said["wrong type"] == (
+        "repl: the wait tool's arguments: timeout_s: input should be a valid number, "
+        "unable to parse string as a number"
+    )
+    assert said["too long"] == (
+        "repl: the wait tool's arguments: timeout_s: input should be less than or equal to 50"
+    )
+    for line in said.values():
+        assert "\n" not in line and "http" not in line and "Error executing" not in line
+        assert "upgrade" not in line and "`repl" not in line and "--" not in line, line
+
+
+async def test_tools_that_change_nothing_are_read_only_and_waits_end_before_60_s(
+    shared: ClientSession,
+) -> None:
+    listed = {tool.name: tool for tool in (await shared.list_tools()).tools}
+    looks = {name for name, tool in listed.items() if tool.annotations.read_only_hint}
+    assert looks == {"read", "sessions", "cursors"}
+    for tool in listed.values():
+        hints = tool.annotations
+        assert hints.open_world_hint is False and hints.destructive_hint in (None, False)
+    assert listed["ack"].annotations.idempotent_hint is True
+    assert listed["send"].annotations.idempotent_hint is False
+    for name in ("wait", "request"):
+        timeout = listed[name].input_schema["properties"]["timeout_s"]
+        assert timeout["maximum"] < 60 and str(int(timeout["maximum"])) in timeout["description"]
+    read = listed["read"].input_schema["properties"]
+    for option, others in (("after", "last or cursor"), ("last", "after or cursor")):
+        assert f"not with {others}" in read[option]["description"]
+
+
+async def test_a_keyed_duplicate_schedule_answers_the_seq_it_fired_as(
+    shared: ClientSession,
+) -> None:
+    await call(shared, "start", session="m-sched")
+    first = await call(shared, "schedule", session="m-sched", text="now", delay="1ms", key="k")
+    assert first["seq"] is None and first["duplicate"] is False
+
+    # the timer fires on the daemon's clock: a wait returns with its firing
+    got = await call(shared, "wait", sessions="m-sched", cursor="x", timeout_s=20)
+    assert [f["result"] for b in got["batches"] for f in b["firings"]] == ["now"]
+    again = await call(shared, "schedule", session="m-sched", text="now", delay="1ms", key="k")
+    assert again["duplicate"] is True and again["seq"] == 1 and again["timer"] == first["timer"]
 
 
 async def test_a_scoped_token_limits_it_as_it_limits_the_cli(

@@ -93,15 +93,37 @@ def test_start_answers_created_or_exists_and_stop_is_204(web_api: Web) -> None:
         {"session": "c-start", "created": False},
     )
     status, refused = call(web_api, "POST", "/sessions", {"id": "c-start"})
-    assert (status, refused["code"]) == (409, "session_exists")
+    assert (status, refused) == (
+        409,
+        {
+            "code": "session_exists",
+            "message": "session 'c-start' exists: stop it first, or give \"exist_ok\": true "
+            "in the body",
+        },
+    )
     listed = {row["id"]: row for row in call(web_api, "GET", "/sessions")[1]}
     assert listed["c-start"]["limit"] == 4
     # no body: a session with an id of the daemon's making
     status, fresh = call(web_api, "POST", "/sessions")
     assert status == 201 and fresh["created"] is True and fresh["session"]
+    status, ahead = call(web_api, "GET", f"/sessions/{fresh['session']}/firings?after=9")
+    assert ahead == {
+        "code": "cursor_after_head",
+        "message": "after 9 is after head 0: read from the head or before it "
+        "(GET /sessions shows it)",
+    }
     assert call(web_api, "DELETE", "/sessions/c-start") == (204, b"")
     status, gone = call(web_api, "DELETE", "/sessions/c-start")
-    assert (status, gone["code"]) == (404, "no_such_session")
+    assert (status, gone) == (
+        404,
+        {
+            "code": "no_such_session",
+            "message": "no session 'c-start': start it with POST /sessions and the body "
+            '{"id": "c-start"}',
+        },
+    )
+    status, after = call(web_api, "GET", "/sessions/c-start2/firings?after=0")
+    assert "`" not in after["message"] and "--" not in after["message"]
     assert "c-start" not in {row["id"] for row in call(web_api, "GET", "/sessions")[1]}
 
 

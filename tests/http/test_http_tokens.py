@@ -97,12 +97,21 @@ def test_out_of_scope_is_404_exactly_as_a_missing_session(web_api: Web) -> None:
         status, _, hidden = agent.request(method, route.format("theirs.1"), body)
         assert status == expected, (route, hidden)
         if status == 404:
-            assert hidden["code"] == "no_such_session" and "theirs.1" in hidden["message"]
-        # as a session never started, outside the patterns and inside them
-        for missing in ("theirs.404", "mine.404"):
-            got, _, answer = agent.request(method, route.format(missing), body)
-            assert got == status, (route, missing)
-            assert json.loads(json.dumps(answer).replace(missing, "theirs.1")) == hidden
+            # the advice the CLI, MCP and the line protocol give a scoped token, never
+            # a `repl start` it could not run
+            assert hidden == {
+                "code": "no_such_session",
+                "message": "no session 'theirs.1': this token sees only mine.*: check the id",
+            }
+        # exactly as a session never started outside the patterns; inside them, the same
+        # refusal with the advice that id gets from this token (it may not start it)
+        got, _, answer = agent.request(method, route.format("theirs.404"), body)
+        assert got == status, route
+        assert json.loads(json.dumps(answer).replace("theirs.404", "theirs.1")) == hidden
+        got, _, answer = agent.request(method, route.format("mine.404"), body)
+        assert got == status and answer["code"] == hidden["code"], route
+        if status == 404:
+            assert "this token cannot start it" in answer["message"]
     assert ring(web_api, "theirs.1") == [(1, "secret")]  # nothing recorded there
     # the root sees it
     assert web_api.request("GET", "/sessions/theirs.1/firings?after=0")[0] == 200

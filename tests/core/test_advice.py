@@ -1,0 +1,86 @@
+"""Each interface is told what to do in its own words (session/advice.py).
+
+The daemon words its refusals for the CLI; HTTP names routes and body fields,
+MCP names tools and their arguments. The fact and a scoped token's advice
+are the same everywhere; the line protocol (the CLI) gets the message as it
+is.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from session.advice import HINTS, PHRASES, advised, in_words
+from session.errors import Code, no_such_session
+from session.scopes import make_scope, missing_session
+from session.session import session_exists
+
+
+def test_the_cli_gets_the_daemons_message_as_it_is() -> None:
+    message = no_such_session("inbox").message
+    assert in_words(message, "cli") == message
+    assert advised(Code.NO_SUCH_SESSION, message, "cli") == message
+
+
+def test_a_missing_session_is_started_by_each_interfaces_own_means() -> None:
+    message = no_such_session("inbox").message
+    assert advised(Code.NO_SUCH_SESSION, message, "http") == (
+        'no session \'inbox\': start it with POST /sessions and the body {"id": "inbox"}'
+    )
+    assert advised(Code.NO_SUCH_SESSION, message, "mcp") == (
+        "no session 'inbox': start it with the start tool (session \"inbox\")"
+    )
+
+
+def test_exist_ok_is_named_as_each_interface_spells_it() -> None:
+    message = session_exists("inbox").message
+    assert advised(Code.SESSION_EXISTS, message, "http").endswith(
+        'or give "exist_ok": true in the body'
+    )
+    assert advised(Code.SESSION_EXISTS, message, "mcp").endswith("or give exist_ok true")
+
+
+def test_a_scoped_tokens_advice_is_the_same_everywhere() -> None:
+    message = missing_session(make_scope(["agent-8.*"], ["read"]), "inbox").message
+    for interface in ("cli", "http", "mcp"):
+        assert advised(Code.NO_SUCH_SESSION, message, interface) == (
+            "no session 'inbox': this token sees only agent-8.*: check the id"
+        )
+
+
+@pytest.mark.parametrize("interface", ["http", "mcp"])
+def test_a_hint_is_added_only_to_a_message_without_advice(interface: str) -> None:
+    bare = advised(Code.CURSOR_AFTER_HEAD, "after 9 is after head 0", interface)  # type: ignore[arg-type]
+    assert bare.startswith("after 9 is after head 0: read from the head or before it")
+    said = "after 9 is after head 0: see elsewhere"
+    assert advised(Code.CURSOR_AFTER_HEAD, said, interface) == said  # type: ignore[arg-type]
+    # a code with no hint, and a code newer than this module, add nothing
+    assert advised(Code.BAD_REQUEST, "ack names x", interface) == "ack names x"  # type: ignore[arg-type]
+    assert advised("from_the_future", "something", interface) == "something"  # type: ignore[arg-type]
+
+
+def test_no_advice_over_http_or_mcp_names_a_command_a_flag_or_an_upgrade() -> None:
+    for interface, hints in HINTS.items():
+        for code, hint in hints.items():
+            assert "`repl" not in hint and "--" not in hint, (interface, code)
+            if code is not Code.UNKNOWN_OP:  # a daemon older than the client: that one is true
+                assert "upgrade" not in hint, (interface, code)
+    for _phrase, http, mcp in PHRASES:
+        assert "`repl" not in http + mcp and "--" not in http + mcp
+
+
+def test_protocol_md_lists_every_interfaces_advice() -> None:
+    from pathlib import Path
+
+    from repl_cli.errors import WIRE
+
+    table = Path(__file__).resolve().parents[2].joinpath("docs", "protocol.md").read_text()
+    for code in Code:
+        cli = WIRE.get(code, (0, ""))[1]
+        http, mcp = HINTS["http"].get(code, ""), HINTS["mcp"].get(code, "")
+        if cli or http or mcp:
+            row = " | ".join(cell.replace("|", "\\|") or "—" for cell in (cli, http, mcp))
+            assert f"| `{code.value}` | {row} |" in table, code
+    for _phrase, http, mcp in PHRASES:
+        said = f"| {http} | {mcp} |".replace("\\g<id>", "ID")
+        assert said in table
