@@ -688,7 +688,7 @@ class _Follow:
     def opening(self) -> bytes:
         """The first chunk: where the stream starts. Its heartbeat starts with it."""
         self.streams.add(self)
-        return _frame(id=str(self.after))
+        return _position(self.after)
 
     async def next(self) -> bytes | None:
         """The next chunk to write, once there is one; None: the stream is over."""
@@ -802,17 +802,19 @@ class _Follow:
                 events.append(self.streams.frame(self.session_id, firing))
                 told = firing.seq
             if batch.next > told:
-                events.append(_frame(id=str(batch.next)))
+                events.append(_position(batch.next))
             after = batch.next
         self.after = after
         return b"".join(events)
 
     def _error(self, exc: ReplError) -> bytes:
-        """The last chunk: ``event: error`` (the session stopped, the daemon closing, the
-        store gone, the token revoked)."""
+        """The last chunk: ``event: ended`` (the session stopped, the daemon closing, the
+        store gone, the token revoked). Not ``error``: that is the name EventSource gives
+        its own connection errors, so a listener for it would take ours for a broken
+        connection (and reconnect), and ours for its own."""
         self.ended = True
         error = error_body(exc.code.value, exc.message).decode()
-        return _frame(event="error", data=error)
+        return _frame(event="ended", data=error)
 
 
 class _Streams:
@@ -916,6 +918,14 @@ def _frame(*, id: str | None = None, event: str | None = None, data: str | None 
     from sse_starlette.event import ServerSentEvent
 
     return ServerSentEvent(data, event=event, id=id, sep=SEP).encode()
+
+
+def _position(seq: int) -> bytes:
+    """``event: position``: how far the stream has got (its start, or a look past firings
+    that did not match), as ``id:`` with data: a client drops an event without data (the
+    npm ``eventsource`` package does, and so remembers no ``Last-Event-ID`` from it), so
+    one that reconnects before the next firing would resume from further back."""
+    return _frame(event="position", id=str(seq), data=f'{{"after": {seq}}}')
 
 
 def _ping() -> bytes:

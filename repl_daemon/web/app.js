@@ -187,7 +187,7 @@ async function follow(id, after) {
               add(firingItem(JSON.parse(event.data)));
             } else if (event.event === "lost") {
               add(lostItem(JSON.parse(event.data).lost));
-            } else if (event.event === "error") {
+            } else if (event.event === "ended") {
               status(JSON.parse(event.data).message);
               if (JSON.parse(event.data).code === "session_stopped") return;
             }

@@ -97,6 +97,8 @@ class Stream:
         self.buffer = b""
         #: the last ``id:`` the stream gave, as a browser's EventSource keeps it
         self.last_id: str | None = None
+        #: the ``id`` of the last ``event: position`` (where it started, or looked up to)
+        self.position: str | None = None
 
     def _line(self) -> str:
         while b"\n" not in self.buffer:
@@ -115,14 +117,18 @@ class Stream:
         return line.decode().rstrip("\r")
 
     def event(self) -> dict[str, str]:
-        """The next event, comments and bare ``id:`` blocks (``last_id`` keeps it) skipped."""
+        """The next event, comments and ``position`` events (``last_id`` keeps their id, and
+        ``position`` where the last one stood) skipped."""
         fields: dict[str, str] = {}
         while True:
             line = self._line()
             if line == "":
                 if "id" in fields:
                     self.last_id = fields["id"]
-                if "event" in fields:
+                if fields.get("event") == "position":
+                    assert json.loads(fields["data"]) == {"after": int(fields["id"])}
+                    self.position = fields["id"]
+                elif "event" in fields:
                     return fields
                 fields = {}
                 continue
@@ -330,7 +336,7 @@ def test_a_stopped_session_ends_its_streams_with_an_error_event(web_api: Web) ->
         eventually(lambda: web_api.waiters(s) == 1)
         web_api.daemon.client().ok({"op": "stop", "session": s})
         ended = stream.event()
-        assert ended["event"] == "error"
+        assert ended["event"] == "ended"
         assert json.loads(ended["data"])["code"] == "session_stopped"
         with pytest.raises(EOFError):
             stream.event()
@@ -474,7 +480,7 @@ def test_a_stream_is_not_cached_nor_buffered_and_a_head_request_gets_its_head_al
 def test_a_daemon_that_stops_ends_its_streams_with_an_error_event_and_logs_no_error(
     tmp_path: Path,
 ) -> None:
-    """SIGTERM with streams open: each is told ``event: error`` (``shutting_down``) and
+    """SIGTERM with streams open: each is told ``event: ended`` (``shutting_down``) and
     ended, as a wait of the line protocol is told; none is cut off by the server's own
     deadline (which would log a traceback)."""
     daemon = DaemonProc(tmp_path / "home", "--http", "127.0.0.1:0", "--settle-ms", "0")
@@ -487,7 +493,7 @@ def test_a_daemon_that_stops_ends_its_streams_with_an_error_event_and_logs_no_er
         assert daemon.stop() == 0
         for stream in streams:
             ended = stream.event()
-            assert ended["event"] == "error"
+            assert ended["event"] == "ended"
             assert json.loads(ended["data"])["code"] == "shutting_down"
             with pytest.raises(EOFError):
                 stream.event()

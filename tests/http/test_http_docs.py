@@ -261,15 +261,16 @@ def test_the_curl_sample_follows_a_session(daemon: DaemonProc) -> None:
         assert proc.stdout is not None
         eventually(lambda: c.ok({"op": "stats", "session": "inbox"})["sessions"][0]["waiters"] == 1)
         seq = c.ok({"op": "send", "session": "inbox", "text": "from the test"})["seq"]
-        lines = [proc.stdout.readline().decode().rstrip("\r\n") for _ in range(6)]
+        lines = [proc.stdout.readline().decode().rstrip("\r\n") for _ in range(8)]
     finally:
         proc.terminate()  # the curl this test started
         proc.wait(10)
         if proc.stdout is not None:
             proc.stdout.close()
-    assert lines[:2] == ["id: 0", ""]  # where it starts: the head
-    assert lines[2:4] == [f"id: {seq}", "event: firing"]
-    firing = json.loads(lines[4].removeprefix("data: "))
+    # where it starts, the head, as an event with data (a client drops one without)
+    assert lines[:4] == ["id: 0", "event: position", 'data: {"after": 0}', ""]
+    assert lines[4:6] == [f"id: {seq}", "event: firing"]
+    firing = json.loads(lines[6].removeprefix("data: "))
     assert (firing["seq"], firing["result"]) == (seq, "from the test")
 
 

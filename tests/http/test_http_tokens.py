@@ -5,7 +5,7 @@ its patterns is 404 with the very JSON of a session that does not exist (but
 for the id), on every session route; a right it lacks is 403 and records
 nothing; ``/metrics`` is the root's (403); ``/sessions`` lists its own
 sessions only; a wrong token is 401, a revoked one too; and its event
-stream gets its firings, then ends with ``event: error`` of code
+stream gets its firings, then ends with ``event: ended`` of code
 ``unauthorized`` when the token is revoked. The client is the standard
 library's, as in test_http_api.
 """
@@ -176,7 +176,7 @@ def test_a_revoked_tokens_stream_ends_unauthorized_and_it_is_401_after(web_api: 
         revoke(web_api, "http-streamer")
 
         ended = stream.event()
-        assert ended["event"] == "error"
+        assert ended["event"] == "ended"
         error: dict[str, Any] = json.loads(ended["data"])
         assert error["code"] == "unauthorized" and "revoked" in error["message"]
         with pytest.raises(EOFError):
