@@ -198,8 +198,8 @@ class EventStream:
         return cls(reader, writer)
 
     async def event(self) -> dict[str, str]:
-        """The next event's fields (``event``, ``id``, ``data``); comments (pings) and bare
-        ``id:`` blocks skipped."""
+        """The next event's fields (``event``, ``id``, ``data``); comments (pings) and
+        ``position`` events (where a stream starts) skipped."""
         while True:
             block, blank, rest = self.buffer.partition(b"\n\n")
             if not blank:
@@ -216,7 +216,7 @@ class EventStream:
                     name, _, value = line.partition(":")
                     value = value[1:] if value.startswith(" ") else value
                     fields[name] = fields[name] + "\n" + value if name in fields else value
-            if "event" in fields:  # a bare ``id:`` (where a stream starts) is no event
+            if fields.get("event", "position") != "position":  # where it starts: no firing
                 return fields
 
     async def firing(self) -> tuple[int, dict[str, Any]]:

@@ -141,7 +141,8 @@ async def _agent(plan: AgentPlan, pipe: Connection, errlog: TextIO) -> None:
             arguments: dict[str, Any] = {"sessions": "mcp-wake", "cursor": "bench"}
             if acked:
                 arguments["ack"] = {"mcp-wake": acked}
-            result = await agent.call_tool("wait", {**arguments, "timeout_s": 60})
+            # the longest a wait may block (under the client's 60 s request timeout)
+            result = await agent.call_tool("wait", {**arguments, "timeout_s": 50})
             t_held = time.perf_counter_ns()
             batches = structured(result, "wait")["batches"]
             if len(batches) != 1 or not batches[0]["firings"]:

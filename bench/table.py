@@ -33,6 +33,8 @@ class Row:
     reference: float | None = None
     floor: float | None = None
     missing: str | None = None
+    #: why the reference cell has no number (its measurement failed; repl's still stands)
+    reference_missing: str | None = None
 
     def ratio(self) -> float | None:
         if self.repl is None or not self.reference:
@@ -60,7 +62,7 @@ class Row:
         return [
             self.figure,
             repl,
-            number(self.reference),
+            f"n/a ({self.reference_missing})" if self.reference_missing else number(self.reference),
             _ratio_text(ratio, self.goal),
             self.goal.text,
             self.met(),

@@ -82,6 +82,7 @@ WIRE: dict[str, tuple[int, str]] = {
     Code.UNAUTHORIZED: (FORBIDDEN, ""),
     Code.FORBIDDEN: (FORBIDDEN, ""),
     Code.IDLE_TIMEOUT: (UNAVAILABLE, "run the command again"),
+    Code.SLOW_CONSUMER: (UNAVAILABLE, "read the answers as they come, and run the command again"),
     Code.NO_SUCH_SESSION: (ERROR, ""),
     Code.NO_SUCH_TIMER: (ERROR, "`repl timers` lists the pending ones"),
     Code.NO_SUCH_WEBHOOK: (ERROR, ""),

@@ -75,6 +75,16 @@ OPTIONS: tuple[Option, ...] = (
         above=True,
     ),
     Option(
+        "--slow-consumer-s",
+        float,
+        30.0,
+        "Close a connection (or HTTP stream) whose client has read none of its unsent "
+        "answers, over 1 MiB of them, for this long (code slow_consumer).",
+        metavar="SECS",
+        minimum=0,
+        above=True,
+    ),
+    Option(
         "--max-connections",
         int,
         4096,
@@ -153,6 +163,9 @@ class Limits(msgspec.Struct, kw_only=True):
     # what all connections together may hold of requests not yet whole (half lines):
     # past it, the one that holds the most is closed (each is also bound by max_line)
     max_buffered_bytes: int = 64 << 20
+    # a client that has taken none of its unsent answers (past max_queued_bytes) for this
+    # long is closed (slow_consumer): its answers are bounded, but not its stay
+    slow_consumer_s: float = DEFAULTS["slow_consumer_s"]
 
 
 class Config(msgspec.Struct, kw_only=True):
@@ -229,7 +242,11 @@ def build_config(
         memory=given["memory"],
         store_url=given["store"],
         settle=given["settle_ms"] / 1000,
-        limits=Limits(idle_timeout=given["idle_timeout"], max_connections=given["max_connections"]),
+        limits=Limits(
+            idle_timeout=given["idle_timeout"],
+            max_connections=given["max_connections"],
+            slow_consumer_s=given["slow_consumer_s"],
+        ),
         max_sessions=given["max_sessions"],
         announce=True,
         loop=given["loop"],

@@ -159,7 +159,7 @@ async def serve_engine(
             host, wanted = config.http
             limits = config.limits
             http_port = await tg.start(
-                serve_http,
+                functools.partial(serve_http, slow_consumer_s=limits.slow_consumer_s),
                 engine,
                 host,
                 wanted,

@@ -79,6 +79,7 @@ import msgspec
 from anyio.abc import TaskStatus
 
 from repl_daemon import protocol as p
+from repl_daemon.config import DEFAULTS
 from repl_daemon.engine.engine import REVOKED
 from repl_daemon.engine.outcome import Outcome
 from repl_daemon.engine.wait import Wait
@@ -1387,6 +1388,7 @@ async def serve_http(
     max_connections: int = 4096,
     tls: ssl.SSLContext | None = None,
     *,
+    slow_consumer_s: float = DEFAULTS["slow_consumer_s"],
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the HTTP routes on ``host:port`` until cancelled; reports the bound port.
@@ -1418,7 +1420,7 @@ async def serve_http(
         raise CannotListen(f"cannot serve HTTP on {host}:{port}: {exc.strerror}") from None
     config = uvicorn.Config(
         make_app(engine, token),
-        http=_protocol_class(idle_timeout, max_connections, engine.counts.errors),
+        http=_protocol_class(idle_timeout, max_connections, engine.counts.errors, slow_consumer_s),
         # no X-Forwarded-For: nothing here reads the client's address, and the middleware
         # would be one more frame held by every request in flight (an open stream's)
         proxy_headers=False,
@@ -1453,9 +1455,20 @@ def _json_headers(length: int, *, close: bool = False) -> list[tuple[bytes, byte
     return [*headers, (b"connection", b"close")] if close else headers
 
 
-def _protocol_class(deadline: float, max_connections: int, errors: Counter[str]) -> Any:
-    """uvicorn's h11 protocol, with a deadline for each request's headers, and the refusals
-    uvicorn makes itself in the daemon's JSON.
+def _protocol_class(
+    deadline: float, max_connections: int, errors: Counter[str], slow_consumer_s: float
+) -> Any:
+    """uvicorn's h11 protocol, with a deadline for each request's headers, the refusals
+    uvicorn makes itself in the daemon's JSON, and the close of a slow consumer.
+
+    uvicorn's flow control already bounds what a client that does not read
+    costs (a response's write waits while the transport is past its
+    high-water mark, and nothing more is read meanwhile), but not how long:
+    a stream or a response whose client never reads again would hold its
+    task and its connection for ever. Past the high-water mark for
+    ``slow_consumer_s`` without a resume, the connection is aborted, as the
+    line protocol closes one (code ``slow_consumer``, counted in
+    ``repl_errors_total``); its route is told as for a client that left.
 
     uvicorn closes a connection idle between requests (its keep-alive
     timeout), but not one whose request never finishes arriving: a client
@@ -1497,6 +1510,29 @@ def _protocol_class(deadline: float, max_connections: int, errors: Counter[str])
 
     class Protocol(H11Protocol):
         _deadline: asyncio.TimerHandle | None = None
+        _stalled: asyncio.TimerHandle | None = None
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if self._stalled is None:
+                self._stalled = self.loop.call_later(slow_consumer_s, self._slow)
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            if self._stalled is not None:
+                self._stalled.cancel()
+                self._stalled = None
+
+        def _slow(self) -> None:
+            self._stalled = None
+            if self.transport.is_closing():
+                return
+            errors[Code.SLOW_CONSUMER.value] += 1
+            unsent = self.transport.get_write_buffer_size()
+            log.warning(
+                "closing a slow HTTP consumer: %d bytes untaken for %g s", unsent, slow_consumer_s
+            )
+            self.transport.abort()
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
@@ -1552,6 +1588,9 @@ def _protocol_class(deadline: float, max_connections: int, errors: Counter[str])
             if self._deadline is not None:
                 self._deadline.cancel()
                 self._deadline = None
+            if self._stalled is not None:
+                self._stalled.cancel()
+                self._stalled = None
             unfinished = self._busy()
             super().connection_lost(exc)
             if unfinished:  # an open stream, a long poll: the route is told (``_Line``)

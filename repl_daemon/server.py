@@ -51,6 +51,7 @@ from session.errors import (
     Internal,
     LineTooLong,
     ReplError,
+    SlowConsumer,
     StoreFailed,
     TooMany,
     Unauthorized,
@@ -243,6 +244,7 @@ class Connection(asyncio.Protocol):
         "queued_bytes",
         "secret",
         "seen",
+        "stalled",
         "token",
         "transport",
         "write_paused",
@@ -278,6 +280,8 @@ class Connection(asyncio.Protocol):
         self.seen = 0.0
         self.held = 0  # the bytes of ``buffer`` counted in the connections' ``buffered``
         self.idle_key: int | None = None  # its bucket in the idle clock, while it is in one
+        #: while the transport is past its high-water mark: the close of a slow consumer
+        self.stalled: asyncio.TimerHandle | None = None
 
     # -- the transport's callbacks ------------------------------------------
 
@@ -321,6 +325,9 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self.stalled is not None:
+            self.stalled.cancel()
+            self.stalled = None
         self.connections.buffered -= self.held
         self.held = 0
         self._cancel_jobs()
@@ -336,10 +343,36 @@ class Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.write_paused = True
+        if self.stalled is None:
+            self.stalled = self.loop.call_later(self.limits.slow_consumer_s, self._slow)
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        if self.stalled is not None:
+            self.stalled.cancel()
+            self.stalled = None
         self._resume_if_drained()
+
+    def _slow(self) -> None:
+        """Past the high-water mark for the whole ``slow_consumer_s``: the client has taken
+        nothing of over a MiB of answers for that long. Closed at once (what it has not
+        taken is dropped: it would never take it), as NATS drops a slow consumer; a
+        blocked wait it had is not acknowledged, so the next wait gets its firings."""
+        self.stalled = None
+        if self.closed or self.transport is None:
+            return
+        unsent, after = self.transport.get_write_buffer_size(), self.limits.slow_consumer_s
+        log.warning("closing a slow consumer: %d bytes of answers untaken for %g s", unsent, after)
+        err = SlowConsumer(
+            f"{unsent:,} bytes of answers untaken for {after:g} s: closing the connection"
+        )
+        # counted (/metrics), and written behind what it has not read, so it never sees it
+        # unless it reads again just as it is closed
+        self.transport.write(self._refused(err))
+        self._cancel_jobs()
+        self.closed = True
+        self._leave_idle_clock()
+        self.transport.abort()
 
     # -- reading --------------------------------------------------------------
 
@@ -349,10 +382,16 @@ class Connection(asyncio.Protocol):
             return
         self.processing = True
         try:
-            max_line = self.limits.max_line
+            max_line, max_queued = self.limits.max_line, self.limits.max_queued_bytes
             while not self.closed:
-                buffer, start = self.buffer, 0
+                buffer, start, full = self.buffer, 0, False
                 while not self.paused:
+                    # answers past the bound stop the lines here, not at the end of the
+                    # buffer: one read of many pipelined lines would otherwise queue all
+                    # their answers at once (3,000 reads of a full ring: 600 MB)
+                    if self.queued_bytes > max_queued:
+                        full = True
+                        break
                     end = buffer.find(b"\n", start)
                     if end < 0 or end - start > max_line:
                         break
@@ -363,17 +402,19 @@ class Connection(asyncio.Protocol):
                         return
                 if start:
                     self.seen = self.loop.time()
-                    if self._backed_up():
-                        self._flush()
-                        if self._backed_up() and self.transport is not None:
-                            self.paused = True
-                            self.transport.pause_reading()
+                if (start or full) and self._backed_up():
+                    self._flush()
+                    if self._backed_up() and self.transport is not None:
+                        self.paused = True
+                        self.transport.pause_reading()
                 self.buffer = buffer = buffer[start:]
                 if self.paused:
                     self._flush()  # which may catch up: then the loop goes on
                     if self.paused:
                         return
                     continue
+                if full:
+                    continue  # written, and the client takes it: on with the lines left
                 if len(buffer) > max_line:
                     too_long = LineTooLong(
                         f"request line over {max_line:,} bytes: closing the connection"

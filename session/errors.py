@@ -37,6 +37,7 @@ class Code(enum.StrEnum):
     UNAUTHORIZED = "unauthorized"
     FORBIDDEN = "forbidden"
     IDLE_TIMEOUT = "idle_timeout"
+    SLOW_CONSUMER = "slow_consumer"
     NO_SUCH_SESSION = "no_such_session"
     NO_SUCH_TIMER = "no_such_timer"
     NO_SUCH_WEBHOOK = "no_such_webhook"
@@ -162,6 +163,12 @@ class IdleTimeout(ReplError):
     """A connection sent nothing, or half a line, for too long; it is closed."""
 
     code = Code.IDLE_TIMEOUT
+
+
+class SlowConsumer(ReplError):
+    """A client took none of its unsent answers, past the bound, for too long; it is closed."""
+
+    code = Code.SLOW_CONSUMER
 
 
 class NoSuchSession(ReplError):
