@@ -42,6 +42,11 @@ PHRASES: tuple[tuple[re.Pattern[str], str, str], ...] = (
         "call the tool again",
     ),
     (
+        re.compile(r"\blimit (-?[\d,]+) is outside"),
+        r"buffer \1 is outside",
+        r"limit \1 is outside",
+    ),
+    (
         re.compile(r"schedule needs in, at or every"),
         "schedule needs in, at or every",
         "schedule needs delay, at or every",

@@ -82,5 +82,11 @@ def test_protocol_md_lists_every_interfaces_advice() -> None:
             row = " | ".join(cell.replace("|", "\\|") or "—" for cell in (cli, http, mcp))
             assert f"| `{code.value}` | {row} |" in table, code
     for _phrase, http, mcp in PHRASES:
-        said = f"| {http} | {mcp} |".replace("\\g<id>", "ID")
+        said = f"| {http} | {mcp} |".replace("\\g<id>", "ID").replace("\\1", "N")
         assert said in table
+
+
+def test_a_ring_limit_is_the_body_field_buffer_over_http() -> None:
+    message = "limit -1 is outside 0 to 65,536"
+    assert advised(Code.BAD_LIMIT, message, "http") == "buffer -1 is outside 0 to 65,536"
+    assert advised(Code.BAD_LIMIT, message, "mcp") == message

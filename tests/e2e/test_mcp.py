@@ -369,3 +369,23 @@ async def test_two_agents_ask_and_answer(daemon: DaemonProc, shared: ClientSessi
         assert late == {"reply": None, "timed_out": True}
         timer = await call(asker, "schedule", session=jobs, text="later", delay="1h")
         assert timer["timer"].startswith("t-") and timer["every_ms"] is None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_a_wait_at_its_longest_answers_a_client_that_gives_up_after_60_s(
+    shared: ClientSession,
+) -> None:
+    """A client whose request timeout is 60 s (the SDK's own default, and many harnesses')
+    gets ``timed_out`` from a ``wait`` of the longest ``timeout_s`` the schema allows, not a
+    protocol error of its own time-out. Slow: it waits the 50 s out."""
+    listed = {tool.name: tool for tool in (await shared.list_tools()).tools}
+    longest = listed["wait"].input_schema["properties"]["timeout_s"]["maximum"]
+    await call(shared, "start", session="m-longest")
+    result = await shared.call_tool(
+        "wait",
+        {"sessions": "m-longest", "cursor": "x", "timeout_s": longest},
+        read_timeout_seconds=60,
+    )
+    assert not result.is_error, result.content
+    assert result.structured_content == {"batches": [], "timed_out": True}
