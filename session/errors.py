@@ -271,6 +271,7 @@ BY_CODE: dict[str, type[ReplError]] = {
         Unauthorized,
         Forbidden,
         IdleTimeout,
+        SlowConsumer,
         NoSuchSession,
         NoSuchTimer,
         NoSuchWebhook,
