@@ -18,26 +18,15 @@ connection: give each task that waits its own.
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
-from typing import Self, TypeVar
 
 import anyio
 from anyio.abc import ByteStream
 from anyio.streams.buffered import BufferedByteReceiveStream
-from msgspec import UNSET, UnsetType
 
-from repl_cli.api import (
-    MatchLike,
-    Unavailable,
-    _log_note,
-    _typed,
-    as_match,
-    no_firing,
-    reply_tags,
-    wait_cursor,
-)
+from repl_cli._async.operations import AsyncOperations
+from repl_cli._common import R, Unavailable, log_note, typed
 from repl_cli.client import (
     CALL_TIMEOUT,
     HTTP_PROBE_AFTER,
@@ -52,17 +41,11 @@ from repl_cli.client import (
     tls_failure,
 )
 from repl_cli.errors import CliError
-from repl_cli.reconnect import DEFAULT_RECONNECT, Outage
+from repl_cli.reconnect import DEFAULT_RECONNECT
 from repl_daemon import protocol as p
 from session.errors import Code
-from session.firing import CursorInfo, Firing
-from session.rules import ACK_CURSOR, DEFAULT_HANDLER, FOLLOW_CURSOR, WAIT_CURSOR, WEBHOOK_HANDLER
-from session.tags import CORR, REPLY_TO, correlation_id
 
 __all__ = ["AsyncRepl", "connect"]
-
-R = TypeVar("R", bound=p.Response)
-T = TypeVar("T")
 
 #: the longest answer line read (the daemon's own request limit is 1 MiB; a read answers more)
 MAX_ANSWER = 256 * 1024 * 1024
@@ -85,8 +68,9 @@ def connect(
     )
 
 
-class AsyncRepl:
-    """One connection to a daemon, and its operations, awaited."""
+class AsyncRepl(AsyncOperations):
+    """One connection to a daemon, and its operations (``repl_cli/_async/operations.py``
+    says what each does), awaited."""
 
     def __init__(
         self,
@@ -102,7 +86,7 @@ class AsyncRepl:
         # the sync client knows where the daemon and its token are; it never connects here
         self._where = Client(addr, home, token=token, tls_ca=tls_ca, token_file=token_file)
         self.reconnect = reconnect
-        self.note = note or _log_note
+        self.note = note or log_note
         self._stream: ByteStream | None = None
         self._lines: BufferedByteReceiveStream | None = None
         #: a daemon answered once: only then is a lost connection an outage to ride out
@@ -111,17 +95,6 @@ class AsyncRepl:
     @property
     def addr(self) -> str:
         return self._where.addr
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         stream, self._stream, self._lines = self._stream, None, None
@@ -148,19 +121,19 @@ class AsyncRepl:
                     stream = await anyio.connect_tcp(host, port)
         except TimeoutError as exc:
             if self._where.tls:
-                raise _typed(tls_failure(exc, self.addr)) from None
+                raise typed(tls_failure(exc, self.addr)) from None
             reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
             raise Unavailable(
                 f"no daemon at {self.addr} ({reason}): start one with `repl daemon`"
             ) from None
         except OSError as exc:
             if self._where.tls:
-                raise _typed(tls_failure(exc, self.addr)) from None
+                raise typed(tls_failure(exc, self.addr)) from None
             raise Unavailable(
                 f"no daemon at {self.addr} ({exc.strerror or exc}): start one with `repl daemon`"
             ) from None
         except (anyio.EndOfStream, anyio.BrokenResourceError):  # closed in the handshake
-            raise _typed(tls_failure(ConnectionResetError(0, "closed"), self.addr)) from None
+            raise typed(tls_failure(ConnectionResetError(0, "closed"), self.addr)) from None
         self._stream = stream
         self._lines = BufferedByteReceiveStream(stream)
         token = self._where._token()
@@ -225,235 +198,22 @@ class AsyncRepl:
                 raise not_a_daemon(self.addr)
         return await self._lines.receive_until(b"\n", MAX_ANSWER)
 
+    # -- the primitives of the operations -------------------------------------------
+
     async def _call(self, request: p.Request, expect: type[R]) -> R:
         try:
             return await self._exchange(request, expect, CALL_TIMEOUT)
         except CliError as exc:
-            raise _typed(exc) from None
+            raise typed(exc) from None
 
-    # -- the daemon ----------------------------------------------------------
+    async def _woken(self, request: p.Wait) -> p.Woken:
+        return await self._exchange(request, p.Woken, None)
 
-    async def ping(self) -> p.Pong:
-        return await self._call(p.Ping(), p.Pong)
+    def _answered_once(self) -> bool:
+        return self._connected_once
 
-    async def shutdown(self) -> None:
-        await self._call(p.Shutdown(), p.Done)
-        await self.aclose()
+    def _clock(self) -> float:
+        return anyio.current_time()
 
-    async def stats(self, session: str | None = None) -> p.StatsReply:
-        return await self._call(p.Stats(session=session), p.StatsReply)
-
-    # -- sessions ------------------------------------------------------------
-
-    async def start(
-        self, session: str | None = None, *, buffer: int | None = None, exist_ok: bool = False
-    ) -> p.Started:
-        request = p.Start(session=session, buffer=buffer, exist_ok=exist_ok)
-        return await self._call(request, p.Started)
-
-    async def stop(self, session: str) -> None:
-        await self._call(p.Stop(session=session), p.Done)
-
-    async def sessions(self) -> list[p.SessionInfo]:
-        return (await self._call(p.Sessions(), p.SessionList)).sessions
-
-    async def buffer(self, session: str, limit: int) -> p.Buffered:
-        return await self._call(p.Buffer(session=session, limit=limit), p.Buffered)
-
-    async def cursors(self, session: str) -> list[CursorInfo]:
-        return (await self._call(p.Cursors(session=session), p.CursorList)).cursors
-
-    # -- firings -------------------------------------------------------------
-
-    async def send(
-        self,
-        session: str,
-        text: str,
-        *,
-        handler: str = DEFAULT_HANDLER,
-        key: str | None = None,
-        tags: Mapping[str, str] | None = None,
-    ) -> p.Sent:
-        request = p.Send(
-            session=session, text=text, handler=handler, key=key, tags=dict(tags or {})
-        )
-        return await self._call(request, p.Sent)
-
-    async def schedule(
-        self,
-        session: str,
-        text: str = "",
-        *,
-        in_: str | None = None,
-        at: str | None = None,
-        every: str | None = None,
-        handler: str | None = None,
-        key: str | None = None,
-        tags: Mapping[str, str] | None = None,
-    ) -> p.TimerSet:
-        request = p.Schedule(
-            session=session,
-            text=text,
-            handler=handler,
-            in_=in_,
-            at=at,
-            every=every,
-            key=key,
-            tags=dict(tags or {}),
-        )
-        return await self._call(request, p.TimerSet)
-
-    async def webhook(
-        self, session: str, secret: str | None, *, handler: str = WEBHOOK_HANDLER
-    ) -> None:
-        """Give the session a webhook secret (``POST /hooks/{id}``), or with None take it away."""
-        await self._call(p.SetWebhook(session=session, secret=secret, handler=handler), p.Done)
-
-    async def token_add(self, name: str, sessions: list[str], can: list[str]) -> p.TokenMade:
-        """Make a scoped token (the root token's only): its secret is in the answer, once."""
-        request = p.Token(action="add", name=name, sessions=sessions, can=can)
-        return await self._call(request, p.TokenMade)
-
-    async def token_list(self) -> list[p.TokenInfo]:
-        return (await self._call(p.Token(action="list"), p.TokenList)).tokens
-
-    async def token_revoke(self, name: str) -> None:
-        await self._call(p.Token(action="revoke", name=name), p.Done)
-
-    async def timers(self, session: str | None = None) -> list[p.TimerInfo]:
-        return (await self._call(p.Timers(session=session), p.TimerList)).timers
-
-    async def cancel(self, session: str, timer: str) -> p.TimerInfo:
-        return (await self._call(p.Cancel(session=session, timer=timer), p.Cancelled)).timer
-
-    async def read(
-        self,
-        session: str,
-        *,
-        cursor: str | None = None,
-        after: int | None = None,
-        max: int | None = None,
-        peek: bool = False,
-        match: MatchLike | None = None,
-    ) -> p.Firings:
-        """As ``api.Repl.read``: acknowledges nothing; ``ack`` the batch's ``next``."""
-        request = p.Read(
-            session=session, cursor=cursor, after=after, max=max, peek=peek, match=as_match(match)
-        )
-        return await self._call(request, p.Firings)
-
-    async def ack(self, session: str, seq: int, *, cursor: str = ACK_CURSOR) -> p.Acked:
-        return await self._call(p.Ack(session=session, cursor=cursor, seq=seq), p.Acked)
-
-    async def poll(self, session: str, *, max: int | None = None) -> p.Firings:
-        return await self._call(p.Poll(session=session, max=max), p.Firings)
-
-    async def wait(
-        self,
-        sessions: str | list[str],
-        *,
-        cursor: str | UnsetType | None = UNSET,
-        timeout: float | None = None,  # noqa: ASYNC109 - the daemon's own timeout_ms
-        max: int | None = None,
-        ack: dict[str, int] | None = None,
-        match: MatchLike | None = None,
-        after: int | None = None,
-    ) -> p.Woken:
-        """As ``api.Repl.wait``: blocks (without blocking the loop), rides out a restart.
-
-        ``timeout`` is the wait's own (the daemon answers ``timed_out``), not a
-        cancel scope: cancelling from outside drops the wait and moves nothing.
-        """
-        ids = [sessions] if isinstance(sessions, str) else list(sessions)
-        now = anyio.current_time
-        deadline = None if timeout is None else now() + timeout
-        outage = Outage(self.reconnect, self.addr, self.note, deadline, clock=now)
-        chosen = None if after is not None else wait_cursor(cursor, match, WAIT_CURSOR)
-        wanted = as_match(match)
-        while True:
-            request = p.Wait(
-                sessions=ids,
-                cursor=chosen,
-                timeout_ms=outage.remaining_ms(),
-                max=max,
-                ack=ack or {},
-                match=wanted,
-                after=after,
-            )
-            try:
-                woken = await self._exchange(request, p.Woken, None)
-            except CliError as exc:
-                try:
-                    pause = outage.lost(exc, was_there=self._connected_once)
-                except CliError as final:
-                    raise _typed(final) from None
-                await self.aclose()
-                await anyio.sleep(pause)
-                if outage.timed_out:
-                    return p.Woken(batches=[], timed_out=True)
-                continue
-            outage.back()
-            return woken
-
-    async def follow(
-        self,
-        session: str,
-        *,
-        cursor: str | UnsetType | None = UNSET,
-        max: int | None = None,
-        match: MatchLike | None = None,
-    ) -> AsyncIterator[p.SessionBatch]:
-        """As ``api.Repl.follow``: a batch is acknowledged when the next is asked for."""
-        chosen = wait_cursor(cursor, match, FOLLOW_CURSOR)
-        carried: dict[str, int] = {}
-        after: int | None = None
-        while True:
-            if chosen is None:
-                woken = await self.wait(session, cursor=None, max=max, match=match, after=after)
-            else:
-                woken = await self.wait(session, cursor=chosen, max=max, ack=carried, match=match)
-            for batch in woken.batches:
-                yield batch
-                carried, after = {batch.session: batch.next}, batch.next
-
-    # -- request and reply -------------------------------------------------------
-
-    async def request(
-        self,
-        session: str,
-        text: str,
-        *,
-        reply_to: str,
-        timeout: float | None = 30.0,  # noqa: ASYNC109 - the wait's own timeout
-        handler: str = DEFAULT_HANDLER,
-        tags: Mapping[str, str] | None = None,
-    ) -> Firing | None:
-        """As ``api.Repl.request``: the reply firing, or None at ``timeout``."""
-        corr = correlation_id()
-        await self.stats(reply_to)  # where the reply goes must exist before the request leaves
-        sent_tags = {**(tags or {}), REPLY_TO: reply_to, CORR: corr}
-        await self.send(session, text, handler=handler, tags=sent_tags)
-        woken = await self.wait(reply_to, cursor=None, match={CORR: corr}, timeout=timeout, max=1)
-        if woken.timed_out or not woken.batches:
-            return None
-        return woken.batches[0].firings[0]
-
-    async def reply(
-        self, session: str, seq: int, text: str, *, handler: str = DEFAULT_HANDLER
-    ) -> p.Sent:
-        """As ``api.Repl.reply``."""
-        firing = await self.firing(session, seq)
-        target, tags = reply_tags(firing, session)
-        return await self.send(target, text, handler=handler, tags=tags)
-
-    async def firing(self, session: str, seq: int) -> Firing:
-        """As ``api.Repl.firing``."""
-        if seq < 1:
-            raise CliError(f"seq {seq} names no firing: seqs start at 1")
-        head = (await self.stats(session)).sessions[0].head
-        if seq > head:
-            raise CliError(f"session {session!r} has no firing {seq}: its head is {head}")
-        batch = await self.read(session, after=seq - 1, max=1)
-        if not batch.firings or batch.firings[0].seq != seq:
-            raise no_firing(session, seq, batch)
-        return batch.firings[0]
+    async def _sleep(self, seconds: float) -> None:
+        await anyio.sleep(seconds)

@@ -149,16 +149,13 @@ def follow(
     carried: dict[str, int] = {}
     after = start
     left = count
+    repl.watch = printer.watch
     while True:
         try:
             if cursor is None:
-                woken = repl.wait(
-                    session, cursor=None, max=left, watch=printer.watch, match=match, after=after
-                )
+                woken = repl.wait(session, cursor=None, max=left, match=match, after=after)
             else:
-                woken = repl.wait(
-                    session, cursor=cursor, ack=carried, max=left, watch=printer.watch, match=match
-                )
+                woken = repl.wait(session, cursor=cursor, ack=carried, max=left, match=match)
         except (ReaderGone, KeyboardInterrupt):
             # the wait carrying the ack may not have reached the session: ack it
             # again on a fresh connection, as the same token over the same TLS (acks are

@@ -978,6 +978,7 @@ def wait(
     fmt = firing_format(seq, full, as_json, several=len(ids) > 1, ts=ts)
     printer = Printer(repl.client, fmt, None if peek else cursor)
     repl.reconnect = reconnect
+    repl.watch = printer.watch
     deadline = None if timeout is None else time.monotonic() + timeout
     printed = 0
     after: dict[str, int] = {}  # a cursorless --count goes on after what it printed
@@ -989,7 +990,6 @@ def wait(
             cursor=cursor,
             timeout=left,
             max=bound,
-            watch=printer.watch,
             match=match,
             after=after.get(ids[0]) if cursor is None and len(ids) == 1 else None,
         )

@@ -179,18 +179,20 @@ async def test_the_async_api_with_no_daemon_is_unavailable_at_once(tmp_path: Pat
 #: as anyio's objects do
 ONLY_BLOCKING = {"again", "close"}
 ONLY_ASYNC = {"aclose"}
-#: arguments only one twin takes: ``watch`` is the CLI's pipe, whose reader leaving ends a
-#: blocking wait (an async caller cancels its task instead)
-ONLY_BLOCKING_ARGS = {"wait": {"watch"}}
 
 
 def public(cls: type) -> dict[str, object]:
-    return {name: value for name, value in vars(cls).items() if not name.startswith("_")}
+    """Every public attribute of ``cls``, its bases' too, as the class it is found on has it."""
+    found: dict[str, object] = {}
+    for base in reversed(cls.__mro__):
+        found.update((k, v) for k, v in vars(base).items() if not k.startswith("_"))
+    return found
 
 
 def test_the_two_apis_have_the_same_methods_with_the_same_signatures() -> None:
-    """``repl_cli.api.Repl`` and ``repl_cli.aio.AsyncRepl`` are twins kept by hand: a method
-    added to one, or an argument, a default or an annotation changed in one, fails here."""
+    """``repl_cli.api.Repl`` and ``repl_cli.aio.AsyncRepl`` are one body of operations (the
+    blocking one written from the async one by scripts/unasync.py), each over its own I/O:
+    a method or an argument that only one of them has fails here."""
     import inspect
 
     blocking, asynchronous = public(api.Repl), public(aio.AsyncRepl)
@@ -207,11 +209,8 @@ def test_the_two_apis_have_the_same_methods_with_the_same_signatures() -> None:
         else:
             assert inspect.iscoroutinefunction(other), f"AsyncRepl.{name} is not async"
         mine, theirs = inspect.signature(one), inspect.signature(other)
-        skipped = ONLY_BLOCKING_ARGS.get(name, set())
-        assert [
-            (p.name, p.kind, p.default, p.annotation)
-            for p in mine.parameters.values()
-            if p.name not in skipped
-        ] == [(p.name, p.kind, p.default, p.annotation) for p in theirs.parameters.values()], name
+        assert [(p.name, p.kind, p.default, p.annotation) for p in mine.parameters.values()] == [
+            (p.name, p.kind, p.default, p.annotation) for p in theirs.parameters.values()
+        ], name
         returned = str(mine.return_annotation).replace("Iterator[", "AsyncIterator[")
         assert returned == str(theirs.return_annotation), name

@@ -1,0 +1,334 @@
+"""Written by scripts/unasync.py from repl_cli/_async/operations.py: edit that one.
+
+The blocking twin of the async source; ``python scripts/unasync.py`` writes
+it again, and ``scripts/check`` fails while it is stale.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterator, Mapping
+from types import TracebackType
+from typing import Self
+
+from msgspec import UNSET, UnsetType
+
+from repl_cli._common import (
+    MatchLike,
+    R,
+    as_match,
+    no_firing,
+    reply_tags,
+    typed,
+    wait_cursor,
+)
+from repl_cli.errors import ERROR, CliError
+from repl_cli.reconnect import Outage
+from repl_daemon import protocol as p
+from session.firing import CursorInfo, Firing
+from session.rules import ACK_CURSOR, DEFAULT_HANDLER, FOLLOW_CURSOR, WAIT_CURSOR, WEBHOOK_HANDLER
+from session.tags import CORR, REPLY_TO, correlation_id
+
+
+class Operations(abc.ABC):
+    """The daemon's operations as methods, with typed answers, over one connection."""
+
+    #: how long ``wait`` and ``follow`` ride out an outage, in seconds (0: not at all)
+    reconnect: float
+    #: where an outage is told: the log, or stderr
+    note: Callable[[str], None]
+
+    # -- the primitives each side provides ------------------------------------------
+
+    @property
+    @abc.abstractmethod
+    def addr(self) -> str:
+        """The daemon's address, as given or found."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close the connection; the next call connects again."""
+
+    @abc.abstractmethod
+    def _call(self, request: p.Request, expect: type[R]) -> R:
+        """``request``'s answer, as an ``expect``; every failure as a typed ``Error``."""
+
+    @abc.abstractmethod
+    def _woken(self, request: p.Wait) -> p.Woken:
+        """A wait's answer, however long it blocks; a lost link is an ``Error`` (75)."""
+
+    @abc.abstractmethod
+    def _answered_once(self) -> bool:
+        """Whether a daemon answered on this connection once (only then is a lost link an
+        outage to ride out: a first connection that fails is refused at once)."""
+
+    @abc.abstractmethod
+    def _clock(self) -> float:
+        """Seconds, from the clock the sleeps are measured against."""
+
+    @abc.abstractmethod
+    def _sleep(self, seconds: float) -> None:
+        """Pause between two tries of a wait whose daemon is away."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- the daemon ----------------------------------------------------------
+
+    def ping(self) -> p.Pong:
+        return self._call(p.Ping(), p.Pong)
+
+    def shutdown(self) -> None:
+        """Ask the daemon to stop as SIGTERM does (it answers first, then exits)."""
+        self._call(p.Shutdown(), p.Done)
+        self.close()
+
+    def stats(self, session: str | None = None) -> p.StatsReply:
+        return self._call(p.Stats(session=session), p.StatsReply)
+
+    # -- sessions ------------------------------------------------------------
+
+    def start(
+        self, session: str | None = None, *, buffer: int | None = None, exist_ok: bool = False
+    ) -> p.Started:
+        request = p.Start(session=session, buffer=buffer, exist_ok=exist_ok)
+        return self._call(request, p.Started)
+
+    def stop(self, session: str) -> None:
+        self._call(p.Stop(session=session), p.Done)
+
+    def sessions(self) -> list[p.SessionInfo]:
+        return (self._call(p.Sessions(), p.SessionList)).sessions
+
+    def buffer(self, session: str, limit: int) -> p.Buffered:
+        return self._call(p.Buffer(session=session, limit=limit), p.Buffered)
+
+    def cursors(self, session: str) -> list[CursorInfo]:
+        return (self._call(p.Cursors(session=session), p.CursorList)).cursors
+
+    # -- firings -------------------------------------------------------------
+
+    def send(
+        self,
+        session: str,
+        text: str,
+        *,
+        handler: str = DEFAULT_HANDLER,
+        key: str | None = None,
+        tags: Mapping[str, str] | None = None,
+    ) -> p.Sent:
+        request = p.Send(
+            session=session, text=text, handler=handler, key=key, tags=dict(tags or {})
+        )
+        return self._call(request, p.Sent)
+
+    def schedule(
+        self,
+        session: str,
+        text: str = "",
+        *,
+        in_: str | None = None,
+        at: str | None = None,
+        every: str | None = None,
+        handler: str | None = None,
+        key: str | None = None,
+        tags: Mapping[str, str] | None = None,
+    ) -> p.TimerSet:
+        """Record a firing later: ``in_`` a duration (``"5m"``) or ``at`` an RFC 3339 time,
+        and/or ``every`` an interval (``"1m"``; handler ``on-tick`` unless named); each of its
+        firings carries ``tags``."""
+        request = p.Schedule(
+            session=session,
+            text=text,
+            handler=handler,
+            in_=in_,
+            at=at,
+            every=every,
+            key=key,
+            tags=dict(tags or {}),
+        )
+        return self._call(request, p.TimerSet)
+
+    def webhook(self, session: str, secret: str | None, *, handler: str = WEBHOOK_HANDLER) -> None:
+        """Give the session a webhook secret (``POST /hooks/{id}``), or with None take it away."""
+        self._call(p.SetWebhook(session=session, secret=secret, handler=handler), p.Done)
+
+    def token_add(self, name: str, sessions: list[str], can: list[str]) -> p.TokenMade:
+        """Make a scoped token (the root token's only): its secret is in the answer, once."""
+        request = p.Token(action="add", name=name, sessions=sessions, can=can)
+        return self._call(request, p.TokenMade)
+
+    def token_list(self) -> list[p.TokenInfo]:
+        return (self._call(p.Token(action="list"), p.TokenList)).tokens
+
+    def token_revoke(self, name: str) -> None:
+        self._call(p.Token(action="revoke", name=name), p.Done)
+
+    def timers(self, session: str | None = None) -> list[p.TimerInfo]:
+        """The pending timers of ``session``, or of every session: soonest first."""
+        return (self._call(p.Timers(session=session), p.TimerList)).timers
+
+    def cancel(self, session: str, timer: str) -> p.TimerInfo:
+        """Cancel a pending timer; an ``Error`` with code ``no_such_timer`` when there is none."""
+        return (self._call(p.Cancel(session=session, timer=timer), p.Cancelled)).timer
+
+    def read(
+        self,
+        session: str,
+        *,
+        cursor: str | None = None,
+        after: int | None = None,
+        max: int | None = None,
+        peek: bool = False,
+        match: MatchLike | None = None,
+    ) -> p.Firings:
+        """The firings after ``cursor`` (default ``read``) or after seq ``after``.
+
+        Like the wire's ``read`` it acknowledges nothing: ``ack`` the batch's
+        ``next`` once it is handled (``repl read`` prints, then acknowledges).
+        With ``match`` only the firings that match come back; given neither
+        ``cursor`` nor ``after``, a matching read looks at the whole ring.
+        """
+        request = p.Read(
+            session=session, cursor=cursor, after=after, max=max, peek=peek, match=as_match(match)
+        )
+        return self._call(request, p.Firings)
+
+    def ack(self, session: str, seq: int, *, cursor: str = ACK_CURSOR) -> p.Acked:
+        return self._call(p.Ack(session=session, cursor=cursor, seq=seq), p.Acked)
+
+    def poll(self, session: str, *, max: int | None = None) -> p.Firings:
+        return self._call(p.Poll(session=session, max=max), p.Firings)
+
+    def wait(
+        self,
+        sessions: str | list[str],
+        *,
+        cursor: str | UnsetType | None = UNSET,
+        timeout: float | None = None,
+        max: int | None = None,
+        ack: dict[str, int] | None = None,
+        match: MatchLike | None = None,
+        after: int | None = None,
+    ) -> p.Woken:
+        """Block until a session has firings after ``cursor`` (default ``wait``);
+        ``timeout`` seconds at most (then ``timed_out``). ``ack`` acknowledges the previous
+        batch first. With ``match``, only firings that match end the wait, and with no
+        ``cursor`` given it looks at the whole ring and acknowledges nothing (``after``
+        goes on from a seq instead). A daemon restart meanwhile is ridden out for
+        ``reconnect`` seconds, then ``Unavailable``.
+
+        ``timeout`` is the wait's own (the daemon answers ``timed_out``); in async
+        code, cancelling it from outside drops the wait and moves nothing.
+        """
+        ids = [sessions] if isinstance(sessions, str) else list(sessions)
+        deadline = None if timeout is None else self._clock() + timeout
+        outage = Outage(self.reconnect, self.addr, self.note, deadline, clock=self._clock)
+        chosen = None if after is not None else wait_cursor(cursor, match, WAIT_CURSOR)
+        wanted = as_match(match)
+        while True:
+            request = p.Wait(
+                sessions=ids,
+                cursor=chosen,
+                timeout_ms=outage.remaining_ms(),
+                max=max,
+                ack=ack or {},
+                match=wanted,
+                after=after,
+            )
+            try:
+                woken = self._woken(request)
+            except CliError as exc:
+                try:
+                    pause = outage.lost(exc, was_there=self._answered_once())
+                except CliError as final:
+                    raise typed(final) from None
+                self.close()
+                self._sleep(pause)
+                if outage.timed_out:
+                    return p.Woken(batches=[], timed_out=True)
+                continue
+            outage.back()
+            return woken
+
+    def follow(
+        self,
+        session: str,
+        *,
+        cursor: str | UnsetType | None = UNSET,
+        max: int | None = None,
+        match: MatchLike | None = None,
+    ) -> Iterator[p.SessionBatch]:
+        """Every batch after ``cursor`` (default ``follow``), as it comes, for ever (break
+        to stop).
+
+        A batch is acknowledged when the caller asks for the next one, in the
+        same request as the wait for it: one that was handed out and not
+        finished (the loop broke, the program died) comes again to the next
+        follower. A daemon restart is ridden out as in ``wait``. With
+        ``match`` and no ``cursor``, it follows the matching firings from the
+        whole ring on, acknowledging nothing.
+        """
+        chosen = wait_cursor(cursor, match, FOLLOW_CURSOR)
+        carried: dict[str, int] = {}
+        after: int | None = None
+        while True:
+            if chosen is None:
+                woken = self.wait(session, cursor=None, max=max, match=match, after=after)
+            else:
+                woken = self.wait(session, cursor=chosen, max=max, ack=carried, match=match)
+            for batch in woken.batches:
+                yield batch
+                carried, after = {batch.session: batch.next}, batch.next
+
+    # -- request and reply -------------------------------------------------------
+
+    def request(
+        self,
+        session: str,
+        text: str,
+        *,
+        reply_to: str,
+        timeout: float | None = 30.0,
+        handler: str = DEFAULT_HANDLER,
+        tags: Mapping[str, str] | None = None,
+    ) -> Firing | None:
+        """Send ``text`` to ``session`` tagged ``reply-to`` = ``reply_to`` and a fresh
+        ``corr``, then wait on ``reply_to`` for the firing tagged with that ``corr`` (one
+        that came before the wait is found too); the reply, or None at ``timeout``."""
+        corr = correlation_id()
+        self.stats(reply_to)  # where the reply goes must exist before the request leaves
+        sent_tags = {**(tags or {}), REPLY_TO: reply_to, CORR: corr}
+        self.send(session, text, handler=handler, tags=sent_tags)
+        woken = self.wait(reply_to, cursor=None, match={CORR: corr}, timeout=timeout, max=1)
+        if woken.timed_out or not woken.batches:
+            return None
+        return woken.batches[0].firings[0]
+
+    def reply(self, session: str, seq: int, text: str, *, handler: str = DEFAULT_HANDLER) -> p.Sent:
+        """Send ``text`` to the session named by the ``reply-to`` tag of firing ``seq`` of
+        ``session``, tagged with its ``corr``; an ``Error`` when it has no ``reply-to``."""
+        firing = self.firing(session, seq)
+        target, tags = reply_tags(firing, session)
+        return self.send(target, text, handler=handler, tags=tags)
+
+    def firing(self, session: str, seq: int) -> Firing:
+        """Firing ``seq`` of ``session``, read without a cursor; an ``Error`` when the ring
+        does not hold it."""
+        if seq < 1:
+            raise CliError(f"seq {seq} names no firing: seqs start at 1", ERROR)
+        head = (self.stats(session)).sessions[0].head
+        if seq > head:
+            raise CliError(f"session {session!r} has no firing {seq}: its head is {head}")
+        batch = self.read(session, after=seq - 1, max=1)
+        if not batch.firings or batch.firings[0].seq != seq:
+            raise no_firing(session, seq, batch)
+        return batch.firings[0]
