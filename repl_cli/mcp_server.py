@@ -410,9 +410,7 @@ def build(settings: Settings) -> MCPServer:
 
         async def look(r: aio.AsyncRepl) -> p.Firings:
             if last is not None:
-                row = (await r.stats(session)).sessions[0]
-                start = max_(row.head - last, row.head - row.retained)
-                return await r.read(session, after=start, max=max, match=match)
+                return await r.read(session, last=last, max=max, match=match)
             if after is None and cursor is None and match is None:
                 return await r.read(session, after=0, max=max)  # no cursor touched
             return await r.read(

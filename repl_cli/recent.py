@@ -1,11 +1,12 @@
 """``read --last N`` and ``read --since WHEN``: the newest firings, as ``tail`` and
 ``journalctl`` show them. Both look without a cursor and acknowledge nothing.
 
-``--last N`` reads after the head less N, at most N: exactly the newest N
-the ring holds, however many arrive meanwhile. ``--since`` compares the
-firings' own times (``ts``, UTC to the millisecond, which sort as text).
-Firings the ring dropped are reported only when some of them may have
-been recorded after the bound (the ring's oldest is already after it).
+The daemon answers both in one look (the wire's ``read`` with ``last`` and
+``since``; the core's ``Session.read_recent``): ``--last N`` reads after the
+head less N, at most N, and ``--since`` compares the firings' own times
+(``ts``, UTC to the millisecond, which sort as text). Firings the ring
+dropped are reported only when some of them may have been recorded after
+the bound. What is left here is turning ``--since``'s words into a time.
 """
 
 from __future__ import annotations
@@ -39,16 +40,7 @@ def since_ts(text: str, now: datetime | None = None) -> str | None:
 
 
 def recent(repl: Repl, session: str, last: int | None, since: str | None) -> Batch:
-    """The newest ``last`` firings (all with None), of those since ``since`` (any with None)."""
-    if since is None:
-        assert last is not None
-        head = repl.stats(session).sessions[0].head
-        got = repl.read(session, after=max(0, head - last), max=last)
-        return Batch(session, got.next, got.lost, got.firings)
-    got = repl.read(session, after=0)
-    firings = [f for f in got.firings if f.ts >= since]
-    # the dropped ones are older than the oldest retained: in range only if that one is
-    lost = got.lost if not got.firings or got.firings[0].ts >= since else 0
-    if last is not None and len(firings) > last:
-        firings, lost = firings[-last:], 0
-    return Batch(session, got.next, lost, firings)
+    """The newest ``last`` firings (all with None), of those since ``since`` (any with None):
+    one read, answered by the daemon in one look (the wire's ``last`` and ``since``)."""
+    got = repl.read(session, last=last, since=since)
+    return Batch(session, got.next, got.lost, got.firings)

@@ -317,13 +317,25 @@ class Api:
         return await (self.send(request) if request.method == "POST" else self.read(request))
 
     async def read(self, request: Request) -> Response:
+        """``?after=N``, or the compound reads ``?last=N``, ``?since=TIME``, ``?seq=S`` (the
+        wire's ``read``, one look each); ``?max``, ``?match``."""
         match = _match(request)
+        last, seq = _number(request, "last", None), _number(request, "seq", None)
+        since = request.query_params.get("since")
+        compound = last is not None or seq is not None or since is not None
         # a matching read given no ``after`` looks at the whole ring (an early reply is found)
-        after = _number(request, "after", None if match else 0)
+        after = _number(request, "after", None if match or compound else 0)
         most = _number(request, "max", None)
-        read = await self.call(
-            p.Read(session=request.path_params["id"], after=after, max=most, match=match), request
+        asked = p.Read(
+            session=request.path_params["id"],
+            after=after,
+            max=most,
+            match=match,
+            last=last,
+            since=since,
+            seq=seq,
         )
+        read = await self.call(asked, request)
         assert isinstance(read, p.Firings)
         return json_response({"next": read.next, "lost": read.lost, "firings": read.firings})
 

@@ -62,7 +62,13 @@ class Send(Request, tag="send"):
 class Read(Request, tag="read"):
     """Read by ``cursor`` (default ``read``) or, with ``after``, without one. With
     ``match``, only the firings that match; with ``match`` and neither ``cursor`` nor
-    ``after``, the whole ring, through no cursor."""
+    ``after``, the whole ring, through no cursor.
+
+    Compound reads, each one look of the daemon's (no stats first, no race): ``last``
+    the newest N, ``since`` those recorded since a time (with ``last``: the newest N of
+    them), ``seq`` one firing. They read through no cursor. Each field has a default,
+    so a client that sends none of them is answered as before.
+    """
 
     session: str
     cursor: str | None = None
@@ -70,6 +76,10 @@ class Read(Request, tag="read"):
     max: int | None = None
     peek: bool = False
     match: Match | None = None
+    last: int | None = None
+    #: a time as a firing's ``ts`` is written (UTC, to the millisecond)
+    since: str | None = None
+    seq: int | None = None
 
 
 class Wait(Request, tag="wait"):

@@ -10,9 +10,14 @@ inside a function (a lazy import) or under ``if TYPE_CHECKING:``. The rules:
 1. no module imports another that imports it back, at any distance (no cycle);
 2. the engine (``repl_daemon.engine`` and its modules) reaches no module that
    imports ``redis`` or ``sqlite3``: it knows the backends by their interface
-   (``repl_daemon.engine.committer.Backend``) alone.
+   (``repl_daemon.engine.committer.Backend``) alone;
+3. the client (``repl_cli``) imports of the daemon only what a client shares
+   with it (``CLIENT_MAY_IMPORT``): the wire's types, where a daemon is found,
+   the daemon's options (which ``repl daemon`` takes as its own) and the
+   daemon's entry point (which ``repl daemon`` runs);
+4. neither the core (``session``) nor the daemon imports the client.
 
-It exits 1 and names what breaks a rule, 0 when both hold. ``--root DIR``
+It exits 1 and names what breaks a rule, 0 when all hold. ``--root DIR``
 reads another tree of the same packages (the tests use it to show that a cycle
 is caught).
 """
@@ -28,6 +33,14 @@ PACKAGES = ("session", "repl_daemon", "repl_cli")
 ENGINE = "repl_daemon.engine"
 #: what only a backend may import
 BACKEND_ONLY = ("redis", "sqlite3")
+#: the modules of the daemon that the client may import (rule 3), and why
+CLIENT_MAY_IMPORT = {
+    "repl_daemon": "the package itself",
+    "repl_daemon.protocol": "the wire's types",
+    "repl_daemon.locations": "where a daemon is: the default address and state directory",
+    "repl_daemon.config": "the daemon's options, which `repl daemon` takes as its own",
+    "repl_daemon.__main__": "the daemon's entry point, which `repl daemon` runs",
+}
 
 
 def modules(root: Path) -> dict[str, Path]:
@@ -142,10 +155,21 @@ def main(argv: list[str] | None = None) -> int:
         banned = outside[name] & set(BACKEND_ONLY)
         if banned:
             broken.append(f"the engine reaches {name}, which imports {', '.join(sorted(banned))}")
+    for name in sorted(known):
+        package = name.split(".")[0]
+        for other in sorted(graph[name]):
+            if package == "repl_cli" and other.startswith("repl_daemon"):
+                if other not in CLIENT_MAY_IMPORT:
+                    broken.append(f"the client's {name} imports the daemon's {other}")
+            elif package != "repl_cli" and other.startswith("repl_cli"):
+                broken.append(f"{name} imports the client's {other}")
     for line in broken:
         print(f"imports: {line}", file=sys.stderr)
     if not broken:
-        print(f"imports: {len(known)} modules, no cycle, the engine imports no backend")
+        print(
+            f"imports: {len(known)} modules, no cycle, the engine imports no backend, "
+            "the client imports only what it shares with the daemon"
+        )
     return 1 if broken else 0
 
 

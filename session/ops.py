@@ -28,7 +28,7 @@ import msgspec
 from session.delta import Webhook
 from session.errors import BadMax, BadSeq
 from session.firing import NO_TAGS, Batch, CursorInfo
-from session.ring import check_limit
+from session.ring import check_last, check_limit
 from session.schedule import Timer
 from session.session import (
     Fired,
@@ -111,6 +111,41 @@ class ReadAfter(msgspec.Struct, frozen=True):
 
     def run(self, session: Session, visible: int | None) -> Batch:
         return session.read_after(self.after, self.max, visible, self.match)
+
+
+class ReadRecent(msgspec.Struct, frozen=True):
+    """The newest ``last`` firings, and/or those recorded ``since`` a time, through no
+    cursor, in one look (``Session.read_recent``)."""
+
+    durable: ClassVar[bool] = False
+    last: int | None
+    since: str | None = None
+    max: int | None = None
+    match: Match | None = None
+
+    def check(self) -> None:
+        if self.last is not None:
+            check_last(self.last)
+        if self.max is not None and self.max < 1:
+            raise BadMax(f"max {self.max} is below 1")
+        check_match(self.match)
+
+    def run(self, session: Session, visible: int | None) -> Batch:
+        return session.read_recent(self.last, self.since, self.max, visible, self.match)
+
+
+class ReadSeq(msgspec.Struct, frozen=True):
+    """Firing ``seq`` alone, through no cursor (``Session.read_seq``)."""
+
+    durable: ClassVar[bool] = False
+    seq: int
+
+    def check(self) -> None:
+        if self.seq < 1:
+            raise BadSeq(f"seq {self.seq} names no firing: seqs start at 1")
+
+    def run(self, session: Session, visible: int | None) -> Batch:
+        return session.read_seq(self.seq, visible)
 
 
 class ReadCursor(msgspec.Struct, frozen=True):

@@ -29,9 +29,12 @@ from session.errors import (
     BadCursorName,
     BadHandler,
     BadKey,
+    BadMax,
+    BadRequest,
     BadSeq,
     BadSessionId,
     BadTime,
+    CursorAfterHead,
     NoSuchSession,
     NoSuchTimer,
     SessionExists,
@@ -39,7 +42,7 @@ from session.errors import (
     no_such_session,
 )
 from session.firing import NO_TAGS, Batch, CursorInfo, Firing
-from session.ring import Fold, Image, Ring
+from session.ring import Fold, Image, Ring, check_last, only, since_of
 from session.rules import (
     DEFAULT_LIMIT,
     HANDLERS,
@@ -355,6 +358,45 @@ class Session:
         """Read without a cursor: nothing about the session changes but the count. ``after``
         None is the whole ring (a matching reader's look with no position of its own)."""
         batch = self.ring.events_after(after, max, visible, "after", match)
+        self.evaluations += 1
+        return batch
+
+    def read_recent(
+        self,
+        last: int | None,
+        since: str | None,
+        max: int | None = None,
+        visible: int | None = None,
+        match: Match | None = None,
+    ) -> Batch:
+        """The newest ``last`` firings, or (with ``since``) those recorded since a time, in
+        one look: no cursor, nothing changed but the count. With ``last`` alone it reads
+        after ``head - last``, so a loss is reported when the N reach back past the ring."""
+        if last is not None:
+            check_last(last)
+        if max is not None and max < 1:
+            raise BadMax(f"max {max} is below 1")
+        if since is None:
+            if last is None:
+                raise BadRequest("a recent read needs last, since or both")
+            head = self.ring.visible_head(visible)
+            bound = last if max is None else min(last, max)
+            batch = self.ring.events_after(max_(0, head - last), bound, visible, "after", match)
+        else:
+            whole = self.ring.events_after(0, None, visible, "after", match)
+            batch = since_of(whole, since, last, max)
+        self.evaluations += 1
+        return batch
+
+    def read_seq(self, seq: int, visible: int | None = None) -> Batch:
+        """Firing ``seq`` alone: a batch of it, or of none with ``lost`` 1 when the ring no
+        longer holds it; ``seq`` after the head is refused (there is no such firing yet)."""
+        if seq < 1:
+            raise BadSeq(f"seq {seq} names no firing: seqs start at 1")
+        head = self.ring.visible_head(visible)
+        if seq > head:
+            raise CursorAfterHead(f"no firing {seq}: its head is {head}")
+        batch = only(self.ring.events_after(seq - 1, 1, visible, "after"), seq)
         self.evaluations += 1
         return batch
 

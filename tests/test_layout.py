@@ -1,5 +1,6 @@
-"""The layout's two rules (``scripts/imports.py``): no import cycle, and an engine that
-imports no backend; and that the check catches each, on a tree made to break it."""
+"""The layout's rules (``scripts/imports.py``): no import cycle, an engine that imports
+no backend, a client that imports of the daemon only what they share, a daemon that
+imports no client; and that the check catches each, on a tree made to break it."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ def test_the_project_has_no_cycle_and_an_engine_that_imports_no_backend() -> Non
     done = check()
     assert done.returncode == 0, done.stderr
     assert "no cycle, the engine imports no backend" in done.stdout
+    assert "the client imports only what it shares with the daemon" in done.stdout
 
 
 def tree(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -73,3 +75,21 @@ def test_an_engine_that_reaches_sqlite_through_a_lazy_import_is_caught(tmp_path:
     assert (
         "the engine reaches repl_daemon.backends.local.sqlite, which imports sqlite3" in done.stderr
     )
+
+
+def test_a_client_that_imports_the_daemons_engine_is_caught(tmp_path: Path) -> None:
+    root = tree(
+        tmp_path,
+        {
+            "repl_cli/fast.py": "from repl_daemon.protocol import VERSION\n",
+            "repl_cli/slow.py": "def f() -> None:\n    from repl_daemon.engine import Engine\n",
+            "repl_daemon/protocol.py": "VERSION = 1\n",
+            "repl_daemon/engine.py": "class Engine: ...\n",
+            "repl_daemon/http.py": "from repl_cli import fast\n",
+        },
+    )
+    done = check(root)
+    assert done.returncode == 1
+    assert "the client's repl_cli.slow imports the daemon's repl_daemon.engine" in done.stderr
+    assert "repl_daemon.http imports the client's repl_cli.fast" in done.stderr
+    assert "repl_cli.fast imports" not in done.stderr  # the wire's types: allowed

@@ -25,6 +25,7 @@ from repl_cli._common import (
 from repl_cli.errors import ERROR, CliError
 from repl_cli.reconnect import Outage
 from repl_daemon import protocol as p
+from session.errors import Code
 from session.firing import CursorInfo, Firing
 from session.rules import ACK_CURSOR, DEFAULT_HANDLER, FOLLOW_CURSOR, WAIT_CURSOR, WEBHOOK_HANDLER
 from session.tags import CORR, REPLY_TO, correlation_id
@@ -189,8 +190,12 @@ class Operations(abc.ABC):
         max: int | None = None,
         peek: bool = False,
         match: MatchLike | None = None,
+        last: int | None = None,
+        since: str | None = None,
     ) -> p.Firings:
-        """The firings after ``cursor`` (default ``read``) or after seq ``after``.
+        """The firings after ``cursor`` (default ``read``) or after seq ``after``, or the
+        newest ``last``, or those recorded ``since`` an RFC 3339 time (with ``last``: the
+        newest N of them), each in one look of the daemon's.
 
         Like the wire's ``read`` it acknowledges nothing: ``ack`` the batch's
         ``next`` once it is handled (``repl read`` prints, then acknowledges).
@@ -198,7 +203,14 @@ class Operations(abc.ABC):
         ``cursor`` nor ``after``, a matching read looks at the whole ring.
         """
         request = p.Read(
-            session=session, cursor=cursor, after=after, max=max, peek=peek, match=as_match(match)
+            session=session,
+            cursor=cursor,
+            after=after,
+            max=max,
+            peek=peek,
+            match=as_match(match),
+            last=last,
+            since=since,
         )
         return self._call(request, p.Firings)
 
@@ -325,10 +337,12 @@ class Operations(abc.ABC):
         does not hold it."""
         if seq < 1:
             raise CliError(f"seq {seq} names no firing: seqs start at 1", ERROR)
-        head = (self.stats(session)).sessions[0].head
-        if seq > head:
-            raise CliError(f"session {session!r} has no firing {seq}: its head is {head}")
-        batch = self.read(session, after=seq - 1, max=1)
-        if not batch.firings or batch.firings[0].seq != seq:
+        try:
+            batch = self._call(p.Read(session=session, seq=seq), p.Firings)
+        except CliError as exc:
+            if exc.code == Code.CURSOR_AFTER_HEAD:  # no such firing yet
+                raise CliError(f"session {session!r} has {exc.said}") from None
+            raise
+        if not batch.firings:
             raise no_firing(session, seq, batch)
         return batch.firings[0]

@@ -55,7 +55,7 @@ from session.errors import (
     Unauthorized,
     UnknownOp,
 )
-from session.firing import Batch, Firing
+from session.firing import Batch, Firing, ms_to_ts
 from session.ops import (
     Ack,
     AddTimer,
@@ -65,6 +65,8 @@ from session.ops import (
     Poll,
     ReadAfter,
     ReadCursor,
+    ReadRecent,
+    ReadSeq,
     Record,
     SetLimit,
     SetWebhook,
@@ -328,16 +330,7 @@ class Engine:
                 op = Record(req.handler, req.text, self.clock.utc_now(), req.key, tags=req.tags)
                 return committer.execute(req.session, op).then(self._sent(rid))
             case p.Read():
-                if req.after is not None:
-                    if req.cursor is not None:
-                        raise BadRequest("give either cursor or after, not both")
-                    read: ReadAfter | ReadCursor = ReadAfter(req.after, req.max, req.match)
-                elif req.cursor is None and req.match is not None:
-                    read = ReadAfter(None, req.max, req.match)  # the whole ring (rule R2)
-                else:
-                    cursor = READ_CURSOR if req.cursor is None else req.cursor
-                    read = ReadCursor(cursor, req.max, touch=not req.peek, match=req.match)
-                return committer.execute(req.session, read).then(_firings(rid))
+                return committer.execute(req.session, read_op(req)).then(_firings(rid))
             case p.Wait():
                 return self.wait(req, committer)
             case p.Ack():
@@ -672,6 +665,40 @@ def _timer_set(rid: p.RequestId, asked: Timer, scheduled: Scheduled) -> p.TimerS
         every_ms=timer.every_ms,
         duplicate=scheduled.duplicate,
     )
+
+
+def read_op(req: p.Read) -> ReadAfter | ReadCursor | ReadRecent | ReadSeq:
+    """The core's operation for a ``read``: by cursor, after a seq, the newest N or those
+    since a time, one seq; a read that names more than one way is refused."""
+    ways = [
+        name
+        for name, given in (
+            ("cursor", req.cursor is not None),
+            ("after", req.after is not None),
+            ("last", req.last is not None or req.since is not None),
+            ("seq", req.seq is not None),
+        )
+        if given
+    ]
+    if len(ways) > 1:
+        if ways == ["cursor", "after"]:
+            raise BadRequest("give either cursor or after, not both")
+        named = " and ".join("last/since" if way == "last" else way for way in ways)
+        raise BadRequest(f"a read is by one of cursor, after, last/since and seq, not {named}")
+    if req.seq is not None:
+        if req.max is not None or req.match is not None:
+            raise BadRequest("a read of one seq takes no max and no match")
+        return ReadSeq(req.seq)
+    if req.last is not None or req.since is not None:
+        # any RFC 3339 time, as the ts a firing is written with, so the two compare as text
+        since = None if req.since is None else ms_to_ts(parse_time(req.since))
+        return ReadRecent(req.last, since, req.max, req.match)
+    if req.after is not None:
+        return ReadAfter(req.after, req.max, req.match)
+    if req.cursor is None and req.match is not None:
+        return ReadAfter(None, req.max, req.match)  # the whole ring (rule R2)
+    cursor = READ_CURSOR if req.cursor is None else req.cursor
+    return ReadCursor(cursor, req.max, touch=not req.peek, match=req.match)
 
 
 def _firings(rid: p.RequestId) -> Callable[[Batch], p.Firings]:

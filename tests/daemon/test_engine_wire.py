@@ -134,6 +134,13 @@ def request(draw: st.DrawFn) -> dict[str, Any] | bytes:
             req["cursor"] = draw(CURSORS)
         if draw(st.booleans()):
             req["after"] = draw(SEQS)
+        # the compound reads, alone or wrongly with the others (refused, changing nothing)
+        if draw(st.integers(0, 3)) == 0:
+            req["last"] = draw(SEQS)
+        if draw(st.integers(0, 3)) == 0:
+            req["since"] = draw(st.sampled_from(["2026-01-01T00:00:00Z", "yesterday", ""]))
+        if draw(st.integers(0, 3)) == 0:
+            req["seq"] = draw(SEQS)
         return req
     if op == "ack":
         return {"op": op, "session": sid, "cursor": draw(CURSORS), "seq": draw(SEQS)}

@@ -223,6 +223,26 @@ def test_a_send_is_201_then_200_for_its_idempotency_key(web_api: Web) -> None:
     assert web_api.daemon.client().ok({"op": "cursors", "session": s})["cursors"] == []
 
 
+def test_the_newest_n_since_a_time_and_one_seq_are_one_get_each(web_api: Web) -> None:
+    s = web_api.session()
+    for n in range(1, 5):
+        web_api.send(s, f"f{n}")
+
+    def got(query: str) -> tuple[int, list[str]]:
+        status, _, body = web_api.request("GET", f"/sessions/{s}/firings?{query}")
+        return status, [f["result"] for f in body.get("firings", [])]
+
+    assert got("last=2") == (200, ["f3", "f4"])
+    assert got("since=2000-01-01T00:00:00Z&last=1") == (200, ["f4"])
+    assert got("since=2999-01-01T00:00:00Z") == (200, [])
+    assert got("seq=3") == (200, ["f3"])
+    status, _, refused = web_api.request("GET", f"/sessions/{s}/firings?after=0&seq=3")
+    assert (status, refused["code"]) == (400, "bad_request")
+    assert "not after and seq" in refused["message"]
+    status, _, late = web_api.request("GET", f"/sessions/{s}/firings?seq=9")
+    assert (status, late["code"]) == (400, "cursor_after_head")
+
+
 def test_sessions_lists_what_the_protocol_lists_and_each_ones_lag(web_api: Web) -> None:
     s = web_api.session(buffer=8)
     status, _, listed = web_api.request("GET", "/sessions")

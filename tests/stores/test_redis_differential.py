@@ -56,6 +56,8 @@ from session.ops import (
     Poll,
     ReadAfter,
     ReadCursor,
+    ReadRecent,
+    ReadSeq,
     Record,
     SetLimit,
     SetWebhook,
@@ -67,6 +69,8 @@ from session.tags import Match
 from tests.helpers import RedisClusterProcs, RedisProc, examples, store_url
 
 TS = "2026-12-01T06:00:00.000Z"
+EARLIER = "2026-12-01T05:59:59.999Z"
+LATER = "2026-12-01T06:00:00.001Z"
 
 
 class Quiet:
@@ -126,11 +130,13 @@ matches = st.builds(
     tags=st.dictionaries(tag_keys, st.none() | tag_values, max_size=2),
     handler=st.none() | st.sampled_from(["on-message", "on-tick", "on-build", "a b"]),
 )
+#: firing times around TS, out of order too, for the reads ``since`` a time
+times = st.sampled_from([TS, TS, EARLIER, LATER])
 records = st.builds(
     Record,
     handler=handlers,
     text=st.text(max_size=6),
-    ts=st.just(TS),
+    ts=times,
     key=st.sampled_from([None, "k1", "k2", "k3", "k4", "k5", "k6", ""]),
     tags=tag_sets,
 )
@@ -209,6 +215,17 @@ kinds = {
         ReadCursor, cursor=names, max=counts, touch=st.booleans(), match=matches
     ),
     "look": st.builds(Look, match=matches, max=st.none() | st.integers(1, 3)),
+    "recent": st.one_of(
+        st.builds(ReadRecent, last=st.integers(-1, 6), max=counts, match=st.none() | matches),
+        st.builds(
+            ReadRecent,
+            last=st.none() | st.integers(1, 5),
+            since=times,
+            max=counts,
+            match=st.none() | matches,
+        ),
+    ),
+    "seq": st.builds(ReadSeq, seq=seqs),
     "ack": st.builds(Ack, cursor=names, seq=seqs),
     "ack_read": st.builds(
         AckRead, cursor=names, seq=seqs, max=counts, match=st.none() | st.none() | matches
@@ -222,7 +239,7 @@ kinds = {
 weights = ["record"] * 4 + ["cursor"] * 3 + ["ack"] * 3 + ["after", "poll", "limit"]
 weights += ["timer"] * 3 + ["fire"] * 2 + ["cancel", "timers", "hook", "get_hook", "handled"]
 weights += ["match_after"] * 2 + ["match_cursor"] * 2 + ["look"] * 2 + ["ack_read"] * 2
-weights += ["looked"] * 2
+weights += ["looked"] * 2 + ["recent"] * 2 + ["seq"]
 ops = st.sampled_from([*weights, "table", "describe"]).flatmap(lambda kind: kinds[kind])
 
 
@@ -386,6 +403,17 @@ tag_kinds = {
         match=pool_matches,
     ),
     "look": st.builds(Look, match=pool_matches, max=st.none() | st.integers(1, 3)),
+    "recent": st.one_of(
+        st.builds(ReadRecent, last=st.integers(-1, 6), max=counts, match=st.none() | matches),
+        st.builds(
+            ReadRecent,
+            last=st.none() | st.integers(1, 5),
+            since=times,
+            max=counts,
+            match=st.none() | matches,
+        ),
+    ),
+    "seq": st.builds(ReadSeq, seq=seqs),
     "ack": st.builds(Ack, cursor=names, seq=seqs),
     "ack_read": st.builds(
         AckRead, cursor=st.sampled_from(["c1", "c2"]), seq=seqs, max=counts, match=pool_matches

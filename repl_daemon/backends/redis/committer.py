@@ -65,13 +65,15 @@ from session.ops import (
     Poll,
     ReadAfter,
     ReadCursor,
+    ReadRecent,
+    ReadSeq,
     Record,
     SetLimit,
     SetWebhook,
     TimerList,
     check_seq,
 )
-from session.ring import check_limit
+from session.ring import check_limit, only, since_of
 from session.rules import HANDLERS, POLL_CURSOR
 from session.schedule import Timer, timer_order
 from session.scopes import TokenRecord, no_such_token
@@ -86,6 +88,8 @@ from session.session import (
 log = logging.getLogger("repl.daemon")
 
 R = TypeVar("R")
+A = TypeVar("A")
+B = TypeVar("B")
 
 #: the most looks a daemon answers from published firings at one session before it counts
 #: them in Redis (it counts them sooner, with its next read there or when it unsubscribes)
@@ -322,6 +326,21 @@ class SharedCommitter:
                 future = store.read(
                     session_id, "after", op.after, op.max, False, op.match, owed=owed
                 )
+            case ReadRecent():
+                owed = self._owed.pop(session_id, 0)
+                if op.since is None:  # the newest N: the script reads after the head less N
+                    assert op.last is not None  # a recent read names last, since or both
+                    bound = op.last if op.max is None else min(op.last, op.max)
+                    future = store.read(
+                        session_id, "last", op.last, bound, False, op.match, owed=owed
+                    )
+                else:  # the whole ring in one script, kept as the core keeps it
+                    whole = store.read(session_id, "after", 0, None, False, op.match, owed=owed)
+                    future = _then(whole, lambda got: since_of(got, op.since, op.last, op.max))
+            case ReadSeq():
+                owed = self._owed.pop(session_id, 0)
+                read = store.read(session_id, "seq", op.seq, 1, False, owed=owed)
+                future = _then(read, lambda got: only(got, op.seq))
             case ReadCursor():
                 owed = self._owed.pop(session_id, 0)
                 future = store.read(
@@ -500,3 +519,23 @@ def _listed(moved: int) -> list[int]:
 def _uncounted(future: asyncio.Future[None]) -> None:
     if not future.cancelled() and future.exception() is not None:
         log.debug("looks went uncounted: %s", future.exception())
+
+
+def _then(future: asyncio.Future[A], step: Callable[[A], B]) -> asyncio.Future[B]:
+    """A future of ``step`` of ``future``'s answer (its error, or its cancel, as it is)."""
+    mapped: asyncio.Future[B] = future.get_loop().create_future()
+
+    def done(answered: asyncio.Future[A]) -> None:
+        if mapped.done():
+            return
+        if answered.cancelled():
+            mapped.cancel()
+            return
+        error = answered.exception()
+        if error is not None:
+            mapped.set_exception(error)
+            return
+        mapped.set_result(step(answered.result()))
+
+    future.add_done_callback(done)
+    return mapped

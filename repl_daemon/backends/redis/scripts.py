@@ -161,8 +161,10 @@ return {'ok', seq, duplicate, head, m[4], retained}
 """
 )
 
-#: ARGV: mode ('after', 'cursor' or 'poll'), after (for 'after'; '' for the whole retained
-#: ring) or the cursor's name, max ('' for none), touch ('1': the read is a use of its
+#: ARGV: mode ('after', 'last', 'seq', 'cursor' or 'poll'); after (for 'after'; '' for the
+#: whole retained ring), the N (for 'last': read after the head less N, in the same look),
+#: the seq (for 'seq': read after it less 1; one after the head is refused) or the cursor's
+#: name; max ('' for none), touch ('1': the read is a use of its
 #: cursor), max_cursors, match (JSON made by the daemon, ``session.tags.Match``; '' for none),
 #: ack (for 'cursor': the seq to ack the cursor to first, as ``AckRead`` does; '' for none),
 #: owed (the evaluations of this daemon's looks answered from a published firing since its
@@ -188,7 +190,16 @@ local function first()
 end
 local after, value
 local ack = nil
-if mode ~= 'after' then
+if mode == 'last' then  -- the newest N: after the head less N, in this same look
+  after = math.max(0, head - tonumber(ARGV[2]))
+elseif mode == 'seq' then  -- one firing
+  local seq = tonumber(ARGV[2])
+  if seq > head then
+    return {'err', 'cursor_after_head',
+      string.format('no firing %d: its head is %d', seq, head)}
+  end
+  after = seq - 1
+elseif mode ~= 'after' then
   value = redis.call('HGET', cursors, ARGV[2])
   after = cursor_seq(value)
   if ARGV[7] ~= '' then  -- the wait's ack, first (rule 5), made once every check passed
@@ -204,7 +215,7 @@ else
   after = tonumber(ARGV[2])
 end
 if after > head then
-  local what = mode == 'after' and 'after' or 'cursor'
+  local what = (mode == 'cursor' or mode == 'poll') and 'cursor' or 'after'
   return {'err', 'cursor_after_head', string.format('%s %d is after head %d', what, after, head)}
 end
 local max = nil
