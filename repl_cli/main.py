@@ -876,7 +876,7 @@ def read(
         from repl_cli.recent import recent
 
         bound = None if since is None else parse_since(since)
-        deliver(Printer(repl.client, fmt, None), [recent(repl, session, last, bound)])
+        deliver(Printer(repl.client, fmt, None), [recent(repl, session, last, bound, max_)])
         return
     got = repl.read(session, cursor=cursor, after=after, max=max_, peek=peek, match=match)
     ack_cursor = None if peek or after is not None else cursor or READ_CURSOR

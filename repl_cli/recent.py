@@ -39,8 +39,11 @@ def since_ts(text: str, now: datetime | None = None) -> str | None:
     return ms_to_ts(ms)
 
 
-def recent(repl: Repl, session: str, last: int | None, since: str | None) -> Batch:
-    """The newest ``last`` firings (all with None), of those since ``since`` (any with None):
-    one read, answered by the daemon in one look (the wire's ``last`` and ``since``)."""
-    got = repl.read(session, last=last, since=since)
+def recent(
+    repl: Repl, session: str, last: int | None, since: str | None, most: int | None = None
+) -> Batch:
+    """The newest ``last`` firings (all with None), of those since ``since`` (any with None),
+    the oldest ``most`` of them: one read, answered by the daemon in one look (the wire's
+    ``last`` and ``since``)."""
+    got = repl.read(session, last=last, since=since, max=most)
     return Batch(session, got.next, got.lost, got.firings)

@@ -54,6 +54,13 @@ def test_read_since_a_time_back_or_an_iso_time(repl: Repl, s: str) -> None:
     repl.fails(64, "read", s, "--since", "1m", "--after", "0")
 
 
+def test_read_since_with_max_pages_through_them(repl: Repl, s: str) -> None:
+    repl.send(s, "a", "b", "c")
+    first = repl.ok("read", s, "--since", "1h", "--max", "2", "--full").splitlines()
+    assert first[0] == "2 0" and len(first) == 3  # NEXT LOST, then the oldest two
+    assert repl.ok("read", s, "--after", "2") == "on-message: c\n"
+
+
 def test_since_bounds_read_as_firing_times() -> None:
     now = datetime(2026, 12, 1, 9, 30, 15, 250000, tzinfo=UTC)
     assert since_ts("90s", now) == "2026-12-01T09:28:45.250Z"
