@@ -88,7 +88,6 @@ from session.advice import advised
 from session.errors import (
     BadRequest,
     BadSessionId,
-    BadTag,
     Code,
     ConfigError,
     IdleTimeout,
@@ -101,7 +100,7 @@ from session.firing import Firing
 from session.ops import check_match
 from session.rules import DEFAULT_HANDLER, WAIT_CURSOR
 from session.scopes import ADMIN, READ, TokenRecord, forbidden, scoped_refusal
-from session.tags import Match, check_tag_key, parse_tags
+from session.tags import Match, parse_match, parse_tags
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -241,7 +240,6 @@ class Api:
     def handle(self, req: p.AnyRequest, request: Request) -> Outcome[p.Response]:
         """``req`` given to the engine with the request's token: refused at once, or its
         outcome (for a wait, the job that blocks: ``answer`` awaits it)."""
-        self.engine.requests += 1
         return self.engine.handle(req, request.state.token)
 
     async def answer(self, outcome: Outcome[p.Response], request: Request) -> p.Response:
@@ -791,7 +789,6 @@ class _Follow:
         if self.gone or self.ended or self.revoked is not None:
             return
         engine = self.engine
-        engine.requests += 1
         req = p.Wait(sessions=[self.session_id], after=self.after, match=self.match)
         try:
             job = engine.handle(req, self.token).job
@@ -1237,18 +1234,9 @@ def _match(request: Request) -> Match | None:
     """A reader's ``?match=KEY=VALUE`` / ``?match=KEY`` (repeatable: all must hold) and
     ``?handler=NAME``, or None when it gives neither."""
     query = request.query_params
-    handler = query.get("handler")
-    wanted: dict[str, str | None] = {}
-    for word in query.getlist("match"):
-        key, sep, value = word.partition("=")
-        check_tag_key(key)
-        if key in wanted:
-            raise BadTag(f"?match={key} is given twice: which value should it have?")
-        wanted[key] = value if sep else None
-    if not wanted and handler is None:
-        return None
-    match = Match(wanted, handler)
-    check_match(match)
+    twice = "?match={} is given twice: which value should it have?"
+    match = parse_match(query.getlist("match"), query.get("handler"), twice)
+    check_match(match)  # the handler's name too
     return match
 
 
@@ -1495,6 +1483,15 @@ def _protocol_class(
     past ``max_connections`` 503 ``too_many`` (uvicorn's ``limit_concurrency``
     with its plain text: the same count, this connection's included, taken
     at the same moment), each with ``Connection: close``.
+
+    uvicorn's public API cannot serve these: its server takes a protocol
+    class and nothing smaller (no hook for a per-request header deadline, for
+    its own 400/503 bodies, or for its flow control's pause), so this
+    subclasses ``H11Protocol`` and reads its ``conn``, ``cycle`` and ``flow``.
+    Those are uvicorn's internals: pyproject.toml bounds uvicorn from above at
+    the newest release this was tested against (0.55), so neither a user's
+    install nor ``scripts/pin`` takes a newer one until the bound is moved by
+    hand, with the suite passing on it.
     """
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol

@@ -504,13 +504,14 @@ class Connection(asyncio.Protocol):
     def _handle(self, line: bytes) -> bool:
         """Answer one line; False closes the connection."""
         engine = self.engine
-        engine.requests += 1
         try:
             req = p.decode_request(line)
         except ReplError as exc:
+            engine.requests += 1  # a line that is no request never reaches the engine's count
             self._queue(self._refused(exc, p.request_id(line)))
             return self.authed
         if not self.authed:
+            engine.requests += 1  # nor does an auth
             return self._auth(req)
         try:
             outcome = engine.handle(req, self.token)

@@ -118,15 +118,18 @@ class Match(msgspec.Struct, frozen=True, omit_defaults=True):
         return bool(self.tags)
 
 
-def parse_match(words: Iterable[str], handler: str | None = None) -> Match | None:
+def parse_match(
+    words: Iterable[str], handler: str | None = None, twice: str = "--match {!r} is given twice"
+) -> Match | None:
     """The ``--match`` words (``KEY=VALUE`` or ``KEY``) and ``--handler``: all must hold.
-    None when there are none."""
+    None when there are none. ``twice`` words a key given twice, as the interface names
+    the option (the CLI's ``--match``, HTTP's ``?match=``)."""
     tags: dict[str, str | None] = {}
     for word in words:
         key, sep, value = word.partition("=")
         check_tag_key(key)
         if key in tags:
-            raise BadTag(f"--match {key!r} is given twice")
+            raise BadTag(twice.format(key))
         tags[key] = value if sep else None
     if not tags and handler is None:
         return None

@@ -321,6 +321,7 @@ class Engine:
         ``ReplError`` when it is refused at once."""
         rid = req.id
         tag = str(req.__struct_config__.tag)
+        self.requests += 1  # every request any front end hands over is counted here, once
         self.counts.requests[tag] += 1
         committer: Sessions = self.committer
         if token is not None:
