@@ -33,7 +33,7 @@ pytestmark = pytest.mark.anyio
 async def test_an_idle_stream_gets_heartbeats_and_costs_no_evaluation(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(http, "HEARTBEAT", 0.2)
+    monkeypatch.setattr(http.streams, "HEARTBEAT", 0.2)
     engine = Engine(LocalBackend(MemoryStore()), settle=0)
     await engine.handle(p.Start(session="s")).result()
     async with anyio.create_task_group() as tg:

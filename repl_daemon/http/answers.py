@@ -1,0 +1,117 @@
+"""What every route answers with: the constants, the JSON errors in HTTP's words
+(``session.advice``), and the wire code's HTTP status."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from repl_daemon.protocol import MAX_LINE
+from session.advice import advised
+from session.errors import (
+    Code,
+    ConfigError,
+)
+
+if TYPE_CHECKING:
+    from starlette.responses import Response
+
+
+#: the largest body a request may have (as a line of the protocol)
+MAX_BODY = MAX_LINE
+#: how much of a body nobody reads is read and dropped before the answer (``drain``)
+MAX_DRAIN = 16 * MAX_BODY
+#: how long a request's body may take to arrive in full
+BODY_TIMEOUT = 30.0
+#: a long poll's ``?timeout=`` when none is given, and the most it may be, in seconds: one
+#: longer than an hour would outlive every proxy between, and the client may ask again
+WAIT_TIMEOUT = 30.0
+MAX_WAIT_TIMEOUT = 3600.0
+
+#: the page's files (``GET /`` and ``/static/...``), shipped in the package
+WEB = Path(__file__).parent.parent / "web"
+#: the icon's type: an SVG, at /static/favicon.svg and at /favicon.ico
+SVG = "image/svg+xml"
+#: what a 404 of no route names, so the caller finds the right path
+ROUTES = (
+    "the routes are /sessions, /sessions/ID, /sessions/ID/firings, /sessions/ID/events, "
+    "/sessions/ID/wait, /sessions/ID/cursors/NAME, /hooks/ID, /metrics, /healthz and the "
+    "page at /"
+)
+#: the page loads nothing from anywhere else, and runs no script it did not ship
+PAGE_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
+        "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
+
+INSTALL_HINT = (
+    "--http needs Starlette, uvicorn, sse-starlette and prometheus_client: "
+    "pip install 'repl-inbox[http]'"
+)
+
+# a wire code's HTTP status; every other refusal is 400
+STATUS: dict[str, int] = {
+    Code.NO_SUCH_SESSION: 404,
+    Code.LINE_TOO_LONG: 413,
+    Code.IDLE_TIMEOUT: 408,
+    Code.NO_SUCH_TIMER: 404,
+    Code.NO_SUCH_WEBHOOK: 404,
+    Code.SESSION_EXISTS: 409,
+    Code.SESSION_STOPPED: 410,
+    Code.UNAUTHORIZED: 401,
+    Code.FORBIDDEN: 403,
+    Code.TOO_MANY: 429,
+    Code.STORE_FAILED: 503,
+    Code.SHUTTING_DOWN: 503,
+    Code.INTERNAL: 500,
+}
+
+#: what a request with no token is told: which tokens are taken, and where the root's is,
+#: without the daemon's path (the client is not authenticated)
+NO_TOKEN = (
+    "no token: give Authorization: Bearer TOKEN, with the daemon's root token (the `token` "
+    "file in its state directory) or one made by `repl token add`"
+)
+
+encoder = msgspec.json.Encoder()
+
+
+def check_installed() -> None:
+    """``ConfigError`` with the ``pip install`` to run when the ``http`` extra is missing."""
+    try:
+        import prometheus_client  # noqa: F401
+        import sse_starlette  # noqa: F401
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise ConfigError(INSTALL_HINT) from None
+
+
+def error_response(
+    code: str, message: str, status: int | None = None, headers: Mapping[str, str] | None = None
+) -> Response:
+    from starlette.responses import Response
+
+    status = STATUS.get(code, 400) if status is None else status
+    return Response(
+        error_body(code, message), status, headers=headers, media_type="application/json"
+    )
+
+
+def error_body(code: str, message: str) -> bytes:
+    """An error as HTTP tells it: its advice in HTTP's words (``session.advice``)."""
+    return encoder.encode({"code": code, "message": advised(code, message, "http")})
+
+
+def json_response(value: Any, status: int = 200) -> Response:
+    from starlette.responses import Response
+
+    return Response(encoder.encode(value), status, media_type="application/json")

@@ -1,0 +1,86 @@
+"""The long poll (``GET /sessions/{id}/wait``) and a request's hold on its token: what
+ends a blocked HTTP request (its answer, a revocation, the client gone)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+import anyio
+
+from repl_daemon import protocol as p
+from repl_daemon.engine.wait import Wait
+from session.errors import (
+    Unauthorized,
+)
+from session.scopes import TokenRecord
+
+if TYPE_CHECKING:
+    from repl_daemon.engine import Engine
+
+
+class Gone(Exception):
+    """A long poll's client hung up: nobody is there to answer."""
+
+
+class Poll:
+    """A long poll's wait and its hold on its token while it waits. ``result`` gives the
+    wait's answer or a revocation, whichever comes first (each releases the hold, so the
+    other cannot follow), unless the client hangs up, after which nobody wants either; the
+    request's end, however it comes (its task cancelled too), ends the wait if it is still
+    on. An event, not a future, is awaited: a cancellation of the request's task cancels
+    the event's own waiter, and this never finds its answer taken away from under it."""
+
+    def __init__(self, engine: Engine, token: TokenRecord | None, job: Wait) -> None:
+        self.engine = engine
+        self.token = token
+        self.job = job
+        self.over = asyncio.Event()
+        self.value: p.Response | None = None
+        self.error: Exception | None = None
+        if token is not None:
+            engine.hold(token, self)
+
+    def answered(self, value: p.Response | None, error: Exception | None) -> None:
+        """The wait's callback (never called once the wait is cancelled)."""
+        self._release()
+        self.value, self.error = value, error
+        self.over.set()
+
+    def revoke(self, error: Unauthorized) -> None:
+        """The token was revoked while the wait held it (so before its answer)."""
+        self.job.cancel()
+        self.answered(None, error)
+
+    def hung_up(self) -> None:
+        """The client went away: nobody wants the answer, whatever it is or would be."""
+        self.job.cancel()  # nothing, once it has answered
+        self.answered(None, Gone())
+
+    async def result(self) -> p.Response:
+        try:
+            await self.over.wait()
+        finally:  # the answer is in, or this request ended first: the wait ends with it
+            self.job.cancel()
+            self._release()
+        if self.error is not None:
+            raise self.error
+        assert self.value is not None
+        return self.value
+
+    def _release(self) -> None:
+        if self.token is not None:
+            self.engine.release(self.token, self)
+
+
+class Held:
+    """An HTTP request's hold on its scoped token while it waits: a revocation cancels it."""
+
+    def __init__(self) -> None:
+        self.scope: anyio.CancelScope | None = None
+        self.error: Unauthorized | None = None
+
+    def revoke(self, error: Unauthorized) -> None:
+        self.error = error
+        if self.scope is not None:
+            self.scope.cancel()
