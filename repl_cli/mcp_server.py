@@ -8,6 +8,14 @@ limits included. Built on the official SDK (``mcp``, the ``[mcp]`` extra):
 its ``MCPServer`` publishes each tool's schema from its typed arguments and
 turns its results into structured content.
 
+Each tool is a function of this module, as the SDK's examples write them
+(``ctx`` gives it the server's connections, ``tools_of``), published from one
+table, ``TOOLS``, with its annotations and its description for a model. The
+results are TypedDicts that follow the wire's answers field by field: the
+SDK publishes an output schema only for what pydantic describes (TypedDicts,
+dataclasses, pydantic models), and the wire's types are msgspec Structs,
+which it does not.
+
 The rules it keeps (rules M1-M3):
 
 - Nothing is acknowledged that the agent may not have received: ``wait``
@@ -32,7 +40,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NamedTuple, TypeVar
 
 import anyio
 import msgspec
@@ -274,9 +282,14 @@ def plain(tool: str, exc: ValidationError) -> str:
 
 
 class Server(MCPServer):
-    """The SDK's server, its tool errors as one line of ours: an argument of the wrong
-    shape is told what is wrong in one line (not a validator's dump with a URL), and no
-    error carries the SDK's ``Error executing tool`` prefix."""
+    """The SDK's server, with the tools' connections (``tools_of``), and its tool errors as
+    one line of ours: an argument of the wrong shape is told what is wrong in one line (not
+    a validator's dump with a URL), and no error carries the SDK's ``Error executing
+    tool`` prefix."""
+
+    def __init__(self, tools: Tools, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.tools = tools
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
         try:
@@ -288,6 +301,13 @@ class Server(MCPServer):
             if isinstance(cause, ToolError):
                 raise ToolError(str(cause)) from None
             raise
+
+
+def tools_of(ctx: Context) -> Tools:
+    """The connections of the server a tool is called on."""
+    server = ctx.mcp_server
+    assert isinstance(server, Server)
+    return server.tools
 
 
 def check(condition: bool, message: str) -> None:
@@ -313,231 +333,257 @@ async def waited(
         await ctx.report_progress(waited_s, timeout_s, f"still waiting after {waited_s:.0f} s")
 
 
+# -- the tools: each one call of the async API, its answer as JSON --------------------
+
+
+async def send(
+    ctx: Context,
+    session: SessionArg,
+    text: Annotated[str, Field(description="The message.")],
+    handler: Annotated[str, Field(description="What produced it.")] = DEFAULT_HANDLER,
+    key: Annotated[str | None, Field(description="A dedup key.")] = None,
+    tags: TagsArg = None,
+) -> SentOut:
+    sent = await tools_of(ctx).call(
+        lambda r: r.send(session, text, handler=handler, key=key, tags=tags or {})
+    )
+    return SentOut(seq=sent.seq, duplicate=sent.duplicate)
+
+
+async def wait(
+    ctx: Context,
+    sessions: Annotated[
+        str | list[str], Field(description="A session id, or several to wait on at once.")
+    ],
+    cursor: Annotated[
+        str | None,
+        Field(
+            description="Your cursor's name (default 'wait'; with match, none: the whole "
+            "ring is looked at and nothing can be acknowledged)."
+        ),
+    ] = None,
+    ack: Annotated[
+        dict[str, int] | None,
+        Field(description="Session -> the next of the batch you handled, acknowledged first."),
+    ] = None,
+    timeout_s: WaitSeconds = 30.0,
+    match: MatchArg = None,
+    max: Annotated[int | None, Field(ge=1, description="At most this many firings.")] = None,
+) -> WaitOut:
+    ids = [sessions] if isinstance(sessions, str) else sessions
+    chosen = cursor if cursor is not None or match else WAIT_CURSOR
+    check(chosen is not None or not ack, "a wait with no cursor acknowledges nothing: give no ack")
+    async with tools_of(ctx).own(reconnect=timeout_s) as repl:
+
+        def once(seconds: float, first: bool) -> Awaitable[p.Woken]:
+            acks = ack if first else None
+            return repl.wait(ids, cursor=chosen, timeout=seconds, max=max, ack=acks, match=match)
+
+        woken = await waited(ctx, tools_of(ctx).settings.progress_every, timeout_s, once)
+    return WaitOut(batches=[batch_out(b) for b in woken.batches], timed_out=woken.timed_out)
+
+
+async def read(
+    ctx: Context,
+    session: SessionArg,
+    after: Annotated[
+        int | None, Field(ge=0, description="After this seq (not with last or cursor).")
+    ] = None,
+    last: Annotated[
+        int | None, Field(ge=1, description="The newest N (not with after or cursor).")
+    ] = None,
+    cursor: Annotated[
+        str | None,
+        Field(description="After this cursor, which is not moved (not with after or last)."),
+    ] = None,
+    max: Annotated[int | None, Field(ge=1, description="At most this many firings.")] = None,
+    match: MatchArg = None,
+) -> ReadOut:
+    options = (("after", after), ("last", last), ("cursor", cursor))
+    given = [name for name, value in options if value is not None]
+    check(len(given) <= 1, f"give one of after, last and cursor, not {' and '.join(given)}")
+
+    async def look(r: aio.AsyncRepl) -> p.Firings:
+        if last is not None:
+            return await r.read(session, last=last, max=max, match=match)
+        if after is None and cursor is None and match is None:
+            return await r.read(session, after=0, max=max)  # no cursor touched
+        return await r.read(session, after=after, cursor=cursor, max=max, peek=True, match=match)
+
+    got = await tools_of(ctx).call(look)
+    return ReadOut(next=got.next, lost=got.lost, firings=[firing_out(f) for f in got.firings])
+
+
+async def sessions(
+    ctx: Context,
+) -> SessionsOut:
+    listed = await tools_of(ctx).call(lambda r: r.sessions())
+    rows = [
+        SessionOut(
+            id=row.id,
+            head=row.head,
+            retained=row.retained,
+            limit=row.limit,
+            cursors=row.cursors,
+            waiters=row.waiters,
+        )
+        for row in listed
+    ]
+    return SessionsOut(sessions=rows)
+
+
+async def start(
+    ctx: Context,
+    session: Annotated[str | None, Field(description="The new session's id.")] = None,
+    exist_ok: Annotated[bool, Field(description="An existing session is fine.")] = True,
+) -> StartedOut:
+    started = await tools_of(ctx).call(lambda r: r.start(session, exist_ok=exist_ok))
+    return StartedOut(session=started.session, created=started.created)
+
+
+async def ack(
+    ctx: Context,
+    session: SessionArg,
+    seq: Annotated[int, Field(ge=0, description="The next of the batch handled.")],
+    cursor: Annotated[str, Field(description="The cursor to move.")] = WAIT_CURSOR,
+) -> AckedOut:
+    acked = await tools_of(ctx).call(lambda r: r.ack(session, seq, cursor=cursor))
+    return AckedOut(cursor=acked.cursor, seq=acked.seq)
+
+
+async def cursors(ctx: Context, session: SessionArg) -> CursorsOut:
+    listed = await tools_of(ctx).call(lambda r: r.cursors(session))
+    return CursorsOut(cursors=[CursorOut(name=c.name, seq=c.seq, lag=c.lag) for c in listed])
+
+
+async def schedule(
+    ctx: Context,
+    session: SessionArg,
+    text: Annotated[str, Field(description="The message.")] = "",
+    delay: Annotated[str | None, Field(description="After this long: 250ms, 90s, 5m.")] = None,
+    at: Annotated[str | None, Field(description="At this time, RFC 3339.")] = None,
+    every: Annotated[str | None, Field(description="Again every interval, 1s at least.")] = None,
+    key: Annotated[str | None, Field(description="A dedup key.")] = None,
+    tags: TagsArg = None,
+) -> ScheduledOut:
+    made = await tools_of(ctx).call(
+        lambda r: r.schedule(session, text, in_=delay, at=at, every=every, key=key, tags=tags)
+    )
+    return ScheduledOut(
+        timer=made.timer,
+        due=made.due,
+        every_ms=made.every_ms,
+        duplicate=made.duplicate,
+        seq=made.seq,
+    )
+
+
+async def request(
+    ctx: Context,
+    session: Annotated[str, Field(description="The session of the agent you ask.")],
+    text: Annotated[str, Field(description="The request.")],
+    reply_to: Annotated[str, Field(description="Your own session, where the answer comes.")],
+    timeout_s: WaitSeconds = 30.0,
+    tags: TagsArg = None,
+) -> ReplyOut:
+    corr = correlation_id()
+    async with tools_of(ctx).own(reconnect=timeout_s) as repl:
+        await repl.stats(reply_to)  # where the answer goes must exist before we ask
+        sent_tags = {**(tags or {}), REPLY_TO: reply_to, CORR: corr}
+        await repl.send(session, text, tags=sent_tags)
+
+        def once(seconds: float, first: bool) -> Awaitable[p.Woken]:
+            return repl.wait(reply_to, cursor=None, timeout=seconds, max=1, match={CORR: corr})
+
+        woken = await waited(ctx, tools_of(ctx).settings.progress_every, timeout_s, once)
+    if not woken.batches:
+        return ReplyOut(reply=None, timed_out=True)
+    return ReplyOut(reply=firing_out(woken.batches[0].firings[0]), timed_out=False)
+
+
+async def reply(
+    ctx: Context,
+    session: Annotated[str, Field(description="The session the request came to.")],
+    seq: Annotated[int, Field(ge=1, description="The request's seq.")],
+    text: Annotated[str, Field(description="The answer.")],
+) -> SentOut:
+    sent = await tools_of(ctx).call(lambda r: r.reply(session, seq, text))
+    return SentOut(seq=sent.seq, duplicate=sent.duplicate)
+
+
+class Tool(NamedTuple):
+    """A tool as it is published: the function (its arguments' schema is its signature's),
+    what it may do (``LOOKS``, ``SETS``, ``RECORDS``), and its description for a model."""
+
+    fn: Callable[..., Awaitable[Any]]
+    annotations: ToolAnnotations
+    description: str
+
+
+TOOLS = (
+    Tool(
+        send,
+        RECORDS,
+        "Send a message to a session; it is recorded as the next firing. "
+        "Give a key to make a retry safe (a second send with it records nothing).",
+    ),
+    Tool(
+        wait,
+        SETS,
+        "Wait until firings exist after your cursor in one of the sessions, "
+        "and return them; at timeout_s it returns timed_out. It acknowledges nothing: pass "
+        "each batch's next in ack on your next call once you have handled it.",
+    ),
+    Tool(
+        read,
+        LOOKS,
+        "Read a session's firings without waiting and without acknowledging: "
+        "after a seq, the last N, after a cursor's position, or (none given) the whole ring. "
+        "Give at most one of after, last and cursor.",
+    ),
+    Tool(sessions, LOOKS, "List the sessions: id, head, retained, limit, cursors, waiters."),
+    Tool(start, SETS, "Start a session (an id is made up when none is given)."),
+    Tool(
+        ack,
+        SETS,
+        "Acknowledge up to seq on a cursor, once those firings are handled; "
+        "a cursor never moves back.",
+    ),
+    Tool(cursors, LOOKS, "List a session's cursors: name, seq, and lag behind the head."),
+    Tool(
+        schedule,
+        RECORDS,
+        "Record a message later: after a delay ('90s', '5m'), at a time "
+        "(RFC 3339), and/or again every interval ('1h'). Returns the timer's id; a retry "
+        "with the same key returns the first timer's, or the seq it fired as.",
+    ),
+    Tool(
+        request,
+        RECORDS,
+        "Ask another agent: send text to its session tagged with where to reply, "
+        "and wait in your own session (reply_to) for the answer to this request.",
+    ),
+    Tool(
+        reply,
+        RECORDS,
+        "Answer a request: send text to the session named in the reply-to tag "
+        "of firing seq of session, tagged with the request's corr.",
+    ),
+)
+
+
 def build(settings: Settings) -> MCPServer:
     """The MCP server and its tools, connecting as ``settings`` say."""
-    tools = Tools(settings)
-    server: MCPServer = Server(
+    server = Server(
+        Tools(settings),
         name="repl",
         title="repl session inbox",
         instructions=INSTRUCTIONS,
         version=p.VERSION,
         log_level="WARNING",
     )
-
-    @server.tool(
-        description="Send a message to a session; it is recorded as the next firing. "
-        "Give a key to make a retry safe (a second send with it records nothing).",
-        annotations=RECORDS,
-    )
-    async def send(
-        session: SessionArg,
-        text: Annotated[str, Field(description="The message.")],
-        handler: Annotated[str, Field(description="What produced it.")] = DEFAULT_HANDLER,
-        key: Annotated[str | None, Field(description="A dedup key.")] = None,
-        tags: TagsArg = None,
-    ) -> SentOut:
-        sent = await tools.call(
-            lambda r: r.send(session, text, handler=handler, key=key, tags=tags or {})
-        )
-        return SentOut(seq=sent.seq, duplicate=sent.duplicate)
-
-    @server.tool(
-        description="Wait until firings exist after your cursor in one of the sessions, "
-        "and return them; at timeout_s it returns timed_out. It acknowledges nothing: pass "
-        "each batch's next in ack on your next call once you have handled it.",
-        annotations=SETS,
-    )
-    async def wait(
-        ctx: Context,
-        sessions: Annotated[
-            str | list[str], Field(description="A session id, or several to wait on at once.")
-        ],
-        cursor: Annotated[
-            str | None,
-            Field(
-                description="Your cursor's name (default 'wait'; with match, none: the whole "
-                "ring is looked at and nothing can be acknowledged)."
-            ),
-        ] = None,
-        ack: Annotated[
-            dict[str, int] | None,
-            Field(description="Session -> the next of the batch you handled, acknowledged first."),
-        ] = None,
-        timeout_s: WaitSeconds = 30.0,
-        match: MatchArg = None,
-        max: Annotated[int | None, Field(ge=1, description="At most this many firings.")] = None,
-    ) -> WaitOut:
-        ids = [sessions] if isinstance(sessions, str) else sessions
-        chosen = cursor if cursor is not None or match else WAIT_CURSOR
-        check(
-            chosen is not None or not ack, "a wait with no cursor acknowledges nothing: give no ack"
-        )
-        async with tools.own(reconnect=timeout_s) as repl:
-
-            def once(seconds: float, first: bool) -> Awaitable[p.Woken]:
-                acks = ack if first else None
-                return repl.wait(
-                    ids, cursor=chosen, timeout=seconds, max=max, ack=acks, match=match
-                )
-
-            woken = await waited(ctx, settings.progress_every, timeout_s, once)
-        return WaitOut(batches=[batch_out(b) for b in woken.batches], timed_out=woken.timed_out)
-
-    @server.tool(
-        description="Read a session's firings without waiting and without acknowledging: "
-        "after a seq, the last N, after a cursor's position, or (none given) the whole ring. "
-        "Give at most one of after, last and cursor.",
-        annotations=LOOKS,
-    )
-    async def read(
-        session: SessionArg,
-        after: Annotated[
-            int | None, Field(ge=0, description="After this seq (not with last or cursor).")
-        ] = None,
-        last: Annotated[
-            int | None, Field(ge=1, description="The newest N (not with after or cursor).")
-        ] = None,
-        cursor: Annotated[
-            str | None,
-            Field(description="After this cursor, which is not moved (not with after or last)."),
-        ] = None,
-        max: Annotated[int | None, Field(ge=1, description="At most this many firings.")] = None,
-        match: MatchArg = None,
-    ) -> ReadOut:
-        options = (("after", after), ("last", last), ("cursor", cursor))
-        given = [name for name, value in options if value is not None]
-        check(len(given) <= 1, f"give one of after, last and cursor, not {' and '.join(given)}")
-
-        async def look(r: aio.AsyncRepl) -> p.Firings:
-            if last is not None:
-                return await r.read(session, last=last, max=max, match=match)
-            if after is None and cursor is None and match is None:
-                return await r.read(session, after=0, max=max)  # no cursor touched
-            return await r.read(
-                session, after=after, cursor=cursor, max=max, peek=True, match=match
-            )
-
-        got = await tools.call(look)
-        return ReadOut(next=got.next, lost=got.lost, firings=[firing_out(f) for f in got.firings])
-
-    @server.tool(
-        description="List the sessions: id, head, retained, limit, cursors, waiters.",
-        annotations=LOOKS,
-    )
-    async def sessions() -> SessionsOut:
-        listed = await tools.call(lambda r: r.sessions())
-        rows = [
-            SessionOut(
-                id=row.id,
-                head=row.head,
-                retained=row.retained,
-                limit=row.limit,
-                cursors=row.cursors,
-                waiters=row.waiters,
-            )
-            for row in listed
-        ]
-        return SessionsOut(sessions=rows)
-
-    @server.tool(
-        description="Start a session (an id is made up when none is given).", annotations=SETS
-    )
-    async def start(
-        session: Annotated[str | None, Field(description="The new session's id.")] = None,
-        exist_ok: Annotated[bool, Field(description="An existing session is fine.")] = True,
-    ) -> StartedOut:
-        started = await tools.call(lambda r: r.start(session, exist_ok=exist_ok))
-        return StartedOut(session=started.session, created=started.created)
-
-    @server.tool(
-        description="Acknowledge up to seq on a cursor, once those firings are handled; "
-        "a cursor never moves back.",
-        annotations=SETS,
-    )
-    async def ack(
-        session: SessionArg,
-        seq: Annotated[int, Field(ge=0, description="The next of the batch handled.")],
-        cursor: Annotated[str, Field(description="The cursor to move.")] = WAIT_CURSOR,
-    ) -> AckedOut:
-        acked = await tools.call(lambda r: r.ack(session, seq, cursor=cursor))
-        return AckedOut(cursor=acked.cursor, seq=acked.seq)
-
-    @server.tool(
-        description="List a session's cursors: name, seq, and lag behind the head.",
-        annotations=LOOKS,
-    )
-    async def cursors(session: SessionArg) -> CursorsOut:
-        listed = await tools.call(lambda r: r.cursors(session))
-        return CursorsOut(cursors=[CursorOut(name=c.name, seq=c.seq, lag=c.lag) for c in listed])
-
-    @server.tool(
-        description="Record a message later: after a delay ('90s', '5m'), at a time "
-        "(RFC 3339), and/or again every interval ('1h'). Returns the timer's id; a retry "
-        "with the same key returns the first timer's, or the seq it fired as.",
-        annotations=RECORDS,
-    )
-    async def schedule(
-        session: SessionArg,
-        text: Annotated[str, Field(description="The message.")] = "",
-        delay: Annotated[str | None, Field(description="After this long: 250ms, 90s, 5m.")] = None,
-        at: Annotated[str | None, Field(description="At this time, RFC 3339.")] = None,
-        every: Annotated[
-            str | None, Field(description="Again every interval, 1s at least.")
-        ] = None,
-        key: Annotated[str | None, Field(description="A dedup key.")] = None,
-        tags: TagsArg = None,
-    ) -> ScheduledOut:
-        made = await tools.call(
-            lambda r: r.schedule(session, text, in_=delay, at=at, every=every, key=key, tags=tags)
-        )
-        return ScheduledOut(
-            timer=made.timer,
-            due=made.due,
-            every_ms=made.every_ms,
-            duplicate=made.duplicate,
-            seq=made.seq,
-        )
-
-    @server.tool(
-        description="Ask another agent: send text to its session tagged with where to reply, "
-        "and wait in your own session (reply_to) for the answer to this request.",
-        annotations=RECORDS,
-    )
-    async def request(
-        ctx: Context,
-        session: Annotated[str, Field(description="The session of the agent you ask.")],
-        text: Annotated[str, Field(description="The request.")],
-        reply_to: Annotated[str, Field(description="Your own session, where the answer comes.")],
-        timeout_s: WaitSeconds = 30.0,
-        tags: TagsArg = None,
-    ) -> ReplyOut:
-        corr = correlation_id()
-        async with tools.own(reconnect=timeout_s) as repl:
-            await repl.stats(reply_to)  # where the answer goes must exist before we ask
-            sent_tags = {**(tags or {}), REPLY_TO: reply_to, CORR: corr}
-            await repl.send(session, text, tags=sent_tags)
-
-            def once(seconds: float, first: bool) -> Awaitable[p.Woken]:
-                return repl.wait(reply_to, cursor=None, timeout=seconds, max=1, match={CORR: corr})
-
-            woken = await waited(ctx, settings.progress_every, timeout_s, once)
-        if not woken.batches:
-            return ReplyOut(reply=None, timed_out=True)
-        return ReplyOut(reply=firing_out(woken.batches[0].firings[0]), timed_out=False)
-
-    @server.tool(
-        description="Answer a request: send text to the session named in the reply-to tag "
-        "of firing seq of session, tagged with the request's corr.",
-        annotations=RECORDS,
-    )
-    async def reply(
-        session: Annotated[str, Field(description="The session the request came to.")],
-        seq: Annotated[int, Field(ge=1, description="The request's seq.")],
-        text: Annotated[str, Field(description="The answer.")],
-    ) -> SentOut:
-        sent = await tools.call(lambda r: r.reply(session, seq, text))
-        return SentOut(seq=sent.seq, duplicate=sent.duplicate)
-
+    for tool in TOOLS:
+        server.add_tool(tool.fn, description=tool.description, annotations=tool.annotations)
     return server
 
 
