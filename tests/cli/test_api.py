@@ -133,6 +133,50 @@ async def test_the_async_api_answers_the_same(inproc: InProcDaemon) -> None:
 
 
 @pytest.mark.anyio
+async def test_the_async_api_runs_every_operation_the_blocking_one_does(
+    inproc: InProcDaemon,
+) -> None:
+    """The same operations, written once (repl_cli/_async/operations.py), awaited: each
+    answers its struct, and the compound reads are one request each."""
+    async with aio.connect(inproc.addr, inproc.home) as repl:
+        await repl.start("aio-b", buffer=3)
+        for n in range(1, 6):
+            await repl.send("aio-b", f"f{n}", tags={"n": str(n % 2)})
+        assert (await repl.buffer("aio-b", 3)).limit == 3
+        last = await repl.read("aio-b", last=2)
+        assert [f.result for f in last.firings] == ["f4", "f5"]
+        since = await repl.read("aio-b", since="2000-01-01T00:00:00Z", last=1)
+        assert [f.result for f in since.firings] == ["f5"]
+        assert (await repl.firing("aio-b", 4)).result == "f4"
+        for seq, words in ((0, "seqs start at 1"), (9, "has no firing 9: its head is 5")):
+            with pytest.raises(api.Error, match=words):
+                await repl.firing("aio-b", seq)
+        with pytest.raises(api.Error, match="no longer in its ring"):
+            await repl.firing("aio-b", 1)
+        assert [f.result for f in (await repl.poll("aio-b", max=1)).firings] == ["f3"]
+        # a matching follow with no cursor goes on after what it looked at
+        stream = repl.follow("aio-b", cursor=None, match={"n": "1"})
+        first = await anext(stream)
+        assert [f.result for f in first.firings] == ["f3", "f5"]
+        await repl.send("aio-b", "f6", tags={"n": "0"})
+        await repl.send("aio-b", "f7", tags={"n": "1"})
+        with anyio.fail_after(10):
+            second = await anext(stream)
+        assert [f.result for f in second.firings] == ["f7"]
+        await stream.aclose()
+        made = await repl.token_add("aio-t", ["aio-b"], ["read"])
+        assert made.token and [t.name for t in await repl.token_list()] == ["aio-t"]
+        await repl.token_revoke("aio-t")
+        timer = await repl.schedule("aio-b", "later", in_="1h")
+        assert [t.timer for t in await repl.timers("aio-b")] == [timer.timer]
+        assert (await repl.cancel("aio-b", timer.timer)).timer == timer.timer
+        await repl.webhook("aio-b", "s3cret")
+        await repl.webhook("aio-b", None)
+        await repl.stop("aio-b")
+        assert "aio-b" not in [s.id for s in await repl.sessions()]
+
+
+@pytest.mark.anyio
 async def test_the_async_follow_rides_out_a_restart_in_the_middle(
     durable_daemon: DaemonProc,
 ) -> None:
