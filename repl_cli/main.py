@@ -11,6 +11,12 @@ exception becomes an exit status and a line on stderr.
 Keep this module's imports cheap: ``repl read`` and ``repl wait`` are run
 again and again by monitors. anyio, rich and the daemon's modules load only
 in the commands that need them.
+
+Why one module of some 1,300 lines: it is the table of the commands, each a
+click declaration of its options and a short body, and a command in a
+module of its own would make every ``repl`` run import what it does not
+use (click builds the whole group at start). What a command does lives in
+the modules it calls; what is long here is the options' help text.
 """
 
 from __future__ import annotations

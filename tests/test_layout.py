@@ -93,3 +93,27 @@ def test_a_client_that_imports_the_daemons_engine_is_caught(tmp_path: Path) -> N
     assert "the client's repl_cli.slow imports the daemon's repl_daemon.engine" in done.stderr
     assert "repl_daemon.http imports the client's repl_cli.fast" in done.stderr
     assert "repl_cli.fast imports" not in done.stderr  # the wire's types: allowed
+
+
+def test_a_long_module_or_function_says_why_it_is_long() -> None:
+    """No product module of over 800 lines, and no function of over 80, without a sentence
+    in it saying why (``Why one module`` in a module's docstring, ``Long (`` in a function's
+    first comment): a newcomer reads a module in one sitting, or is told why not."""
+    import ast
+
+    unexplained = []
+    for package in ("session", "repl_daemon", "repl_cli"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            text = path.read_text()
+            name = path.relative_to(ROOT).as_posix()
+            if len(text.splitlines()) > 800 and "Why one module" not in text:
+                unexplained.append(f"{name} ({len(text.splitlines())} lines)")
+            lines = text.splitlines()
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    assert node.end_lineno is not None
+                    if node.end_lineno - node.lineno + 1 > 80:
+                        body = "\n".join(lines[node.lineno - 1 : node.lineno + 60])
+                        if "# Long (" not in body:
+                            unexplained.append(f"{name}: {node.name}")
+    assert not unexplained, f"long and not saying why: {unexplained}"

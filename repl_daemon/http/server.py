@@ -253,6 +253,8 @@ def protocol_class(
     install nor ``scripts/pin`` takes a newer one until the bound is moved by
     hand, with the suite passing on it.
     """
+    # Long (some 150 lines): one class, the subclass of uvicorn's protocol, whose methods
+    # share the deadline, the counts and the bodies built here once per server
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 

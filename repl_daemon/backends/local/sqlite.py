@@ -1,5 +1,10 @@
 """The default store: every session in one SQLite file in the daemon's home.
 
+Why one module of some 1,000 lines: one file format, and every statement that
+reads or writes it, is kept in one place, so that a change of a table is a
+change of one module (its schema, its batch writer, its loader, its checks at
+open and its compaction all read the same columns).
+
 One connection does all the writing, from the committer's worker thread and
 never from two threads at once; each batch is one ``BEGIN IMMEDIATE`` ...
 ``COMMIT`` transaction in WAL mode with ``synchronous = FULL``, so once
@@ -574,6 +579,9 @@ def _write_batch(
     batch (``executemany``), not one a session, and the new firings appended to the log,
     so that a batch's cost grows with what it changes and not with how many sessions it
     touches. ``counts`` are the log's rows and live rows before; returns them after."""
+    # Long (some 120 lines) on purpose: each table's rows of the whole batch are built in
+    # one pass and written in one statement, and a helper per table would walk the batch
+    # once a table (the send's hot path, docs/benchmarks.md)
     rows, live = counts
     named = [d.id for d in batch if not d.gone]
     if len(set(named)) != len(named):
@@ -801,6 +809,8 @@ def _load_all(
     that a restart after a clean stop reads each ring as one blob. With ``fold`` a ring whose
     image is whole (its head the session's) is not read at all: ``fold`` makes what brings
     it in later (``Ring.folded``)."""
+    # Long (some 100 lines): one pass over one ordered query, which a split would have to
+    # hand its cursor and its half-built session from one helper to the next
     imaged = (
         f"FROM sessions AS s {only} LEFT JOIN rings AS r ON r.session = s.id AND r.since = s.since"
     )

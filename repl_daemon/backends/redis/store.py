@@ -1,5 +1,12 @@
 """The Redis store: several daemons share sessions, and Redis is the only copy.
 
+Why one module of some 1,200 lines: every method is one script's call and
+the decoding of its answer, over one pipelined connection per node (the
+sender and its batches, the cluster's routing of each slot, the replicated
+path with ``WAIT``); split, each part would reach into the connection's
+state. The scripts themselves are in ``scripts.py``, the wakes in
+``wakes.py``, the timers in ``timers.py``.
+
 Each session lives under keys with the hash tag ``{ID}`` (one hash slot, so
 the same layout runs on one Redis and on a Redis Cluster; the keys are
 listed in ``repl_daemon.backends.redis.scripts``), and every operation on a
