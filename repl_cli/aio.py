@@ -30,10 +30,11 @@ from repl_cli._common import R, Unavailable, log_note, typed
 from repl_cli.client import (
     CALL_TIMEOUT,
     HTTP_PROBE_AFTER,
-    Client,
+    Where,
     decode_answer,
     encoded,
     http_answers,
+    no_daemon,
     not_a_daemon,
     parse_addr,
     plain_to_tls,
@@ -43,7 +44,6 @@ from repl_cli.client import (
 from repl_cli.errors import CliError
 from repl_cli.reconnect import DEFAULT_RECONNECT
 from repl_daemon import protocol as p
-from session.errors import Code
 
 __all__ = ["AsyncRepl", "connect"]
 
@@ -84,7 +84,7 @@ class AsyncRepl(AsyncOperations):
         token_file: str | Path | None = None,
     ) -> None:
         # the sync client knows where the daemon and its token are; it never connects here
-        self._where = Client(addr, home, token=token, tls_ca=tls_ca, token_file=token_file)
+        self._where = Where(addr, home, token=token, tls_ca=tls_ca, token_file=token_file)
         self.reconnect = reconnect
         self.note = note or log_note
         self._stream: ByteStream | None = None
@@ -123,32 +123,26 @@ class AsyncRepl(AsyncOperations):
             if self._where.tls:
                 raise typed(tls_failure(exc, self.addr)) from None
             reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-            raise Unavailable(
-                f"no daemon at {self.addr} ({reason}): start one with `repl daemon`"
-            ) from None
+            raise typed(no_daemon(self.addr, reason)) from None
         except OSError as exc:
             if self._where.tls:
                 raise typed(tls_failure(exc, self.addr)) from None
-            raise Unavailable(
-                f"no daemon at {self.addr} ({exc.strerror or exc}): start one with `repl daemon`"
-            ) from None
+            raise typed(no_daemon(self.addr, exc.strerror or str(exc))) from None
         except (anyio.EndOfStream, anyio.BrokenResourceError):  # closed in the handshake
             raise typed(tls_failure(ConnectionResetError(0, "closed"), self.addr)) from None
         self._stream = stream
         self._lines = BufferedByteReceiveStream(stream)
-        token = self._where._token()
+        token = self._where.auth_token()
         try:
             await self._exchange(p.Auth(token=token), p.Done, CALL_TIMEOUT, probe=(host, port))
         except CliError as exc:
-            if exc.code == Code.UNAUTHORIZED:  # say which token that was
-                exc.message = f"{exc.message}; this one was {self._where._token_source()}"
-            elif (
+            if (
                 exc.code is None
                 and not self._where.tls
                 and await anyio.to_thread.run_sync(speaks_tls, host, port)
             ):
                 raise plain_to_tls(self.addr) from None
-            raise
+            raise self._where.refused(exc) from None
         self._connected_once = True
 
     async def _exchange(

@@ -115,8 +115,16 @@ def _connect(host: str, port: int, timeout: float = CALL_TIMEOUT) -> socket.sock
     return socket.create_connection((host, port), timeout=timeout)
 
 
-class Client:
-    """One connection to the daemon, opened on the first request."""
+def no_daemon(addr: str, reason: str, from_env: str = "") -> CliError:
+    """Nothing answers at ``addr`` (75): the one wording of both APIs and the CLI."""
+    return unavailable(f"no daemon at {addr}{from_env} ({reason}): start one with `repl daemon`")
+
+
+class Where:
+    """Where a daemon is and who we are to it: its address (``REPL_ADDR``, else the
+    default), its home (whose ``token`` file is the root token), the token (given,
+    ``--token-file``, ``REPL_TOKEN``, else the root's), and TLS. Both APIs connect by
+    it: ``Client`` (blocking, a socket) is one, ``repl_cli.aio.AsyncRepl`` holds one."""
 
     def __init__(
         self,
@@ -143,66 +151,11 @@ class Client:
         self.tls_ca = Path(ca) if ca else None
         self.tls = self.addr.startswith(TLS_SCHEME) or self.tls_ca is not None
         self._tls_context: Any = None
-        self._sock: socket.socket | None = None
-        self._buf = bytearray()
-        self._scanned = 0
-        self._outstanding = 0  # requests sent and not yet answered
-        self._quiet_since = 0.0
-        #: how long connecting, and an ordinary request, may take (not a wait)
-        self.timeout = CALL_TIMEOUT
-        #: a daemon answered this client once: only then is a lost connection an outage to
-        #: ride out (rules C10); a first connection that fails is 75 at once
-        self.connected_once = False
         self._addr_from_env = addr_from_env
-
-    def fresh(self) -> Client:
-        """A new client with this one's identity (address, home, token, TLS), unconnected."""
-        twin = Client(
-            self.addr,
-            self.home,
-            addr_from_env=self._addr_from_env,
-            token=self.token,
-            token_file=self.token_file,
-            tls_ca=self.tls_ca,
-        )
-        twin.timeout = self.timeout
-        twin.connected_once = self.connected_once
-        return twin
-
-    # -- the connection ----------------------------------------------------
 
     @property
     def token_path(self) -> Path:
         return self.home / "token"
-
-    def connect(self) -> None:
-        host, port = parse_addr(self.addr, self._from_env)
-        try:
-            sock = _connect(host, port, self.timeout)
-        except OSError as exc:
-            reason = exc.strerror or str(exc)
-            raise unavailable(
-                f"no daemon at {self.addr}{self._from_env} ({reason}): start one with `repl daemon`"
-            ) from None
-        if self.tls:
-            sock = self._handshake(sock, host)
-        sock.settimeout(None)  # deadlines are kept by _fill, which can also watch stdout
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sock = sock
-        self._quiet_since = time.monotonic()
-        try:
-            self.send(p.Auth(token=self._token()))
-            if not self._readable(HTTP_PROBE_AFTER) and http_answers(host, port, self.tls):
-                self.close()
-                raise not_a_daemon(self.addr, self._from_env)
-            self.receive(p.Done)
-        except CliError as exc:
-            if exc.code == Code.UNAUTHORIZED:  # say which token that was
-                exc.message = f"{exc.message}; this one was {self._token_source()}"
-            elif exc.code is None and not self.tls and speaks_tls(host, port):
-                raise plain_to_tls(self.addr, self._from_env) from None
-            raise
-        self.connected_once = True
 
     def tls_context(self) -> Any:
         """The ``ssl.SSLContext`` that checks the daemon's certificate and host name."""
@@ -220,16 +173,8 @@ class Client:
                 ) from None
         return self._tls_context
 
-    def _handshake(self, sock: socket.socket, host: str) -> socket.socket:
-        try:
-            return self.tls_context().wrap_socket(sock, server_hostname=host)  # type: ignore[no-any-return]
-        except BaseException as exc:
-            sock.close()
-            if isinstance(exc, OSError):
-                raise tls_failure(exc, self.addr, self._from_env) from None
-            raise
-
-    def _token_source(self) -> str:
+    def token_source(self) -> str:
+        """Which token this is, for a refusal of it (never the token itself)."""
         if self.token:
             return "given to the client"
         if self.token_file is not None:
@@ -241,7 +186,7 @@ class Client:
             "at the daemon's state directory"
         )
 
-    def _token(self) -> str:
+    def auth_token(self) -> str:
         """The token to authenticate with: the one given, ``--token-file``'s, ``REPL_TOKEN``,
         else the daemon's root token in its home."""
         if self.token:
@@ -254,6 +199,94 @@ class Client:
         return _read_token(
             self.token_path, "point --home (or REPL_HOME) at the daemon's state directory"
         )
+
+    def refused(self, exc: CliError) -> CliError:
+        """An ``auth``'s refusal as both APIs tell it: which token was refused."""
+        if exc.code == Code.UNAUTHORIZED:
+            exc.message = f"{exc.message}; this one was {self.token_source()}"
+        return exc
+
+
+class Client(Where):
+    """One connection to the daemon, opened on the first request (blocking, a socket)."""
+
+    def __init__(
+        self,
+        addr: str | None = None,
+        home: str | Path | None = None,
+        *,
+        addr_from_env: bool = False,
+        token: str | None = None,
+        token_file: str | Path | None = None,
+        tls_ca: str | Path | None = None,
+    ) -> None:
+        super().__init__(
+            addr,
+            home,
+            addr_from_env=addr_from_env,
+            token=token,
+            token_file=token_file,
+            tls_ca=tls_ca,
+        )
+        self._sock: socket.socket | None = None
+        self._buf = bytearray()
+        self._scanned = 0
+        self._outstanding = 0  # requests sent and not yet answered
+        self._quiet_since = 0.0
+        #: how long connecting, and an ordinary request, may take (not a wait)
+        self.timeout = CALL_TIMEOUT
+        #: a daemon answered this client once: only then is a lost connection an outage to
+        #: ride out (rules C10); a first connection that fails is 75 at once
+        self.connected_once = False
+
+    def fresh(self) -> Client:
+        """A new client with this one's identity (address, home, token, TLS), unconnected."""
+        twin = Client(
+            self.addr,
+            self.home,
+            addr_from_env=self._addr_from_env,
+            token=self.token,
+            token_file=self.token_file,
+            tls_ca=self.tls_ca,
+        )
+        twin.timeout = self.timeout
+        twin.connected_once = self.connected_once
+        return twin
+
+    # -- the connection ----------------------------------------------------
+
+    def connect(self) -> None:
+        host, port = parse_addr(self.addr, self._from_env)
+        try:
+            sock = _connect(host, port, self.timeout)
+        except OSError as exc:
+            raise no_daemon(self.addr, exc.strerror or str(exc), self._from_env) from None
+        if self.tls:
+            sock = self._handshake(sock, host)
+        sock.settimeout(None)  # deadlines are kept by _fill, which can also watch stdout
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock = sock
+        self._quiet_since = time.monotonic()
+        try:
+            self.send(p.Auth(token=self.auth_token()))
+            if not self._readable(HTTP_PROBE_AFTER) and http_answers(host, port, self.tls):
+                self.close()
+                raise not_a_daemon(self.addr, self._from_env)
+            self.receive(p.Done)
+        except CliError as exc:
+            if exc.code is None and not self.tls and speaks_tls(host, port):
+                raise plain_to_tls(self.addr, self._from_env) from None
+            raise self.refused(exc) from None
+        self.connected_once = True
+
+    def _handshake(self, sock: socket.socket, host: str) -> socket.socket:
+        try:
+            return self.tls_context().wrap_socket(sock, server_hostname=host)  # type: ignore[no-any-return]
+        except BaseException as exc:
+            sock.close()
+            if isinstance(exc, OSError):
+                raise tls_failure(exc, self.addr, self._from_env) from None
+            raise
 
     def close(self) -> None:
         if self._sock is not None:
