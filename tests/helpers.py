@@ -1107,3 +1107,17 @@ def unread(proc: subprocess.Popen[bytes]) -> int:
     count = array.array("i", [0])
     fcntl.ioctl(proc.stdout.fileno(), termios.FIONREAD, count, True)
     return count[0]
+
+
+class WatchedClock(MovedClock):
+    """A ``MovedClock`` that keeps the due time of every sleep asked of it, in order
+    (``slept``; None: no timer due), so a test sees what a timer task sleeps until: its
+    soonest timer, and never a time of its own sooner (polling)."""
+
+    def __init__(self, ms: int | None = None) -> None:
+        super().__init__(ms)
+        self.slept: list[int | None] = []
+
+    async def sleep_until(self, due_ms: int | None, wake: anyio.Event) -> None:
+        self.slept.append(due_ms)
+        await super().sleep_until(due_ms, wake)

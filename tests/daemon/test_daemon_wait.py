@@ -20,11 +20,14 @@ import pytest
 from anyio.abc import SocketStream
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from repl_daemon.config import Limits
 from tests.helpers import (
     Client,
     DaemonProc,
     InProcDaemon,
+    MovedClock,
     daemon_config,
+    eventually,
     inproc_daemon,
     running_daemon,
 )
@@ -172,17 +175,27 @@ def test_stopping_a_session_answers_its_blocked_wait_with_session_stopped(
     }
 
 
-def test_an_idle_wait_costs_no_evaluation(inproc: InProcDaemon) -> None:
-    waiter, observer = inproc.client(), inproc.client()
-    observer.ok({"op": "start", "session": "a"})
-    waiter.send({"op": "wait", "sessions": ["a"]})
-    deadline = time.monotonic() + 5
-    while waiters(observer, "a") == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    before = evaluations(observer, "a")
-    time.sleep(3)
-    assert evaluations(observer, "a") == before
-    assert waiters(observer, "a") == 1
+def test_an_idle_wait_costs_no_evaluation(tmp_path: Path) -> None:
+    """Blocked, a wait does no work, whatever time does: the daemon's clock moving a day on
+    (what its timers go by), or its event loop's time passing 3 s, which the daemon itself
+    reports by closing a connection that said nothing for its idle timeout (the waiter's
+    connection is exempt while its wait blocks)."""
+    clock = MovedClock()
+    config = daemon_config(tmp_path / "home", limits=Limits(idle_timeout=3.0))
+    with inproc_daemon(config, clock) as d:
+        waiter, observer = d.client(), d.client()
+        observer.ok({"op": "start", "session": "a"})
+        waiter.send({"op": "wait", "sessions": ["a"]})
+        eventually(lambda: waiters(observer, "a") == 1, 5, "the wait to block")
+        before = evaluations(observer, "a")
+        silent = d.client()  # from here on the daemon's loop times its idle timeout
+        clock.advance(24 * 3600 * 1000)
+        assert silent.recv()["code"] == "idle_timeout"
+        assert silent.closed()
+        observer = d.client()  # the first one was closed too, idle since before ``silent``
+        assert evaluations(observer, "a") == before
+        assert waiters(observer, "a") == 1
+        assert not waiter.pending(0)
 
 
 def test_a_disconnected_waiter_is_released_within_one_second(inproc: InProcDaemon) -> None:
@@ -190,10 +203,7 @@ def test_a_disconnected_waiter_is_released_within_one_second(inproc: InProcDaemo
     observer.ok({"op": "start", "session": "a"})
     waiter = Client(inproc.port, inproc.token)
     waiter.send({"op": "wait", "sessions": ["a"]})
-    deadline = time.monotonic() + 5
-    while waiters(observer, "a") == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert waiters(observer, "a") == 1
+    eventually(lambda: waiters(observer, "a") == 1, 5, "the wait to block")
     waiter.close()
     released = time.monotonic() + 1.0
     while waiters(observer, "a") and time.monotonic() < released:

@@ -20,6 +20,7 @@ from repl_daemon.backends.local import LocalBackend
 from repl_daemon.backends.local.committer import LocalCommitter
 from repl_daemon.backends.local.memory import MemoryStore
 from repl_daemon.engine import Engine, Ticket, committer, utc_now
+from repl_daemon.engine.clock import REAL, Clock
 from session.errors import (
     AckAfterHead,
     BadMax,
@@ -31,6 +32,7 @@ from session.errors import (
     UnknownOp,
 )
 from session.session import Snapshot
+from tests.helpers import WatchedClock
 
 pytestmark = pytest.mark.anyio
 
@@ -39,8 +41,8 @@ async def call(engine: Engine, req: p.AnyRequest) -> p.Response:
     return await engine.handle(req).result()
 
 
-async def started(*ids: str) -> Engine:
-    engine = Engine(LocalBackend(MemoryStore()), settle=0)
+async def started(*ids: str, clock: Clock = REAL) -> Engine:
+    engine = Engine(LocalBackend(MemoryStore()), settle=0, clock=clock)
     for session_id in ids:
         await call(engine, p.Start(session=session_id))
     return engine
@@ -126,13 +128,17 @@ async def test_stopping_wakes_a_multi_session_wait_with_session_stopped() -> Non
 
 
 async def test_evaluations_do_not_move_while_a_wait_blocks() -> None:
-    engine = await started("a")
+    """Blocked, a wait is not evaluated while the engine's time passes: 0.2 s of it, as the
+    engine's own timeout of a wait on another session measures it."""
+    engine = await started("a", "other")
     async with anyio.create_task_group() as tg:
         tg.start_soon(call, engine, p.Wait(sessions=["a"]))
         await anyio.wait_all_tasks_blocked()
         before = state(engine)["a"][1]
-        await anyio.sleep(0.2)
+        timed = await call(engine, p.Wait(sessions=["other"], timeout_ms=200))
+        assert isinstance(timed, p.Woken) and timed.timed_out
         assert state(engine)["a"][1] == before
+        assert engine.waiters_of("a") == 1
         tg.cancel_scope.cancel()
 
 
@@ -282,27 +288,38 @@ def test_a_commit_callback_that_fails_keeps_the_others_and_the_committer_going(
 
 
 async def test_pending_timers_cost_nothing_until_one_is_due() -> None:
-    """A thousand timers an hour away: the timer task sleeps, and no session is evaluated.
-    A sooner timer wakes it once; it fires at its time; the task sleeps again."""
-    engine = await started(*(f"s{i}" for i in range(4)))
+    """A thousand timers an hour away: the timer task sleeps until the first is due, and
+    moving the clock 59 minutes on wakes it once (for the move) and evaluates no session.
+    A sooner timer wakes it once; it fires at its time, not a millisecond sooner; the task
+    sleeps until the hour again."""
+    clock = WatchedClock()
+    engine = await started(*(f"s{i}" for i in range(4)), clock=clock)
     committer = engine.committer
     assert isinstance(committer, LocalCommitter)
+    hour = clock.ms + 3_600_000
     async with anyio.create_task_group() as tg:
         tg.start_soon(engine.run)
         for i in range(1000):
             await call(engine, p.Schedule(session=f"s{i % 4}", text=str(i), in_="1h"))
         await anyio.wait_all_tasks_blocked()
         turns, before = committer.timer_turns, state(engine)
-        await anyio.sleep(0.5)
-        assert committer.timer_turns == turns and state(engine) == before
+        assert clock.slept[-1] == hour  # no sooner: nothing of its own wakes it
+        clock.advance(59 * 60_000)
+        await anyio.wait_all_tasks_blocked()
+        assert committer.timer_turns == turns + 1 and state(engine) == before
+        assert clock.slept[-1] == hour
         await call(engine, p.Schedule(session="s0", text="soon", in_="200ms"))
         await anyio.wait_all_tasks_blocked()
-        assert committer.timer_turns == turns + 1  # woken to sleep until the sooner one
+        assert committer.timer_turns == turns + 2  # woken to sleep until the sooner one
+        assert clock.slept[-1] == clock.ms + 200
+        scheduled = state(engine)
+        clock.advance(199)
+        await anyio.wait_all_tasks_blocked()
+        assert state(engine) == scheduled  # not yet due: nothing fired
+        clock.advance(1)
         woken = await call(engine, p.Wait(sessions=["s0"], cursor="c", timeout_ms=5000))
         assert isinstance(woken, p.Woken)
         assert [f.result for f in woken.batches[0].firings] == ["soon"]
         await anyio.wait_all_tasks_blocked()
-        turns = committer.timer_turns
-        await anyio.sleep(0.3)
-        assert committer.timer_turns == turns
+        assert clock.slept[-1] == hour  # asleep until the hour's timers again, no sooner
         tg.cancel_scope.cancel()

@@ -124,11 +124,14 @@ async def test_cancelling_settle_all_cancels_every_job_it_started() -> None:
 
 
 async def test_a_task_outcome_is_cancelled_with_its_job() -> None:
-    started = asyncio.Event()
+    started, ended = asyncio.Event(), asyncio.Event()
 
     async def forever() -> int:
         started.set()
-        await asyncio.Event().wait()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            ended.set()  # cancelled: the job's task goes on from here in this same step
         return 0
 
     job = Outcome.later(forever).job
@@ -137,7 +140,7 @@ async def test_a_task_outcome_is_cancelled_with_its_job() -> None:
     job.start(told)
     await started.wait()
     job.cancel()
-    await asyncio.sleep(0.01)
+    await ended.wait()  # and wakes this task in a later one: the job's task is over by then
     assert told.told == []
 
 
