@@ -28,12 +28,14 @@ from repl_daemon.backends.redis import store as redis_store
 from repl_daemon.backends.redis import wakes as redis_wakes
 from repl_daemon.backends.redis.committer import SharedCommitter
 from repl_daemon.backends.redis.store import RedisStore
+from repl_daemon.backends.redis.timers import SharedTimers
 from repl_daemon.engine import Engine
+from repl_daemon.engine.clock import REAL, Clock
 from session import scopes
 from session.delta import Webhook
 from session.errors import BadSessionId, BadTag, NoSuchSession, ReplError, StoreFailed, Unauthorized
 from session.tags import Match
-from tests.helpers import RedisClusterProcs, RedisProc, eventually, store_url
+from tests.helpers import RedisClusterProcs, RedisProc, WatchedClock, eventually, store_url
 
 AnyRedis = RedisProc | RedisClusterProcs
 #: what a daemon always subscribes to: the channels of the timer partitions (SPEC §9) and
@@ -47,8 +49,10 @@ async def call(engine: Engine, req: p.AnyRequest) -> p.Response:
     return await engine.handle(req).result()
 
 
-async def opened(url: str) -> tuple[Engine, SharedCommitter]:
-    engine = Engine(RedisBackend(RedisStore(url)), settle=0)
+async def opened(
+    url: str, *, settle: float = 0, clock: Clock = REAL
+) -> tuple[Engine, SharedCommitter]:
+    engine = Engine(RedisBackend(RedisStore(url)), settle=settle, clock=clock)
     committer = engine.committer
     assert isinstance(committer, SharedCommitter)
     await engine.load()
@@ -57,11 +61,13 @@ async def opened(url: str) -> tuple[Engine, SharedCommitter]:
 
 @contextlib.asynccontextmanager
 async def two_daemons(
-    url: str,
+    url: str, *, settle_b: float = 0, clock: Clock = REAL
 ) -> AsyncIterator[tuple[Engine, SharedCommitter, Engine, SharedCommitter, TaskGroup]]:
-    """Daemons A and B on one store, running, their own subscriptions made; on the way
-    out both are stopped and closed."""
-    (a, first), (b, second) = [await opened(url) for _ in range(2)]
+    """Daemons A and B on one store and one clock (B with the settle time ``settle_b``),
+    running in a task group of their own, their own subscriptions made; on the way out
+    both are stopped and closed."""
+    a, first = await opened(url, clock=clock)
+    b, second = await opened(url, settle=settle_b, clock=clock)
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(a.run)
@@ -106,8 +112,10 @@ async def test_the_daemon_keeps_nothing_of_the_sessions_it_serves(
             assert committer.wakes.wanted == TIMER_CHANNELS and committer.wakes.lingering == {
                 "real"
             }
-            await anyio.sleep(0.4)
-            assert committer.wakes.wanted == TIMER_CHANNELS and committer.wakes.lingering == set()
+            with anyio.fail_after(10):
+                while committer.wakes.lingering:  # noqa: ASYNC110 - a bounded look at another task's state
+                    await anyio.sleep(0.01)
+            assert committer.wakes.wanted == TIMER_CHANNELS
             held = {c for s in committer.wakes.subscribers.values() for c in s.channels}
             assert held == {redis_keys.wake_channel(t) for t in TIMER_CHANNELS}
             assert engine.waiters == {}
@@ -306,9 +314,14 @@ async def test_two_waiters_subscribing_to_one_session_at_once_both_get_its_wakes
     store = RedisStore(url)
     await store.open()
     wakes = redis_wakes.Wakes(store, wake, lambda: None)
+    channel = redis_keys.wake_channel("a")
+
+    def let_go() -> bool:  # its SUNSUBSCRIBE sent, and its echo read
+        return all(channel not in s.confirmed and not s.leaving for s in wakes.subscribers.values())
+
     async with anyio.create_task_group() as tg:
         tg.start_soon(wakes.run)
-        await anyio.sleep(0.05)
+        await wakes.ready.wait()
         for _ in range(20):
             with anyio.fail_after(5):
                 async with anyio.create_task_group() as both:
@@ -316,7 +329,9 @@ async def test_two_waiters_subscribing_to_one_session_at_once_both_get_its_wakes
                     both.start_soon(wakes.subscribe, "a")
             wakes.unsubscribe("a", linger=0)
             wakes.unsubscribe("a", linger=0)
-            await anyio.sleep(0.02)
+            with anyio.fail_after(5):
+                while not let_go():  # noqa: ASYNC110 - a bounded look at another task's state
+                    await anyio.sleep(0.005)
         await wakes.subscribe("a")
         await call(sender, p.Send(session="a", text="wake"))
         with anyio.fail_after(5):
@@ -534,55 +549,62 @@ async def test_a_cluster_node_that_stops_answering_fails_only_its_own_calls(
 async def test_pending_timers_cost_redis_no_command_while_none_is_due(
     redis_any: AnyRedis,
 ) -> None:
-    """Timers an hour away, on two daemons: neither sends Redis a command while it waits
-    (no polling), and a sooner timer scheduled on one wakes the other in time to fire it."""
-    (one, first), (two, second) = [await opened(store_url(redis_any)) for _ in range(2)]
-    try:
-        await _two_daemons_idle_then_woken(redis_any, one, first, two, second)
-    finally:
-        await first.close()
-        await second.close()
-
-
-async def _two_daemons_idle_then_woken(
-    redis_any: AnyRedis,
-    one: Engine,
-    first: SharedCommitter,
-    two: Engine,
-    second: SharedCommitter,
-) -> None:
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(one.run)
-        tg.start_soon(two.run)
-        await first.shared_timers.ready.wait()
-        await second.shared_timers.ready.wait()
+    """Timers an hour away, on two daemons on one clock: each sleeps until the first is due,
+    and the clock moved 59 minutes on wakes each once (for the move) to sleep until it again,
+    with no command to Redis (no polling); a sooner timer scheduled on one wakes the other
+    in time to fire it, and it fires once."""
+    clock = WatchedClock()
+    hour = clock.ms + 3_600_000
+    async with two_daemons(store_url(redis_any), clock=clock) as (one, first, two, second, _):
         await call(one, p.Start(session="a"))
         for i in range(50):
             await call(one, p.Schedule(session="a", text=str(i), in_="1h"))
-        with anyio.fail_after(10):  # the other daemon heard of them
-            while all(d is None for d in second.shared_timers.earliest.values()):  # noqa: ASYNC110 - a bounded look at another task's state
-                await anyio.sleep(0.01)
-        await anyio.sleep(0.2)
-        before, turns = (
-            _commands(redis_any),
-            (first.shared_timers.turns, second.shared_timers.turns),
-        )
-        await anyio.sleep(0.6)
+        await _asleep_until(hour, first, second)  # the other daemon heard of them
+        assert clock.slept[-2:] == [hour, hour]
+        before, turns = _commands(redis_any), _turns(first, second)
+        mark = len(clock.slept)
+        clock.advance(59 * 60_000)
+        await _asleep_until(hour, first, second, past=turns)
         spent = {c: n - before.get(c, 0) for c, n in _commands(redis_any).items()}
         # our own look (info, hello), and replication's own traffic between the nodes
         ours = ("info", "hello", "replconf", "ping")
         spent = {c: n for c, n in spent.items() if n and c not in ours}
-        assert spent == {} and turns == (first.shared_timers.turns, second.shared_timers.turns)
+        assert spent == {} and _turns(first, second) == (turns[0] + 1, turns[1] + 1)
+        assert clock.slept[mark:] == [hour, hour]
         # the other daemon hears of a sooner one and either may fire it: once
         await call(one, p.Schedule(session="a", text="soon", in_="300ms"))
+        await _asleep_until(clock.ms + 300, first, second)
+        clock.advance(300)
         woken = await call(two, p.Wait(sessions=["a"], cursor="c", timeout_ms=5000))
         assert isinstance(woken, p.Woken) and [f.result for f in woken.batches[0].firings] == [
             "soon"
         ]
-        await anyio.sleep(0.3)
+        # fired, it is gone (the script that fires a one-shot deletes it): none fires it again
+        listed = await call(two, p.Timers(session="a"))
+        assert isinstance(listed, p.TimerList)
+        assert sorted(int(t.text) for t in listed.timers) == list(range(50))
         batch = await call(one, p.Read(session="a", after=0))
         assert isinstance(batch, p.Firings) and [f.result for f in batch.firings] == ["soon"]
-        tg.cancel_scope.cancel()
+
+
+def _turns(*committers: SharedCommitter) -> tuple[int, ...]:
+    """How many turns each daemon's timer task has taken."""
+    return tuple(c.shared_timers.turns for c in committers)
+
+
+async def _asleep_until(
+    due: int, *committers: SharedCommitter, past: tuple[int, ...] | None = None
+) -> None:
+    """Until each daemon's timer task sleeps until ``due`` (ms), nothing waking it; with
+    ``past`` (their turns then), each having taken a turn since."""
+
+    def asleep(i: int, timers: SharedTimers) -> bool:
+        since = past is None or timers.turns > past[i]
+        return since and timers._sleeping_until == due and not timers._wake.is_set()
+
+    with anyio.fail_after(10):
+        while not all(asleep(i, c.shared_timers) for i, c in enumerate(committers)):  # noqa: ASYNC110 - a bounded look at another task's state
+            await anyio.sleep(0.005)
 
 
 async def test_the_due_index_keeps_no_entry_of_a_refused_schedule_or_a_stopped_session(
@@ -623,34 +645,26 @@ async def test_a_timer_claimed_before_it_was_written_still_fires(redis_any: AnyR
     it leased."""
     from repl_daemon.engine.clock import now_ms
 
-    (one, first), (two, second) = [await opened(store_url(redis_any)) for _ in range(2)]
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(one.run)
-            tg.start_soon(two.run)
-            await first.shared_timers.ready.wait()
-            await second.shared_timers.ready.wait()
-            await call(one, p.Start(session="a"))
-            real = first.store.schedule
-            partition = redis_keys.partition_of("a")
+    async with two_daemons(store_url(redis_any)) as (one, first, two, second, _):
+        await call(one, p.Start(session="a"))
+        real = first.store.schedule
+        partition = redis_keys.partition_of("a")
 
-            async def racing(timer: Any) -> Any:
-                await second.shared_timers.fire([partition], now_ms() + 1000)
-                return await real(timer)
+        async def racing(timer: Any) -> Any:
+            await second.shared_timers.fire([partition], now_ms() + 1000)
+            return await real(timer)
 
-            first.store.schedule = racing  # type: ignore[method-assign]
-            await call(one, p.Schedule(session="a", text="raced", at="2020-01-01T00:00:00Z"))
-            first.store.schedule = real  # type: ignore[method-assign]
-            woken = await call(one, p.Wait(sessions=["a"], cursor="c", timeout_ms=8000))
-            assert isinstance(woken, p.Woken) and not woken.timed_out
-            assert [f.result for f in woken.batches[0].firings] == ["raced"]
-            await anyio.sleep(0.3)
-            batch = await call(two, p.Read(session="a", after=0))
-            assert isinstance(batch, p.Firings) and [f.result for f in batch.firings] == ["raced"]
-            tg.cancel_scope.cancel()
-    finally:
-        await first.close()
-        await second.close()
+        first.store.schedule = racing  # type: ignore[method-assign]
+        await call(one, p.Schedule(session="a", text="raced", at="2020-01-01T00:00:00Z"))
+        first.store.schedule = real  # type: ignore[method-assign]
+        woken = await call(one, p.Wait(sessions=["a"], cursor="c", timeout_ms=8000))
+        assert isinstance(woken, p.Woken) and not woken.timed_out
+        assert [f.result for f in woken.batches[0].firings] == ["raced"]
+        # fired, it is gone (the script that fires a one-shot deletes it): none fires it again
+        listed = await call(two, p.Timers(session="a"))
+        assert isinstance(listed, p.TimerList) and listed.timers == []
+        batch = await call(two, p.Read(session="a", after=0))
+        assert isinstance(batch, p.Firings) and [f.result for f in batch.firings] == ["raced"]
 
 
 @pytest.mark.parametrize("redis_any", ["single"], indirect=True)
@@ -754,73 +768,62 @@ async def test_a_matching_wait_through_redis_stays_blocked_through_other_firings
     every daemon then reads the same count. Idle it sends Redis no command at all; the
     match wakes it with its tags, ``next`` its seq."""
     monkeypatch.setattr(redis_wakes, "LINGER", 0.2)
-    url = store_url(redis_any)
-    (a, first), (b, second) = [await opened(url) for _ in range(2)]
     match = Match({"corr": "c-1"})
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(a.run)
-            tg.start_soon(b.run)
-            await first.shared_timers.ready.wait()
-            await second.shared_timers.ready.wait()
-            await call(a, p.Start(session="r"))
-            await call(a, p.Send(session="r", text="early", tags={"corr": "c-0", "n": "1"}))
-            early = await call(b, p.Wait(sessions=["r"], cursor=None, match=Match({"corr": "c-0"})))
-            assert isinstance(early, p.Woken)
-            assert [(f.seq, f.tags) for f in early.batches[0].firings] == [
-                (1, {"corr": "c-0", "n": "1"})
-            ]
-            table = await call(b, p.Cursors(session="r"))
-            assert isinstance(table, p.CursorList) and table.cursors == []
+    async with two_daemons(store_url(redis_any)) as (a, _first, b, _second, tg):
+        await call(a, p.Start(session="r"))
+        await call(a, p.Send(session="r", text="early", tags={"corr": "c-0", "n": "1"}))
+        early = await call(b, p.Wait(sessions=["r"], cursor=None, match=Match({"corr": "c-0"})))
+        assert isinstance(early, p.Woken)
+        assert [(f.seq, f.tags) for f in early.batches[0].firings] == [
+            (1, {"corr": "c-0", "n": "1"})
+        ]
+        table = await call(b, p.Cursors(session="r"))
+        assert isinstance(table, p.CursorList) and table.cursors == []
 
-            answer: list[p.Response] = []
+        answer: list[p.Response] = []
 
-            async def wait() -> None:
-                answer.append(await call(b, p.Wait(sessions=["r"], cursor=None, match=match)))
+        async def wait() -> None:
+            answer.append(await call(b, p.Wait(sessions=["r"], cursor=None, match=match)))
 
-            tg.start_soon(wait)
-            await _blocked(b, "r")
-            before = await _evaluations(b, "r")
-            others: list[dict[str, str]] = [{}, {"corr": "c-2"}, {"n": "1"}, {"corr": "c-10"}]
-            for n, tags in enumerate(others, 1):
-                ahead = _commands(redis_any)
-                sent = await call(a, p.Send(session="r", text=f"other {n}", tags=tags))
-                assert isinstance(sent, p.Sent)
-                await _looked_at(b, "r", sent.seq)
-                spent = _spent(ahead, _commands(redis_any))
-                # the send's one script (an EVAL and a WAIT with ?replicas=1 on a cluster)
-                assert spent.get("evalsha", 0) + spent.get("eval", 0) == 1, spent
-                assert spent.get("xrange", 0) == spent.get("xlen", 0) == 0, spent
-                assert await _evaluations(b, "r") == before + 2 * n  # the send and the look
-            idle = _commands(redis_any)
-            await anyio.sleep(0.5)
-            now = _commands(redis_any)
-            ours = ("info", "hello", "replconf", "ping")  # our looks; replication's own
-            assert {c: n - idle.get(c, 0) for c, n in now.items() if c not in ours} == {
-                c: 0 for c in now if c not in ours
-            }
-            assert not answer
-            assert await _evaluations(b, "r") == before + 2 * len(others)
-            assert await _evaluations(a, "r") == before + len(others)  # B's looks: not yet
-            sent = await call(a, p.Send(session="r", text="reply", tags={"corr": "c-1"}))
+        tg.start_soon(wait)
+        await _blocked(b, "r")
+        before = await _evaluations(b, "r")
+        others: list[dict[str, str]] = [{}, {"corr": "c-2"}, {"n": "1"}, {"corr": "c-10"}]
+        for n, tags in enumerate(others, 1):
+            ahead = _commands(redis_any)
+            sent = await call(a, p.Send(session="r", text=f"other {n}", tags=tags))
             assert isinstance(sent, p.Sent)
-            with anyio.fail_after(10):
-                while not answer:  # noqa: ASYNC110 - a bounded look at another task's state
-                    await anyio.sleep(0.005)
-            (woken,) = answer
-            assert isinstance(woken, p.Woken)
-            (batch,) = woken.batches
-            assert [(f.result, f.tags) for f in batch.firings] == [("reply", {"corr": "c-1"})]
-            assert (batch.next, batch.lost) == (sent.seq, 0)
-            counted = before + 2 * len(others) + 2
-            assert await _evaluations(b, "r") == counted
-            with anyio.fail_after(10):  # B's subscription ends after its linger: counted
-                while await _evaluations(a, "r") != counted:  # noqa: ASYNC110 - a bounded look at the store
-                    await anyio.sleep(0.02)
-            tg.cancel_scope.cancel()
-    finally:
-        await first.close()
-        await second.close()
+            await _looked_at(b, "r", sent.seq)
+            spent = _spent(ahead, _commands(redis_any))
+            # the send's one script (an EVAL and a WAIT with ?replicas=1 on a cluster)
+            assert spent.get("evalsha", 0) + spent.get("eval", 0) == 1, spent
+            assert spent.get("xrange", 0) == spent.get("xlen", 0) == 0, spent
+            assert await _evaluations(b, "r") == before + 2 * n  # the send and the look
+        idle = _commands(redis_any)
+        await anyio.sleep(0.5)
+        now = _commands(redis_any)
+        ours = ("info", "hello", "replconf", "ping")  # our looks; replication's own
+        assert {c: n - idle.get(c, 0) for c, n in now.items() if c not in ours} == {
+            c: 0 for c in now if c not in ours
+        }
+        assert not answer
+        assert await _evaluations(b, "r") == before + 2 * len(others)
+        assert await _evaluations(a, "r") == before + len(others)  # B's looks: not yet
+        sent = await call(a, p.Send(session="r", text="reply", tags={"corr": "c-1"}))
+        assert isinstance(sent, p.Sent)
+        with anyio.fail_after(10):
+            while not answer:  # noqa: ASYNC110 - a bounded look at another task's state
+                await anyio.sleep(0.005)
+        (woken,) = answer
+        assert isinstance(woken, p.Woken)
+        (batch,) = woken.batches
+        assert [(f.result, f.tags) for f in batch.firings] == [("reply", {"corr": "c-1"})]
+        assert (batch.next, batch.lost) == (sent.seq, 0)
+        counted = before + 2 * len(others) + 2
+        assert await _evaluations(b, "r") == counted
+        with anyio.fail_after(10):  # B's subscription ends after its linger: counted
+            while await _evaluations(a, "r") != counted:  # noqa: ASYNC110 - a bounded look at the store
+                await anyio.sleep(0.02)
 
 
 async def test_tags_come_back_from_every_redis_path(redis_any: AnyRedis) -> None:
@@ -993,16 +996,10 @@ async def test_wakes_out_of_order_across_two_senders_give_every_firing_once_in_o
     ring), or one it has seen (it reads, finds nothing, blocks on). Over every turn it
     gets each firing once, in order, and a firing answered from its wake is the one a read
     gives, field for field (an event with tags and text a read must keep exactly)."""
-    url = store_url(redis_any)
-    (a, first), (b, second) = [await opened(url) for _ in range(2)]
-    held: list[tuple[str, bytes]] = []
-    deliver = second.wakes.on_wake
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(a.run)
-            tg.start_soon(b.run)
-            await first.shared_timers.ready.wait()
-            await second.shared_timers.ready.wait()
+    async with two_daemons(store_url(redis_any)) as (a, _first, b, second, _tg):
+        held: list[tuple[str, bytes]] = []
+        deliver = second.wakes.on_wake
+        try:
             await call(a, p.Start(session="o"))
             second.wakes.on_wake = lambda session, payload: held.append((session, payload))
             got: list[int] = []
@@ -1063,11 +1060,8 @@ async def test_wakes_out_of_order_across_two_senders_give_every_firing_once_in_o
                 read = await call(a, p.Read(session="o", after=seq))
                 assert isinstance(read, p.Firings)
                 assert batch.firings == read.firings and len(read.firings) == 1
-            tg.cancel_scope.cancel()
-    finally:
-        second.wakes.on_wake = deliver
-        await first.close()
-        await second.close()
+        finally:
+            second.wakes.on_wake = deliver
 
 
 async def test_a_burst_heard_while_settling_is_read_so_the_rings_limit_holds(
@@ -1077,31 +1071,16 @@ async def test_a_burst_heard_while_settling_is_read_so_the_rings_limit_holds(
     through A within the settle time: B has heard all five, but the ring keeps two, so the
     wait reads and answers what a read gives (three lost, the last two), never more
     firings than the limit."""
-    url = store_url(redis_any)
-    a, first = await opened(url)
-    b = Engine(RedisBackend(RedisStore(url)), settle=0.3)
-    second = b.committer
-    assert isinstance(second, SharedCommitter)
-    await b.load()
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(a.run)
-            tg.start_soon(b.run)
-            await first.shared_timers.ready.wait()
-            await second.shared_timers.ready.wait()
-            await call(a, p.Start(session="burst", buffer=2))
+    async with two_daemons(store_url(redis_any), settle_b=0.3) as (a, _first, b, _second, _tg):
+        await call(a, p.Start(session="burst", buffer=2))
 
-            async def five() -> None:
-                for n in range(1, 6):
-                    await call(a, p.Send(session="burst", text=f"b{n}"))
+        async def five() -> None:
+            for n in range(1, 6):
+                await call(a, p.Send(session="burst", text=f"b{n}"))
 
-            batch = await _turn(b, p.Wait(sessions=["burst"], cursor="w"), then=five)
-            assert [(f.seq, f.result) for f in batch.firings] == [(4, "b4"), (5, "b5")]
-            assert (batch.next, batch.lost) == (5, 3)
-            tg.cancel_scope.cancel()
-    finally:
-        await first.close()
-        await second.close()
+        batch = await _turn(b, p.Wait(sessions=["burst"], cursor="w"), then=five)
+        assert [(f.seq, f.result) for f in batch.firings] == [(4, "b4"), (5, "b5")]
+        assert (batch.next, batch.lost) == (5, 3)
 
 
 async def test_a_firing_heard_from_before_a_restart_of_its_session_is_not_answered(
@@ -1112,16 +1091,10 @@ async def test_a_firing_heard_from_before_a_restart_of_its_session_is_not_answer
     over late, has the seq the waiter would take next, but of the session's earlier
     incarnation: the waiter reads, finds nothing and blocks on; the new session's first
     firing wakes it."""
-    url = store_url(redis_any)
-    (a, first), (b, second) = [await opened(url) for _ in range(2)]
-    held: list[tuple[str, bytes]] = []
-    deliver = second.wakes.on_wake
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(a.run)
-            tg.start_soon(b.run)
-            await first.shared_timers.ready.wait()
-            await second.shared_timers.ready.wait()
+    async with two_daemons(store_url(redis_any)) as (a, _first, b, second, _tg):
+        held: list[tuple[str, bytes]] = []
+        deliver = second.wakes.on_wake
+        try:
             await call(a, p.Start(session="inc"))
             await call(b, p.Wait(sessions=["inc"], timeout_ms=0))  # B subscribes, lingers
             second.wakes.on_wake = lambda session, payload: held.append((session, payload))
@@ -1135,18 +1108,15 @@ async def test_a_firing_heard_from_before_a_restart_of_its_session_is_not_answer
             second.wakes.on_wake = deliver
 
             async def late_then_new() -> None:
-                deliver(*old)
-                await anyio.sleep(0.05)
-                await _blocked(b, "inc")
+                deliver(*old)  # the waiter reads at once (a round trip) ...
+                assert [w.state.value for w in b.waiters["inc"]] == ["looking"]
+                await _blocked(b, "inc")  # ... finds nothing, and blocks on
                 await call(a, p.Send(session="inc", text="new"))
 
             batch = await _turn(b, p.Wait(sessions=["inc"], cursor="w"), then=late_then_new)
             assert [(f.seq, f.result) for f in batch.firings] == [(1, "new")]
-            tg.cancel_scope.cancel()
-    finally:
-        second.wakes.on_wake = deliver
-        await first.close()
-        await second.close()
+        finally:
+            second.wakes.on_wake = deliver
 
 
 async def test_the_looks_a_daemon_owes_redis_are_counted_once_whatever_happens_to_them(
