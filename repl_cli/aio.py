@@ -26,14 +26,16 @@ from anyio.abc import ByteStream
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from repl_cli._async.operations import AsyncOperations
-from repl_cli._common import R, Unavailable, log_note, typed
+from repl_cli._common import R, log_note, typed
 from repl_cli.client import (
     CALL_TIMEOUT,
     HTTP_PROBE_AFTER,
     Where,
+    connection_closed,
     decode_answer,
     encoded,
     http_answers,
+    no_answer,
     no_daemon,
     not_a_daemon,
     parse_addr,
@@ -165,9 +167,7 @@ class AsyncRepl(AsyncOperations):
                 line = await self._answer(probe)
         except TimeoutError:
             await self.aclose()
-            raise Unavailable(
-                f"the daemon at {self.addr} did not answer within {within:g} s: see its log"
-            ) from None
+            raise typed(no_answer(self.addr, within or 0)) from None
         except (
             OSError,
             anyio.EndOfStream,
@@ -176,10 +176,7 @@ class AsyncRepl(AsyncOperations):
             anyio.ClosedResourceError,
         ):
             await self.aclose()
-            raise Unavailable(
-                f"the daemon at {self.addr} closed the connection: "
-                "check it with `repl ping` and run the command again"
-            ) from None
+            raise typed(connection_closed(self.addr)) from None
         return decode_answer(line, expect, self.addr)
 
     async def _answer(self, probe: tuple[str, int] | None) -> bytes:

@@ -120,6 +120,23 @@ def no_daemon(addr: str, reason: str, from_env: str = "") -> CliError:
     return unavailable(f"no daemon at {addr}{from_env} ({reason}): start one with `repl daemon`")
 
 
+def no_answer(addr: str, seconds: float) -> CliError:
+    """The daemon took longer than a request may (75)."""
+    return unavailable(
+        f"the daemon at {addr} did not answer within {seconds:g} s: "
+        "see its log (daemon.log in its state directory)"
+    )
+
+
+def connection_closed(addr: str, reason: str = "") -> CliError:
+    """The daemon closed the connection, or it broke (75); ``reason`` the system's words."""
+    because = f" ({reason})" if reason else ""
+    return unavailable(
+        f"the daemon at {addr} closed the connection{because}: "
+        "check it with `repl ping` and run the command again"
+    )
+
+
 class Where:
     """Where a daemon is and who we are to it: its address (``REPL_ADDR``, else the
     default), its home (whose ``token`` file is the root token), the token (given,
@@ -371,10 +388,7 @@ class Client(Where):
             ready = poller.poll(wait_ms)
             if not ready:
                 if deadline is not None and time.monotonic() >= deadline:
-                    raise unavailable(
-                        f"the daemon at {self.addr} did not answer within {self.timeout:g} s: "
-                        "see its log (daemon.log in its state directory)"
-                    )
+                    raise no_answer(self.addr, self.timeout)
                 continue
             if any(fd == watch for fd, _ in ready):
                 raise ReaderGone()
@@ -389,11 +403,7 @@ class Client(Where):
 
     def _lost(self, exc: OSError | None) -> CliError:
         self.close()
-        reason = f" ({exc.strerror or exc})" if exc is not None else ""
-        return unavailable(
-            f"the daemon at {self.addr} closed the connection{reason}: "
-            "check it with `repl ping` and run the command again"
-        )
+        return connection_closed(self.addr, "" if exc is None else str(exc.strerror or exc))
 
 
 def _read_token(path: Path, hint: str) -> str:
