@@ -1122,12 +1122,8 @@ def request(
     Exit status 2: --timeout passed with no reply.
     """
     from repl_cli import sending
-    from session.tags import CORR, REPLY_TO
 
-    tags = tags_of(tag_words)
-    for reserved in (REPLY_TO, CORR):
-        if reserved in tags:
-            raise click.UsageError(f"--tag {reserved} is the request's own: leave it out")
+    tags = tags_of(tag_words)  # the request's own tags are refused by the API (``ask``)
     if text is None or text == "-":
         text = sending.stdin_text()
     repl.reconnect = reconnect

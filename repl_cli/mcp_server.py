@@ -56,7 +56,7 @@ from repl_daemon import protocol as p
 from session.advice import advised
 from session.firing import Firing
 from session.rules import DEFAULT_HANDLER, WAIT_CURSOR
-from session.tags import CORR, REPLY_TO, correlation_id
+from session.tags import CORR
 
 log = logging.getLogger("repl.mcp")
 
@@ -486,11 +486,9 @@ async def request(
     timeout_s: WaitSeconds = 30.0,
     tags: TagsArg = None,
 ) -> ReplyOut:
-    corr = correlation_id()
     async with tools_of(ctx).own(reconnect=timeout_s) as repl:
-        await repl.stats(reply_to)  # where the answer goes must exist before we ask
-        sent_tags = {**(tags or {}), REPLY_TO: reply_to, CORR: corr}
-        await repl.send(session, text, tags=sent_tags)
+        # the API's request, whose wait is this tool's own, so that it tells its progress
+        corr = await repl.ask(session, text, reply_to=reply_to, tags=tags)
 
         def once(seconds: float, first: bool) -> Awaitable[p.Woken]:
             return repl.wait(reply_to, cursor=None, timeout=seconds, max=1, match={CORR: corr})

@@ -32,7 +32,7 @@ from repl_cli._common import (
     typed,
     wait_cursor,
 )
-from repl_cli.errors import ERROR, CliError
+from repl_cli.errors import ERROR, USAGE, CliError
 from repl_cli.reconnect import Outage
 from repl_daemon import protocol as p
 from session.errors import Code
@@ -328,14 +328,33 @@ class AsyncOperations(abc.ABC):
         """Send ``text`` to ``session`` tagged ``reply-to`` = ``reply_to`` and a fresh
         ``corr``, then wait on ``reply_to`` for the firing tagged with that ``corr`` (one
         that came before the wait is found too); the reply, or None at ``timeout``."""
-        corr = correlation_id()
-        await self.stats(reply_to)  # where the reply goes must exist before the request leaves
-        sent_tags = {**(tags or {}), REPLY_TO: reply_to, CORR: corr}
-        await self.send(session, text, handler=handler, tags=sent_tags)
+        corr = await self.ask(session, text, reply_to=reply_to, handler=handler, tags=tags)
         woken = await self.wait(reply_to, cursor=None, match={CORR: corr}, timeout=timeout, max=1)
         if woken.timed_out or not woken.batches:
             return None
         return woken.batches[0].firings[0]
+
+    async def ask(
+        self,
+        session: str,
+        text: str,
+        *,
+        reply_to: str,
+        handler: str = DEFAULT_HANDLER,
+        tags: Mapping[str, str] | None = None,
+    ) -> str:
+        """``request``'s first half: send the request (``reply_to`` must exist) and return
+        its ``corr``, without waiting; its answer is the firing of ``reply_to`` that
+        ``wait(reply_to, cursor=None, match={"corr": corr})`` finds, even one that came
+        before that wait."""
+        for reserved in (REPLY_TO, CORR):
+            if reserved in (tags or {}):
+                raise CliError(f"tag {reserved} is the request's own: leave it out", USAGE)
+        corr = correlation_id()
+        await self.stats(reply_to)  # where the reply goes must exist before the request leaves
+        sent_tags = {**(tags or {}), REPLY_TO: reply_to, CORR: corr}
+        await self.send(session, text, handler=handler, tags=sent_tags)
+        return corr
 
     async def reply(
         self, session: str, seq: int, text: str, *, handler: str = DEFAULT_HANDLER

@@ -187,6 +187,14 @@ def test_a_request_times_out_with_2_and_leaves_nothing_a_later_one_could_take(
     assert second_corr and second_corr[0] != first["tags"]["corr"]  # fresh correlation ids
 
 
+def test_a_request_may_not_carry_its_own_reply_to_or_corr(repl: Repl, s: str) -> None:
+    repl.ok("start", "me-own", "--exist-ok")
+    for tag in ("reply-to=elsewhere", "corr=mine"):
+        said = repl.fails(64, "request", s, "x", "--reply-to", "me-own", "--tag", tag)
+        assert "is the request's own: leave it out" in said
+    assert repl.ok("read", s, "--after", "0") == ""  # nothing was sent
+
+
 def test_reply_refuses_a_firing_that_is_no_request(repl: Repl, s: str) -> None:
     repl.send(s, "not a request")
     stderr = repl.fails(1, "reply", s, "1", "x")

@@ -255,6 +255,10 @@ async def test_every_error_speaks_of_tools_and_arguments_never_commands_or_upgra
         "repl: session 'm-words' exists: stop it first, or give exist_ok true (code session_exists)"
     )
     assert "schedule needs delay, at or every" in said["no time"]
+    own = await refused(
+        session, "request", session="m-words", text="x", reply_to="m-words", tags={"corr": "c"}
+    )
+    assert own == "repl: tag corr is the request's own: leave it out"
     assert "which the wait is not on (code bad_request)" in said["ack elsewhere"]
     assert "(the sessions tool shows it)" in said["after head"]
     assert said["wrong type"] == (
