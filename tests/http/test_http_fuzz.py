@@ -891,11 +891,11 @@ def eventually(check: Callable[[], bool], timeout: float = 5.0) -> bool:
     return True
 
 
-def released(c: Client, settle: float = 0.01) -> None:
-    """No wait is left: none, and still none a moment later (a stream that was sending
-    when its client closed may block in a wait once more before its cancellation runs)."""
-    assert eventually(lambda: c.ok({"op": "stats"})["daemon"]["waiters"] == 0)
-    time.sleep(settle)
+def released(c: Client) -> None:
+    """No wait is left. Each caller has read the request's connection to the daemon's close,
+    and the daemon closes a socket only after the protocol's ``connection_lost`` has told
+    the route that its client is gone, which cancels its wait there and then and lets it
+    start no other: none counted is none left, with no second look a moment later."""
     assert eventually(lambda: c.ok({"op": "stats"})["daemon"]["waiters"] == 0)
 
 
@@ -906,7 +906,7 @@ def healthy(m: Model, c: Client) -> None:
     assert (answer.status, answer.json()) == (200, {"ok": True})
     assert c.ok({"op": "ping"})
     assert eventually(lambda: c.ok({"op": "stats"})["daemon"]["connections"] == 1)
-    released(c, settle=0)
+    released(c)
     logged = m.new_log()
     assert "Traceback" not in logged and "ERROR" not in logged, logged
 
@@ -1154,30 +1154,58 @@ def test_what_h11_tolerates_is_answered(quiet: Model, data: bytes) -> None:
 
 
 def test_a_malformed_chunk_is_uvicorns_400_and_records_nothing(quiet: Model) -> None:
+    before = refusals(quiet)
     chunked = b"Transfer-Encoding: chunked\r\n\r\n5\r\nabcde\r\nzz\r\nab\r\n0\r\n\r\n"
     answer = raw(quiet, post_head(quiet, "fz-b", chunked))
     assert (answer.status, answer.json()["code"]) == UNPARSABLE
-    # the route, reading the body, sees the client gone: no error of the daemon's
-    no_traceback_logged(quiet)
+    # the route, reading the body, sees the client gone: no error of the daemon's, but a
+    # refusal of its own beside the protocol's 400
+    no_traceback_logged(quiet, before + 2)
 
 
-def no_traceback_logged(model: Model) -> None:
+def refusals(model: Model) -> int:
+    """How many requests the daemon has refused ``bad_request`` (``repl_errors_total``)."""
+    answer = raw(model, _get(model, "/metrics"))
+    assert answer.status == 200, answer
+    for line in answer.body.decode().splitlines():
+        if line.startswith('repl_errors_total{code="bad_request"} '):
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0
+
+
+def no_traceback_logged(model: Model, refused: int) -> None:
     """The daemon's log since the last look holds no traceback and no ERROR line (a client
-    gone mid-body is no error of the daemon's)."""
-    time.sleep(0.3)  # what the daemon logs for it, it has logged by now
+    gone mid-body is no error of the daemon's), looked at once the daemon has counted
+    ``refused`` refusals ``bad_request`` in all: a route that finds its client gone while
+    it reads the body counts its refusal last, its answer going nowhere."""
+    counted = eventually(lambda: refusals(model) == refused)
     logged = model.new_log()
     assert "Traceback" not in logged and "ERROR" not in logged, logged
+    assert counted, (refusals(model), refused)
+
+
+def cut_short(model: Model, head: bytes, part: bytes) -> None:
+    """``head`` (with ``Expect: 100-continue``), then, once the route reads the body (the
+    daemon's ``100 Continue`` says so), ``part`` of it and the close."""
+    sock = socket.create_connection(("127.0.0.1", model.port), timeout=5)
+    try:
+        sock.sendall(head)
+        with sock.makefile("rb") as reader:
+            assert reader.readline() == b"HTTP/1.1 100 Continue\r\n"
+            assert reader.readline() == b"\r\n"
+        sock.sendall(part)
+    finally:
+        sock.close()
 
 
 def test_a_body_cut_short_by_a_close_records_nothing(quiet: Model) -> None:
     model = quiet
     pid = _pid(model)
     fds = _fds(pid)
+    before = refusals(model)
+    head = post_head(model, "fz-b", b"Expect: 100-continue\r\nContent-Length: 100\r\n\r\n")
     for _ in range(40):
-        sock = socket.create_connection(("127.0.0.1", model.port), timeout=5)
-        sock.sendall(post_head(model, "fz-b", b"Content-Length: 100\r\n\r\nonly ten b"))
-        time.sleep(0.02)
-        sock.close()
+        cut_short(model, head, b"only ten b")
     # a half close (the client's side shut for writing) is a client gone too: no answer
     sock = socket.create_connection(("127.0.0.1", model.port), timeout=5)
     try:
@@ -1187,7 +1215,7 @@ def test_a_body_cut_short_by_a_close_records_nothing(quiet: Model) -> None:
     finally:
         sock.close()
     assert eventually(lambda: _fds(pid) <= fds), (fds, _fds(pid))
-    no_traceback_logged(model)
+    no_traceback_logged(model, before + 41)
 
 
 def test_a_declared_length_over_1mib_is_413_before_any_body(
@@ -1296,7 +1324,8 @@ def test_fifty_half_requests_that_close_leak_nothing(quiet: Model) -> None:
         if halves[i % len(halves)]:
             sock.sendall(halves[i % len(halves)])
         socks.append(sock)
-    time.sleep(0.1)
+    # the daemon holds every one of them (a socket of its own each), then they close
+    assert eventually(lambda: _fds(pid) >= fds + 50), (fds, _fds(pid))
     for sock in socks:
         sock.close()
     assert eventually(lambda: _fds(pid) <= fds), (fds, _fds(pid))
@@ -1335,11 +1364,10 @@ def test_a_last_event_id_that_int_refuses_is_a_400(model: Model, resume: bytes) 
 
 def test_a_client_gone_mid_body_is_not_logged_as_an_error(model: Model) -> None:
     model.new_log()
-    sock = socket.create_connection(("127.0.0.1", model.port), timeout=5)
-    sock.sendall(post_head(model, "fz-b", b"Content-Length: 100\r\n\r\nonly ten b"))
-    time.sleep(0.05)
-    sock.close()
-    no_traceback_logged(model)
+    before = refusals(model)
+    head = post_head(model, "fz-b", b"Expect: 100-continue\r\nContent-Length: 100\r\n\r\n")
+    cut_short(model, head, b"only ten b")
+    no_traceback_logged(model, before + 1)
 
 
 def test_a_405_on_firings_allows_every_method_it_serves(model: Model) -> None:

@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import socket
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from repl_daemon.__main__ import main
-from tests.helpers import DaemonProc
+from tests.helpers import DaemonProc, eventually
 
 
 def refused(capsys: pytest.CaptureFixture[str], home: Path, *args: str) -> str:
@@ -123,11 +122,16 @@ def test_http_connections_past_max_connections_are_503(tmp_path: Path) -> None:
         }
         extra.close()
         streams.pop().close()
-        time.sleep(0.3)
-        again = socket.create_connection(("127.0.0.1", d.http_port), timeout=10)
-        again.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert again.recv(4096).startswith(b"HTTP/1.1 200")
-        again.close()
+        port = d.http_port
+
+        def served() -> bool:  # 503 until the daemon has let go of the closed stream
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as again:
+                again.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                status = again.recv(4096).split(b" ", 2)[:2]
+            assert status in ([b"HTTP/1.1", b"200"], [b"HTTP/1.1", b"503"]), status
+            return status[1] == b"200"
+
+        eventually(served, 10, "the closed stream's place to be served again")
         for conn in streams:
             conn.close()
     finally:
