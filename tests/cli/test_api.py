@@ -190,7 +190,10 @@ async def test_the_async_follow_rides_out_a_restart_in_the_middle(
         assert [f.result for f in first.firings] == ["one"]
 
         async def restart_then_send() -> None:
-            await anyio.sleep(0.3)
+            async with aio.connect(addr, durable_daemon.home) as looking:
+                with anyio.fail_after(10):  # the follow's next wait is blocked: crash then
+                    while (await looking.stats("aio-r")).sessions[0].waiters != 1:  # noqa: ASYNC110 - a bounded look at the daemon's state
+                        await anyio.sleep(0.01)
             await anyio.to_thread.run_sync(lambda: durable_daemon.restart(crash=True))
             async with aio.connect(addr, durable_daemon.home) as other:
                 await other.send("aio-r", "two")

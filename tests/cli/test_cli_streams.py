@@ -15,7 +15,6 @@ import os
 import pty
 import subprocess
 import termios
-import time
 from typing import IO
 
 from tests.helpers import Repl, assert_one_error_line, each_at_once, eventually, repl_argv
@@ -184,8 +183,17 @@ def test_a_peek_into_a_pipe_nobody_reads_exits_once_written(repl: Repl, s: str) 
     assert acked(repl, s, "wait") == 0 and acked(repl, s, "read") == 0
     reader = repl.popen("read", s)
     try:
-        time.sleep(0.5)  # long enough to have written both lines; it must still be there
+        written = reader.stdout
+        assert written is not None
+        eventually(lambda: in_pipe(written) > 0, what="the read to write")
+        # a read of the same lines that acknowledges nothing, started only now, writes them
+        # both and exits: one that did not wait for its reader would have written and
+        # acknowledged them by then
+        other = repl.popen("read", s, "--after", "0")
+        assert other.wait(10) == 0
+        assert other.communicate(timeout=10) == (b"on-message: one\non-message: two\n", b"")
         assert reader.poll() is None  # waits until its lines are taken, to acknowledge them
+        assert acked(repl, s, "read") == 0
     finally:
         out, _ = reader.communicate(timeout=10)
     assert reader.returncode == 0 and out == b"on-message: one\non-message: two\n"
