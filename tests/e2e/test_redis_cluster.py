@@ -23,7 +23,14 @@ import pytest
 
 from repl_daemon.backends.redis.keys import session_keys, wake_channel
 from tests.e2e import correlated
-from tests.helpers import Client, RedisClusterProcs, SharedDaemons, answered, store_url
+from tests.helpers import (
+    Client,
+    RedisClusterProcs,
+    SharedDaemons,
+    answered,
+    eventually,
+    store_url,
+)
 
 #: the sessions of these tests: their slots are on all three primaries
 SESSIONS = [f"s{n}" for n in range(24)]
@@ -207,24 +214,18 @@ def test_waiters_blocked_on_every_daemon_cost_the_cluster_no_command(
                     counts[channel] = counts.get(channel, 0) + n
             return all(n == 3 for n in counts.values()) and len(counts) == len(SESSIONS)
 
-        deadline = time.monotonic() + 10
-        while not subscribed():
-            assert time.monotonic() < deadline, "the daemons did not subscribe"
-            time.sleep(0.05)
-        # subscribed comes before each wait's first look: let those reads finish (on a
-        # busy machine some are still on their way), then count over the idle window
-        quiet = command_counts(admins)
-        while True:
-            time.sleep(0.3)
-            now = command_counts(admins)
-            if all(
-                {k: v for k, v in now[port].items() if k != "cmdstat_info"}
-                == {k: v for k, v in quiet[port].items() if k != "cmdstat_info"}
-                for port in admins
-            ):
-                break
-            assert time.monotonic() < deadline + 10, "the waits' first reads never ended"
-            quiet = now
+        eventually(subscribed, 10, "the daemons to subscribe")
+        # subscribed comes before each wait's first look (on a busy machine some are still
+        # on their way): those reads are over once each is counted, an evaluation of its
+        # session, and the idle window is counted from then on
+        looks = {s: 6 if s in singles else 3 for s in SESSIONS}  # 3 daemons' waits on each
+        observer = daemons.client(0)
+
+        def looked() -> bool:
+            rows = observer.ok({"op": "stats"})["sessions"]
+            return {row["id"]: row["evaluations"] for row in rows} == looks
+
+        eventually(looked, 20, "the waits' first reads")
         assert not answered(waits, 0)
         before = command_counts(admins)
         time.sleep(IDLE_SECONDS)
