@@ -1,6 +1,6 @@
 """The fixtures more than one folder of tests uses, each declared once.
 
-``inproc`` is the daemon in the test process (tests/helpers.py
+``inproc`` is the daemon in the test process (tests/helpers/daemons.py
 ``InProcDaemon``): no subprocess, memory store unless the test asks for the
 default SQLite store with ``@pytest.mark.parametrize("inproc", ["durable"],
 indirect=True)``. A test that also asks for ``clock`` (a ``MovedClock``) gets

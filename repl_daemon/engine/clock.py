@@ -8,7 +8,7 @@ when it wakes, never how many times a due time fires.
 ``Clock`` is that clock as one object, handed to the engine, its committer
 and the shared timers when they are made, so nothing of theirs reads the
 time any other way. ``REAL`` is the one a daemon runs on; a test hands its
-own (one it moves by hand, tests/helpers.py ``MovedClock``), and a timer
+own (one it moves by hand, tests/helpers/daemons.py ``MovedClock``), and a timer
 task sleeping on it wakes when it is moved. The module functions are the
 real clock's, for whatever has no clock to be handed (the CLI, the stores).
 """

@@ -4,7 +4,7 @@ A store is handed :class:`Delta` batches and must give back, through
 ``load`` and ``load_sessions``, exactly what the core's ``Session.snapshot()``
 holds: seqs, the ring (bound included), cursors with their last use, dedup
 keys in order, limits and the cursor-use clock. The deltas here are the
-core's own (``Session.take_delta``, through ``Mirror`` in tests/helpers.py,
+core's own (``Session.take_delta``, through ``Mirror`` in tests/helpers/stores.py,
 proven against a model in tests/core/test_session_delta.py); the last tests
 drive the real engine.
 
