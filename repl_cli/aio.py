@@ -30,18 +30,14 @@ from repl_cli._common import R, log_note, typed
 from repl_cli.client import (
     CALL_TIMEOUT,
     HTTP_PROBE_AFTER,
+    Opening,
     Where,
     connection_closed,
     decode_answer,
     encoded,
     http_answers,
     no_answer,
-    no_daemon,
-    not_a_daemon,
-    parse_addr,
-    plain_to_tls,
     speaks_tls,
-    tls_failure,
 )
 from repl_cli.errors import CliError
 from repl_cli.reconnect import DEFAULT_RECONNECT
@@ -107,7 +103,9 @@ class AsyncRepl(AsyncOperations):
     # -- the connection -------------------------------------------------------
 
     async def _connect(self) -> None:
-        host, port = parse_addr(self.addr)
+        """Open, authenticate and probe (``client.Opening``), over an anyio stream."""
+        opening = Opening(self._where)
+        host, port = opening.host, opening.port
         try:
             stream: ByteStream
             with anyio.fail_after(CALL_TIMEOUT):
@@ -121,30 +119,18 @@ class AsyncRepl(AsyncOperations):
                     )
                 else:
                     stream = await anyio.connect_tcp(host, port)
-        except TimeoutError as exc:
-            if self._where.tls:
-                raise typed(tls_failure(exc, self.addr)) from None
-            reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-            raise typed(no_daemon(self.addr, reason)) from None
-        except OSError as exc:
-            if self._where.tls:
-                raise typed(tls_failure(exc, self.addr)) from None
-            raise typed(no_daemon(self.addr, exc.strerror or str(exc))) from None
+        except OSError as exc:  # TimeoutError too
+            raise typed(opening.connect_failed(exc)) from None
         except (anyio.EndOfStream, anyio.BrokenResourceError):  # closed in the handshake
-            raise typed(tls_failure(ConnectionResetError(0, "closed"), self.addr)) from None
+            closed = ConnectionResetError(0, "closed")
+            raise typed(opening.connect_failed(closed)) from None
         self._stream = stream
         self._lines = BufferedByteReceiveStream(stream)
-        token = self._where.auth_token()
         try:
-            await self._exchange(p.Auth(token=token), p.Done, CALL_TIMEOUT, probe=(host, port))
+            await self._exchange(opening.auth(), p.Done, CALL_TIMEOUT, probe=opening)
         except CliError as exc:
-            if (
-                exc.code is None
-                and not self._where.tls
-                and await anyio.to_thread.run_sync(speaks_tls, host, port)
-            ):
-                raise plain_to_tls(self.addr) from None
-            raise self._where.refused(exc) from None
+            tls = opening.probe_tls(exc) and await anyio.to_thread.run_sync(speaks_tls, host, port)
+            raise opening.failed(exc, tls) from None
         self._connected_once = True
 
     async def _exchange(
@@ -152,7 +138,7 @@ class AsyncRepl(AsyncOperations):
         request: p.Request,
         expect: type[R],
         within: float | None,
-        probe: tuple[str, int] | None = None,
+        probe: Opening | None = None,
     ) -> R:
         """Send ``request`` and read its answer (within ``within`` s, None: however long a
         wait takes); a broken link is ``Unavailable``. ``probe``: the host and port to ask
@@ -179,14 +165,18 @@ class AsyncRepl(AsyncOperations):
             raise typed(connection_closed(self.addr)) from None
         return decode_answer(line, expect, self.addr)
 
-    async def _answer(self, probe: tuple[str, int] | None) -> bytes:
+    async def _answer(self, probe: Opening | None) -> bytes:
         assert self._lines is not None
         if probe is not None:
             with anyio.move_on_after(HTTP_PROBE_AFTER):
                 return await self._lines.receive_until(b"\n", MAX_ANSWER)
-            if await anyio.to_thread.run_sync(http_answers, *probe, self._where.tls):
+            found = await anyio.to_thread.run_sync(
+                http_answers, probe.host, probe.port, probe.where.tls
+            )
+            slow = probe.slow(found)
+            if slow is not None:
                 await self.aclose()
-                raise not_a_daemon(self.addr)
+                raise slow
         return await self._lines.receive_until(b"\n", MAX_ANSWER)
 
     # -- the primitives of the operations -------------------------------------------

@@ -224,6 +224,51 @@ class Where:
         return exc
 
 
+class Opening:
+    """How a connection is opened, authenticated and probed, with no I/O of its own: the
+    blocking client (a socket) and the async API (an anyio stream) both drive it, so each
+    step's failure has one meaning and one wording under both (h11's way: the rules
+    here, the I/O with the caller).
+
+    The steps: connect to ``host:port`` (over TLS when ``where`` says); send ``auth()``;
+    when its answer is slow (``HTTP_PROBE_AFTER``), ask whether an HTTP server answers
+    there and hand the finding to ``slow``; when the daemon refuses without a code (the
+    connection closed), ask whether TLS is spoken there if ``probe_tls`` says to, and hand
+    both to ``failed``.
+    """
+
+    def __init__(self, where: Where) -> None:
+        self.where = where
+        self.host, self.port = parse_addr(where.addr, where._from_env)
+
+    def connect_failed(self, exc: OSError) -> CliError:
+        """The connect, or the TLS handshake, failed."""
+        where = self.where
+        if where.tls:
+            return tls_failure(exc, where.addr, where._from_env)
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        return no_daemon(where.addr, reason, where._from_env)
+
+    def auth(self) -> p.Auth:
+        return p.Auth(token=self.where.auth_token())
+
+    def slow(self, http_answers: bool) -> CliError | None:
+        """The auth's answer is slow: what an HTTP server answering there means (None: wait
+        on for the daemon)."""
+        return not_a_daemon(self.where.addr, self.where._from_env) if http_answers else None
+
+    def probe_tls(self, exc: CliError) -> bool:
+        """Whether to ask if TLS is spoken there: a plain connection closed before its
+        first answer."""
+        return exc.code is None and not self.where.tls
+
+    def failed(self, exc: CliError, speaks_tls: bool = False) -> CliError:
+        """The auth failed: a daemon that speaks TLS, or which token was refused."""
+        if speaks_tls:
+            return plain_to_tls(self.where.addr, self.where._from_env)
+        return self.where.refused(exc)
+
+
 class Client(Where):
     """One connection to the daemon, opened on the first request (blocking, a socket)."""
 
@@ -273,36 +318,37 @@ class Client(Where):
     # -- the connection ----------------------------------------------------
 
     def connect(self) -> None:
-        host, port = parse_addr(self.addr, self._from_env)
+        """Open, authenticate and probe (``Opening``), over a socket."""
+        opening = Opening(self)
+        host, port = opening.host, opening.port
         try:
             sock = _connect(host, port, self.timeout)
+            if self.tls:
+                sock = self._handshake(sock, host)
         except OSError as exc:
-            raise no_daemon(self.addr, exc.strerror or str(exc), self._from_env) from None
-        if self.tls:
-            sock = self._handshake(sock, host)
+            raise opening.connect_failed(exc) from None
         sock.settimeout(None)  # deadlines are kept by _fill, which can also watch stdout
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock = sock
         self._quiet_since = time.monotonic()
         try:
-            self.send(p.Auth(token=self.auth_token()))
-            if not self._readable(HTTP_PROBE_AFTER) and http_answers(host, port, self.tls):
-                self.close()
-                raise not_a_daemon(self.addr, self._from_env)
+            self.send(opening.auth())
+            if not self._readable(HTTP_PROBE_AFTER):
+                slow = opening.slow(http_answers(host, port, self.tls))
+                if slow is not None:
+                    self.close()
+                    raise slow
             self.receive(p.Done)
         except CliError as exc:
-            if exc.code is None and not self.tls and speaks_tls(host, port):
-                raise plain_to_tls(self.addr, self._from_env) from None
-            raise self.refused(exc) from None
+            tls = opening.probe_tls(exc) and speaks_tls(host, port)
+            raise opening.failed(exc, tls) from None
         self.connected_once = True
 
     def _handshake(self, sock: socket.socket, host: str) -> socket.socket:
         try:
             return self.tls_context().wrap_socket(sock, server_hostname=host)  # type: ignore[no-any-return]
-        except BaseException as exc:
+        except BaseException:
             sock.close()
-            if isinstance(exc, OSError):
-                raise tls_failure(exc, self.addr, self._from_env) from None
             raise
 
     def close(self) -> None:
