@@ -10,7 +10,6 @@ part-way, what was delivered is still acknowledged and nothing after it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 from typing import TYPE_CHECKING
 
 from repl_cli.client import Client
@@ -139,39 +138,30 @@ def follow(
     match: Match | None = None,
     start: int | None = None,
 ) -> None:
-    """Stream until interrupted (or ``count`` firings): one wait a batch, carrying the last
-    batch's ack; ``repl.wait`` rides out an outage and sends the same ack again.
+    """Stream until interrupted (or ``count`` firings): the API's ``follow`` (one wait a
+    batch, carrying the last batch's ack, riding out an outage), told what each batch's
+    printing delivered, so that is what is acknowledged.
 
     With no ``cursor`` (a matching follow), nothing is acknowledged: each
     wait goes on after the last seq the one before looked at, from ``start``
     (None: the whole ring)."""
     client = printer.client
     carried: dict[str, int] = {}
-    after = start
-    left = count
     repl.watch = printer.watch
-    while True:
+    batches = repl.follow(session, cursor=cursor, match=match, count=count, start=start)
+    try:
+        batch = next(batches)
+        while True:
+            carried = printer.show([Batch(batch.session, batch.next, batch.lost, batch.firings)])
+            batch = batches.send(carried.get(batch.session))
+    except StopIteration:
+        return
+    except (ReaderGone, KeyboardInterrupt):
+        # the wait carrying the ack may not have reached the session: ack it again on a
+        # fresh connection, as the same token over the same TLS (acks are idempotent)
+        fresh = client.fresh()
         try:
-            if cursor is None:
-                woken = repl.wait(session, cursor=None, max=left, match=match, after=after)
-            else:
-                woken = repl.wait(session, cursor=cursor, ack=carried, max=left, match=match)
-        except (ReaderGone, KeyboardInterrupt):
-            # the wait carrying the ack may not have reached the session: ack it
-            # again on a fresh connection, as the same token over the same TLS (acks are
-            # idempotent)
-            fresh = client.fresh()
-            try:
-                printer.ack_on_the_way_out(carried, fresh)
-            finally:
-                fresh.close()
-            raise
-        batches = [Batch(b.session, b.next, b.lost, b.firings) for b in woken.batches]
-        carried = printer.show(batches)
-        if batches:
-            after = batches[-1].next
-        if left is not None:
-            left -= sum(len(b.firings) for b in batches)
-            if left <= 0:  # done: the last batch's ack goes alone
-                repl.again().run(partial(printer.ack, carried))
-                return
+            printer.ack_on_the_way_out(carried, fresh)
+        finally:
+            fresh.close()
+        raise

@@ -26,6 +26,10 @@ TARGET = ROOT / "repl_cli" / "_sync"
 #: each rewrite, a whole word (or the words given) at a time
 WORDS: tuple[tuple[str, str], ...] = (
     (r"AsyncIterator", "Iterator"),
+    # an async generator's type has no return type; a generator's has one: None
+    (r"AsyncGenerator\[([^\[\]]+)\]", r"Generator[\1, None]"),
+    (r"AsyncGenerator", "Generator"),
+    (r"asend", "send"),
     (r"Async([A-Z]\w*)", r"\1"),
     (r"async def", "def"),
     (r"async with", "with"),

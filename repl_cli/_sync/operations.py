@@ -7,7 +7,7 @@ it again, and ``scripts/check`` fails while it is stale.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from types import TracebackType
 from typing import Self
 
@@ -278,28 +278,43 @@ class Operations(abc.ABC):
         cursor: str | UnsetType | None = UNSET,
         max: int | None = None,
         match: MatchLike | None = None,
-    ) -> Iterator[p.SessionBatch]:
+        count: int | None = None,
+        start: int | None = None,
+    ) -> Generator[p.SessionBatch, int | None, None]:
         """Every batch after ``cursor`` (default ``follow``), as it comes, for ever (break
-        to stop).
+        to stop), or until ``count`` firings have come.
 
         A batch is acknowledged when the caller asks for the next one, in the
         same request as the wait for it: one that was handed out and not
         finished (the loop broke, the program died) comes again to the next
-        follower. A daemon restart is ridden out as in ``wait``. With
-        ``match`` and no ``cursor``, it follows the matching firings from the
-        whole ring on, acknowledging nothing.
+        follower. A caller that handled only part of a batch sends the last seq
+        it handled into the generator instead of asking with ``next``: that is
+        what is acknowledged. With ``count`` the last batch is acknowledged when
+        the caller asks past it, and then the iteration ends. A daemon restart is
+        ridden out as in ``wait``. With ``match`` and no ``cursor``, it follows the
+        matching firings from ``start`` on (None: the whole ring), acknowledging
+        nothing.
         """
         chosen = wait_cursor(cursor, match, FOLLOW_CURSOR)
         carried: dict[str, int] = {}
-        after: int | None = None
+        after = start
+        left = count
         while True:
+            bound = max if left is None else left if max is None else min(max, left)
             if chosen is None:
-                woken = self.wait(session, cursor=None, max=max, match=match, after=after)
+                woken = self.wait(session, cursor=None, max=bound, match=match, after=after)
             else:
-                woken = self.wait(session, cursor=chosen, max=max, ack=carried, match=match)
+                woken = self.wait(session, cursor=chosen, max=bound, ack=carried, match=match)
             for batch in woken.batches:
-                yield batch
-                carried, after = {batch.session: batch.next}, batch.next
+                taken = yield batch
+                carried = {batch.session: batch.next if taken is None else taken}
+                after = batch.next
+                if left is not None:
+                    left -= len(batch.firings)
+            if left is not None and left <= 0:
+                if chosen is not None:  # the last batch's ack, in a wait that returns at once
+                    self.wait(session, cursor=chosen, ack=carried, timeout=0, max=1)
+                return
 
     # -- request and reply -------------------------------------------------------
 
