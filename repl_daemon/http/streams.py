@@ -8,6 +8,7 @@ import functools
 import json
 from collections.abc import Callable, MutableMapping
 from datetime import UTC, datetime
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from repl_daemon import protocol as p
@@ -42,6 +43,32 @@ SEP = "\r\n"
 MAX_FRAMED = 1024
 
 
+class _State(Enum):
+    """Where an event stream is (``Follow.state``); ``_MOVES`` lists how it goes on."""
+
+    IDLE = "idle"  # opened: no wait yet
+    WAITING = "waiting"  # its wait runs (blocked with no work, or reading)
+    ANSWERED = "answered"  # the wait's answer is in hand, not yet told
+    SCHEDULED = "scheduled"  # told: the next wait starts in the loop's next pass
+    ENDING = "ending"  # its token was revoked: that is told next, last
+    OVER = "over"  # its last chunk was told, or it was closed
+    GONE = "gone"  # its client went away: nothing more is written
+
+
+_S = _State
+_AT_ANY_TIME = frozenset({_S.ENDING, _S.OVER, _S.GONE})
+#: every move a stream makes; one it does not list raises (as a wait's ``_MOVES``)
+_MOVES: dict[_State, frozenset[_State]] = {
+    _S.IDLE: frozenset({_S.WAITING, _S.ANSWERED}) | _AT_ANY_TIME,  # answered: refused at once
+    _S.WAITING: frozenset({_S.ANSWERED}) | _AT_ANY_TIME,
+    _S.ANSWERED: frozenset({_S.SCHEDULED}) | _AT_ANY_TIME,  # told; or an error told, over
+    _S.SCHEDULED: frozenset({_S.WAITING, _S.ANSWERED}) | _AT_ANY_TIME,
+    _S.ENDING: frozenset({_S.OVER, _S.GONE}),
+    _S.OVER: frozenset({_S.GONE}),  # the client may go after the last chunk: no end written
+    _S.GONE: frozenset(),
+}
+
+
 class Follow:
     """What an event stream writes next: its waits after ``after``, one after another,
     until its client goes, and its heartbeat.
@@ -56,27 +83,32 @@ class Follow:
     its cancel scope and event, and a lock): three times what this costs
     (docs/benchmarks.md). Its framing, ``ServerSentEvent``, is what this writes.
 
-    A batch's chunk goes on from the last event it told: a bare ``id:`` (no
-    event) first of all, where the stream starts, so that a client that
-    reconnects before the first firing resumes from there, with no hole; an
-    ``event: lost`` before a gap, whose id is the last seq it stands for, so a
-    resume counts it once; one ``event: firing`` a firing; and with a match, a
-    bare ``id:`` when a batch ends past its last firing (the firings after it
-    did not match), so that a resume does not look again.
+    Its life is a ``_State`` that moves only as ``_MOVES`` says (a wait's are
+    ``engine.wait._MOVES``): idle, then waiting, answered, scheduled, waiting
+    again..., until its token is revoked (ending, then over), it ends with an
+    error or is closed (over), or its client goes (gone). The heartbeat is
+    apart from it: due or not, at any state short of the end.
+
+    A batch's chunk goes on from the last event it told: ``event: position``
+    first of all, where the stream starts, so that a client that reconnects
+    before the first firing resumes from there, with no hole; an ``event:
+    lost`` before a gap, whose id is the last seq it stands for, so a resume
+    counts it once; one ``event: firing`` a firing; and with a match, an
+    ``event: position`` when a batch ends past its last firing (the firings
+    after it did not match), so that a resume does not look again.
     """
 
     __slots__ = (
         "after",
         "answer",
         "beat_due",
-        "ended",
         "engine",
-        "gone",
         "job",
         "match",
         "revoked",
         "session_id",
         "soon",
+        "state",
         "streams",
         "token",
         "woken",
@@ -97,14 +129,13 @@ class Follow:
         self.session_id = session_id
         self.after = after
         self.match = match
+        self.state = _S.IDLE
         self.job: Wait | None = None
         #: the wait's answer once it has one: (value, None) or (None, error)
         self.answer: tuple[p.Response | None, Exception | None] | None = None
         self.woken: asyncio.Future[None] | None = None  # what the stream's task awaits
         self.beat_due = False
-        self.gone = False  # the client went away: nothing more is written
         self.revoked: Unauthorized | None = None
-        self.ended = False  # over: its last chunk (``event: error``) is given, or it closed
         #: the next wait, once a wait's answer is told: it starts in the next pass of the
         #: event loop, a callback, so that every stream the same firing woke writes it
         #: before any waits again (a wait's start costs about what a write does: the last
@@ -114,6 +145,11 @@ class Follow:
         if token is not None:
             engine.hold(token, self)
 
+    @property
+    def gone(self) -> bool:
+        """Its client went away: its response is not ended either."""
+        return self.state is _S.GONE
+
     def opening(self) -> bytes:
         """The first chunk: where the stream starts. Its heartbeat starts with it."""
         self.streams.add(self)
@@ -122,11 +158,14 @@ class Follow:
     async def next(self) -> bytes | None:
         """The next chunk to write, once there is one; None: the stream is over."""
         while True:
-            if self.gone or self.ended:
+            state = self.state
+            if state is _S.OVER or state is _S.GONE:
                 return None
-            if self.revoked is not None:
+            if state is _S.ENDING:
+                assert self.revoked is not None
                 return self._error(self.revoked)
-            if self.answer is not None:
+            if state is _S.ANSWERED:
+                assert self.answer is not None
                 value, error = self.answer
                 self.answer = self.job = None
                 if isinstance(error, ReplError):  # stopped, the daemon closing, the store gone
@@ -135,12 +174,13 @@ class Follow:
                     raise error
                 assert isinstance(value, p.Woken)
                 chunk = self._told(value)
+                self._move(_S.SCHEDULED)
                 self.soon = asyncio.get_running_loop().call_soon(self._wait)  # see ``soon``
                 return chunk
             if self.beat_due:
                 self.beat_due = False
                 return ping()
-            if self.job is None and self.soon is None:  # the first wait, at once
+            if state is _S.IDLE:  # the first wait, at once
                 self._wait()
                 continue  # it may have its answer already: firings were there
             woken = self.woken = asyncio.get_running_loop().create_future()
@@ -152,7 +192,8 @@ class Follow:
     def close(self) -> None:
         """The stream is over, however it ended (its task cancelled too): its wait, its
         heartbeat and its hold on the token end with it."""
-        self.ended = True
+        if self.state is not _S.OVER and self.state is not _S.GONE:
+            self._move(_S.OVER)
         if self.soon is not None:
             self.soon.cancel()
             self.soon = None
@@ -168,6 +209,7 @@ class Follow:
     def answered(self, value: p.Response | None, error: Exception | None) -> None:
         """The wait's callback (never called once the wait is cancelled)."""
         self.answer = (value, error)
+        self._move(_S.ANSWERED)
         self._wake()
 
     def beat(self) -> None:
@@ -176,16 +218,19 @@ class Follow:
         self._wake()
 
     def revoke(self, error: Unauthorized) -> None:
-        """The token was revoked: the stream ends with ``event: error``."""
-        self.revoked = error
-        self._cancel_wait()
-        self._wake()
+        """The token was revoked: the stream ends with ``event: ended``."""
+        if _S.ENDING in _MOVES[self.state]:  # once: not after its end, or its first
+            self.revoked = error
+            self._cancel_wait()
+            self._move(_S.ENDING)
+            self._wake()
 
     def hung_up(self) -> None:
         """The client went away: nobody reads what the stream would write."""
-        self.gone = True
-        self._cancel_wait()
-        self._wake()
+        if self.state is not _S.GONE:
+            self._cancel_wait()
+            self._move(_S.GONE)  # whatever it was about to tell, nobody hears
+            self._wake()
 
     def _cancel_wait(self) -> None:
         if self.job is not None:
@@ -198,13 +243,19 @@ class Follow:
         if woken is not None and not woken.done():
             woken.set_result(None)
 
+    def _move(self, to: _State) -> None:
+        """Go to state ``to``, one of the moves ``_MOVES`` allows from the state it is in."""
+        if to not in _MOVES[self.state]:
+            raise AssertionError(f"an event stream cannot go from {self.state} to {to}")
+        self.state = to
+
     # -- the steps --------------------------------------------------------------------
 
     def _wait(self) -> None:
         """The next wait, after what the stream has told; refused at once (a revoked
         token, the daemon closing), that is its answer."""
         self.soon = None
-        if self.gone or self.ended or self.revoked is not None:
+        if self.state is not _S.IDLE and self.state is not _S.SCHEDULED:
             return
         engine = self.engine
         req = p.Wait(sessions=[self.session_id], after=self.after, match=self.match)
@@ -215,6 +266,7 @@ class Follow:
             return
         assert isinstance(job, Wait)  # a wait is the engine's job, started here
         self.job = job
+        self._move(_S.WAITING)
         job.start(self.answered)
 
     def _told(self, woken: p.Woken) -> bytes:
@@ -240,7 +292,7 @@ class Follow:
         store gone, the token revoked). Not ``error``: that is the name EventSource gives
         its own connection errors, so a listener for it would take ours for a broken
         connection (and reconnect), and ours for its own."""
-        self.ended = True
+        self._move(_S.OVER)
         error = error_body(exc.code.value, exc.message).decode()
         return frame(event="ended", data=error)
 
