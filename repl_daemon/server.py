@@ -247,6 +247,7 @@ class Connection(asyncio.Protocol):
         "stalled",
         "token",
         "transport",
+        "unsent",
         "write_paused",
     )
 
@@ -282,6 +283,7 @@ class Connection(asyncio.Protocol):
         self.idle_key: int | None = None  # its bucket in the idle clock, while it is in one
         #: while the transport is past its high-water mark: the close of a slow consumer
         self.stalled: asyncio.TimerHandle | None = None
+        self.unsent = 0  # the bytes unsent when ``stalled`` was last set: a fall is progress
 
     # -- the transport's callbacks ------------------------------------------
 
@@ -343,7 +345,8 @@ class Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.write_paused = True
-        if self.stalled is None:
+        if self.stalled is None and self.transport is not None:
+            self.unsent = self.transport.get_write_buffer_size()
             self.stalled = self.loop.call_later(self.limits.slow_consumer_s, self._slow)
 
     def resume_writing(self) -> None:
@@ -354,14 +357,19 @@ class Connection(asyncio.Protocol):
         self._resume_if_drained()
 
     def _slow(self) -> None:
-        """Past the high-water mark for the whole ``slow_consumer_s``: the client has taken
-        nothing of over a MiB of answers for that long. Closed at once (what it has not
+        """Past the high-water mark, and nothing taken, for the whole ``slow_consumer_s``:
+        the client has taken none of over a MiB of answers for that long (one that took
+        some is given the time again). Closed at once (what it has not
         taken is dropped: it would never take it), as NATS drops a slow consumer; a
         blocked wait it had is not acknowledged, so the next wait gets its firings."""
         self.stalled = None
         if self.closed or self.transport is None:
             return
         unsent, after = self.transport.get_write_buffer_size(), self.limits.slow_consumer_s
+        if unsent < self.unsent:  # it took some (a slow reader, not a stalled one): on
+            self.unsent = unsent
+            self.stalled = self.loop.call_later(after, self._slow)
+            return
         log.warning("closing a slow consumer: %d bytes of answers untaken for %g s", unsent, after)
         err = SlowConsumer(
             f"{unsent:,} bytes of answers untaken for {after:g} s: closing the connection"

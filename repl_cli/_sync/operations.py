@@ -312,9 +312,28 @@ class Operations(abc.ABC):
                 if left is not None:
                     left -= len(batch.firings)
             if left is not None and left <= 0:
-                if chosen is not None:  # the last batch's ack, in a wait that returns at once
-                    self.wait(session, cursor=chosen, ack=carried, timeout=0, max=1)
+                if chosen is not None:  # the last batch's ack goes alone
+                    self._ack_riding_out(chosen, carried)
                 return
+
+    def _ack_riding_out(self, cursor: str, acks: dict[str, int]) -> None:
+        """Acknowledge ``acks`` on ``cursor``, riding out an outage as ``wait`` does (a
+        reader's last ack must not be lost to a restart of the daemon just then)."""
+        outage = Outage(self.reconnect, self.addr, self.note, None, clock=self._clock)
+        while True:
+            try:
+                for session, seq in acks.items():
+                    self._call(p.Ack(session=session, cursor=cursor, seq=seq), p.Acked)
+            except CliError as exc:
+                try:
+                    pause = outage.lost(exc, was_there=self._answered_once())
+                except CliError as final:
+                    raise typed(final) from None
+                self.close()
+                self._sleep(pause)
+                continue
+            outage.back()
+            return
 
     # -- request and reply -------------------------------------------------------
 

@@ -283,9 +283,12 @@ def protocol_class(
         _deadline: asyncio.TimerHandle | None = None
         _stalled: asyncio.TimerHandle | None = None
 
+        _unsent = 0
+
         def pause_writing(self) -> None:
             super().pause_writing()
             if self._stalled is None:
+                self._unsent = self.transport.get_write_buffer_size()
                 self._stalled = self.loop.call_later(slow_consumer_s, self._slow)
 
         def resume_writing(self) -> None:
@@ -295,11 +298,15 @@ def protocol_class(
                 self._stalled = None
 
         def _slow(self) -> None:
+            # a closing transport (``Connection: close``) still holds what it has not sent:
+            # it is aborted all the same; its loss cancels this timer
             self._stalled = None
-            if self.transport.is_closing():
+            unsent = self.transport.get_write_buffer_size()
+            if unsent < self._unsent:  # it took some (a slow reader): it is given the time again
+                self._unsent = unsent
+                self._stalled = self.loop.call_later(slow_consumer_s, self._slow)
                 return
             errors[Code.SLOW_CONSUMER.value] += 1
-            unsent = self.transport.get_write_buffer_size()
             log.warning(
                 "closing a slow HTTP consumer: %d bytes untaken for %g s", unsent, slow_consumer_s
             )

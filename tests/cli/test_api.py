@@ -108,6 +108,60 @@ def test_follow_acknowledges_what_the_caller_sends_and_stops_after_count(
         assert cursors["counted"] == 2  # acknowledged as the iteration ended, and no further
 
 
+def test_follow_with_count_rides_out_an_outage_for_its_last_ack() -> None:
+    """``repl follow --count N`` acknowledges its last batch alone: a restart of the daemon
+    just then is ridden out (the ack tried again), never an exit 0 with it unacknowledged.
+    The operations run here over a link that fails that ack once, as a restart would."""
+    from repl_cli._common import R, Unavailable
+    from repl_cli._sync.operations import Operations
+    from session.firing import NO_TAGS
+
+    class Link(Operations):
+        reconnect = 30.0
+
+        def __init__(self) -> None:
+            self.acks: list[tuple[str, int]] = []
+            self.refusals = 1
+            self.now = 0.0
+            self.note = lambda message: None
+
+        @property
+        def addr(self) -> str:
+            return "a link that fails once"
+
+        def close(self) -> None:
+            pass
+
+        def _call(self, request: p.Request, expect: type[R]) -> R:
+            assert isinstance(request, p.Ack)
+            if self.refusals:
+                self.refusals -= 1
+                raise Unavailable("the daemon at it closed the connection")
+            self.acks.append((request.cursor, request.seq))
+            return expect(cursor=request.cursor, seq=request.seq)  # type: ignore[call-arg]
+
+        def _woken(self, request: p.Wait) -> p.Woken:
+            firings = [
+                Firing(n, "on-message", f"f{n}", None, "2026-12-04T00:00:00.000Z", NO_TAGS)
+                for n in (1, 2)
+            ]
+            return p.Woken(batches=[p.SessionBatch("s", 2, 0, firings)], timed_out=False)
+
+        def _answered_once(self) -> bool:
+            return True
+
+        def _clock(self) -> float:
+            return self.now
+
+        def _sleep(self, seconds: float) -> None:
+            self.now += seconds
+
+    link = Link()
+    batches = list(link.follow("s", cursor="c", count=2))
+    assert [f.seq for b in batches for f in b.firings] == [1, 2]
+    assert link.acks == [("c", 2)] and link.refusals == 0 and link.now > 0
+
+
 @pytest.mark.parametrize("crash", [False, True], ids=["sigterm", "kill-9"])
 def test_follow_rides_out_a_restart_in_the_middle(
     durable_daemon: DaemonProc, crash: bool, caplog: pytest.LogCaptureFixture

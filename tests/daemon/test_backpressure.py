@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -185,6 +186,40 @@ def test_a_slow_consumer_is_closed_and_its_blocked_wait_acknowledges_nothing(
     other.close()
 
 
+@pytest.fixture
+def steady(tmp_path: Path) -> Iterator[DaemonProc]:
+    """A daemon that closes a slow consumer after a second."""
+    d = DaemonProc(tmp_path / "home", "--memory", "--slow-consumer-s", "1")
+    yield d
+    d.stop()
+
+
+def test_a_client_that_reads_slowly_but_steadily_is_not_a_slow_consumer(
+    steady: DaemonProc,
+) -> None:
+    """Closed is the client that takes none of its answers for ``--slow-consumer-s`` (here
+    1 s), not one that takes them slowly: this one reads 64 KiB every 25 ms (about
+    2.6 MB/s, the pace being the behaviour under test) and gets all of 12 full rings.
+    (What it takes leaves the kernel's buffers first: the daemon sees it as its own unsent
+    bytes falling a moment later, well within the second.)"""
+    d = steady
+    other = fill(d)
+    slow = connect(d)
+    reads = b'{"op": "read", "session": "big", "after": 0}\n' * 12
+    slow.sendall(reads)
+    got, taken = b"", 0
+    while got.count(b"\n") < 13:  # its auth, then the 12 answers
+        chunk = slow.recv(64 * 1024)
+        assert chunk, f"closed after {taken:,} bytes"
+        got += chunk
+        taken += len(chunk)
+        time.sleep(0.025)
+    assert got.count(TEXT.encode()) == 12 * 256
+    assert "slow consumer" not in d.log.read_text()
+    slow.close()
+    other.close()
+
+
 def waiters(s: socket.socket) -> int:
     s.sendall(b'{"op": "sessions"}\n')
     (listed,) = lines(s, 1)
@@ -232,3 +267,28 @@ def test_an_http_client_that_reads_nothing_is_bounded_then_closed(
         text += chunk
     for s in (metrics, stream, slow, other):
         s.close()
+
+
+def test_an_http_response_with_connection_close_is_closed_too_when_nothing_is_taken(
+    impatient_http: DaemonProc,
+) -> None:
+    """A response sent with ``Connection: close`` (the transport already closing, 12 MB of
+    a ring's answer unsent) to a client that reads nothing is aborted all the same."""
+    d = impatient_http
+    assert d.http_port is not None
+    setup = connect(d)
+    requests = [{"op": "start", "session": "huge", "buffer": 4096}]
+    requests += [{"op": "send", "session": "huge", "text": TEXT} for _ in range(4000)]
+    setup.sendall(b"".join(json.dumps(r).encode() + b"\n" for r in requests))
+    assert all(answer["ok"] for answer in lines(setup, 1 + len(requests)))
+    closing = socket.create_connection(("127.0.0.1", d.http_port), timeout=30)
+    closing.sendall(
+        (
+            "GET /sessions/huge/firings?after=0 HTTP/1.1\r\nHost: repl\r\n"
+            f"Authorization: Bearer {d.token}\r\nConnection: close\r\n\r\n"
+        ).encode()
+    )
+    eventually(lambda: "closing a slow HTTP consumer" in d.log.read_text(), timeout=30)
+    assert closed(closing)
+    closing.close()
+    setup.close()
