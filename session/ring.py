@@ -450,19 +450,24 @@ class _Folded(Ring):
         return self._slice(start, stop)
 
 
-def since_of(whole: Batch, since: str, last: int | None, max: int | None) -> Batch:
-    """What a read of the whole ring (``whole``, read after 0) keeps for ``since``: the
-    firings whose ``ts`` is ``since`` or later, the newest ``last`` of them (all with
-    None), the oldest ``max`` of those (all with None). The firings the ring dropped are
-    reported only when some of them may have been recorded since (the oldest retained one
-    was, or none is retained); a batch cut by ``last`` reports none, and one cut by ``max``
-    ends at its last firing, so that reading on after it pages through the rest.
+def since_of(
+    whole: Batch, since: str, last: int | None, max: int | None, match: Match | None = None
+) -> Batch:
+    """What a read of the whole ring (``whole``, read after 0 with no match) keeps for
+    ``since``: the firings whose ``ts`` is ``since`` or later (and that ``match`` holds
+    for), the newest ``last`` of them (all with None), the oldest ``max`` of those (all
+    with None). The firings the ring dropped are reported only when some of them may have
+    been recorded since (the oldest retained one was, or none is retained: the oldest of
+    the whole ring, matching or not); a batch cut by ``last`` reports none, and one cut by
+    ``max`` ends at its last firing, so that reading on after it pages through the rest.
 
     ``ts`` is UTC to the millisecond in one format (``session.firing.ms_to_ts``), so it
     compares as text. One formula for every store: the local ones read the ring in memory,
     the Redis one in one script, and both keep what this keeps.
     """
     firings = [f for f in whole.firings if f.ts >= since]
+    if match is not None:
+        firings = [f for f in firings if match.holds(f.handler, f.tags)]
     lost = whole.lost if not whole.firings or whole.firings[0].ts >= since else 0
     if last is not None and len(firings) > last:
         firings, lost = firings[-last:], 0

@@ -383,8 +383,8 @@ class Session:
             bound = last if max is None else min(last, max)
             batch = self.ring.events_after(max_(0, head - last), bound, visible, "after", match)
         else:
-            whole = self.ring.events_after(0, None, visible, "after", match)
-            batch = since_of(whole, since, last, max)
+            whole = self.ring.events_after(0, None, visible, "after")
+            batch = since_of(whole, since, last, max, match)
         self.evaluations += 1
         return batch
 

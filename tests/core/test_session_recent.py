@@ -71,6 +71,18 @@ def test_since_reports_dropped_firings_only_when_they_may_be_in_range() -> None:
     assert empty.read_recent(None, ts(0)).lost == 1  # nothing held: it may be in range
 
 
+def test_since_with_a_match_tells_dropped_firings_by_the_whole_rings_oldest() -> None:
+    """Whether the dropped firings may be in range goes by the oldest firing the ring holds,
+    matching or not: not by the oldest that matches."""
+    s = Session("m", 2)
+    s.record("on-message", "dropped", ts(0), tags={"k": "1"})
+    s.record("on-message", "kept, not matching", ts(1))
+    s.record("on-message", "kept, matching", ts(5), tags={"k": "1"})
+    got = s.read_recent(None, ts(3), match=Match({"k": None}))
+    assert ([f.result for f in got.firings], got.lost) == (["kept, matching"], 0)
+    assert s.read_recent(None, ts(0), match=Match({"k": None})).lost == 1  # may be in range
+
+
 def test_bad_recent_reads_raise_and_change_nothing() -> None:
     s = session()
     before = s.snapshot(), s.evaluations

@@ -335,8 +335,10 @@ class SharedCommitter:
                         session_id, "last", op.last, bound, False, op.match, owed=owed
                     )
                 else:  # the whole ring in one script, kept as the core keeps it
-                    whole = store.read(session_id, "after", 0, None, False, op.match, owed=owed)
-                    future = _then(whole, lambda got: since_of(got, op.since, op.last, op.max))
+                    whole = store.read(session_id, "after", 0, None, False, owed=owed)
+                    future = _then(
+                        whole, lambda got: since_of(got, op.since, op.last, op.max, op.match)
+                    )
             case ReadSeq():
                 owed = self._owed.pop(session_id, 0)
                 read = store.read(session_id, "seq", op.seq, 1, False, owed=owed)
