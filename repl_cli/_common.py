@@ -38,7 +38,7 @@ def typed(exc: CliError) -> CliError:
     """The same error, as ``Unavailable`` when its status says so (``except`` can tell)."""
     if exc.status == UNAVAILABLE and not isinstance(exc, Unavailable):
         unavailable = Unavailable(exc.message)
-        unavailable.code = exc.code
+        unavailable.code, unavailable.said = exc.code, exc.said
         return unavailable
     return exc
 

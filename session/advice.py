@@ -47,6 +47,16 @@ PHRASES: tuple[tuple[re.Pattern[str], str, str], ...] = (
         r"limit \1 is outside",
     ),
     (
+        re.compile(r" \(`repl timers` lists them\)"),  # neither lists timers
+        "",
+        "",
+    ),
+    (
+        re.compile(r"it needs a token with --can (?P<right>\w+)"),
+        r"it needs a token with the \g<right> right",
+        r"it needs a token with the \g<right> right",
+    ),
+    (
         re.compile(r"schedule needs in, at or every"),
         "schedule needs in, at or every",
         "schedule needs delay, at or every",
@@ -59,7 +69,6 @@ HINTS: dict[Interface, dict[Code, str]] = {
     "http": {
         Code.CURSOR_AFTER_HEAD: "read from the head or before it (GET /sessions shows it)",
         Code.ACK_AFTER_HEAD: "acknowledge a seq the session has recorded",
-        Code.UNKNOWN_OP: "the daemon is older than this client: upgrade it",
         Code.LINE_TOO_LONG: "send the text in parts",
         Code.IDLE_TIMEOUT: "send the request again",
         Code.SLOW_CONSUMER: "read the responses as they come, and send the request again",
@@ -95,7 +104,8 @@ def in_words(message: str, interface: Interface) -> str:
 
 def advised(code: str, message: str, interface: Interface) -> str:
     """The whole line for ``interface``: the message in its words, and its hint for
-    ``code`` when the message holds no advice of its own (nothing after a colon)."""
+    ``code`` unless the message already says what to do (it names a command, a route or a
+    tool: ``said_what_to_do``), as the CLI adds its own (``repl_cli.errors.from_wire``)."""
     line = in_words(message, interface)
     if interface == "cli":
         return line
@@ -103,6 +113,12 @@ def advised(code: str, message: str, interface: Interface) -> str:
         hint = HINTS[interface].get(Code(code), "")
     except ValueError:  # a code newer than this module
         hint = ""
-    if hint and ": " not in line:
+    if hint and not said_what_to_do(message):
         line = f"{line}: {hint}"
     return line
+
+
+def said_what_to_do(message: str) -> bool:
+    """Whether a daemon's message gives its own advice: a command in backticks, as the
+    CLI's own hints go by, or one of the phrases that each interface words its way."""
+    return "`" in message or any(phrase.search(message) for phrase, *_ in PHRASES)

@@ -96,19 +96,26 @@ def check_installed() -> None:
 
 
 def error_response(
-    code: str, message: str, status: int | None = None, headers: Mapping[str, str] | None = None
+    code: str,
+    message: str,
+    status: int | None = None,
+    headers: Mapping[str, str] | None = None,
+    *,
+    own: bool = False,
 ) -> Response:
     from starlette.responses import Response
 
     status = STATUS.get(code, 400) if status is None else status
-    return Response(
-        error_body(code, message), status, headers=headers, media_type="application/json"
-    )
+    body = error_body(code, message, own=own)
+    return Response(body, status, headers=headers, media_type="application/json")
 
 
-def error_body(code: str, message: str) -> bytes:
-    """An error as HTTP tells it: its advice in HTTP's words (``session.advice``)."""
-    return encoder.encode({"code": code, "message": advised(code, message, "http")})
+def error_body(code: str, message: str, *, own: bool = False) -> bytes:
+    """An error as HTTP tells it: a refusal of the daemon's, its advice put in HTTP's words
+    (``session.advice``); ``own``, one HTTP words itself (no route, the HTTP connections'
+    limit, a request h11 cannot parse, a bug), as it is."""
+    said = message if own else advised(code, message, "http")
+    return encoder.encode({"code": code, "message": said})
 
 
 def json_response(value: Any, status: int = 200) -> Response:

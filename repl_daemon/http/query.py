@@ -48,7 +48,7 @@ async def drain(request: Request) -> None:
 async def read_body(request: Request) -> bytes:
     """The request's body, refused with 413 past ``MAX_BODY`` before more is read."""
     declared = request.headers.get("content-length")
-    too_large = LineTooLong(f"the body is over {MAX_BODY:,} bytes: send it in parts")
+    too_large = LineTooLong(f"the body is over {MAX_BODY:,} bytes")  # the hint: in parts
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY:
         raise too_large
     chunks = []

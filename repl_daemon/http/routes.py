@@ -356,7 +356,7 @@ class Api:
             message = exc.detail
         code = Code.UNKNOWN_OP if exc.status_code in (404, 405) else Code.BAD_REQUEST
         self.engine.counts.errors[code.value] += 1
-        return error_response(code, message, exc.status_code, headers)
+        return error_response(code, message, exc.status_code, headers, own=True)
 
     async def failed(self, request: Request, exc: Exception) -> Response:
         """A failure of the daemon's own (a bug): 500 ``internal``, as JSON; uvicorn logs the
@@ -366,6 +366,7 @@ class Api:
             Code.INTERNAL,
             "the daemon failed on this request: its log (daemon.log in its state directory) "
             "says why",
+            own=True,
         )
 
     async def healthz(self, request: Request) -> Response:

@@ -262,6 +262,7 @@ def protocol_class(
         Code.TOO_MANY,
         f"over {max_connections:,} HTTP connections (--max-connections): "
         "close one, or try again later",
+        own=True,
     )
 
     async def busy(scope: Any, receive: Any, send: Any) -> None:
@@ -276,7 +277,9 @@ def protocol_class(
         await send({"type": "http.response.body", "body": busy_body})
 
     unparsable = error_body(
-        Code.BAD_REQUEST, "not a request of HTTP/1.1: see RFC 9112, or use an HTTP client"
+        Code.BAD_REQUEST,
+        "not a request of HTTP/1.1: see RFC 9112, or use an HTTP client",
+        own=True,
     )
 
     class Protocol(H11Protocol):

@@ -52,8 +52,13 @@ def test_a_scoped_tokens_advice_is_the_same_everywhere() -> None:
 def test_a_hint_is_added_only_to_a_message_without_advice(interface: str) -> None:
     bare = advised(Code.CURSOR_AFTER_HEAD, "after 9 is after head 0", interface)  # type: ignore[arg-type]
     assert bare.startswith("after 9 is after head 0: read from the head or before it")
-    said = "after 9 is after head 0: see elsewhere"
-    assert advised(Code.CURSOR_AFTER_HEAD, said, interface) == said  # type: ignore[arg-type]
+    # a message that says what to do itself (a command, a phrase put in this interface's
+    # words) gets no hint; one that only says what happened ("...: closing the connection")
+    # does
+    said = advised(Code.SESSION_STOPPED, "x: run the command again", interface)  # type: ignore[arg-type]
+    assert said.count(": ") == 1
+    closing = "nothing received for 60 s: closing the connection"
+    assert advised(Code.IDLE_TIMEOUT, closing, interface).startswith(closing + ": ")  # type: ignore[arg-type]
     # a code with no hint, and a code newer than this module, add nothing
     assert advised(Code.BAD_REQUEST, "ack names x", interface) == "ack names x"  # type: ignore[arg-type]
     assert advised("from_the_future", "something", interface) == "something"  # type: ignore[arg-type]
@@ -82,11 +87,35 @@ def test_protocol_md_lists_every_interfaces_advice() -> None:
             row = " | ".join(cell.replace("|", "\\|") or "—" for cell in (cli, http, mcp))
             assert f"| `{code.value}` | {row} |" in table, code
     for _phrase, http, mcp in PHRASES:
-        said = f"| {http} | {mcp} |".replace("\\g<id>", "ID").replace("\\1", "N")
-        assert said in table
+        cells = [(words.strip() or "(left out)") for words in (http, mcp)]
+        said = f"| {cells[0]} | {cells[1]} |".replace("\\g<id>", "ID").replace("\\1", "N")
+        assert said.replace("\\g<right>", "RIGHT") in table, said
 
 
 def test_a_ring_limit_is_the_body_field_buffer_over_http() -> None:
     message = "limit -1 is outside 0 to 65,536"
     assert advised(Code.BAD_LIMIT, message, "http") == "buffer -1 is outside 0 to 65,536"
     assert advised(Code.BAD_LIMIT, message, "mcp") == message
+
+
+def test_the_cli_words_that_leaked_to_http_and_mcp_are_put_their_way() -> None:
+    forbidden = "this token has no send right on session 's': it needs a token with --can send"
+    for interface in ("http", "mcp"):
+        line = advised(Code.FORBIDDEN, forbidden, interface)  # type: ignore[arg-type]
+        assert line.endswith("it needs a token with the send right"), line
+    full = "session 's' holds 1,024 timers, its limit: cancel some first (`repl timers` lists them)"
+    assert advised(Code.TOO_MANY, full, "mcp") == full.removesuffix(" (`repl timers` lists them)")
+
+
+def test_an_unavailable_error_keeps_the_daemons_own_words_for_mcp() -> None:
+    """The APIs raise a 75 as ``Unavailable``; what MCP words its way is the daemon's own
+    message, not the CLI's line with its hint."""
+    from repl_cli._common import Unavailable, typed
+    from repl_cli.errors import from_wire
+
+    exc = typed(from_wire("store_failed", "the store failed (disk full)"))
+    assert isinstance(exc, Unavailable) and exc.status == 75 and exc.code == "store_failed"
+    assert exc.said == "the store failed (disk full)"
+    assert advised(exc.code, exc.said, "mcp").endswith(
+        ": call the tool again once the daemon's store is back"
+    )
