@@ -106,6 +106,7 @@ class AsyncRepl(AsyncOperations):
         """Open, authenticate and probe (``client.Opening``), over an anyio stream."""
         opening = Opening(self._where)
         host, port = opening.host, opening.port
+        tls = self._where.tls  # anyio's connect makes the handshake too: its failure is one
         try:
             stream: ByteStream
             with anyio.fail_after(CALL_TIMEOUT):
@@ -120,14 +121,19 @@ class AsyncRepl(AsyncOperations):
                 else:
                     stream = await anyio.connect_tcp(host, port)
         except OSError as exc:  # TimeoutError too
-            raise typed(opening.connect_failed(exc)) from None
+            raise typed(opening.connect_failed(exc, handshake=tls)) from None
         except (anyio.EndOfStream, anyio.BrokenResourceError):  # closed in the handshake
             closed = ConnectionResetError(0, "closed")
-            raise typed(opening.connect_failed(closed)) from None
+            raise typed(opening.connect_failed(closed, handshake=True)) from None
         self._stream = stream
         self._lines = BufferedByteReceiveStream(stream)
+        try:  # a token that cannot be read is no reason to probe for TLS
+            auth = opening.auth()
+        except CliError:
+            await self.aclose()
+            raise
         try:
-            await self._exchange(opening.auth(), p.Done, CALL_TIMEOUT, probe=opening)
+            await self._exchange(auth, p.Done, CALL_TIMEOUT, probe=opening)
         except CliError as exc:
             tls = opening.probe_tls(exc) and await anyio.to_thread.run_sync(speaks_tls, host, port)
             raise opening.failed(exc, tls) from None

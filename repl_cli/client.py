@@ -241,10 +241,10 @@ class Opening:
         self.where = where
         self.host, self.port = parse_addr(where.addr, where._from_env)
 
-    def connect_failed(self, exc: OSError) -> CliError:
-        """The connect, or the TLS handshake, failed."""
+    def connect_failed(self, exc: OSError, handshake: bool = False) -> CliError:
+        """The connect failed (no daemon there), or the TLS handshake did."""
         where = self.where
-        if where.tls:
+        if handshake:
             return tls_failure(exc, where.addr, where._from_env)
         reason = exc.strerror or str(exc) or type(exc).__name__
         return no_daemon(where.addr, reason, where._from_env)
@@ -323,16 +323,24 @@ class Client(Where):
         host, port = opening.host, opening.port
         try:
             sock = _connect(host, port, self.timeout)
-            if self.tls:
-                sock = self._handshake(sock, host)
         except OSError as exc:
             raise opening.connect_failed(exc) from None
+        if self.tls:
+            try:
+                sock = self._handshake(sock, host)
+            except OSError as exc:
+                raise opening.connect_failed(exc, handshake=True) from None
         sock.settimeout(None)  # deadlines are kept by _fill, which can also watch stdout
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock = sock
         self._quiet_since = time.monotonic()
+        try:  # a token that cannot be read is no reason to probe for TLS
+            auth = opening.auth()
+        except CliError:
+            self.close()
+            raise
         try:
-            self.send(opening.auth())
+            self.send(auth)
             if not self._readable(HTTP_PROBE_AFTER):
                 slow = opening.slow(http_answers(host, port, self.tls))
                 if slow is not None:
