@@ -271,12 +271,7 @@ class AsyncOperations(abc.ABC):
             try:
                 woken = await self._woken(request)
             except CliError as exc:
-                try:
-                    pause = outage.lost(exc, was_there=self._answered_once())
-                except CliError as final:
-                    raise typed(final) from None
-                await self.aclose()
-                await self._sleep(pause)
+                await self._ride_out(outage, exc)
                 if outage.timed_out:
                     return p.Woken(batches=[], timed_out=True)
                 continue
@@ -337,15 +332,20 @@ class AsyncOperations(abc.ABC):
                 for session, seq in acks.items():
                     await self._call(p.Ack(session=session, cursor=cursor, seq=seq), p.Acked)
             except CliError as exc:
-                try:
-                    pause = outage.lost(exc, was_there=self._answered_once())
-                except CliError as final:
-                    raise typed(final) from None
-                await self.aclose()
-                await self._sleep(pause)
+                await self._ride_out(outage, exc)
                 continue
             outage.back()
             return
+
+    async def _ride_out(self, outage: Outage, exc: CliError) -> None:
+        """After ``exc``: raise it when it is no outage or the outage has lasted too long
+        (``Outage.lost``), else close the link and pause before the next try."""
+        try:
+            pause = outage.lost(exc, was_there=self._answered_once())
+        except CliError as final:
+            raise typed(final) from None
+        await self.aclose()
+        await self._sleep(pause)
 
     # -- request and reply -------------------------------------------------------
 

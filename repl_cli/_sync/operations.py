@@ -259,12 +259,7 @@ class Operations(abc.ABC):
             try:
                 woken = self._woken(request)
             except CliError as exc:
-                try:
-                    pause = outage.lost(exc, was_there=self._answered_once())
-                except CliError as final:
-                    raise typed(final) from None
-                self.close()
-                self._sleep(pause)
+                self._ride_out(outage, exc)
                 if outage.timed_out:
                     return p.Woken(batches=[], timed_out=True)
                 continue
@@ -325,15 +320,20 @@ class Operations(abc.ABC):
                 for session, seq in acks.items():
                     self._call(p.Ack(session=session, cursor=cursor, seq=seq), p.Acked)
             except CliError as exc:
-                try:
-                    pause = outage.lost(exc, was_there=self._answered_once())
-                except CliError as final:
-                    raise typed(final) from None
-                self.close()
-                self._sleep(pause)
+                self._ride_out(outage, exc)
                 continue
             outage.back()
             return
+
+    def _ride_out(self, outage: Outage, exc: CliError) -> None:
+        """After ``exc``: raise it when it is no outage or the outage has lasted too long
+        (``Outage.lost``), else close the link and pause before the next try."""
+        try:
+            pause = outage.lost(exc, was_there=self._answered_once())
+        except CliError as final:
+            raise typed(final) from None
+        self.close()
+        self._sleep(pause)
 
     # -- request and reply -------------------------------------------------------
 

@@ -142,6 +142,20 @@ records = st.builds(
 )
 
 
+#: the compound reads: the newest N, those since a time (and the newest N of them), any
+#: of them matching or not
+recent_reads = st.one_of(
+    st.builds(ReadRecent, last=st.integers(-1, 6), max=counts, match=st.none() | matches),
+    st.builds(
+        ReadRecent,
+        last=st.none() | st.integers(1, 5),
+        since=times,
+        max=counts,
+        match=st.none() | matches,
+    ),
+)
+
+
 class Look(msgspec.Struct, frozen=True):
     """A matching wait's look (``Wait._looked``): after the ``next`` of the last look that
     found nothing, else (the first, or after a look that found some) over the whole ring."""
@@ -215,16 +229,7 @@ kinds = {
         ReadCursor, cursor=names, max=counts, touch=st.booleans(), match=matches
     ),
     "look": st.builds(Look, match=matches, max=st.none() | st.integers(1, 3)),
-    "recent": st.one_of(
-        st.builds(ReadRecent, last=st.integers(-1, 6), max=counts, match=st.none() | matches),
-        st.builds(
-            ReadRecent,
-            last=st.none() | st.integers(1, 5),
-            since=times,
-            max=counts,
-            match=st.none() | matches,
-        ),
-    ),
+    "recent": recent_reads,
     "seq": st.builds(ReadSeq, seq=seqs),
     "ack": st.builds(Ack, cursor=names, seq=seqs),
     "ack_read": st.builds(
@@ -403,16 +408,7 @@ tag_kinds = {
         match=pool_matches,
     ),
     "look": st.builds(Look, match=pool_matches, max=st.none() | st.integers(1, 3)),
-    "recent": st.one_of(
-        st.builds(ReadRecent, last=st.integers(-1, 6), max=counts, match=st.none() | matches),
-        st.builds(
-            ReadRecent,
-            last=st.none() | st.integers(1, 5),
-            since=times,
-            max=counts,
-            match=st.none() | matches,
-        ),
-    ),
+    "recent": recent_reads,
     "seq": st.builds(ReadSeq, seq=seqs),
     "ack": st.builds(Ack, cursor=names, seq=seqs),
     "ack_read": st.builds(
