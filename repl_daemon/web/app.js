@@ -1,4 +1,5 @@
-// The daemon's page: sessions with head and lag, one session's firings live, a box to send.
+// The daemon's page: sessions with head and lag, one session's firings live (with their
+// tags, and who sent each), a box to send.
 // Plain JavaScript, no build step, nothing loaded from elsewhere. The token is asked for
 // once and kept for this tab (sessionStorage); it goes in an Authorization header, never
 // in a URL. The live view is the session's event stream (GET /sessions/ID/events), read
@@ -7,11 +8,26 @@
 
 const KEY = "repl-token";
 const SHOWN = 200; // firings kept on the page
+// The sessions' table. The shown session's stream moves its row's head at once (and its
+// lag and retained as the daemon will count them); everything else in the table (sessions
+// started or stopped elsewhere, other sessions' heads, cursors that moved) is told by no
+// stream the daemon has, and one event stream a session would take one connection each (a
+// browser opens 6 a host): so the listing is read again after what the page sees happen,
+// and otherwise every LIST_EVERY_MS while the tab is visible, never while it is hidden.
+const LIST_EVERY_MS = 5000;
+// after a firing in the shown session, its lag and waiters a listing later (a consumer's
+// ack), at most one listing this often however fast firings come
+const LIST_AFTER_FIRING_MS = 1000;
 const $ = (id) => document.getElementById(id);
 let token = sessionStorage.getItem(KEY);
 let current = null; // the session shown
 let stream = null; // its stream's AbortController
-let listing = null; // the timer that refreshes the list
+let seen = 0; // the newest seq its stream told: its head is at least that
+const known = new Map(); // each listed session's id -> { row: its figures, tr: its table row }
+let listing = null; // the listing in flight (a promise): one at a time
+let again = false; // another is wanted once it is answered
+let listTimer = null; // the next slow listing
+let firingTimer = null; // the listing due after a firing
 
 async function api(path, options = {}) {
   const headers = { Authorization: `Bearer ${token}`, ...(options.headers || {}) };
@@ -30,8 +46,13 @@ function status(text) {
 function logout(why = "") {
   sessionStorage.removeItem(KEY);
   token = null;
+  current = null;
   if (stream) stream.abort();
-  clearInterval(listing);
+  clearTimeout(listTimer);
+  clearTimeout(firingTimer);
+  firingTimer = null;
+  known.clear();
+  $("sessions").tBodies[0].replaceChildren();
   $("app").hidden = true;
   $("logout").hidden = true;
   $("login").hidden = false;
@@ -58,41 +79,129 @@ function start() {
   $("login").hidden = true;
   $("app").hidden = false;
   $("logout").hidden = false;
-  refresh();
-  clearInterval(listing);
-  listing = setInterval(refresh, 5000);
   const wanted = decodeURIComponent(location.hash.slice(1));
   if (wanted) show(wanted);
+  else list();
 }
 
-async function refresh() {
+// The sessions listed again (GET /sessions), the table made to match. A call while one is
+// in flight is answered once another has been read after it, so what it sees is not older
+// than the call.
+function list() {
+  if (listing) {
+    again = true;
+    return listing;
+  }
+  listing = (async () => {
+    try {
+      do {
+        again = false;
+        await listOnce();
+      } while (again && token);
+    } finally {
+      listing = null;
+      clearTimeout(listTimer);
+      if (token && !document.hidden) listTimer = setTimeout(list, LIST_EVERY_MS);
+    }
+  })();
+  return listing;
+}
+
+async function listOnce() {
+  const asked = token;
   let rows;
   try {
-    rows = await (await api("/sessions")).json();
+    const response = await api("/sessions");
+    const answer = await response.json();
+    if (!response.ok) {
+      status(answer.message || `The daemon answered ${response.status}.`);
+      return;
+    }
+    rows = answer;
   } catch (error) {
     if (error.message !== "unauthorized") status("The daemon does not answer.");
     return;
   }
+  if (token !== asked) return; // the token was forgotten or changed meanwhile
+  const trs = rows.map((row) => {
+    let entry = known.get(row.id);
+    if (!entry) {
+      entry = { tr: rowOf(row.id) };
+      known.set(row.id, entry);
+    }
+    entry.row = row;
+    if (row.id === current) advance(row, seen); // a listing read before the stream's news
+    paint(entry);
+    return entry.tr;
+  });
+  const listed = new Set(rows.map((row) => row.id));
+  for (const [id, { tr }] of known) {
+    if (!listed.has(id)) {
+      known.delete(id);
+      tr.remove();
+    }
+  }
+  // new rows put in the listing's order; rows that stay are not moved (a row taken out,
+  // even to be put back at once, loses the focus), unless the order itself changed
   const body = $("sessions").tBodies[0];
-  body.replaceChildren(
-    ...rows.map((row) => {
-      const tr = document.createElement("tr");
-      tr.dataset.id = row.id;
-      tr.setAttribute("aria-selected", String(row.id === current));
-      tr.tabIndex = 0;
-      for (const [value, cls] of [[row.id, "id"], [row.head, "n"], [row.lag, "n"], [row.waiters, "n"]]) {
-        const td = document.createElement("td");
-        td.className = cls;
-        td.textContent = value;
-        tr.append(td);
-      }
-      tr.addEventListener("click", () => show(row.id));
-      tr.addEventListener("keydown", (e) => e.key === "Enter" && show(row.id));
-      return tr;
-    }),
-  );
+  let at = body.firstElementChild;
+  for (const tr of trs) {
+    if (tr === at) at = at.nextElementSibling;
+    else body.insertBefore(tr, at);
+  }
   $("no-sessions").hidden = rows.length > 0;
   if (!stream || current === null) status(`${rows.length} session${rows.length === 1 ? "" : "s"}`);
+}
+
+function rowOf(id) {
+  const tr = document.createElement("tr");
+  tr.dataset.id = id;
+  tr.tabIndex = 0;
+  for (const cls of ["id", "n head", "n lag", "n waiters"]) {
+    const td = document.createElement("td");
+    td.className = cls;
+    tr.append(td);
+  }
+  tr.cells[0].textContent = id;
+  tr.addEventListener("click", () => show(id));
+  tr.addEventListener("keydown", (e) => e.key === "Enter" && show(id));
+  return tr;
+}
+
+function paint({ row, tr }) {
+  tr.setAttribute("aria-selected", String(row.id === current));
+  tr.cells[1].textContent = row.head;
+  tr.cells[2].textContent = row.lag;
+  tr.cells[3].textContent = row.waiters;
+}
+
+// A row's figures once ``head`` is recorded, as the daemon will list them: the ring holds
+// the new firings (up to its limit) and every cursor is that much further behind (the lag
+// is 0 with no cursor), until a listing says a cursor moved.
+function advance(row, head) {
+  const more = head - row.head;
+  if (more <= 0) return false;
+  row.head = head;
+  row.retained = Math.min(row.retained + more, row.limit);
+  if (row.cursors > 0) row.lag += more;
+  return true;
+}
+
+// The shown session's stream told ``seq``: its row follows at once, the rest a listing later.
+function told(id, seq) {
+  if (id !== current || seq <= seen) return;
+  seen = seq;
+  const entry = known.get(id);
+  if (entry) {
+    if (!advance(entry.row, seq)) return; // the listing had it already (a stream's start)
+    paint(entry);
+  }
+  if (firingTimer === null) {
+    firingTimer = setTimeout(() => {
+      firingTimer = null;
+      if (token) list();
+    }, LIST_AFTER_FIRING_MS);
+  }
 }
 
 function firingItem(firing) {
@@ -105,14 +214,33 @@ function firingItem(firing) {
     ["text", firing.result ?? firing.event],
     ["time", new Date(firing.ts).toLocaleTimeString()],
   ];
-  for (const [cls, text] of parts) {
-    const span = document.createElement("span");
-    span.className = cls;
-    span.textContent = text;
-    li.append(span);
+  for (const [cls, text] of parts) li.append(spanOf(cls, text));
+  // who sent it and its tags: both come from clients, so text nodes only, as the rest
+  const tags = Object.entries(firing.tags || {});
+  if (typeof firing.by === "string" || tags.length > 0) {
+    const meta = spanOf("meta");
+    if (typeof firing.by === "string") {
+      const by = spanOf("by", `by ${firing.by}`); // null, for a firing older than by: nothing
+      by.title = `sent by ${firing.by}`;
+      meta.append(by);
+    }
+    for (const [key, value] of tags) {
+      const tag = spanOf("tag");
+      tag.append(spanOf("key", key), "=", spanOf("value", value));
+      tag.title = `${key}=${value}`; // the whole of a value cut short on the page
+      meta.append(tag);
+    }
+    li.append(meta);
   }
   li.title = firing.ts;
   return li;
+}
+
+function spanOf(cls, text = "") {
+  const span = document.createElement("span");
+  span.className = cls;
+  span.textContent = text;
+  return span;
 }
 
 function lostItem(count) {
@@ -130,27 +258,22 @@ function add(li) {
 
 async function show(id) {
   current = id;
+  seen = 0;
   history.replaceState(null, "", `#${encodeURIComponent(id)}`);
-  for (const tr of $("sessions").tBodies[0].rows) tr.setAttribute("aria-selected", String(tr.dataset.id === id));
+  for (const { row, tr } of known.values()) tr.setAttribute("aria-selected", String(row.id === id));
   $("session-panel").hidden = false;
   $("session-title").textContent = id;
   $("firings").replaceChildren();
   $("send-error").textContent = "";
   if (stream) stream.abort();
-  let head = 0;
-  try {
-    const rows = await (await api("/sessions")).json();
-    const row = rows.find((r) => r.id === id);
-    if (!row) {
-      status(`No session ${id}.`);
-      return;
-    }
-    head = row.head;
-  } catch {
+  await list(); // the table, and the session's head, as they are now
+  if (current !== id) return; // another session was picked while this one was looked up
+  const entry = known.get(id);
+  if (!entry) {
+    status(`No session ${id}.`);
     return;
   }
-  if (current !== id) return; // another session was picked while this one was looked up
-  follow(id, Math.max(0, head - SHOWN));
+  follow(id, Math.max(0, entry.row.head - SHOWN));
 }
 
 async function follow(id, after) {
@@ -159,6 +282,7 @@ async function follow(id, after) {
   const control = new AbortController();
   stream = control;
   let last = after;
+  let broke = false;
   for (let delay = 500; current === id && !control.signal.aborted; delay = Math.min(delay * 2, 5000)) {
     try {
       const response = await api(`/sessions/${encodeURIComponent(id)}/events`, {
@@ -168,10 +292,15 @@ async function follow(id, after) {
       if (!response.ok) {
         const error = await response.json().catch(() => ({}));
         status(error.message || `The stream answered ${response.status}.`);
-        if (response.status === 404) return;
+        if (response.status === 404) {
+          list(); // stopped before its stream began: its row goes
+          return;
+        }
       } else {
         status(`Following ${id}`);
         delay = 500;
+        if (broke) list(); // back after a break: what happened meanwhile
+        broke = false;
         const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
         let buffer = "";
         for (;;) {
@@ -185,11 +314,18 @@ async function follow(id, after) {
             if (event.id !== undefined && /^[0-9]+$/.test(event.id)) last = Number(event.id);
             if (event.event === "firing") {
               add(firingItem(JSON.parse(event.data)));
+              told(id, last);
             } else if (event.event === "lost") {
               add(lostItem(JSON.parse(event.data).lost));
+              told(id, last); // its id is the last seq it stands for
             } else if (event.event === "ended") {
-              status(JSON.parse(event.data).message);
-              if (JSON.parse(event.data).code === "session_stopped") return;
+              const ended = JSON.parse(event.data);
+              status(ended.message);
+              if (ended.code === "session_stopped") {
+                seen = 0;
+                list(); // its row goes now, not at the next slow listing
+                return;
+              }
             }
           }
         }
@@ -198,6 +334,7 @@ async function follow(id, after) {
       if (control.signal.aborted || error.message === "unauthorized") return;
       status("The stream broke; reconnecting…");
     }
+    broke = true;
     await new Promise((resolve) => setTimeout(resolve, delay));
   }
 }
@@ -223,7 +360,9 @@ async function send(text) {
       headers: { "Content-Type": "text/plain; charset=utf-8" },
     });
     if (!response.ok) {
-      $("send-error").textContent = (await response.json()).message;
+      const error = await response.json();
+      $("send-error").textContent = error.message;
+      if (error.code === "no_such_session") list(); // stopped elsewhere: its row goes
       return false;
     }
     return true;
@@ -244,6 +383,12 @@ $("send").addEventListener("submit", async (e) => {
   input.focus();
 });
 $("logout").addEventListener("click", () => logout());
+document.addEventListener("visibilitychange", () => {
+  // a hidden tab lists nothing (see LIST_EVERY_MS); shown again, it lists at once
+  if (!token) return;
+  if (document.hidden) clearTimeout(listTimer);
+  else list();
+});
 window.addEventListener("hashchange", () => {
   const wanted = decodeURIComponent(location.hash.slice(1));
   if (token && wanted && wanted !== current) show(wanted);

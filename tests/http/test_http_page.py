@@ -4,12 +4,18 @@ needed).
 
 Open the page, give the token once (kept for the tab), see the sessions, open one, see a
 firing sent with ``repl send`` appear, send from the box and see ``repl read`` print it, see
-a gap announced; on a phone's viewport nothing runs off the side. Each test keeps a
-screenshot (``docs/page.png`` was taken by this test).
+a gap announced, a firing's tags as text; the table follows what happens (a head as the
+live view moves, sessions started and stopped elsewhere); on a phone's viewport nothing
+runs off the side. Each test keeps a screenshot (``docs/page.png`` was taken by this test).
+
+The table's tests stop the page's clock (Playwright's ``page.clock``): nothing the page
+does by time (its slow listing) happens unless the test moves that clock, so what the
+table shows in between is what the page did on the events it saw.
 """
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +36,11 @@ ARGS = [
 ]
 #: how long the page may take to show what it was sent (generous: a loaded CI machine)
 SHOWN_WITHIN_MS = 5000
+#: the longest the page may go, visible, without listing the sessions again (its own
+#: ``LIST_EVERY_MS`` is 5 s): a stopped clock moved this far has made it list once at least
+LISTS_WITHIN_MS = 10_000
+#: the time a stopped page clock shows
+STOPPED_AT = datetime.datetime(2026, 12, 4, 12, 0, tzinfo=datetime.UTC)
 
 
 @pytest.fixture(scope="module")
@@ -48,15 +59,26 @@ def url(web: DaemonProc) -> str:
 
 
 def logged_in(
-    browser: Any, web: DaemonProc, errors: list[str] | None = None, **context: Any
+    browser: Any,
+    web: DaemonProc,
+    errors: list[str] | None = None,
+    *,
+    at: str = "",
+    stopped: bool = False,
+    **context: Any,
 ) -> Any:
-    """A page past its login; ``errors`` collects what its console says is an error (a
-    resource that failed to load is one: the favicon's 404 was)."""
+    """A page past its login, opened at ``#at``; ``errors`` collects what its console says
+    is an error (a resource that failed to load is one: the favicon's 404 was). A
+    ``stopped`` page's clock stands still from the start: its timers fire only when the
+    test moves it (``page.clock.run_for``)."""
     page = browser.new_context(**context).new_page()
+    if stopped:
+        page.clock.install(time=STOPPED_AT)
+        page.clock.pause_at(STOPPED_AT)
     if errors is not None:
         page.on("console", lambda m: m.type == "error" and errors.append(m.text))
         page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(url(web))
+    page.goto(url(web) + (f"#{at}" if at else ""))
     page.fill("#token", web.token)
     page.click("#login button[type=submit]")
     page.wait_for_selector("#app:not([hidden])", timeout=SHOWN_WITHIN_MS)
@@ -169,11 +191,84 @@ def test_on_a_phone_nothing_runs_off_the_side(
 ) -> None:
     repl = Repl(web)
     repl.ok("start", "page-phone")
-    repl.ok("send", "page-phone", "a long line " * 20)
+    long_tag = "note=" + "x" * 300  # a badge no wider than the phone, whatever its value
+    repl.ok("send", "page-phone", "a long line " * 20, "--tag", long_tag, "--tag", "env=prod")
     page = logged_in(browser, web, viewport={"width": 390, "height": 844}, is_mobile=True)
     page.goto(url(web) + "#page-phone")
     page.wait_for_selector("#firings li[data-seq='1']", timeout=SHOWN_WITHIN_MS)
     wide = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
     assert wide <= 0, f"the page is {wide} px wider than the phone"
     page.screenshot(path=str(tmp_path / "phone.png"), full_page=True)
+    page.context.close()
+
+
+def test_a_firing_shows_its_tags_as_text(browser: Any, web: DaemonProc) -> None:
+    """Each tag a badge, ``KEY=VALUE``; a value is a client's text, shown as text: markup in
+    it makes no element. A firing with no tag shows none. It once looked like any other."""
+    from playwright.sync_api import expect
+
+    repl = Repl(web)
+    repl.ok("start", "page-tags")
+    repl.ok("send", "page-tags", "untagged")
+    marked = '<img src=x onerror="document.title=1">'
+    repl.ok("send", "page-tags", "deploy done", "--tag", "env=prod", "--tag", f"note={marked}")
+    errors: list[str] = []
+    page = logged_in(browser, web, errors, at="page-tags")
+    shown = page.locator("#firings li[data-seq='2']")
+    shown.wait_for(timeout=SHOWN_WITHIN_MS)
+    expect(shown.locator(".tag")).to_have_text(["env=prod", f"note={marked}"])
+    assert shown.locator(".tag .key").all_inner_texts() == ["env", "note"]
+    assert shown.locator("img").count() == 0 and page.title() == "repl"
+    assert page.locator("#firings li[data-seq='1'] .tag").count() == 0
+    assert errors == []
+    page.context.close()
+
+
+def test_the_tables_head_follows_the_live_view(browser: Any, web: DaemonProc) -> None:
+    """A firing the live view shows moves its session's row at once: tried in Chromium on
+    2026-12-04, the table said head 2 beside a live view at #3 (until its next listing).
+    The lag moves with it (the cursor ``read`` is one behind)."""
+    repl = Repl(web)
+    repl.ok("start", "page-head")
+    repl.ok("send", "page-head", "one")
+    repl.ok("send", "page-head", "two")
+    repl.ok("read", "page-head")  # the cursor read at 2: lag 0
+    page = logged_in(browser, web, at="page-head", stopped=True)
+    page.wait_for_selector("#firings li[data-seq='2']", timeout=SHOWN_WITHIN_MS)
+    row = page.locator("#sessions tbody tr[data-id='page-head']")
+    head, lag = row.locator("td").nth(1), row.locator("td").nth(2)
+    assert (head.inner_text(), lag.inner_text()) == ("2", "0")
+    repl.ok("send", "page-head", "three")
+    page.wait_for_selector("#firings li[data-seq='3']", timeout=SHOWN_WITHIN_MS)
+    # no wait: the row moved with the live view, and the page's clock has not moved
+    assert (head.inner_text(), lag.inner_text()) == ("3", "1")
+    page.context.close()
+
+
+def test_sessions_started_and_stopped_elsewhere_come_and_go(browser: Any, web: DaemonProc) -> None:
+    """The shown session stopped elsewhere leaves the table as its stream says so (the
+    page's clock stopped); a session started elsewhere, and another stopped, are in the
+    table once the page has listed again, which it does by itself while visible; a row
+    the user is on keeps the focus through it."""
+    from playwright.sync_api import expect
+
+    repl = Repl(web)
+    for name in ("page-shown", "page-kept", "page-gone"):
+        repl.ok("start", name)
+    page = logged_in(browser, web, at="page-shown", stopped=True)
+    rows = page.locator("#sessions tbody tr")
+    kept = page.locator("#sessions tbody tr[data-id='page-kept']")
+    kept.wait_for(timeout=SHOWN_WITHIN_MS)
+    page.wait_for_selector("#status:has-text('Following page-shown')", timeout=SHOWN_WITHIN_MS)
+    kept.focus()
+    repl.ok("stop", "page-shown")
+    page.locator("#sessions tbody tr[data-id='page-shown']").wait_for(
+        state="detached", timeout=SHOWN_WITHIN_MS
+    )
+    repl.ok("start", "page-new")
+    repl.ok("stop", "page-gone")
+    page.clock.run_for(LISTS_WITHIN_MS)
+    page.locator("#sessions tbody tr[data-id='page-new']").wait_for(timeout=SHOWN_WITHIN_MS)
+    expect(rows.filter(has_text="page-gone")).to_have_count(0, timeout=SHOWN_WITHIN_MS)
+    assert page.evaluate("document.activeElement.dataset.id") == "page-kept"
     page.context.close()
