@@ -1241,14 +1241,47 @@ def stats(repl: Repl, session: str | None, as_json: bool) -> None:
     metavar="SECS",
     help="While a wait blocks, tell a client that asked for progress this often.",
 )
+@click.option(
+    "--follow",
+    "follow",
+    multiple=True,
+    metavar="ID",
+    shell_complete=complete_sessions,
+    help="Push what arrives in this session to the client (repeatable).",
+)
+@click.option(
+    "--cursor",
+    metavar="NAME",
+    help="Acknowledge what was pushed on this cursor [default: mcp].",
+)
+@click.option(
+    "--allow-from",
+    "allow_from",
+    multiple=True,
+    metavar="NAME[,NAME...]",
+    help="Push only the firings these senders sent (token names, root, timer, webhook); "
+    "the others are acknowledged unseen.",
+)
 @click.pass_obj
-def mcp_command(repl: Repl, progress_every: float) -> None:
+def mcp_command(
+    repl: Repl,
+    progress_every: float,
+    follow: tuple[str, ...],
+    cursor: str | None,
+    allow_from: tuple[str, ...],
+) -> None:
     """Serve the Model Context Protocol on stdin/stdout: sessions as tools for an agent.
 
     An agent harness starts it as a child (for Claude Code: `claude mcp add
     repl -- repl mcp`). It connects to the daemon as every command does
     (--addr, --home, --token-file, REPL_TOKEN, TLS); logs go to stderr.
     Needs the mcp extra: pip install 'repl-inbox[mcp]'.
+
+    With --follow ID it follows the session as `repl follow` does and pushes
+    each burst to the client: as a Claude Code channel message
+    (notifications/claude/channel) and as an update of the resource
+    repl://sessions/ID to a client subscribed to it. What was pushed is
+    acknowledged on the cursor once the client took it out of the pipe.
     """
     try:
         from repl_cli import mcp_server
@@ -1257,6 +1290,12 @@ def mcp_command(repl: Repl, progress_every: float) -> None:
             "repl mcp needs the official MCP SDK: pip install 'repl-inbox[mcp]' "
             "(or pipx install --force '.[mcp]' in a checkout)"
         ) from None
+    from session.scopes import check_token_name
+    from session.session import check_cursor_name, check_session_id
+
+    if not follow and (cursor is not None or allow_from):
+        given = "--cursor" if cursor is not None else "--allow-from"
+        raise click.UsageError(f"{given} is for what --follow pushes: give --follow ID too")
     client = repl.client
     settings = mcp_server.Settings(
         addr=client.addr,
@@ -1264,8 +1303,27 @@ def mcp_command(repl: Repl, progress_every: float) -> None:
         token_file=client.token_file,
         tls_ca=client.tls_ca,
         progress_every=progress_every,
+        follow=tuple(dict.fromkeys(_checked(check_session_id, "--follow", s) for s in follow)),
+        cursor=_checked(check_cursor_name, "--cursor", cursor or mcp_server.MCP_CURSOR),
+        allow_from=_senders(allow_from, check_token_name) if allow_from else None,
     )
     mcp_server.serve(settings)
+
+
+def _checked(check: Callable[[str], str], option: str, value: str) -> str:
+    """``value`` as ``check`` accepts it; a usage error naming ``option`` when it does not."""
+    from session.errors import ReplError
+
+    try:
+        return check(value)
+    except ReplError as exc:
+        raise click.BadParameter(exc.message, param_hint=option) from None
+
+
+def _senders(given: tuple[str, ...], check: Callable[[str], str]) -> frozenset[str]:
+    """The names of ``--allow-from``, each option one name or several, comma-separated."""
+    names = [name.strip() for words in given for name in words.split(",")]
+    return frozenset(_checked(check, "--allow-from", name) for name in names)
 
 
 @cli.command()

@@ -27,6 +27,7 @@ import stat
 import sys
 import termios
 import time
+from collections.abc import Iterator
 from typing import TextIO
 
 from repl_cli.errors import CliError, ReaderGone
@@ -79,9 +80,19 @@ class Sink:
         self.pipe = stat.S_ISFIFO(os.fstat(self.fd).st_mode)
         self.confirm = confirm
         self._unread = array.array("i", [0])
+        self._poller: select.poll | None = None
 
     def put(self, line: str) -> None:
         """Write one line (without its newline) and wait until it is delivered."""
+        self.write(line)
+        if self.confirm:
+            for pause in pauses():
+                if self.taken():
+                    return
+                time.sleep(pause)
+
+    def write(self, line: str) -> None:
+        """Write one line (without its newline), not waiting for its reader."""
         data = (line + "\n").encode("utf-8", "surrogateescape")
         view = memoryview(data)
         try:
@@ -90,26 +101,27 @@ class Sink:
                 view = view[os.write(self.fd, view) :]
         except OSError as exc:
             raise _failed(exc) from None
-        if self.pipe and self.confirm:
-            self._until_taken()
 
-    def _until_taken(self) -> None:
-        poller = select.poll()
-        poller.register(self.fd, 0)  # POLLERR is always reported: the reader is gone
-        pause = _FIRST_PAUSE
-        while True:
-            try:
-                fcntl.ioctl(self.fd, termios.FIONREAD, self._unread, True)
-            except OSError:
-                self.pipe = False  # no FIONREAD here: written and flushed must do
-                return
-            if self._unread[0] == 0:
-                return
-            if poller.poll(0):  # the reader is gone: did it take the line before it left?
-                self._reader_left()
-                return
-            time.sleep(pause)
-            pause = min(pause * 2, _LONGEST_PAUSE)
+    def taken(self) -> bool:
+        """One look: whether the reader has taken every line written so far out of the pipe.
+        True at once where that cannot be told (not a pipe, no FIONREAD): written and flushed
+        must do; ``ReaderGone`` when the reader left with some of it untaken."""
+        if not self.pipe:
+            return True
+        try:
+            fcntl.ioctl(self.fd, termios.FIONREAD, self._unread, True)
+        except OSError:
+            self.pipe = False  # no FIONREAD here: written and flushed must do
+            return True
+        if self._unread[0] == 0:
+            return True
+        if self._poller is None:
+            self._poller = select.poll()
+            self._poller.register(self.fd, 0)  # POLLERR is always reported: the reader is gone
+        if self._poller.poll(0):  # the reader is gone: did it take the line before it left?
+            self._reader_left()
+            return True
+        return False
 
     def _reader_left(self) -> None:
         """The pipe has no reader any more. Between the look at its unread bytes and the
@@ -121,6 +133,16 @@ class Sink:
             raise ReaderGone() from None
         if self._unread[0]:
             raise ReaderGone()
+
+
+def pauses() -> Iterator[float]:
+    """The pauses between two looks at a pipe whose reader has not taken a line yet: 0.1 ms
+    at first, doubling up to 5 ms (a reader that reads at once is seen at once, one that
+    does not costs little)."""
+    pause = _FIRST_PAUSE
+    while True:
+        yield pause
+        pause = min(pause * 2, _LONGEST_PAUSE)
 
 
 def silence_stdout() -> None:

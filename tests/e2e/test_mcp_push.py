@@ -1,0 +1,517 @@
+"""``repl mcp --follow``: what arrives in a session pushed to the client (docs/semantics.md M4).
+
+Two kinds of client drive the real ``repl mcp`` against a real daemon:
+
+- ``Harness`` is a channel harness as Claude Code is one: JSON-RPC lines written by
+  hand on the server's stdin, its stdout read a line at a time straight from the pipe
+  (so the server sees exactly what was taken). What is checked: a pushed firing and
+  its meta; a burst as one notification; a notification left unread in the pipe is not
+  acknowledged, and the next server pushes it again; one whose reader left is not
+  acknowledged either; ``--allow-from`` pushes the allowed senders' firings and
+  acknowledges the others unseen; a daemon restart while following, and a daemon that
+  was not there when the server started; what the server declares, and its options.
+- The SDK's own client (``ClientSession`` over ``stdio_client``) reads the sessions as
+  resources, subscribes to one (``resources/subscribe``) and is told of each new
+  firing, and listens for it over ``subscriptions/listen`` (the 2026-07-28 protocol).
+
+Every wait is for an event (a line read with a deadline, ``anyio.fail_after``, the
+daemon's state looked at until it holds), never for time to pass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from itertools import count
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.subscriptions import ResourceUpdated, listen
+from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
+from mcp.types import ResourceUpdatedNotification
+
+from repl_cli.mcp_push import allowed, channel_params, session_of
+from session.firing import Firing
+from tests.helpers import Client, DaemonProc, Repl, eventually, read_line, repl_argv, unread
+
+#: the protocol version a harness of today asks for in its handshake
+HANDSHAKE = "2025-06-18"
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProc]:
+    """One daemon for the module, with the default settle time (a burst is one batch)."""
+    d = DaemonProc(tmp_path_factory.mktemp("mcp-push") / "home", "--memory")
+    yield d
+    d.close_clients()
+    d.stop()
+
+
+class Harness:
+    """``repl mcp ARGS`` as a channel harness runs it: lines in, lines out, by hand."""
+
+    def __init__(self, d: DaemonProc, *args: str, env: dict[str, str] | None = None) -> None:
+        self.log = d.home.parent / "mcp-push-stderr.log"
+        with open(self.log, "ab") as errlog:
+            self.proc = subprocess.Popen(
+                repl_argv("mcp", *args),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=errlog,
+                env={**d.env(), **(env or {})},
+            )
+        self.ids = count(1)
+        #: notifications read while looking for a response, in the order they came
+        self.pushed: list[dict[str, Any]] = []
+
+    def send(self, message: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(message) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def line(self, timeout: float = 15) -> dict[str, Any]:
+        message: dict[str, Any] = json.loads(read_line(self.proc, timeout))
+        return message
+
+    def request(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The response to a request (its result, or its error); notifications that come
+        before it are kept for ``push``."""
+        rid = next(self.ids)
+        self.send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params or {}})
+        while True:
+            message = self.line()
+            if message.get("id") == rid:
+                return message
+            self.pushed.append(message)
+
+    def initialize(self) -> dict[str, Any]:
+        """The handshake, as Claude Code makes it: the server's answer."""
+        answer = self.request(
+            "initialize",
+            {
+                "protocolVersion": HANDSHAKE,
+                "capabilities": {},
+                "clientInfo": {"name": "harness", "version": "1"},
+            },
+        )
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        result: dict[str, Any] = answer["result"]
+        return result
+
+    def push(self, timeout: float = 15) -> dict[str, Any]:
+        """The next notification the server pushed."""
+        if self.pushed:
+            return self.pushed.pop(0)
+        message = self.line(timeout)
+        assert "id" not in message, message
+        return message
+
+    def channel(self) -> dict[str, Any]:
+        """The params of the next channel notification."""
+        message = self.push()
+        assert message["method"] == "notifications/claude/channel", message
+        params: dict[str, Any] = message["params"]
+        return params
+
+    def close(self) -> str:
+        """Close its stdin as a harness that is done does: it exits 0; its stderr."""
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            assert self.proc.wait(15) == 0
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        return self.log.read_text()
+
+
+@contextmanager
+def harness(d: DaemonProc, *args: str, env: dict[str, str] | None = None) -> Iterator[Harness]:
+    h = Harness(d, *args, env=env)
+    try:
+        yield h
+    finally:
+        if h.proc.poll() is None:
+            h.proc.terminate()
+            h.proc.wait(15)
+        for pipe in (h.proc.stdin, h.proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+def sender(repl: Repl, name: str, *sessions: str) -> Client:
+    """A connection as a scoped token of its own, named ``name``, that may send to
+    ``sessions``: what it sends is ``by`` ``name``."""
+    (made,) = repl.ask(
+        {"op": "token", "action": "add", "name": name, "sessions": list(sessions), "can": ["send"]}
+    )
+    client = repl.daemon.client(auth=False)
+    client.ok({"op": "auth", "token": made["token"]})
+    return client
+
+
+def send(client: Client, session: str, text: str, **tags: str) -> int:
+    seq: int = client.ok({"op": "send", "session": session, "text": text, "tags": tags})["seq"]
+    return seq
+
+
+# -- the harness's view -------------------------------------------------------------
+
+
+def test_a_firing_is_pushed_with_its_meta_and_acknowledged_once_taken(
+    daemon: DaemonProc,
+) -> None:
+    repl = Repl(daemon)
+    s = repl.session("push", "waiting already")
+    with harness(daemon, "--follow", s) as h:
+        hello = h.initialize()
+        assert hello["capabilities"]["experimental"] == {"claude/channel": {}}
+        assert hello["capabilities"]["resources"]["subscribe"] is True
+        assert "prompts" not in hello["capabilities"]
+        assert '<channel source="repl"' in hello["instructions"]
+        assert f"sessions {s} is pushed" in hello["instructions"]
+        assert "`reply`" in hello["instructions"] and "allowed" not in hello["instructions"]
+        first = h.channel()
+        assert first["content"] == "waiting already"
+        assert first["meta"]["seq"] == "1" and first["meta"]["by"] == "root"
+        eventually(lambda: repl.cursor(s, "mcp") == 1, what="the push to be acknowledged")
+
+        seq = send(repl.daemon.client(), s, "answer me", **{"reply-to": "me", "job.id": "7"})
+        pushed = h.channel()
+        assert pushed["content"] == "answer me"
+        meta = pushed["meta"]
+        assert meta == {
+            "session": s,
+            "seq": str(seq),
+            "handler": "on-message",
+            "ts": meta["ts"],
+            "by": "root",
+            "reply_to": "me",
+            "job_id": "7",
+        }
+        assert meta["ts"].endswith("Z")
+        eventually(lambda: repl.cursor(s, "mcp") == seq, what="the push to be acknowledged")
+        unknown = h.request("prompts/get", {"name": "x"})
+        assert unknown["error"]["code"] == -32601  # no prompts: not served, not declared
+        assert h.close() == ""
+
+
+def test_a_burst_is_one_notification(daemon: DaemonProc) -> None:
+    repl = Repl(daemon)
+    s = repl.session("burst", "a", "b", "c")
+    with harness(daemon, "--follow", s, "--cursor", "agent") as h:
+        h.initialize()
+        burst = h.channel()
+        assert burst["content"] == "a\nb\nc"
+        assert burst["meta"]["seq"] == "3" and burst["meta"]["first_seq"] == "1"
+        # three more while the next push is held unread in the pipe: one notification
+        repl.send(s, "d")
+        eventually(lambda: unread(h.proc) > 0, what="the push of d to be written")
+        repl.send(s, "e", "f", "g")
+        assert h.channel()["content"] == "d"
+        later = h.channel()
+        assert later["content"] == "e\nf\ng" and later["meta"]["first_seq"] == "5"
+        eventually(lambda: repl.cursor(s, "agent") == 7, what="the burst to be acknowledged")
+        assert repl.cursor(s, "mcp") is None  # the cursor given, not the default
+
+
+def test_an_unread_notification_is_not_acknowledged_and_comes_again(
+    daemon: DaemonProc,
+) -> None:
+    repl = Repl(daemon)
+    s = repl.session("unread")
+    with harness(daemon, "--follow", s) as h:
+        h.initialize()
+        eventually(lambda: repl.waiters(s) == 1, what="the follow to block in its wait")
+        repl.send(s, "hello")
+        eventually(lambda: unread(h.proc) > 0, what="the push to be written")
+        # written, not taken: the server holds it unacknowledged (its follow is not
+        # waiting again, which would carry the ack)
+        assert repl.cursor(s, "mcp") is None and repl.waiters(s) == 0
+        h.proc.terminate()  # the harness dies with the push unread
+        assert h.proc.wait(15) != 0
+    assert repl.cursor(s, "mcp") is None
+    with harness(daemon, "--follow", s) as again:
+        again.initialize()
+        assert again.channel()["content"] == "hello"  # duplicates, never loss
+        eventually(lambda: repl.cursor(s, "mcp") == 1, what="the push to be acknowledged")
+        again.close()
+
+
+def test_a_reader_that_leaves_before_taking_a_push_leaves_it_unacknowledged(
+    daemon: DaemonProc,
+) -> None:
+    repl = Repl(daemon)
+    s, t = repl.session("left"), repl.session("left")
+    (made,) = repl.ask(
+        {"op": "token", "action": "add", "name": "m-left", "sessions": [s, t], "can": ["read"]}
+    )
+
+    def connections() -> int:
+        """The server's connections to the daemon: its token's, but for this look's own."""
+        looking = Client(daemon.port, made["token"])
+        try:
+            count: int = looking.ok({"op": "stats"})["daemon"]["connections"]
+            return count - 1
+        finally:
+            looking.close()
+
+    with harness(daemon, "--follow", s, "--follow", t, env={"REPL_TOKEN": made["token"]}) as h:
+        h.initialize()
+        eventually(lambda: repl.waiters(t) == 1, what="t's follow to block in its wait")
+        repl.send(s, "for nobody")
+        eventually(lambda: unread(h.proc) > 0, what="the push to be written")
+        assert connections() == 2  # its follows' (no tool was called)
+        assert h.proc.stdout is not None
+        h.proc.stdout.close()  # the reader is gone with the push in the pipe
+        h.proc.stdout = None
+        eventually(lambda: connections() == 1, what="s's follow to end, its reader gone")
+        repl.send(t, "nor this")  # nothing more is written: t's follow ends too
+        eventually(lambda: connections() == 0, what="t's follow to end")
+        assert repl.cursor(s, "mcp") is None and repl.cursor(t, "mcp") is None
+        assert h.close() == ""  # it goes on until its stdin closes, then exits 0
+
+
+def test_allow_from_pushes_the_allowed_senders_and_passes_the_others_unseen(
+    daemon: DaemonProc,
+) -> None:
+    repl = Repl(daemon)
+    s = repl.session("gate")
+    alice, bob = sender(repl, "alice", s), sender(repl, "bob", s)
+    send(bob, s, "spam")
+    send(alice, s, "hi")
+    with harness(daemon, "--follow", s, "--allow-from", "alice,carol", "--allow-from", "dave") as h:
+        hello = h.initialize()
+        assert "sent by alice, carol, dave" in hello["instructions"]
+        first = h.channel()
+        assert first["content"] == "hi"  # bob's spam in the same burst is left out
+        assert first["meta"]["by"] == "alice" and first["meta"]["seq"] == "2"
+        eventually(lambda: repl.cursor(s, "mcp") == 2, what="the push to be acknowledged")
+        passed = send(bob, s, "more spam")
+        # acknowledged unseen: the cursor passes it with nothing pushed
+        eventually(lambda: repl.cursor(s, "mcp") == passed, what="bob's firing passed")
+        send(alice, s, "last")
+        after = h.channel()
+        assert after["content"] == "last" and after["meta"]["by"] == "alice"
+        assert h.close() == ""
+
+
+def test_a_daemon_restart_while_following(tmp_path: Path) -> None:
+    d = DaemonProc(tmp_path / "home")  # the SQLite store: the session outlives the restart
+    try:
+        repl = Repl(d)
+        s = repl.session("restart", "before")
+        d.stop()
+        # the daemon is not there when the server starts: it waits for it
+        with harness(d, "--follow", s) as h:
+            h.initialize()
+            listing = h.request("resources/list")["error"]
+            assert listing["code"] == -32603 and "no daemon at" in listing["message"]
+            reading = h.request("resources/read", {"uri": f"repl://sessions/{s}"})["error"]
+            assert reading["code"] == -32603 and "no daemon at" in reading["message"]
+            d.start(d.port)
+            assert h.channel()["content"] == "before"
+            eventually(lambda: repl.waiters(s) == 1, what="the follow to block in its wait")
+            d.restart(crash=True)
+            repl.send(s, "after")
+            assert h.channel()["content"] == "after"
+            eventually(lambda: repl.cursor(s, "mcp") == 2, what="the push to be acknowledged")
+            said = h.close()
+        assert f"following {s}" in said and "trying again" in said
+    finally:
+        if d.proc is not None and d.proc.poll() is None:
+            d.stop()
+
+
+def test_a_session_that_cannot_be_followed_is_said_on_stderr_and_the_rest_goes_on(
+    daemon: DaemonProc,
+) -> None:
+    repl = Repl(daemon)
+    s = repl.session("still")
+    with harness(daemon, "--follow", "m-nosuch", "--follow", s) as h:
+        h.initialize()
+        repl.send(s, "still pushed")
+        assert h.channel()["content"] == "still pushed"
+        listed = h.request("tools/call", {"name": "sessions", "arguments": {}})
+        assert not listed["result"].get("isError")
+        said = h.close()
+    assert "following m-nosuch stopped: no session 'm-nosuch'" in said
+
+
+def test_the_options_of_the_push_are_checked(daemon: DaemonProc) -> None:
+    repl = Repl(daemon)
+    for args, words in (
+        (("--cursor", "x"), "--cursor is for what --follow pushes"),
+        (("--allow-from", "alice"), "--allow-from is for what --follow pushes"),
+        (("--follow", "no/such"), "session id 'no/such'"),
+        (("--follow", "s", "--allow-from", "al ice"), "token name 'al ice'"),
+        (("--follow", "s", "--cursor", "has space"), "cursor name 'has space'"),
+    ):
+        done = repl.run("mcp", *args)
+        assert done.returncode == 64 and words in done.stderr, (args, done.stderr)
+
+
+def test_the_channel_params_of_a_burst_and_the_gate() -> None:
+    def firing(seq: int, by: str | None, tags: dict[str, str] | None = None) -> Firing:
+        return Firing(seq, "on-message", f"text {seq}", None, "T", tags or {}, by)
+
+    raw = Firing(3, "on-hook", None, "the raw event", "T", {}, None)
+    params = channel_params("s", [firing(2, "a", {"seq": "99", "session": "x"}), raw], 4)
+    assert params == {
+        "content": "text 2\nthe raw event",
+        "meta": {
+            "session": "s",
+            "seq": "3",
+            "handler": "on-hook",
+            "ts": "T",
+            "first_seq": "2",
+            "lost": "4",
+        },
+    }
+    # a tag cannot stand in for what the daemon says (an old firing's "by" tag either)
+    tagged = channel_params("s", [firing(5, None, {"by": "mallory", "session": "x"})], 0)
+    assert tagged["meta"] == {"session": "s", "seq": "5", "handler": "on-message", "ts": "T"}
+    only_lost = channel_params("s", [], 3)
+    assert only_lost["meta"] == {"session": "s", "lost": "3"}
+    assert "3 firings" in only_lost["content"]
+    assert allowed(firing(1, None), None) and allowed(firing(1, "a"), frozenset({"a"}))
+    assert not allowed(firing(1, None), frozenset({"a"}))
+    assert not allowed(firing(1, "b"), frozenset({"a"}))
+    assert session_of("repl://sessions/s1") == "s1"
+    assert session_of("repl://sessions/") is None and session_of("file:///x") is None
+
+
+def test_a_session_whose_ring_dropped_firings_is_told_so(daemon: DaemonProc) -> None:
+    repl = Repl(daemon)
+    (started,) = repl.ask({"op": "start", "buffer": 0})
+    s = started["session"]
+    repl.send(s, "gone", "too")
+    with harness(daemon, "--follow", s) as h:
+        h.initialize()
+        told = h.channel()
+        assert told["meta"] == {"session": s, "lost": "2"}
+        eventually(lambda: repl.cursor(s, "mcp") == 2, what="the loss to be acknowledged")
+        h.close()
+
+
+# -- the SDK's client -------------------------------------------------------------
+
+
+@asynccontextmanager
+async def sdk_client(
+    d: DaemonProc, *args: str, **kwargs: Any
+) -> AsyncIterator[tuple[ClientSession, Path]]:
+    """The SDK's session with ``repl mcp ARGS`` (not yet initialized), and its stderr's log."""
+    environment = {"REPL_ADDR": d.addr, "REPL_HOME": str(d.home)}
+    environment.update({k: v for k, v in os.environ.items() if k.startswith("COVERAGE_")})
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "repl_cli", "mcp", *args], env=environment
+    )
+    log = d.home.parent / "mcp-push-sdk.log"
+    errlog = open(log, "a")  # noqa: ASYNC230, SIM115 - a log file
+    try:
+        async with (
+            stdio_client(params, errlog=errlog) as (read, write),
+            ClientSession(read, write, **kwargs) as session,
+        ):
+            yield session, log
+    finally:
+        errlog.close()
+
+
+@pytest.mark.anyio
+# resources/subscribe is the handshake protocol's (the SDK warns that 2026-07-28 drops it)
+@pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
+async def test_a_subscribed_client_is_told_of_each_new_firing(daemon: DaemonProc) -> None:
+    repl = Repl(daemon)
+    s = repl.session("sub", "one")
+    uri = f"repl://sessions/{s}"
+    updates, updated = anyio.create_memory_object_stream[str](10)
+
+    async def handler(message: Any) -> None:
+        if isinstance(message, ResourceUpdatedNotification):
+            await updates.send(message.params.uri)
+
+    async with (
+        updates,
+        updated,
+        sdk_client(daemon, "--follow", s, message_handler=handler) as (client, _),
+    ):
+        with anyio.fail_after(20):
+            hello = await client.initialize()
+            resources = hello.capabilities.resources
+            assert resources is not None and resources.subscribe is True
+            templates = (await client.list_resource_templates()).resource_templates
+            assert [t.uri_template for t in templates] == ["repl://sessions/{id}"]
+            listed = {r.name: r for r in (await client.list_resources()).resources}
+            assert listed[s].uri == uri and listed[s].mime_type == "application/json"
+            # "one" was pushed on the channel before the subscription: no update for it
+            await anyio.to_thread.run_sync(
+                lambda: eventually(lambda: repl.cursor(s, "mcp") == 1, what="one's push")
+            )
+            await client.subscribe_resource(uri)
+            with pytest.raises(MCPError, match="not followed by this server"):
+                await client.subscribe_resource("repl://sessions/other")
+            with pytest.raises(MCPError, match="is not a session"):
+                await client.subscribe_resource("file:///etc/passwd")
+            repl.send(s, "two")
+            assert await updated.receive() == uri
+            read = await client.read_resource(uri)
+            body = json.loads(read.contents[0].text)  # type: ignore[union-attr]
+            assert [f["result"] for f in body["firings"]] == ["one", "two"]
+            assert body["next"] == 2 and body["firings"][1]["by"] == "root"
+            await client.unsubscribe_resource(uri)
+            repl.send(s, "three")  # pushed on the channel, no update for it: read it there
+            await anyio.to_thread.run_sync(
+                lambda: eventually(lambda: repl.cursor(s, "mcp") == 3, what="the push")
+            )
+            assert updated.statistics().current_buffer_used == 0
+
+
+@pytest.mark.anyio
+async def test_a_listening_client_is_told_of_each_new_firing(daemon: DaemonProc) -> None:
+    repl = Repl(daemon)
+    s = repl.session("listen")
+    uri = f"repl://sessions/{s}"
+    async with sdk_client(daemon, "--follow", s) as (client, _):
+        with anyio.fail_after(20):
+            await client.discover()  # the 2026-07-28 protocol: no handshake, listen streams
+            async with listen(client, resource_subscriptions=[uri]) as events:
+                repl.send(s, "news")
+                assert await events.__anext__() == ResourceUpdated(uri)
+            got = json.loads((await client.read_resource(uri)).contents[0].text)  # type: ignore[union-attr]
+            assert [f["result"] for f in got["firings"]] == ["news"]
+
+
+@pytest.mark.anyio
+async def test_without_follow_the_sessions_are_resources_and_nothing_is_pushed(
+    daemon: DaemonProc,
+) -> None:
+    repl = Repl(daemon)
+    s = repl.session("plain", "x")
+    async with sdk_client(daemon) as (client, _):
+        with anyio.fail_after(20):
+            hello = await client.initialize()
+            caps = hello.capabilities
+            assert caps.experimental is None and caps.prompts is None and caps.tools
+            assert caps.resources is not None and not caps.resources.subscribe
+            assert "pushed" not in (hello.instructions or "")
+            names = [r.name for r in (await client.list_resources()).resources]
+            assert s in names
+            got = json.loads((await client.read_resource(f"repl://sessions/{s}")).contents[0].text)  # type: ignore[union-attr]
+            assert [f["result"] for f in got["firings"]] == ["x"]
+            with pytest.raises(MCPError, match="no session 'm-none'") as missing:
+                await client.read_resource("repl://sessions/m-none")
+            assert missing.value.error.code == -32602
+            with (
+                pytest.warns(MCPDeprecationWarning),
+                pytest.raises(MCPError, match="Method not found"),
+            ):
+                await client.subscribe_resource(f"repl://sessions/{s}")
