@@ -9,6 +9,12 @@ first firing is taken and acknowledged, head exits, the second stays in the
 pipe unread, and the pipe reports an error on our end (no reader left):
 ``ReaderGone``, and the second is not acknowledged.
 
+A Unix socket is such a pipe too: a Node.js parent (libuv) gives its child
+a socketpair for each of its stdio "pipes". Its unsent count (``SIOCOUTQ``)
+falls only as the peer reads, so we watch that; but a socket forgets what
+its peer never read once the peer is gone, so a peer gone is ``ReaderGone``
+whatever it read (duplicates, never loss).
+
 A write that fails because the reader closed the pipe (``EPIPE``) is
 ``ReaderGone`` too, and so is a stdout closed from the start (``>&-``).
 Python ignores SIGPIPE already, so we are not killed. Any other failure (a
@@ -77,7 +83,9 @@ class Sink:
 
     def __init__(self, fd: int | None = None, *, confirm: bool = True) -> None:
         self.fd = stdout().fileno() if fd is None else fd
-        self.pipe = stat.S_ISFIFO(os.fstat(self.fd).st_mode)
+        mode = os.fstat(self.fd).st_mode
+        self.pipe = stat.S_ISFIFO(mode)
+        self.socket = stat.S_ISSOCK(mode)
         self.confirm = confirm
         self._unread = array.array("i", [0])
         self._poller: select.poll | None = None
@@ -106,6 +114,8 @@ class Sink:
         """One look: whether the reader has taken every line written so far out of the pipe.
         True at once where that cannot be told (not a pipe, no FIONREAD): written and flushed
         must do; ``ReaderGone`` when the reader left with some of it untaken."""
+        if self.socket:
+            return self._socket_taken()
         if not self.pipe:
             return True
         try:
@@ -115,13 +125,30 @@ class Sink:
             return True
         if self._unread[0] == 0:
             return True
-        if self._poller is None:
-            self._poller = select.poll()
-            self._poller.register(self.fd, 0)  # POLLERR is always reported: the reader is gone
-        if self._poller.poll(0):  # the reader is gone: did it take the line before it left?
+        if self._left():  # the reader is gone: did it take the line before it left?
             self._reader_left()
             return True
         return False
+
+    def _socket_taken(self) -> bool:
+        """``taken`` on a socket: nothing left unsent (unread, on a Unix socket), and the
+        peer still there after that look (a peer that left took its unread bytes with it:
+        the count fell to nothing without a read)."""
+        try:
+            fcntl.ioctl(self.fd, termios.TIOCOUTQ, self._unread, True)
+        except OSError:
+            self.socket = False  # no SIOCOUTQ here: written and flushed must do
+            return True
+        if self._left():
+            raise ReaderGone()
+        return self._unread[0] == 0
+
+    def _left(self) -> bool:
+        """Whether the reader is gone: POLLERR or POLLHUP on our end, always reported."""
+        if self._poller is None:
+            self._poller = select.poll()
+            self._poller.register(self.fd, 0)
+        return bool(self._poller.poll(0))
 
     def _reader_left(self) -> None:
         """The pipe has no reader any more. Between the look at its unread bytes and the

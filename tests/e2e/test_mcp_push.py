@@ -20,10 +20,14 @@ daemon's state looked at until it holds), never for time to pass.
 
 from __future__ import annotations
 
+import array
+import fcntl
 import json
 import os
+import socket
 import subprocess
 import sys
+import termios
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from itertools import count
@@ -58,13 +62,15 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProc]:
 class Harness:
     """``repl mcp ARGS`` as a channel harness runs it: lines in, lines out, by hand."""
 
-    def __init__(self, d: DaemonProc, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, d: DaemonProc, *args: str, env: dict[str, str] | None = None, stdout: Any = None
+    ) -> None:
         self.log = d.home.parent / "mcp-push-stderr.log"
         with open(self.log, "ab") as errlog:
             self.proc = subprocess.Popen(
                 repl_argv("mcp", *args),
                 stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
+                stdout=subprocess.PIPE if stdout is None else stdout,
                 stderr=errlog,
                 env={**d.env(), **(env or {})},
             )
@@ -130,6 +136,31 @@ class Harness:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         return self.log.read_text()
+
+
+class SocketHarness(Harness):
+    """A harness whose child's stdout is a Unix socket, as a Node.js parent's is (libuv
+    makes each stdio "pipe" a socketpair)."""
+
+    def __init__(self, d: DaemonProc, *args: str) -> None:
+        self.ours, theirs = socket.socketpair()
+        with theirs:
+            super().__init__(d, *args, stdout=theirs)
+
+    def line(self, timeout: float = 15) -> dict[str, Any]:
+        self.ours.settimeout(timeout)
+        got = b""
+        while not got.endswith(b"\n"):
+            byte = self.ours.recv(1)  # one byte at a time: the server sees what we took
+            assert byte, f"stdout closed after {got!r}"
+            got += byte
+        message: dict[str, Any] = json.loads(got)
+        return message
+
+    def unread(self) -> int:
+        count = array.array("i", [0])
+        fcntl.ioctl(self.ours.fileno(), termios.FIONREAD, count, True)
+        return count[0]
 
 
 @contextmanager
@@ -277,6 +308,26 @@ def test_a_reader_that_leaves_before_taking_a_push_leaves_it_unacknowledged(
         eventually(lambda: connections() == 0, what="t's follow to end")
         assert repl.cursor(s, "mcp") is None and repl.cursor(t, "mcp") is None
         assert h.close() == ""  # it goes on until its stdin closes, then exits 0
+
+
+def test_a_push_into_a_socket_is_acknowledged_once_read(daemon: DaemonProc) -> None:
+    repl = Repl(daemon)
+    s = repl.session("socket", "hello")
+    h = SocketHarness(daemon, "--follow", s)
+    try:
+        h.initialize()
+        eventually(lambda: h.unread() > 0, what="the push to be written")
+        assert repl.cursor(s, "mcp") is None and repl.waiters(s) == 0  # written, not read
+        assert h.channel()["content"] == "hello"
+        eventually(lambda: repl.cursor(s, "mcp") == 1, what="the push to be acknowledged")
+        assert h.close() == ""
+    finally:
+        if h.proc.poll() is None:
+            h.proc.kill()
+            h.proc.wait(15)
+        if h.proc.stdin is not None:
+            h.proc.stdin.close()
+        h.ours.close()
 
 
 def test_allow_from_pushes_the_allowed_senders_and_passes_the_others_unseen(
