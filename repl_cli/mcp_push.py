@@ -1,4 +1,4 @@
-"""``repl mcp --follow``: new firings pushed to the agent, acknowledged once it has them.
+"""``repl mcp --follow``: new firings pushed to the agent, acknowledged once it has them (M4).
 
 The server follows each session given with ``--follow`` as ``repl follow`` does: the
 one client API's ``follow`` (``repl_cli.aio``), which blocks in the daemon's wait (never

@@ -343,8 +343,9 @@ def tool_error(exc: CliError) -> ToolError:
 
 def resource_error(exc: CliError) -> ResourceError:
     """A resource read's failure: not found for a session that is not there (or that the
-    token may not see), the SDK's resource error otherwise."""
-    if exc.code == Code.NO_SUCH_SESSION:
+    token may not see, or that no session could be called), the SDK's resource error
+    otherwise (the daemon away)."""
+    if exc.code in (Code.NO_SUCH_SESSION, Code.BAD_SESSION_ID):
         return ResourceNotFoundError(error_line(exc))
     return ResourceError(error_line(exc))
 

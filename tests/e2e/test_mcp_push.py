@@ -561,6 +561,9 @@ async def test_without_follow_the_sessions_are_resources_and_nothing_is_pushed(
             with pytest.raises(MCPError, match="no session 'm-none'") as missing:
                 await client.read_resource("repl://sessions/m-none")
             assert missing.value.error.code == -32602
+            with pytest.raises(MCPError, match="session id 'a b'") as bad:
+                await client.read_resource("repl://sessions/a%20b")
+            assert bad.value.error.code == -32602
             with (
                 pytest.warns(MCPDeprecationWarning),
                 pytest.raises(MCPError, match="Method not found"),
