@@ -94,9 +94,7 @@ def text_of(firing: Firing) -> str:
 
 def sender(firing: Firing) -> str | None:
     """Who sent ``firing`` (``Firing.by``), None when not known."""
-    # TODO: firing.by, once session/firing.py's ``by`` is committed (it is being added)
-    by: str | None = getattr(firing, "by", None)
-    return by
+    return firing.by
 
 
 def allowed(firing: Firing, allow_from: frozenset[str] | None) -> bool:

@@ -115,7 +115,13 @@ class FiringFormat:
         if self.style == JSON:
             obj: dict[str, Any] = {"session": session} if self.several else {}
             obj.update(
-                seq=f.seq, handler=f.handler, result=f.result, event=f.event, ts=f.ts, tags=f.tags
+                seq=f.seq,
+                handler=f.handler,
+                result=f.result,
+                event=f.event,
+                ts=f.ts,
+                tags=f.tags,
+                by=f.by,
             )
             return json_line(obj)
         pieces = self._prefix(session)

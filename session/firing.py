@@ -28,7 +28,9 @@ class Firing(msgspec.Struct, frozen=True, gc=False):
     (the session has no handler of that name) keeps the raw ``event`` and
     has no ``result``. ``ts`` is an ISO 8601 UTC time given by the caller.
     ``tags`` are what it was sent with (``session.tags``); never changed
-    once recorded, so firings without any may share ``NO_TAGS``.
+    once recorded, so firings without any may share ``NO_TAGS``. ``by`` names what sent
+    it, as the daemon recorded it (``session.tags.BY``): a token's name, ``root``,
+    ``timer`` or ``webhook``; None for a firing stored before repl recorded senders.
     """
 
     seq: int
@@ -37,6 +39,7 @@ class Firing(msgspec.Struct, frozen=True, gc=False):
     event: str | None
     ts: str
     tags: dict[str, str] = msgspec.field(default_factory=dict)
+    by: str | None = None
 
 
 #: the tags of a firing that has none, shared (a firing's tags are never changed)

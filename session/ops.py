@@ -74,6 +74,8 @@ class Record(msgspec.Struct, frozen=True):
     #: whether the text is the result (None: whether the session has the handler)
     handled: bool | None = None
     tags: dict[str, str] = msgspec.field(default_factory=dict)
+    #: who sent it, as the daemon knows (``session.tags.BY``); never a client's word
+    by: str | None = None
 
     def check(self) -> None:
         check_handler(self.handler)
@@ -84,7 +86,7 @@ class Record(msgspec.Struct, frozen=True):
 
     def run(self, session: Session, visible: int | None) -> Recorded:
         return session.record(
-            self.handler, self.text, self.ts, self.key, self.handled, self.tags or NO_TAGS
+            self.handler, self.text, self.ts, self.key, self.handled, self.tags or NO_TAGS, self.by
         )
 
 

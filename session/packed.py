@@ -6,14 +6,16 @@ cost about 300 bytes; packed it costs a 33-byte ``bytes`` header, 11 bytes
 of ours and the text:
 
     bytes 0-7   ts as milliseconds since the Unix epoch, signed, little-endian
-    bytes 8-10  the firing's slot in its ring's table: which handler, and
-                whether the text is the result or the (unhandled) event;
-                the low 16 bits, then the high 8
+    bytes 8-10  the firing's slot in its ring's table: which handler, whether
+                the text is the result or the (unhandled) event, and who sent
+                it (its ``by``); the low 16 bits, then the high 8
     bytes 11-   the text, UTF-8
 
 The seq is not stored: a ring holds consecutive seqs, so a firing's seq is
-the ring's first plus its position. The table of slots lives in the ring
-(``session.ring``); this module packs and unpacks against it.
+the ring's first plus its position. Nor is the sender: a ring's firings come
+from a few senders, so ``by`` is one more part of the slot, and costs a firing
+nothing. The table of slots lives in the ring (``session.ring``); this module
+packs and unpacks against it.
 
 Only a ``ts`` in exactly the form the daemon writes, ``YYYY-MM-DDTHH:MM:SS.mmmZ``
 (``datetime.isoformat(timespec="milliseconds")`` in UTC with a ``Z``), packs,
@@ -35,6 +37,9 @@ from collections.abc import Iterable
 from datetime import date, datetime
 
 from session.firing import NO_TAGS, Firing
+
+#: a ring's slot: a handler, whether its text is the event (unhandled), and its sender
+Slot = tuple[str, bool, str | None]
 
 HEADER = struct.Struct("<qHB")
 HEADER_SIZE = HEADER.size
@@ -116,9 +121,7 @@ def pack(ts: str, slot: int, text: bytes) -> bytes | None:
     return HEADER.pack(base + millis, slot & 0xFFFF, slot >> 16) + text
 
 
-def unpack(
-    seq: int, items: Iterable[bytes | Firing], slots: list[tuple[str, bool]]
-) -> list[Firing]:
+def unpack(seq: int, items: Iterable[bytes | Firing], slots: list[Slot]) -> list[Firing]:
     """The firings ``items`` hold, the first of them ``seq``; ``slots`` is their ring's table."""
     firings: list[Firing] = []
     add = firings.append
@@ -133,12 +136,13 @@ def unpack(
                 base = ms - ms % 1000
                 end = base + 1000
                 prefix = _prefixes.get(base) or _format_prefix(base)
-            handler, unhandled = slots[low | high << 16]
+            handler, unhandled, by = slots[low | high << 16]
             text = item[HEADER_SIZE:].decode()
+            ts = prefix + _SUFFIXES[ms - base]
             if unhandled:
-                add(Firing(seq, handler, None, text, prefix + _SUFFIXES[ms - base], NO_TAGS))
+                add(Firing(seq, handler, None, text, ts, NO_TAGS, by))
             else:
-                add(Firing(seq, handler, text, None, prefix + _SUFFIXES[ms - base], NO_TAGS))
+                add(Firing(seq, handler, text, None, ts, NO_TAGS, by))
         else:
             add(item)
         seq += 1

@@ -12,11 +12,12 @@ a seq that was never recorded.
 The deque holds each firing packed into one ``bytes`` (``session.packed``),
 and a ``Firing`` is built only for the firings a read returns. The ring keeps
 the table that a packed firing's slot names: each distinct handler, with
-whether its text is the result or the event, once (and interned, so every
-ring shares one ``"on-message"``). The table only grows when a firing brings
-a handler it has not seen; when it has grown to twice the ring's length (plus
-some room) it is rebuilt from the firings still held, so a stream of ever-new
-handler names costs O(1) a firing and memory in proportion to the ring.
+whether its text is the result or the event and who sent it, once (and
+interned, so every ring shares one ``"on-message"`` and one ``"root"``). The
+table only grows when a firing brings a slot it has not seen; when it has
+grown to twice the ring's length (plus some room) it is rebuilt from the
+firings still held, so a stream of ever-new handler names costs O(1) a firing
+and memory in proportion to the ring.
 
 ``Ring.image`` is the ring as it keeps itself (its head, its table and its
 items, still packed), and ``Ring.from_image`` takes one back with the
@@ -46,6 +47,7 @@ import msgspec
 from session import packed
 from session.errors import BadLimit, BadMax, BadSeq, CursorAfterHead
 from session.firing import NO_TAGS, Batch, Firing
+from session.packed import Slot
 from session.rules import DEFAULT_LIMIT, MAX_LIMIT
 from session.tags import Match
 
@@ -60,11 +62,29 @@ def check_limit(limit: int) -> int:
 
 class Image(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """A ring as it keeps itself: its head, its table of slots and its items (oldest first,
-    the newest ``head``), packed or as themselves; ``Ring.image`` and ``Ring.from_image``."""
+    the newest ``head``), packed or as themselves; ``Ring.image`` and ``Ring.from_image``.
+
+    ``slots`` holds each slot's handler and whether it is unhandled, and ``by`` each
+    slot's sender, a list of its own after them: an image written before firings had
+    senders has none, and its slots read back with ``by`` None.
+    """
 
     head: int
     slots: list[tuple[str, bool]]
     items: list[bytes | Firing]
+    by: list[str | None] = []
+
+    @classmethod
+    def of(cls, head: int, slots: list[Slot], items: list[bytes | Firing]) -> Image:
+        return cls(head, [(h, u) for h, u, _ in slots], items, [by for _, _, by in slots])
+
+    def slot_table(self) -> list[Slot]:
+        """Its slots as a ring keeps them, each name interned."""
+        by = self.by + [None] * (len(self.slots) - len(self.by))
+        return [
+            (sys.intern(handler), unhandled, None if sender is None else sys.intern(sender))
+            for (handler, unhandled), sender in zip(self.slots, by, strict=False)
+        ]
 
     @property
     def first(self) -> int:
@@ -77,7 +97,7 @@ class Image(msgspec.Struct, array_like=True, frozen=True, gc=False):
             return self
         if first > self.head + 1:  # trimmed past its newest: none of it is left
             return Image(first - 1, [], [])
-        return Image(self.head, self.slots, self.items[first - self.first :])
+        return Image(self.head, self.slots, self.items[first - self.first :], self.by)
 
 
 _image_encoder = msgspec.msgpack.Encoder()
@@ -123,12 +143,12 @@ class Ring:
             )
         self._head = head
         self._fold: Fold | None = None
-        self._slots: list[tuple[str, bool]] = []
-        self._slot_of: dict[tuple[str, bool], int] = {}
+        self._slots: list[Slot] = []
+        self._slot_of: dict[Slot, int] = {}
         self._firings: deque[bytes | Firing] = deque(maxlen=limit)
         for f in kept:
             # Packing may rebuild the deque (``_compact_slots``): take it afresh.
-            item = self._pack(f.seq, f.handler, f.result, f.event, f.ts, f.tags)
+            item = self._pack(f.seq, f.handler, f.result, f.event, f.ts, f.tags, f.by)
             self._firings.append(item)
 
     @property
@@ -200,13 +220,14 @@ class Ring:
         event: str | None,
         ts: str,
         tags: dict[str, str] = NO_TAGS,
+        by: str | None = None,
     ) -> int:
         """Record the next firing and return its seq; when the ring is full the oldest goes.
 
         ``append`` without building the ``Firing``: all that a send needs.
         """
         seq = self._head + 1
-        item = self._pack(seq, handler, result, event, ts, tags)  # may rebuild the deque
+        item = self._pack(seq, handler, result, event, ts, tags, by)  # may rebuild the deque
         self._firings.append(item)
         self._head = seq
         return seq
@@ -219,19 +240,20 @@ class Ring:
         event: str | None,
         ts: str,
         tags: dict[str, str] = NO_TAGS,
+        by: str | None = None,
     ) -> bytes | Firing:
         """The firing as the deque keeps it: packed when it fits (and has no tags), else as
         itself."""
         text = event if result is None else result
         if tags:
-            return Firing(seq, handler, result, event, ts, tags)
+            return Firing(seq, handler, result, event, ts, tags, by)
         if text is not None and (result is None or event is None):
             try:
                 data = text.encode()
             except UnicodeEncodeError:
                 pass  # a lone surrogate: UTF-8 has no bytes for it
             else:
-                key = (handler, result is None)
+                key = (handler, result is None, by)
                 slot = self._slot_of.get(key)
                 if slot is None:
                     slot = self._add_slot(key)
@@ -240,23 +262,24 @@ class Ring:
                 item = packed.pack(ts, slot, data)
                 if item is not None:
                     return item
-        return Firing(seq, handler, result, event, ts, NO_TAGS)
+        return Firing(seq, handler, result, event, ts, NO_TAGS, by)
 
-    def _add_slot(self, key: tuple[str, bool]) -> int:
+    def _add_slot(self, key: Slot) -> int:
         # Rebuilding only once the table is twice the ring's length (and some)
         # keeps it O(1) a firing and bounds the table at 2 × 65,536 + 64 slots,
         # well within the 24 bits a packed firing has for one.
         if len(self._slots) >= 2 * len(self._firings) + 64:
             self._compact_slots()
-        key = (sys.intern(key[0]), key[1])
+        handler, unhandled, by = key
+        key = (sys.intern(handler), unhandled, None if by is None else sys.intern(by))
         self._slot_of[key] = len(self._slots)
         self._slots.append(key)
         return len(self._slots) - 1
 
     def _compact_slots(self) -> None:
         """Rebuild the table from the slots the held firings use, renumbering them."""
-        slots: list[tuple[str, bool]] = []
-        slot_of: dict[tuple[str, bool], int] = {}
+        slots: list[Slot] = []
+        slot_of: dict[Slot, int] = {}
         items: deque[bytes | Firing] = deque(maxlen=self._firings.maxlen)
         for item in self._firings:
             if isinstance(item, bytes):
@@ -272,7 +295,7 @@ class Ring:
     def image(self) -> Image:
         """The ring as it keeps itself, for :meth:`from_image` (its items are shared: they
         are immutable)."""
-        return Image(self._head, list(self._slots), list(self._firings))
+        return Image.of(self._head, self._slots, list(self._firings))
 
     @classmethod
     def from_image(
@@ -288,13 +311,13 @@ class Ring:
         if image.first < 1:  # a head below 0 has a first below 1 too
             raise BadSeq(f"an image of head {image.head} holds {len(image.items)} firings")
         ring = cls(limit, image.head)
-        ring._slots = [(sys.intern(handler), unhandled) for handler, unhandled in image.slots]
+        ring._slots = image.slot_table()
         ring._slot_of = {key: slot for slot, key in enumerate(ring._slots)}
         ring._firings = deque(image.items, maxlen=limit)
         for f in firings:
             if f.seq != ring._head + 1:
                 raise BadSeq(f"firing {f.seq} does not follow the image's seq {ring._head}")
-            ring.record(f.handler, f.result, f.event, f.ts, f.tags)
+            ring.record(f.handler, f.result, f.event, f.ts, f.tags, f.by)
         if ring._head != head:
             raise BadSeq(f"the image and its firings end at {ring._head}, not at head {head}")
         return ring
@@ -357,10 +380,10 @@ class Ring:
         for item in items:
             if isinstance(item, bytes):
                 if not needs_tags:
-                    handler = slots[packed.slot_of(item)][0]
-                    if match.holds(handler, NO_TAGS):
+                    handler, _, by = slots[packed.slot_of(item)]
+                    if match.holds(handler, NO_TAGS, by):
                         found += packed.unpack(seq, (item,), slots)
-            elif match.holds(item.handler, item.tags):
+            elif match.holds(item.handler, item.tags, item.by):
                 found.append(item)
             if max is not None and len(found) == max:
                 return Batch(seq, lost, found)
@@ -426,9 +449,10 @@ class _Folded(Ring):
         event: str | None,
         ts: str,
         tags: dict[str, str] = NO_TAGS,
+        by: str | None = None,
     ) -> int:
         self.unfold()
-        return self.record(handler, result, event, ts, tags)
+        return self.record(handler, result, event, ts, tags, by)
 
     def recorded_after(self, seq: int) -> list[Firing]:
         if seq >= self._head:  # nothing after it: a ring changed only in its cursors
@@ -467,7 +491,7 @@ def since_of(
     """
     firings = [f for f in whole.firings if f.ts >= since]
     if match is not None:
-        firings = [f for f in firings if match.holds(f.handler, f.tags)]
+        firings = [f for f in firings if match.holds(f.handler, f.tags, f.by)]
     lost = whole.lost if not whole.firings or whole.firings[0].ts >= since else 0
     if last is not None and len(firings) > last:
         firings, lost = firings[-last:], 0
@@ -509,7 +533,7 @@ def look_heard(
             return None
     found: list[Firing] = []
     for firing in heard:
-        if match is None or match.holds(firing.handler, firing.tags):
+        if match is None or match.holds(firing.handler, firing.tags, firing.by):
             found.append(firing)
             if max is not None and len(found) == max:
                 return Batch(firing.seq, 0, found)

@@ -39,6 +39,7 @@ from session.errors import (
     TokenExists,
     TooMany,
 )
+from session.tags import ROOT, TIMER, WEBHOOK
 
 READ, SEND, ADMIN = "read", "send", "admin"
 RIGHTS = frozenset({READ, SEND, ADMIN})
@@ -105,6 +106,18 @@ def check_token_name(name: str) -> str:
     if not _NAME.fullmatch(name):
         raise BadRequest(
             f"token name {name!r} is not 1-64 of A-Z a-z 0-9 . _ - starting with a letter or digit"
+        )
+    return name
+
+
+def check_new_token_name(name: str) -> str:
+    """A name a new token may have: not one of the senders the daemon names itself, so
+    that a firing's ``by`` says who sent it without doubt (a token of such a name made
+    before ``by`` existed can still be revoked)."""
+    check_token_name(name)
+    if name in (ROOT, TIMER, WEBHOOK):
+        raise BadRequest(
+            f"token name {name!r} is the daemon's own word for a firing's sender: choose another"
         )
     return name
 

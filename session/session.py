@@ -56,7 +56,7 @@ from session.rules import (
     POLL_CURSOR,
 )
 from session.schedule import MAX_DUE_MS, Timer, fire, timer_order
-from session.tags import Match, check_tags
+from session.tags import TIMER, Match, check_tags
 
 _SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
@@ -302,8 +302,10 @@ class Session:
         key: str | None = None,
         handled: bool | None = None,
         tags: dict[str, str] = NO_TAGS,
+        by: str | None = None,
     ) -> Recorded:
-        """Record a firing for ``handler`` (rules S1, S2, S13), carrying ``tags``.
+        """Record a firing for ``handler`` (rules S1, S2, S13), carrying ``tags``, sent by
+        ``by`` (what the daemon knows sent it: a token's name, ``root``, ``timer``...).
 
         Its text is the result when the session has the handler (``HANDLERS``),
         else the event; ``handled`` says which instead (a webhook's firing is
@@ -320,9 +322,9 @@ class Session:
                 self.evaluations += 1
                 return Recorded(seq, duplicate=True)
         if handler in HANDLERS if handled is None else handled:
-            seq = self.ring.record(handler, text, None, ts, tags)
+            seq = self.ring.record(handler, text, None, ts, tags, by)
         else:
-            seq = self.ring.record(handler, None, text, ts, tags)
+            seq = self.ring.record(handler, None, text, ts, tags, by)
         if key is not None:
             self._keys[key] = seq
             self._new_keys.append((key, seq))
@@ -539,7 +541,9 @@ class Session:
             if not due:
                 continue
             key = timer.key if timer.every_ms is None else None
-            recorded = self.record(timer.handler, timer.text, ts, key, tags=timer.tags or NO_TAGS)
+            recorded = self.record(
+                timer.handler, timer.text, ts, key, tags=timer.tags or NO_TAGS, by=TIMER
+            )
             if left is None:
                 del self.timers[timer.id]
                 self._timer_changes[timer.id] = None

@@ -30,6 +30,11 @@ MAX_TAGS = 16
 MAX_TAG_VALUE = 1024
 #: the tags request and reply use: where the reply goes, and which request it answers
 REPLY_TO, CORR = "reply-to", "corr"
+#: the key no tag may have: a match on it is a match on who sent the firing (its ``by``,
+#: which the daemon records and no client sets)
+BY = "by"
+#: the senders the daemon names itself: the root token, a timer's firing, a webhook's
+ROOT, TIMER, WEBHOOK = "root", "timer", "webhook"
 
 _KEY = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 
@@ -55,6 +60,10 @@ def check_tags(tags: Mapping[str, str]) -> Mapping[str, str]:
         raise BadTag(f"{len(tags)} tags: a firing carries at most {MAX_TAGS}")
     for key, value in tags.items():
         check_tag_key(key)
+        if key == BY:
+            raise BadTag(
+                "tag 'by' is the daemon's: it records who sent each firing, and no sender sets it"
+            )
         if not isinstance(value, str):
             raise BadTag(f"tag {key!r}: its value must be text")
         if len(value) > MAX_TAG_VALUE:
@@ -86,7 +95,9 @@ def parse_tags(words: Iterable[str]) -> Tags:
 
 class Match(msgspec.Struct, frozen=True, omit_defaults=True):
     """What a firing must be for a matching reader: each of ``tags`` there, with its value
-    (None: any value), and of ``handler`` when it names one."""
+    (None: any value), and of ``handler`` when it names one. The key ``by`` (which no tag
+    has) is the firing's sender: ``by=NAME`` holds for what NAME sent, ``by`` alone for
+    any firing whose sender is known."""
 
     tags: dict[str, str | None] = msgspec.field(default_factory=dict)
     handler: str | None = None
@@ -102,12 +113,12 @@ class Match(msgspec.Struct, frozen=True, omit_defaults=True):
                 raise BadTag(f"match {key!r}: its value is over {MAX_TAG_VALUE:,} characters")
         return self
 
-    def holds(self, handler: str, tags: Mapping[str, str]) -> bool:
-        """Whether a firing of ``handler`` carrying ``tags`` matches."""
+    def holds(self, handler: str, tags: Mapping[str, str], by: str | None = None) -> bool:
+        """Whether a firing of ``handler`` carrying ``tags``, sent by ``by``, matches."""
         if self.handler is not None and handler != self.handler:
             return False
         for key, value in self.tags.items():
-            have = tags.get(key)
+            have = by if key == BY else tags.get(key)
             if have is None or (value is not None and have != value):
                 return False
         return True
@@ -115,7 +126,7 @@ class Match(msgspec.Struct, frozen=True, omit_defaults=True):
     @property
     def needs_tags(self) -> bool:
         """Whether only a firing with tags can match (one without any never does)."""
-        return bool(self.tags)
+        return any(key != BY for key in self.tags)
 
 
 def parse_match(

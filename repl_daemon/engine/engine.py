@@ -79,6 +79,7 @@ from session.schedule import MAX_DUE_MS, Timer, parse_duration, parse_every, par
 from session.scopes import (
     OP_RIGHTS,
     TokenRecord,
+    check_new_token_name,
     check_token_name,
     digest,
     forbidden,
@@ -94,7 +95,7 @@ from session.session import (
     check_session_id,
     no_session,
 )
-from session.tags import check_tags
+from session.tags import ROOT, WEBHOOK, check_tags
 
 T = TypeVar("T")
 
@@ -297,9 +298,10 @@ class Engine:
             return listed.then(lambda ts: p.TokenList(id=rid, tokens=[_token_info(t) for t in ts]))
         if not req.name:
             raise BadRequest(f"token {req.action} needs a name")
-        name = check_token_name(req.name)
         if req.action == "revoke":
+            name = check_token_name(req.name)
             return committer.revoke_token(name).then(lambda _: p.Done(id=rid))
+        name = check_new_token_name(req.name)
         scope = make_scope(req.sessions, req.can)
         secret = "repl_" + secrets.token_urlsafe(32)
         record = TokenRecord(name, digest(secret), scope)
@@ -328,7 +330,10 @@ class Engine:
             committer = self._scoped(req, tag, token)
         match req:
             case p.Send():
-                op = Record(req.handler, req.text, self.clock.utc_now(), req.key, tags=req.tags)
+                by = ROOT if token is None else token.name
+                op = Record(
+                    req.handler, req.text, self.clock.utc_now(), req.key, tags=req.tags, by=by
+                )
                 return committer.execute(req.session, op).then(self._sent(rid))
             case p.Read():
                 return committer.execute(req.session, read_op(req)).then(_firings(rid))
@@ -422,7 +427,13 @@ class Engine:
         ``tags`` (the delivery's ``event`` and ``delivery``, as HTTP read them)."""
         self.counts.requests["webhook"] += 1
         record = Record(
-            webhook.handler, text, self.clock.utc_now(), key, handled=True, tags=tags or {}
+            webhook.handler,
+            text,
+            self.clock.utc_now(),
+            key,
+            handled=True,
+            tags=tags or {},
+            by=WEBHOOK,
         )
         return self.committer.execute(session_id, record).then(self._sent(msgspec.UNSET))
 

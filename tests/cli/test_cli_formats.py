@@ -52,7 +52,9 @@ def test_full_is_one_line_a_firing_with_json_string_literals(repl: Repl, a: str)
 def test_json_is_a_header_then_one_object_a_firing(repl: Repl, a: str) -> None:
     got = json_lines(repl.ok("read", a, "--after", "0", "--json"))
     assert got[0] == {"next": 3, "lost": 0}
-    assert [set(f) for f in got[1:]] == [{"seq", "handler", "result", "event", "ts", "tags"}] * 3
+    fields = {"seq", "handler", "result", "event", "ts", "tags", "by"}
+    assert [set(f) for f in got[1:]] == [fields] * 3
+    assert {f["by"] for f in got[1:]} == {"root"}
     assert got[2]["result"] == AWKWARD and got[2]["event"] is None
     assert got[3]["result"] is None and got[3]["event"] == "tock"
     assert str(got[1]["ts"]).endswith("Z")

@@ -387,7 +387,7 @@ def test_an_image_whose_firings_do_not_follow_it_is_bad_seq() -> None:
 
 def test_an_image_trimmed_past_its_newest_firing_holds_none_up_to_the_first() -> None:
     image = filled(10, limit=4).image()
-    assert image.since(7) == Image(10, image.slots, image.items[0:])
+    assert image.since(7) == Image(10, image.slots, image.items[0:], image.by)
     assert image.since(9).items == image.items[2:]
     assert image.since(14) == Image(13, [], [])
     fourteen = Firing(14, "on-message", "m14", None, TS)

@@ -287,6 +287,10 @@ def norm(value: Any, ids: dict[str, str]) -> Any:
         for key, item in value.items():
             if key in VOLATILE:
                 out[key] = None if item is None else "*"
+            elif key == "by" and item not in (None, "timer", "webhook"):
+                # the twin's sends are all the root's; a token's own name on its firings is
+                # tests/cli/test_cli_by.py's to check
+                out[key] = "a principal"
             elif key == "timer" and isinstance(item, str):
                 out[key] = ids.get(item, item)
             elif key == "message" and isinstance(item, str):  # no_such_timer names the id
@@ -305,7 +309,7 @@ def norm_state(state: dict[str, tuple[Json, int]], ids: dict[str, str]) -> Json:
     out: Json = {}
     for sid, (snapshot, evaluations) in state.items():
         timers = [{**t, "id": ids.get(t["id"], t["id"]), "due_ms": "*"} for t in snapshot["timers"]]
-        firings = [{**f, "ts": "*"} for f in snapshot["firings"]]
+        firings = [norm({**f, "ts": "*"}, {}) for f in snapshot["firings"]]
         timers.sort(key=lambda t: str(t["id"]))
         out[sid] = ({**snapshot, "timers": timers, "firings": firings}, evaluations)
     return out

@@ -69,6 +69,7 @@ def test_a_signed_delivery_is_recorded_once_and_a_redelivery_is_a_duplicate(
     assert deliver(api, session, body, **headers) == (200, {"seq": 1, "duplicate": True})
     (firing,) = firings(api, session)
     assert (firing["handler"], firing["result"], firing["event"]) == ("on-webhook", PUSH, None)
+    assert firing["by"] == "webhook"  # who sent it: the daemon's word, never the body's
 
 
 @pytest.mark.parametrize(

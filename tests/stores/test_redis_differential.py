@@ -118,16 +118,20 @@ counts = st.none() | st.integers(-1, 4)
 seqs = st.integers(-1, 12)
 handlers = st.sampled_from(["on-message", "on-message", "on-tick", "on-build", "", "a b"])
 tag_keys = st.sampled_from(["corr", "reply-to", "n", "a.b"])
+#: the senders a daemon records (none known: a firing stored before senders were)
+senders = st.sampled_from([None, "root", "agent-1", "agent-2"])
+#: a match's keys: a tag's, or ``by`` (the sender, which no tag is)
+match_keys = st.sampled_from(["corr", "reply-to", "n", "a.b", "by"])
 # values JSON escapes (and cjson must give back byte for byte), and a few that repeat
 tag_values = st.sampled_from(["", "1", "2", "2", 'é"\\/\n\x00☃\U0001f600']) | st.text(max_size=2)
 good_tags = st.dictionaries(tag_keys, tag_values, max_size=3)
 bad_tags = st.sampled_from(
-    [{"Bad": "v"}, {"k": "v" * 1025}, {f"k{n}": "" for n in range(17)}, {"n": 7}]
+    [{"Bad": "v"}, {"k": "v" * 1025}, {f"k{n}": "" for n in range(17)}, {"n": 7}, {"by": "x"}]
 )
 tag_sets = st.one_of(good_tags, good_tags, good_tags, bad_tags)
 matches = st.builds(
     Match,
-    tags=st.dictionaries(tag_keys, st.none() | tag_values, max_size=2),
+    tags=st.dictionaries(match_keys, st.none() | tag_values | senders, max_size=2),
     handler=st.none() | st.sampled_from(["on-message", "on-tick", "on-build", "a b"]),
 )
 #: firing times around TS, out of order too, for the reads ``since`` a time
@@ -139,6 +143,7 @@ records = st.builds(
     ts=times,
     key=st.sampled_from([None, "k1", "k2", "k3", "k4", "k5", "k6", ""]),
     tags=tag_sets,
+    by=senders,
 )
 
 
@@ -219,6 +224,7 @@ kinds = {
         key=st.sampled_from([None, "k1", "k9"]),
         handled=st.sampled_from([True, False]),
         tags=st.sampled_from([{}, {"event": "push", "delivery": "d-1"}]),
+        by=st.just("webhook"),
     ),
     "after": st.builds(ReadAfter, after=seqs, max=counts),
     "cursor": st.builds(ReadCursor, cursor=names, max=counts, touch=st.booleans()),
@@ -383,7 +389,9 @@ def test_redis_answers_as_the_core_does(
 pool_tags = st.dictionaries(tag_keys, st.sampled_from(["1", "2"]) | tag_values, max_size=3)
 pool_matches = st.builds(
     Match,
-    tags=st.dictionaries(tag_keys, st.sampled_from([None, None, "1", "2"]), max_size=2),
+    tags=st.dictionaries(
+        match_keys, st.sampled_from([None, None, "1", "2", "root", "agent-1"]), max_size=2
+    ),
     handler=st.sampled_from([None, None, None, "on-message", "on-build"]),
 )
 tag_kinds = {
@@ -394,6 +402,7 @@ tag_kinds = {
         ts=st.just(TS),
         key=st.sampled_from([None, None, "k1", "k2"]),
         tags=pool_tags,
+        by=senders,
     ),
     "timer": timers(),
     "fire": kinds["fire"],

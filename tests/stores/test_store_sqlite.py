@@ -20,7 +20,7 @@ from repl_daemon.backends.local import sqlite as sqlite_store
 from repl_daemon.backends.local.sqlite import SCHEMA_VERSION, SqliteStore
 from session.delta import Delta
 from session.errors import StoreFailed
-from session.firing import Firing
+from session.firing import CursorInfo, Firing
 from session.ring import Image, encode_image
 from session.schedule import Timer
 from session.scopes import READ, Scope, TokenRecord, digest
@@ -72,7 +72,7 @@ def test_the_file_has_the_documented_schema(tmp_path: Path) -> None:
     conn.close()
     assert columns == {
         "sessions": ["id", "limit", "head", "uses", "first", "since"],
-        "log": ["id", "session", "seq", "handler", "result", "event", "ts", "tags"],
+        "log": ["id", "session", "seq", "handler", "result", "event", "ts", "tags", "sender"],
         "cursors": ["session", "name", "seq", "last_use"],
         "keys": ["session", "key", "seq", "ord"],
         "timers": ["session", "id", "due_ms", "every_ms", "handler", "text", "key", "tags"],
@@ -84,18 +84,21 @@ def test_the_file_has_the_documented_schema(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("version", "dropped"),
-    [(1, ("timers", "hooks", "tokens")), (2, ("tokens",)), (3, ()), (4, ()), (5, ())],
+    [(1, ("timers", "hooks", "tokens")), (2, ("tokens",)), (3, ()), (4, ()), (5, ()), (6, ())],
 )
 def test_an_older_file_opens_with_its_sessions_and_gains_the_newer_tables(
     tmp_path: Path, version: int, dropped: tuple[str, ...]
 ) -> None:
     """A home written by the repl before timers (1), before tokens (2), before tags (3) or
-    before the firings' log (4) or before the rings' images (5): it opens, keeps everything
-    (the firings moved to the log), and takes timers, tokens and tagged firings."""
+    before the firings' log (4) or before the rings' images (5) or before senders (6): it
+    opens, keeps everything (the firings moved to the log), and takes timers, tokens and
+    tagged firings."""
     db = tmp_path / "repl.db"
     filled(db, sessions=2, firings=5).close()
     with sqlite3.connect(db) as conn:  # back to what that repl wrote
-        conn.execute("DROP TABLE rings")
+        conn.execute("ALTER TABLE log DROP COLUMN sender")
+        if version < 6:
+            conn.execute("DROP TABLE rings")
         if version < 5:
             _as_schema_4(conn)
         for table in dropped:
@@ -116,7 +119,7 @@ def test_an_older_file_opens_with_its_sessions_and_gains_the_newer_tables(
     m.session.schedule(
         Timer(id="t1", session="s0", due_ms=5, handler="on-tick", text="x", tags={"k": "v"})
     )
-    m.session.record("on-message", "tagged", "2026-12-01T00:00:00.000Z", tags=tags)
+    m.session.record("on-message", "tagged", "2026-12-01T00:00:00.000Z", tags=tags, by="agent")
     store.write([m.delta()])
     token = TokenRecord("agent", digest("secret"), Scope(("team-a.*",), frozenset({READ})))
     store.put_token(token)
@@ -126,7 +129,46 @@ def test_an_older_file_opens_with_its_sessions_and_gains_the_newer_tables(
     (timer,) = after.timers
     assert (timer.id, timer.due_ms, timer.handler, timer.tags) == ("t1", 5, "on-tick", {"k": "v"})
     assert after.firings[-1].tags == tags and after.firings[0].tags == {}
+    assert after.firings[-1].by == "agent" and after.firings[0].by is None
     assert store.load_tokens() == [token]
+    store.close()
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+    conn.close()
+
+
+#: a home's database as the repl before senders (schema 6, commit 1ddc883) wrote it: a
+#: daemon sent "plain one", "tagged" (k=v) and "from agent" (a scoped token "agent") to
+#: ``inbox`` and stopped cleanly (an image of the three), then recorded an unhandled
+#: on-build firing after the image, acknowledged cursor ``w`` to 2 and was killed -9
+SCHEMA_6 = Path(__file__).parent / "data" / "schema-6.db"
+
+
+def test_a_database_written_before_senders_reads_every_firing_with_by_none(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "repl.db"
+    db.write_bytes(SCHEMA_6.read_bytes())
+    store = SqliteStore(db)
+    (snap,) = store.load()
+    session = Session.restore(snap)
+    firings = session.read_after(0).firings
+    assert [(f.seq, f.result or f.event, f.tags, f.by) for f in firings] == [
+        (1, "plain one", {}, None),
+        (2, "tagged", {"k": "v"}, None),
+        (3, "from agent", {}, None),  # the token is known, but never guessed
+        (4, "after the image", {}, None),
+    ]
+    assert session.cursor_table() == [CursorInfo("w", 2, 2)]
+    assert [t.name for t in store.load_tokens()] == ["agent"]
+    m = Mirror("inbox")
+    m.session = session
+    m.session.record("on-message", "now", TS, by="root")
+    store.write([m.delta()])
+    store.close()
+    store = SqliteStore(db)
+    (snap,) = store.load()
+    assert [f.by for f in Session.restore(snap).read_after(0).firings] == [None] * 4 + ["root"]
     store.close()
     with sqlite3.connect(db) as conn:
         assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)

@@ -37,9 +37,10 @@ ring the image holds whole not at all until a firing of it is needed
 (``Ring.folded``, read then with a reader connection of the event loop's
 own); a copy, checked by a CRC, that a damaged or stale one is passed over
 for the log, which always holds every live row). ``PRAGMA user_version``
-holds the schema's version (6; a file of schema 1 to 5 gets the tables and columns it
+holds the schema's version (7; a file of schema 1 to 6 gets the tables and columns it
 lacks when opened: schema 4 added the tags of firings and timers, schema 5
-moved the firings into the log, schema 6 added the images).
+moved the firings into the log, schema 6 added the images, schema 7 the
+sender of each firing, its ``by``, NULL in the rows written before).
 
 Only one daemon may use a home at a time: the store holds an exclusive
 ``flock`` on ``repl.db.lock`` next to the database for as long as it is
@@ -58,6 +59,7 @@ import fcntl
 import logging
 import os
 import sqlite3
+import sys
 import threading
 import zlib
 from collections.abc import Callable, Collection, Iterator
@@ -77,7 +79,7 @@ from session.session import Snapshot, check_session_id
 
 log = logging.getLogger("repl.daemon")
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 #: how long a write waits for another program's lock on the file before it fails
 BUSY_TIMEOUT = 2.0
 #: the WAL file is cut back to this size once checkpointed
@@ -194,8 +196,14 @@ CREATE TABLE rings (
     crc INTEGER NOT NULL
 );
 """
-#: what each schema after the first added (timers and hooks, tokens, tags, the log, rings)
-_UPGRADES = (_SCHEMA_2, _SCHEMA_3, _SCHEMA_4, _SCHEMA_5, _SCHEMA_6)
+# schema 7 adds who sent each firing (its ``by``; ``sender``, since BY is SQL's word):
+# NULL in the rows written before, and read back as None, never a guessed name
+_SCHEMA_7 = """
+ALTER TABLE log ADD COLUMN sender TEXT;
+"""
+#: what each schema after the first added (timers and hooks, tokens, tags, the log, rings,
+#: senders)
+_UPGRADES = (_SCHEMA_2, _SCHEMA_3, _SCHEMA_4, _SCHEMA_5, _SCHEMA_6, _SCHEMA_7)
 #: the log's live rows: those of a session after its ``since``, from its ``first`` seq on
 _LIVE_ROW = "l.id > s.since AND l.seq >= s.first"
 _LIVE = f"log AS l JOIN sessions AS s ON s.id = l.session WHERE {_LIVE_ROW}"
@@ -599,7 +607,7 @@ def _write_batch(
     kept = [d for d in batch if not d.gone]
     (top,) = conn.execute("SELECT coalesce(max(id), 0) FROM log").fetchone()
     sessions: list[tuple[str, int, int, int, int, int]] = []
-    firings: list[tuple[str, int, str, str | None, str | None, str, str | None]] = []
+    firings: list[tuple[str, int, str, str | None, str | None, str, str | None, str | None]] = []
     cursors_replaced: list[tuple[str]] = []
     cursors: list[tuple[str, str, int, int]] = []
     hooks_changed: list[tuple[str]] = []
@@ -641,7 +649,7 @@ def _write_batch(
         sessions.append((sid, delta.limit, head, delta.uses, first, since))
         for f in new:
             tags = _tags_column(f.tags) if f.tags else None  # most have none: no call
-            firings.append((sid, f.seq, f.handler, f.result, f.event, f.ts, tags))
+            firings.append((sid, f.seq, f.handler, f.result, f.event, f.ts, tags, f.by))
         if delta.cursors is not None:
             cursors_replaced.append((sid,))
             cursors.extend((sid, c.name, c.seq, c.last_use) for c in delta.cursors)
@@ -665,8 +673,8 @@ def _write_batch(
     )
     if firings:
         conn.executemany(
-            "INSERT INTO log (session, seq, handler, result, event, ts, tags)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO log (session, seq, handler, result, event, ts, tags, sender)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             firings,
         )
         rows += len(firings)
@@ -705,8 +713,8 @@ def _compact(conn: sqlite3.Connection, rows: int, budget: int) -> int:
         edge = conn.execute("SELECT coalesce(max(id), 0) FROM log").fetchone()
     (last,) = edge
     moved = conn.execute(
-        "INSERT INTO log (session, seq, handler, result, event, ts, tags)"
-        " SELECT l.session, l.seq, l.handler, l.result, l.event, l.ts, l.tags"
+        "INSERT INTO log (session, seq, handler, result, event, ts, tags, sender)"
+        " SELECT l.session, l.seq, l.handler, l.result, l.event, l.ts, l.tags, l.sender"
         f" FROM {_LIVE} AND l.id <= ? ORDER BY l.id",
         (last,),
     ).rowcount
@@ -789,12 +797,12 @@ class _Rows:
 
 
 #: a log row as a firing is read from it (``_firing``)
-_COLUMNS = "l.session, l.seq, l.handler, l.result, l.event, l.ts, l.tags"
+_COLUMNS = "l.session, l.seq, l.handler, l.result, l.event, l.ts, l.tags, l.sender"
 
 
 def _firing(row: tuple[Any, ...]) -> Firing:
-    _, seq, handler, result, event, ts, tags = row
-    return Firing(seq, handler, result, event, ts, _tags(tags))
+    _, seq, handler, result, event, ts, tags, by = row
+    return Firing(seq, handler, result, event, ts, _tags(tags), by and sys.intern(by))
 
 
 def _load_all(

@@ -302,8 +302,9 @@ class SharedCommitter:
         match op:
             case Record():
                 handled = op.handler in HANDLERS if op.handled is None else op.handled
+                by = op.by
                 future = store.record(
-                    session_id, op.handler, op.text, handled, op.ts, op.key, op.tags
+                    session_id, op.handler, op.text, handled, op.ts, op.key, op.tags, by
                 )
 
                 def recorded(future: asyncio.Future[Recorded]) -> None:
@@ -317,7 +318,7 @@ class SharedCommitter:
                         text = op.text
                         result, event = (text, None) if handled else (None, text)
                         tags = op.tags or NO_TAGS
-                        firing = Firing(done.seq, op.handler, result, event, op.ts, tags)
+                        firing = Firing(done.seq, op.handler, result, event, op.ts, tags, by)
                     self.listener.changed(session_id, firing)
 
                 future.add_done_callback(recorded)  # before the caller's: waiters first

@@ -19,7 +19,9 @@ The keys, in this order in every script's KEYS:
    session has a webhook (rules H1-H7)
 2. ``ring``     stream: the retained firings, entry id ``SEQ-0``; fields ``t`` (ts),
    ``h`` (handler), then ``r`` (result) or ``e`` (event), then ``g`` (its tags, a JSON
-   object made by the daemon) only when it has tags, so a plain firing costs no more
+   object made by the daemon) only when it has tags, so a plain firing costs no more,
+   then ``b`` (who sent it, its ``by``) when known (an entry written before senders has
+   none, and reads back with ``by`` None)
 3. ``cursors``  hash: name -> ``SEQ:LAST_USE``
 4. ``keys``     hash: dedup key -> seq
 5. ``keyorder`` list: the dedup keys, oldest first
@@ -105,19 +107,26 @@ local function set_cursor(name, seq, uses)
   redis.call('HSET', cursors, name, string.format('%d:%d', seq, uses))
 end
 -- record a firing after head (rules S1, S2, S13): its seq, 1 if its key had one, the head;
--- ``tags`` is the JSON of its tags, '' for none (rules R1-R4)
-local function record(head, limit, field, handler, text, ts, key, max_keys, tags)
+-- ``tags`` is the JSON of its tags, '' for none (rules R1-R4); ``by`` who sent it, '' for
+-- no one known (§17)
+local function record(head, limit, field, handler, text, ts, key, max_keys, tags, by)
   if key ~= '' then
     local seq = redis.call('HGET', keys, key)
     if seq then return tonumber(seq), 1, head end
   end
   head = head + 1
-  if limit > 0 and tags == '' then
-    redis.call('XADD', ring, 'MAXLEN', '=', limit, string.format('%d-0', head),
-      't', ts, 'h', handler, field, text)
-  elseif limit > 0 then
-    redis.call('XADD', ring, 'MAXLEN', '=', limit, string.format('%d-0', head),
-      't', ts, 'h', handler, field, text, 'g', tags)
+  if limit > 0 then
+    local entry = {'XADD', ring, 'MAXLEN', '=', limit, string.format('%d-0', head),
+      't', ts, 'h', handler, field, text}
+    if tags ~= '' then
+      entry[#entry + 1] = 'g'
+      entry[#entry + 1] = tags
+    end
+    if by ~= '' then
+      entry[#entry + 1] = 'b'
+      entry[#entry + 1] = by
+    end
+    redis.call(unpack(entry))
   end
   if key ~= '' then
     redis.call('HSET', keys, key, head)
@@ -131,13 +140,14 @@ end
 
 #: ARGV: handler, text, handled ('1': the text is the result), ts, key ('' for none),
 #: max_keys, origin (the publishing daemon, so it can skip its own wakes), tags (JSON,
-#: '' for none). Answers {'ok', seq, duplicate, head, incarnation, retained (1 or 0)}.
+#: '' for none), by (its sender). Answers {'ok', seq, duplicate, head, incarnation,
+#: retained (1 or 0)}.
 #: A new firing the ring keeps is published whole on the wake channel, so a waiter that
 #: is up to date is answered from the message with no read (``repl_daemon.backends.redis.
-#: wakes.heard``): ``SEQ ORIGIN FIELD LEN(handler) LEN(ts) LEN(tags) INCARNATION`` (``-``
-#: for a session made before incarnations), a newline, then the handler, the ts, the tags
-#: and the text, one after the other. One it does not keep (a limit of 0) is published as
-#: ``SEQ ORIGIN``, as a timer's firings are.
+#: wakes.heard``): ``SEQ ORIGIN FIELD LEN(handler) LEN(ts) LEN(tags) LEN(by) INCARNATION``
+#: (``-`` for a session made before incarnations), a newline, then the handler, the ts,
+#: the tags, the sender and the text, one after the other. One it does not keep (a limit
+#: of 0) is published as ``SEQ ORIGIN``, as a timer's firings are.
 RECORD = (
     _PRELUDE
     + """
@@ -147,13 +157,14 @@ local field = 'e'
 if ARGV[3] == '1' then field = 'r' end
 local limit = tonumber(m[2])
 local seq, duplicate, head = record(tonumber(m[1]), limit, field, ARGV[1], ARGV[2],
-  ARGV[4], ARGV[5], tonumber(ARGV[6]), ARGV[8])
+  ARGV[4], ARGV[5], tonumber(ARGV[6]), ARGV[8], ARGV[9])
 redis.call('HSET', meta, 'head', head, 'evals', tonumber(m[3]) + 1)
 local retained = 1  -- (a duplicate's answer says 1, as the core's does)
 if duplicate == 0 and limit == 0 then retained = 0 end
 if duplicate == 0 and limit > 0 then
-  redis.call('SPUBLISH', wake, string.format('%d %s %s %d %d %d %s\\n', head, ARGV[7], field,
-    #ARGV[1], #ARGV[4], #ARGV[8], m[4] or '-') .. ARGV[1] .. ARGV[4] .. ARGV[8] .. ARGV[2])
+  redis.call('SPUBLISH', wake, string.format('%d %s %s %d %d %d %d %s\\n', head, ARGV[7],
+    field, #ARGV[1], #ARGV[4], #ARGV[8], #ARGV[9], m[4] or '-')
+    .. ARGV[1] .. ARGV[4] .. ARGV[8] .. ARGV[9] .. ARGV[2])
 elseif duplicate == 0 then
   redis.call('SPUBLISH', wake, string.format('%d %s', head, ARGV[7]))
 end
@@ -243,18 +254,25 @@ if ARGV[6] ~= '' then
   if want_tags == nil or want_tags == cjson.null or next(want_tags) == nil then
     want_tags = nil
   end
+  -- the key 'by' is the firing's sender (its ``b`` field), never a tag (``Match.holds``)
   local function holds(fields)
-    local handler, tags = nil, nil
+    local handler, tags, by = nil, nil, nil
     for i = 1, #fields, 2 do
       if fields[i] == 'h' then handler = fields[i + 1]
-      elseif fields[i] == 'g' then tags = fields[i + 1] end
+      elseif fields[i] == 'g' then tags = fields[i + 1]
+      elseif fields[i] == 'b' then by = fields[i + 1] end
     end
     if want_handler and handler ~= want_handler then return false end
     if want_tags then
-      if not tags then return false end  -- a plain firing: no tags to decode
-      local have = cjson.decode(tags)
+      local have = nil
       for key, value in pairs(want_tags) do
-        local got = have[key]
+        local got
+        if key == 'by' then
+          got = by
+        elseif tags then
+          if not have then have = cjson.decode(tags) end
+          got = have[key]
+        end  -- else a plain firing: no tags to decode
         if got == nil or (value ~= cjson.null and got ~= value) then return false end
       end
     end
@@ -500,7 +518,7 @@ for _, p in ipairs(pending) do
     local tags = def.tags
     if tags == nil or tags == cjson.null then tags = '' end
     seq, duplicate, head = record(head, limit, def.field, def.handler, def.text, ts, key,
-      max_keys, tags)
+      max_keys, tags, 'timer')
     evals = evals + 1
     if duplicate == 0 then recorded = true end
     local next_due = -1

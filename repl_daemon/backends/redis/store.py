@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import secrets
@@ -97,6 +98,14 @@ log = logging.getLogger("repl.daemon")
 _json = msgspec.json.Encoder()
 _token_record = msgspec.json.Decoder(TokenRecord)
 _read_tags = msgspec.json.Decoder(Tags)
+
+
+@functools.lru_cache(maxsize=1024)
+def sender(raw: bytes) -> str | None:
+    """A firing's ``by`` as an entry (or a wake) keeps it: one string for every firing of a
+    sender, as a ring keeps it (a few senders send a session's firings); None for none."""
+    return raw.decode() or None
+
 
 T = TypeVar("T")
 
@@ -760,8 +769,10 @@ class RedisStore:
         ts: str,
         key: str | None,
         tags: Tags = NO_TAGS,
+        by: str | None = None,
     ) -> asyncio.Future[Recorded]:
-        """Record a firing; ``tags`` (checked by the caller) go into its entry as JSON."""
+        """Record a firing sent by ``by`` (None: no one known); ``tags`` (checked by the
+        caller) go into its entry as JSON."""
         encoded = _json.encode(tags) if tags else ""
         args = (handler, text, "1" if handled else "0", ts, key or "", MAX_KEYS, self.origin)
         before = self.heads.before(session_id)
@@ -772,7 +783,9 @@ class RedisStore:
             self._learned(session_id, before, incarnation, found, int(head))
             return Recorded(int(seq), duplicate=bool(duplicate), retained=bool(retained))
 
-        return self._script("RECORD", session_id, (*args, encoded), change=True, then=recorded)
+        return self._script(
+            "RECORD", session_id, (*args, encoded, by or ""), change=True, then=recorded
+        )
 
     def read(
         self,
@@ -1108,6 +1121,7 @@ def _firing(entry: Any) -> Firing:
     result = values.get(b"r")
     event = values.get(b"e")
     tags = values.get(b"g")
+    by = values.get(b"b")
     return Firing(
         seq,
         values[b"h"].decode(),
@@ -1115,6 +1129,7 @@ def _firing(entry: Any) -> Firing:
         None if event is None else event.decode(),
         values[b"t"].decode(),
         NO_TAGS if tags is None else _read_tags.decode(tags),
+        None if by is None else sender(by),
     )
 
 

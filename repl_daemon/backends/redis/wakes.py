@@ -12,7 +12,7 @@ import anyio
 import msgspec
 
 from repl_daemon.backends.redis.keys import channel_session, wake_channel
-from repl_daemon.backends.redis.store import RedisStore
+from repl_daemon.backends.redis.store import RedisStore, sender
 from repl_daemon.backends.redis.target import reason
 from session.errors import StoreFailed
 from session.firing import NO_TAGS, Firing
@@ -47,14 +47,15 @@ def heard(payload: bytes) -> Heard:
     ``FIRE``) publish it."""
     line, _, body = payload.partition(b"\n")
     words = line.decode().split(" ")
-    if len(words) != 7:  # SEQ ORIGIN, or stop ORIGIN: no firing
+    if len(words) != 8:  # SEQ ORIGIN, or stop ORIGIN: no firing
         what, _, origin = line.decode().partition(" ")
         return Heard(what, origin)
-    seq, origin, field, handler_length, ts_length, tags_length, incarnation = words
+    seq, origin, field, handler_length, ts_length, tags_length, by_length, incarnation = words
     handler_end = int(handler_length)
     ts_end = handler_end + int(ts_length)
     tags_end = ts_end + int(tags_length)
-    text = body[tags_end:].decode()
+    by_end = tags_end + int(by_length)
+    text = body[by_end:].decode()
     tags = body[ts_end:tags_end]
     firing = Firing(
         int(seq),
@@ -63,6 +64,7 @@ def heard(payload: bytes) -> Heard:
         None if field == "r" else text,
         body[handler_end:ts_end].decode(),
         _read_tags.decode(tags) if tags else NO_TAGS,
+        sender(body[tags_end:by_end]),
     )
     return Heard(seq, origin, firing, incarnation)
 
