@@ -775,10 +775,10 @@ def token() -> None:
 def token_add(repl: Repl, name: str, patterns: str, can: str, as_json: bool) -> None:
     """Make a token NAME and print it, once: keep it, it cannot be shown again."""
     from session.errors import ReplError
-    from session.scopes import check_token_name, parse_scope
+    from session.scopes import check_new_token_name, parse_scope
 
     try:  # checked here too: a usage error says so before anything is asked
-        check_token_name(name)
+        check_new_token_name(name)
         scope = parse_scope(patterns, can)
     except ReplError as exc:
         raise click.UsageError(exc.message) from None
