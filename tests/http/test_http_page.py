@@ -272,3 +272,19 @@ def test_sessions_started_and_stopped_elsewhere_come_and_go(browser: Any, web: D
     expect(rows.filter(has_text="page-gone")).to_have_count(0, timeout=SHOWN_WITHIN_MS)
     assert page.evaluate("document.activeElement.dataset.id") == "page-kept"
     page.context.close()
+
+
+def test_a_firing_shows_who_sent_it(browser: Any, web: DaemonProc) -> None:
+    """``by`` beside the firing: a scoped token's name for what it sent, ``root`` for the
+    root's. It is the daemon's record, not the client's say, shown as text."""
+    repl = Repl(web)
+    repl.ok("start", "page-by")
+    made = repl.ok("token", "add", "page-sender", "--sessions", "page-by", "--can", "send")
+    scoped = repl.run("send", "page-by", "from the token", env={**repl.env, "REPL_TOKEN": made})
+    assert scoped.returncode == 0, scoped.stderr
+    repl.ok("send", "page-by", "from the root")
+    page = logged_in(browser, web, at="page-by")
+    page.wait_for_selector("#firings li[data-seq='2']", timeout=SHOWN_WITHIN_MS)
+    assert page.locator("#firings li[data-seq='1'] .by").inner_text() == "by page-sender"
+    assert page.locator("#firings li[data-seq='2'] .by").inner_text() == "by root"
+    page.context.close()
