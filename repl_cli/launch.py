@@ -1,7 +1,8 @@
 """``repl daemon``: run the daemon in the foreground, or start it in the background.
 
 The foreground daemon is ``repl_daemon.daemon.run`` in this process. A
-detached one is ``python -m repl_daemon`` in a new session with stdout and
+detached one is ``python -m repl_cli.daemon_entry`` (``python -m repl_daemon``
+with the MCP server at ``/mcp`` when the extra is installed) in a new session with stdout and
 stderr appended to ``<home>/daemon.log``; we return once it printed its
 ``listening on HOST:PORT`` line there (it accepts connections by then).
 repl_daemon is imported only here, so other commands never load anyio.
@@ -64,7 +65,7 @@ def refuse_if_running(addr: str) -> None:
 def foreground(addr: str, home: Path, options: list[str]) -> None:
     """Run the daemon in this process with ``options`` (``python -m repl_daemon``'s)."""
     refuse_if_running(addr)
-    from repl_daemon.__main__ import main as daemon_main
+    from repl_cli.daemon_entry import main as daemon_main
 
     status = daemon_main(["--addr", addr, "--home", str(home), *options])
     if status:
@@ -77,7 +78,16 @@ def detach(addr: str, home: Path, options: list[str]) -> None:
     home = home.absolute()
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
     log_path = home / "daemon.log"
-    command = [sys.executable, "-m", "repl_daemon", "--addr", addr, "--home", str(home), *options]
+    command = [
+        sys.executable,
+        "-m",
+        "repl_cli.daemon_entry",
+        "--addr",
+        addr,
+        "--home",
+        str(home),
+        *options,
+    ]
     # the log names sessions and errors: readable by its owner only, like the token
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     with os.fdopen(fd, "ab") as log:

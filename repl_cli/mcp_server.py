@@ -279,6 +279,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     addr: str | None = None
     home: Path | None = None
     token_file: Path | None = None
+    #: the token itself (/mcp over HTTP: the one its client presented), before token_file
+    token: str | None = None
     tls_ca: Path | None = None
     progress_every: float = PROGRESS_EVERY
     #: the sessions whose new firings are pushed to the client (none: nothing is pushed)
@@ -300,7 +302,12 @@ class Tools:
     def connection(self, reconnect: float) -> aio.AsyncRepl:
         s = self.settings
         return aio.connect(
-            s.addr, s.home, reconnect=reconnect, token_file=s.token_file, tls_ca=s.tls_ca
+            s.addr,
+            s.home,
+            reconnect=reconnect,
+            token=s.token,
+            token_file=s.token_file,
+            tls_ca=s.tls_ca,
         )
 
     async def call(

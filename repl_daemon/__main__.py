@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from repl_daemon.config import OPTIONS, build_config
 from repl_daemon.locations import DEFAULT_ADDR
@@ -40,13 +41,17 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, mcp: Any = None) -> int:
+    """Run the daemon with ``argv``'s options; ``mcp`` serves /mcp on its HTTP listener
+    (a ``repl_daemon.http.mcp.McpFactory``, which ``repl daemon`` gives: the client's)."""
     args = vars(parser().parse_args(argv))
     addr, home = args.pop("addr"), args.pop("home")
     from repl_daemon.daemon import run
 
     try:
-        run(build_config(args, addr=addr, home=home))
+        config = build_config(args, addr=addr, home=home)
+        config.mcp = mcp
+        run(config)
     except ConfigError as exc:
         print(f"repl daemon: {exc}", file=sys.stderr)
         return 1

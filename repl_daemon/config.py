@@ -190,6 +190,9 @@ class Config(msgspec.Struct, kw_only=True):
     tls_key: Path | None = None
     #: listen beyond loopback without TLS all the same
     insecure: bool = False
+    #: what serves /mcp on the HTTP listener (``repl_daemon.http.mcp.McpFactory``), given
+    #: by ``repl daemon`` when the [mcp] extra is installed; None: /mcp answers 501
+    mcp: Any = None
 
 
 def parse_addr(addr: str, where: str = "") -> tuple[str, int]:

@@ -155,11 +155,17 @@ async def serve_engine(
         http_port = None
         if config.http is not None:
             from repl_daemon.http import serve_http
+            from repl_daemon.http.mcp import Listener, connect_host
 
             host, wanted = config.http
             limits = config.limits
+            mcp = None
+            if config.mcp is not None:
+                ca = None if certificate is None else certificate.cert
+                line = f"{scheme}{connect_host(config.host)}:{port}"
+                mcp = (config.mcp, Listener(line, config.home, ca, host, wanted, False))
             http_port = await tg.start(
-                functools.partial(serve_http, slow_consumer_s=limits.slow_consumer_s),
+                functools.partial(serve_http, slow_consumer_s=limits.slow_consumer_s, mcp=mcp),
                 engine,
                 host,
                 wanted,

@@ -13,8 +13,9 @@ inside a function (a lazy import) or under ``if TYPE_CHECKING:``. The rules:
    (``repl_daemon.engine.committer.Backend``) alone;
 3. the client (``repl_cli``) imports of the daemon only what a client shares
    with it (``CLIENT_MAY_IMPORT``): the wire's types, where a daemon is found,
-   the daemon's options (which ``repl daemon`` takes as its own) and the
-   daemon's entry point (which ``repl daemon`` runs);
+   the daemon's options (which ``repl daemon`` takes as its own), the
+   daemon's entry point (which ``repl daemon`` runs) and what it gives the MCP
+   server it serves at ``/mcp`` (which ``repl daemon`` passes it);
 4. neither the core (``session``) nor the daemon imports the client.
 
 It exits 1 and names what breaks a rule, 0 when all hold. ``--root DIR``
@@ -40,6 +41,7 @@ CLIENT_MAY_IMPORT = {
     "repl_daemon.locations": "where a daemon is: the default address and state directory",
     "repl_daemon.config": "the daemon's options, which `repl daemon` takes as its own",
     "repl_daemon.__main__": "the daemon's entry point, which `repl daemon` runs",
+    "repl_daemon.http.mcp": "what the daemon gives the MCP server it serves at /mcp",
 }
 
 

@@ -18,6 +18,7 @@ from anyio.abc import TaskStatus
 
 from repl_daemon.config import DEFAULTS
 from repl_daemon.http.answers import PAGE_HEADERS, WEB, error_body
+from repl_daemon.http.mcp import Gate, Listener, McpFactory
 from repl_daemon.http.routes import Api
 from repl_daemon.http.streams import line_of
 from session.errors import (
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.responses import Response
     from starlette.routing import Route
-    from starlette.types import Receive, Scope, Send
+    from starlette.types import ASGIApp, Receive, Scope, Send
 
     from repl_daemon.engine import Engine
 
@@ -105,8 +106,9 @@ class Front:
             raise
 
 
-def make_app(engine: Engine, token: str) -> Any:
-    """The ASGI app of the daemon's HTTP routes: Starlette's, streams in front (``Front``)."""
+def make_app(engine: Engine, token: str, mcp: ASGIApp | None = None) -> Any:
+    """The ASGI app of the daemon's HTTP routes: Starlette's, streams in front (``Front``);
+    ``mcp`` the MCP server's app at /mcp, behind the token (``repl_daemon.http.mcp``)."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.routing import Mount, Route
@@ -129,6 +131,8 @@ def make_app(engine: Engine, token: str) -> Any:
         Route("/sessions/{id}", guarded(api.stop), methods=["DELETE"]),
         Route("/sessions", guarded(api.sessions_root), methods=["GET", "POST"]),
         Route("/metrics", guarded(api.metrics), methods=["GET"]),
+        # the MCP server's own transport: every method it serves (POST, GET, DELETE)
+        Route("/mcp", Gate(api, mcp)),
         Route("/healthz", guarded(api.healthz, open=True), methods=["GET"]),
         # a webhook carries its own secret: no token
         Route("/hooks/{id}", guarded(api.hook, open=True), methods=["POST"]),
@@ -149,6 +153,7 @@ async def serve_http(
     tls: ssl.SSLContext | None = None,
     *,
     slow_consumer_s: float = DEFAULTS["slow_consumer_s"],
+    mcp: tuple[McpFactory, Listener] | None = None,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the HTTP routes on ``host:port`` until cancelled; reports the bound port.
@@ -157,9 +162,10 @@ async def serve_http(
     port in use is the same one-line refusal as the protocol's, and port 0
     reports the port it got). The daemon keeps its own signal handling: the
     server is told to stop when this task is cancelled, and given a moment
-    to close its connections.
+    to close its connections. ``mcp``, the MCP server's factory with where the daemon
+    listens (its HTTP port still to be bound), is entered once the port is bound, and
+    its app served at /mcp.
     """
-    import uvicorn
 
     from session.errors import CannotListen
 
@@ -178,8 +184,38 @@ async def serve_http(
     except OSError as exc:
         sock.close()
         raise CannotListen(f"cannot serve HTTP on {host}:{port}: {exc.strerror}") from None
+    async with contextlib.AsyncExitStack() as stack:
+        served = None
+        if mcp is not None:
+            factory, listener = mcp
+            bound = listener._replace(http_port=sock.getsockname()[1], http_tls=tls is not None)
+            served = await stack.enter_async_context(factory(bound))
+        await _serve(
+            make_app(engine, token, served),
+            sock,
+            engine,
+            idle_timeout,
+            max_connections,
+            tls,
+            slow_consumer_s,
+            task_status,
+        )
+
+
+async def _serve(
+    app: Any,
+    sock: socket.socket,
+    engine: Engine,
+    idle_timeout: float,
+    max_connections: int,
+    tls: ssl.SSLContext | None,
+    slow_consumer_s: float,
+    task_status: TaskStatus[int],
+) -> None:
+    import uvicorn
+
     config = uvicorn.Config(
-        make_app(engine, token),
+        app,
         http=protocol_class(idle_timeout, max_connections, engine.counts.errors, slow_consumer_s),
         # no X-Forwarded-For: nothing here reads the client's address, and the middleware
         # would be one more frame held by every request in flight (an open stream's)

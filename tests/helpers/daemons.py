@@ -238,6 +238,9 @@ class MovedClock(Clock):
 class DaemonProc(Daemon):
     """A daemon child process; ``restart`` keeps its home (and so its state)."""
 
+    #: the module it runs (``repl_cli.daemon_entry``: as ``repl daemon`` runs it, with /mcp)
+    module = "repl_daemon"
+
     def __init__(self, home: Path, *extra: str) -> None:
         super().__init__(home)
         self.extra = list(extra)
@@ -252,7 +255,7 @@ class DaemonProc(Daemon):
             [
                 sys.executable,
                 "-m",
-                "repl_daemon",
+                self.module,
                 "--addr",
                 f"127.0.0.1:{port}",
                 "--home",

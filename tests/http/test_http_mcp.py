@@ -1,0 +1,198 @@
+"""The MCP server over Streamable HTTP at /mcp (SPEC §14 "Over HTTP too"), against a daemon
+started as ``repl daemon`` starts it (``python -m repl_cli.daemon_entry --http``), driven by
+the SDK's own client (``mcp.client.streamable_http``) with the bearer token.
+
+Each tool call is made with the token the client presented: the root's firings say
+``by`` root, a scoped token's its name, and a scoped token neither sees nor reads a
+session outside its patterns. No token, or a wrong one, is 401 with the challenge; a Host
+that is not the listener's is refused by the SDK's DNS-rebinding protection; a daemon
+started without the MCP server (``python -m repl_daemon``) answers 501 naming the extra.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+from repl_cli.mcp_http import security
+from repl_daemon.http.mcp import Listener, connect_host
+from tests.helpers import DaemonProc
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class McpDaemon(DaemonProc):
+    module = "repl_cli.daemon_entry"
+
+
+@pytest.fixture(scope="module")
+def mcpd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProc]:
+    home: Path = tmp_path_factory.mktemp("http-mcp") / "home"
+    d = McpDaemon(home, "--http", "127.0.0.1:0", "--memory", "--settle-ms", "0")
+    yield d
+    d.close_clients()
+    d.stop()
+
+
+def url(d: DaemonProc) -> str:
+    return f"http://127.0.0.1:{d.http_port}/mcp"
+
+
+@asynccontextmanager
+async def agent(d: DaemonProc, token: str) -> AsyncIterator[ClientSession]:
+    headers = {"Authorization": f"Bearer {token}"}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=30) as http,
+        streamable_http_client(url(d), http_client=http) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        yield session
+
+
+async def call(client: ClientSession, tool: str, /, **arguments: Any) -> dict[str, Any]:
+    result = await client.call_tool(tool, arguments)
+    assert not result.is_error, result.content
+    assert result.structured_content is not None
+    return result.structured_content
+
+
+def post(d: DaemonProc, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+    """A bare initialize POST to /mcp: the status, the headers and the body."""
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"},
+        },
+    }
+    request = urllib.request.Request(
+        url(d),
+        data=json.dumps(body).encode(),
+        headers={
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+            **headers,
+        },
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, dict(answer.headers), answer.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+async def test_tools_and_resources_with_the_root_token(mcpd: DaemonProc) -> None:
+    async with agent(mcpd, mcpd.token) as session:
+        init = session.initialize_result
+        assert init is not None
+        caps = init.capabilities
+        assert caps.tools is not None and caps.resources is not None
+        assert caps.prompts is None  # declares only what it serves
+        names = {tool.name for tool in (await session.list_tools()).tools}
+        assert {"send", "read", "wait", "sessions", "start"} <= names
+        assert (await call(session, "start", session="h-mcp"))["created"] is True
+        assert (await call(session, "send", session="h-mcp", text="hi"))["seq"] == 1
+        got = await call(session, "read", session="h-mcp")
+        assert [(f["result"], f["by"]) for f in got["firings"]] == [("hi", "root")]
+        uris = [str(r.uri) for r in (await session.list_resources()).resources]
+        assert "repl://sessions/h-mcp" in uris
+
+
+async def test_a_scoped_token_has_its_rights_and_no_more(mcpd: DaemonProc) -> None:
+    root = mcpd.client()
+    root.ok({"op": "start", "session": "h-other"})
+    root.ok({"op": "start", "session": "h-own1"})
+    made = root.ok(
+        {
+            "op": "token",
+            "action": "add",
+            "name": "agent1",
+            "sessions": ["h-own*"],
+            "can": ["send", "read"],
+        }
+    )
+    async with agent(mcpd, made["token"]) as session:
+        await call(session, "send", session="h-own1", text="mine")
+        got = await call(session, "read", session="h-own1")
+        assert [(f["result"], f["by"]) for f in got["firings"]] == [("mine", "agent1")]
+        rows = (await call(session, "sessions"))["sessions"]
+        assert [row["id"] for row in rows] == ["h-own1"]
+        refused = await session.call_tool("read", {"session": "h-other"})
+        assert refused.is_error
+        assert "no_such_session" in refused.content[0].text  # type: ignore[union-attr]
+
+
+def test_no_token_or_a_wrong_one_is_401(mcpd: DaemonProc) -> None:
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic x"}):
+        status, answer, body = post(mcpd, headers)
+        assert status == 401, body
+        assert answer["www-authenticate"] == "Bearer"
+        assert json.loads(body)["code"] == "unauthorized"
+
+
+def test_a_host_not_the_listeners_is_refused(mcpd: DaemonProc) -> None:
+    bearer = {"Authorization": f"Bearer {mcpd.token}"}
+    status, _, _ = post(mcpd, {**bearer, "Host": "evil.example:80"})
+    assert status == 421
+    status, _, _ = post(mcpd, {**bearer, "Origin": "http://evil.example"})
+    assert status == 403
+    status, _, _ = post(mcpd, bearer)
+    assert status == 200
+
+
+def test_a_daemon_without_the_mcp_server_says_how_to_get_it(tmp_path: Path) -> None:
+    d = DaemonProc(tmp_path / "home", "--http", "127.0.0.1:0", "--memory")
+    try:
+        status, _, body = post(d, {"Authorization": f"Bearer {d.token}"})
+        assert status == 501
+        assert "pip install 'repl-inbox[mcp]'" in json.loads(body)["message"]
+        assert post(d, {})[0] == 401
+    finally:
+        d.stop()
+
+
+def test_dns_rebinding_protection_is_for_loopback_only() -> None:
+    home = Path("/nonexistent")
+    wide = Listener("127.0.0.1:1", home, None, "0.0.0.0", 8080, False)
+    assert security(wide) is None
+    v6 = security(wide._replace(http_host="::1", http_tls=True))
+    assert v6 is not None and "[::1]:8080" in v6.allowed_hosts
+    assert "https://localhost:8080" in v6.allowed_origins
+    assert [connect_host(h) for h in ("0.0.0.0", "::", "", "10.0.0.1")] == [
+        "127.0.0.1",
+        "::1",
+        "127.0.0.1",
+        "10.0.0.1",
+    ]
+
+
+async def test_two_clients_of_one_token_at_once(mcpd: DaemonProc) -> None:
+    async def one(i: int) -> None:
+        async with agent(mcpd, mcpd.token) as session:
+            await call(session, "start", session=f"h-par{i}")
+            await call(session, "send", session=f"h-par{i}", text=str(i))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(3):
+            tg.start_soon(one, i)
