@@ -8,6 +8,8 @@
 - bench/tls.py: ``tls``, TLS beside plain TCP (SPEC §12)
 - bench/matching.py: ``tags``, tagged sends and firings, matching waits (SPEC §15)
 - bench/mcp_agent.py: ``mcp``, the MCP server's tools beside the line protocol (SPEC §14)
+- bench/mcp_follow.py: ``push``, ``repl mcp --follow``'s pushes, its ``send`` tool against
+  the SDK's floor, idle followers (issue 40)
 
 The ``scaleout`` group prints a table of its own (bench/scaleout.py). What
 the groups share (sizes, servers, requests, percentiles, rows) is in
@@ -23,6 +25,7 @@ from bench import (
     many,
     matching,
     mcp_agent,
+    mcp_follow,
     memory,
     restart,
     sends,
@@ -53,6 +56,7 @@ GROUPS: dict[str, Group] = {
         tls.TLS,
         matching.TAGS,
         mcp_agent.MCP,
+        mcp_follow.PUSH,
     )
 }
 

@@ -80,6 +80,14 @@ ROWS = (
     "MCP wait's wake latency p99",
     "MCP send round trip p50",
     "MCP send round trip p99",
+    "MCP push latency p50",
+    "MCP push latency p99",
+    "MCP `send` tool round trip p50",
+    "MCP `send` tool round trip p99",
+    "TCP send round trip p50 beside those tool calls",
+    "TCP send round trip p99 beside those tool calls",
+    "idle `repl mcp --follow` servers and the daemon: CPU over",
+    "idle `repl mcp --follow` servers: the daemon's evaluations over",
 )
 # the tls group's notes: each figure over TLS and plain, repl then its anchors (bench/tls.py)
 TLS_NOTES = (
@@ -112,11 +120,12 @@ SCALE_ROWS = (
     "sends refused in the other loads",
 )
 #: the groups that never start a redis-server or look for one (bench/cli.py, bench/http_api.py,
-#: bench/matching.py, bench/mcp_agent.py): each is measured in one of the two runs only
-REDIS_FREE = ("cli", "http", "tags", "mcp")
+#: bench/matching.py, bench/mcp_agent.py, bench/mcp_follow.py): each is measured in one of the
+#: two runs only
+REDIS_FREE = ("cli", "http", "tags", "mcp", "push")
 #: of those, the ones measured in the run without redis-server (the shorter run: it starts no
 #: redis-server), the others in the run with it, so that neither run is much the longer
-WITHOUT_ONLY = ("tags", "mcp")
+WITHOUT_ONLY = ("tags", "mcp", "push")
 
 pytestmark = pytest.mark.slow
 SCALE_COLUMNS = COLUMNS[:-1]  # the main table's, but the floor
@@ -293,8 +302,8 @@ def test_without_redis_server_the_reference_column_is_empty_and_the_hint_printed
 ) -> None:
     """Every group that looks for redis-server, with none to find, and the groups of
     ``WITHOUT_ONLY``. The groups that never look (``REDIS_FREE``) measure the same with or
-    without it, so each is measured in one run only: cli and http in the test above, tags
-    and mcp here."""
+    without it, so each is measured in one run only: cli and http in the test above, tags,
+    mcp and push here."""
     from bench.figures import GROUPS
 
     for group in REDIS_FREE:  # what makes measuring them once safe: their module never looks
@@ -304,6 +313,7 @@ def test_without_redis_server_the_reference_column_is_empty_and_the_hint_printed
     for note in ("note: tagged send round trip p50 / p99", "note: matching wait: "):
         assert note in out, out
     assert "note: MCP: " in out or "n/a (mcp extra missing)" in out, out
+    assert "note: push: " in out or "n/a (mcp extra missing)" in out, out
     check_tls_notes(out, rows, redis=False)
     for table in scale:
         check_scale_rows(table, redis=False)
