@@ -1,0 +1,241 @@
+"""Pushes over Streamable HTTP (SPEC §14 "Over HTTP too", §17): ``/mcp?follow=ID`` pushes each
+burst to every MCP session of that URL over its GET stream, against a daemon started as
+``repl daemon`` starts it, driven by the SDK's own client with the bearer token.
+
+What is checked: a firing sent after the client connected is pushed as
+``notifications/claude/channel`` with its meta and ``by``, and as
+``notifications/resources/updated`` to a client that subscribed; ``allow_from`` pushes
+only the senders it names and the cursor passes the others; two clients of one token
+of their own cursors each get every push. Every wait is for an event (``anyio.fail_after``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._context_streams import create_context_streams
+from mcp.shared.exceptions import MCPDeprecationWarning
+from mcp.types import JSONRPCNotification, ResourceUpdatedNotification
+
+from repl_cli.mcp_http import Spec, spec_of
+from repl_cli.mcp_push import CHANNEL, CHANNEL_METHOD, UPDATED_METHOD
+from tests.helpers import Client, DaemonProc, eventually
+
+pytestmark = pytest.mark.anyio
+
+#: the generous bound of every wait for an event
+BOUND = 20
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class McpDaemon(DaemonProc):
+    module = "repl_cli.daemon_entry"
+
+
+@pytest.fixture(scope="module")
+def mcpd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProc]:
+    home: Path = tmp_path_factory.mktemp("http-mcp-push") / "home"
+    d = McpDaemon(home, "--http", "127.0.0.1:0", "--memory", "--settle-ms", "0")
+    yield d
+    d.close_clients()
+    d.stop()
+
+
+class Agent:
+    """A client's MCP session, and what was pushed to it, in order: each notification as
+    its method and params (the channel's is not one the SDK's ``ClientSession`` knows, so
+    the read stream is tapped for it; the others reach its ``message_handler``)."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[str, dict[str, Any]]] = []
+        self.arrived = anyio.Event()
+        self.session: ClientSession
+
+    def heard(self, method: str, params: dict[str, Any]) -> None:
+        self.got.append((method, params))
+        self.arrived.set()
+        self.arrived = anyio.Event()
+
+    async def handler(self, message: Any) -> None:
+        if isinstance(message, ResourceUpdatedNotification):
+            self.heard(message.method, {"uri": str(message.params.uri)})
+
+    async def tap(self, read: Any, into: Any) -> None:
+        async with into:
+            async for item in read:
+                message = getattr(item, "message", None)
+                if isinstance(message, JSONRPCNotification) and message.method == CHANNEL_METHOD:
+                    self.heard(message.method, message.params or {})
+                try:
+                    await into.send(item)
+                except anyio.BrokenResourceError:  # the session closed: nobody reads on
+                    return
+
+    async def next(self) -> tuple[str, dict[str, Any]]:
+        """The next notification pushed (waited for)."""
+        with anyio.fail_after(BOUND):
+            while not self.got:
+                await self.arrived.wait()
+        return self.got.pop(0)
+
+
+@asynccontextmanager
+async def agent(d: DaemonProc, token: str, query: str) -> AsyncIterator[Agent]:
+    heard = Agent()
+    headers = {"Authorization": f"Bearer {token}"}
+    url = f"http://127.0.0.1:{d.http_port}/mcp?{query}"
+    into, tapped = create_context_streams[Any](0)
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=30) as http,
+        streamable_http_client(url, http_client=http) as (read, write),
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(heard.tap, read, into)
+        async with ClientSession(tapped, write, message_handler=heard.handler) as session:
+            heard.session = session
+            await session.initialize()
+            yield heard
+        tg.cancel_scope.cancel()
+
+
+def cursor_of(d: DaemonProc, session: str, cursor: str) -> int:
+    """Where ``cursor`` of ``session`` stands."""
+    rows = d.client().ok({"op": "cursors", "session": session})["cursors"]
+    return next((int(row["seq"]) for row in rows if row["name"] == cursor), 0)
+
+
+async def test_a_firing_is_pushed_with_its_meta_and_by(mcpd: DaemonProc) -> None:
+    root = mcpd.client()
+    root.ok({"op": "start", "session": "hp-a"})
+    async with agent(mcpd, mcpd.token, "follow=hp-a&cursor=t1") as a:
+        init = a.session.initialize_result
+        assert init is not None and CHANNEL in (init.capabilities.experimental or {})
+        assert init.instructions is not None and "hp-a" in init.instructions
+        with pytest.warns(MCPDeprecationWarning):
+            await a.session.subscribe_resource("repl://sessions/hp-a")
+        root.ok({"op": "send", "session": "hp-a", "text": "hello", "tags": {"reply-to": "x"}})
+        method, params = await a.next()
+        assert method == CHANNEL_METHOD and params["content"] == "hello"
+        meta = params["meta"]
+        assert (meta["session"], meta["seq"], meta["by"], meta["reply_to"]) == (
+            "hp-a",
+            "1",
+            "root",
+            "x",
+        )
+        assert await a.next() == (UPDATED_METHOD, {"uri": "repl://sessions/hp-a"})
+        with pytest.warns(MCPDeprecationWarning):
+            await a.session.unsubscribe_resource("repl://sessions/hp-a")
+
+
+async def test_allow_from_pushes_only_those_senders_and_the_cursor_passes_the_others(
+    mcpd: DaemonProc,
+) -> None:
+    root = mcpd.client()
+    root.ok({"op": "start", "session": "hp-gate"})
+    made = root.ok(
+        {"op": "token", "action": "add", "name": "alice", "sessions": ["hp-*"], "can": ["send"]}
+    )
+    alice = Client(mcpd.port, made["token"])
+    mcpd.clients.append(alice)
+    async with agent(mcpd, mcpd.token, "follow=hp-gate&cursor=t2&allow_from=alice") as a:
+        root.ok({"op": "send", "session": "hp-gate", "text": "from root"})
+        alice.ok({"op": "send", "session": "hp-gate", "text": "from alice"})
+        method, params = await a.next()
+        assert (method, params["content"], params["meta"]["by"]) == (
+            CHANNEL_METHOD,
+            "from alice",
+            "alice",
+        )
+        eventually(lambda: cursor_of(mcpd, "hp-gate", "t2") == 2, what="the cursor at 2")
+
+
+async def test_two_clients_of_one_token_each_get_every_push(mcpd: DaemonProc) -> None:
+    root = mcpd.client()
+    root.ok({"op": "start", "session": "hp-two"})
+    # one cursor is one reader (as two `repl follow`s of one cursor are): each its own
+    async with (
+        agent(mcpd, mcpd.token, "follow=hp-two&cursor=t3a") as a,
+        agent(mcpd, mcpd.token, "follow=hp-two&cursor=t3b") as b,
+    ):
+        root.ok({"op": "send", "session": "hp-two", "text": "to both"})
+        for one in (a, b):
+            method, params = await one.next()
+            assert (method, params["content"]) == (CHANNEL_METHOD, "to both")
+
+
+def test_the_query_says_what_to_follow() -> None:
+    def spec(query: str) -> Spec:
+        return spec_of({"query_string": query.encode()})
+
+    assert spec("") == Spec() == spec("cursor=x&allow_from=a")
+    assert spec("follow=a,b&follow=b&cursor=x&cursor=y&allow_from=") == Spec(
+        ("a", "b"), "y", frozenset()
+    )
+    assert spec("follow=a&allow_from=al,bo") == Spec(("a",), "mcp", frozenset({"al", "bo"}))
+
+
+async def test_a_push_is_held_until_the_session_opens_its_get_stream(mcpd: DaemonProc) -> None:
+    """By hand: the handshake (made twice), a subscription refused before it, a GET of a
+    session that is not there (404), and the firing that came before the GET stream opened,
+    pushed on it once it did, and only then acknowledged."""
+    root = mcpd.client()
+    root.ok({"op": "start", "session": "hp-held"})
+    url = f"http://127.0.0.1:{mcpd.http_port}/mcp?follow=hp-held&cursor=t4"
+    headers = {
+        "Authorization": f"Bearer {mcpd.token}",
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": "2025-06-18",
+    }
+    init = {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"},
+    }
+    async with httpx2.AsyncClient(headers=headers, timeout=30) as http:
+        opened = await http.post(
+            url, json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init}
+        )
+        assert opened.status_code == 200, opened.text
+        sid = {"mcp-session-id": opened.headers["mcp-session-id"]}
+        early = await http.post(
+            url,
+            headers=sid,
+            json={
+                "jsonrpc": "2.0",
+                "id": 2,
+                "method": "resources/subscribe",
+                "params": {"uri": "repl://sessions/hp-held"},
+            },
+        )
+        assert "handshake" in early.text
+        for _ in range(2):
+            told = await http.post(
+                url, headers=sid, json={"jsonrpc": "2.0", "method": "notifications/initialized"}
+            )
+            assert told.status_code == 202
+        root.ok({"op": "send", "session": "hp-held", "text": "held"})
+        gone = await http.get(url, headers={"mcp-session-id": "0" * 32})
+        assert gone.status_code == 404
+        with anyio.fail_after(BOUND):
+            async with http.stream("GET", url, headers=sid) as stream:
+                async for line in stream.aiter_lines():
+                    if line.startswith("data:"):
+                        pushed = json.loads(line.removeprefix("data:"))
+                        break
+        assert (pushed["method"], pushed["params"]["content"]) == (CHANNEL_METHOD, "held")
+        eventually(lambda: cursor_of(mcpd, "hp-held", "t4") == 1, what="the cursor at 1")
+        await http.delete(url, headers=sid)
