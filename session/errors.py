@@ -30,6 +30,7 @@ class Code(enum.StrEnum):
     BAD_TAG = "bad_tag"
     CURSOR_AFTER_HEAD = "cursor_after_head"
     ACK_AFTER_HEAD = "ack_after_head"
+    LEASE_LOST = "lease_lost"
     # the daemon
     BAD_REQUEST = "bad_request"
     UNKNOWN_OP = "unknown_op"
@@ -126,6 +127,13 @@ class AckAfterHead(ReplError):
     """An ack names a seq the session has not recorded yet."""
 
     code = Code.ACK_AFTER_HEAD
+
+
+class LeaseLost(ReplError):
+    """A done, release or extend named a claim that is no longer the live lease (it ran
+    out, another attempt holds the firing, or it is done); nothing changed."""
+
+    code = Code.LEASE_LOST
 
 
 class BadRequest(ReplError):
@@ -265,6 +273,7 @@ BY_CODE: dict[str, type[ReplError]] = {
         BadTag,
         CursorAfterHead,
         AckAfterHead,
+        LeaseLost,
         BadRequest,
         UnknownOp,
         LineTooLong,
