@@ -38,6 +38,7 @@ from contextlib import aclosing, contextmanager
 from typing import Any, Protocol
 
 import anyio
+import msgspec
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server as LowLevelServer
 from mcp.server.subscriptions import ListenHandler, ResourceUpdated, SubscriptionBus
@@ -45,7 +46,6 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import (
     INVALID_PARAMS,
     EmptyResult,
-    JSONRPCNotification,
     NotificationParams,
     SubscribeRequestParams,
     SubscriptionsListenRequestParams,
@@ -60,6 +60,8 @@ from repl_cli.reconnect import DEFAULT_RECONNECT, FIRST_PAUSE, MAX_PAUSE
 from repl_cli.sink import Sink, pauses
 from repl_daemon import protocol as p
 from session.firing import Firing
+
+_encode = msgspec.json.Encoder().encode
 
 log = logging.getLogger("repl.mcp")
 
@@ -188,8 +190,8 @@ class Pipe(anyio.AsyncFile[str]):
         """Each write went to the pipe whole: nothing is buffered here."""
 
     async def notify(self, method: str, params: dict[str, Any]) -> bool:
-        message = JSONRPCNotification(jsonrpc="2.0", method=method, params=params)
-        line = message.model_dump_json(by_alias=True, exclude_unset=True)
+        # the line JSONRPCNotification(...).model_dump_json() writes, without pydantic
+        line = _encode({"jsonrpc": "2.0", "method": method, "params": params}).decode()
         async with self.lock:
             if not await self._written(line):
                 return False
@@ -352,12 +354,13 @@ class Push:
         if not shown and not batch.lost:
             return True
         uri = session_uri(batch.session)
-        await self.bus.publish(ResourceUpdated(uri))
         if not self.handshake:
+            await self.bus.publish(ResourceUpdated(uri))
             return True  # a listen stream's client: its events are published, not confirmed
         told = channel_params(batch.session, shown, batch.lost)
-        if not await outlet.notify(CHANNEL_METHOD, told):
+        if not await outlet.notify(CHANNEL_METHOD, told):  # first: the push's latency
             return False
+        await self.bus.publish(ResourceUpdated(uri))
         if uri in self.subscribed:
             return await outlet.notify(UPDATED_METHOD, {"uri": uri})
         return True
