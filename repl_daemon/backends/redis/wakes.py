@@ -47,9 +47,10 @@ def heard(payload: bytes) -> Heard:
     ``FIRE``) publish it."""
     line, _, body = payload.partition(b"\n")
     words = line.decode().split(" ")
-    if len(words) != 8:  # SEQ ORIGIN, or stop ORIGIN: no firing
-        what, _, origin = line.decode().partition(" ")
-        return Heard(what, origin)
+    if len(words) != 8:
+        # SEQ ORIGIN, or stop ORIGIN: no firing; or a firing in another repl's form (the
+        # 7 words before senders): heard as a bare wake, so its waiters read the ring
+        return Heard(words[0], words[1] if len(words) > 1 else "")
     seq, origin, field, handler_length, ts_length, tags_length, by_length, incarnation = words
     handler_end = int(handler_length)
     ts_end = handler_end + int(ts_length)
