@@ -1290,8 +1290,8 @@ def mcp_command(
             "repl mcp needs the official MCP SDK: pip install 'repl-inbox[mcp]' "
             "(or pipx install --force '.[mcp]' in a checkout)"
         ) from None
+    from session.names import check_cursor_name, check_session_id
     from session.scopes import check_token_name
-    from session.session import check_cursor_name, check_session_id
 
     if not follow and (cursor is not None or allow_from):
         given = "--cursor" if cursor is not None else "--allow-from"

@@ -15,7 +15,15 @@ import msgspec
 
 from session.errors import BadRequest, ReplError, UnknownOp
 from session.firing import CursorInfo, Firing
-from session.rules import ACK_CURSOR, DEFAULT_HANDLER, WAIT_CURSOR, WEBHOOK_HANDLER
+from session.groups import GroupInfo
+from session.rules import (
+    ACK_CURSOR,
+    DEFAULT_GROUP,
+    DEFAULT_HANDLER,
+    DEFAULT_LEASE_MS,
+    WAIT_CURSOR,
+    WEBHOOK_HANDLER,
+)
 from session.tags import Match
 
 VERSION = "0.1.0"
@@ -172,17 +180,78 @@ class Token(Request, tag="token"):
     can: list[str] = []
 
 
+class Claim(Request, tag="claim"):
+    """Take the oldest firing of ``group`` that no other claimer holds, under a lease of
+    ``lease_ms`` (SPEC §16); block until there is one, or ``timeout_ms``. ``from_now``: a
+    group this claim creates starts after the head, not at the oldest firing."""
+
+    session: str
+    group: str = DEFAULT_GROUP
+    lease_ms: int = DEFAULT_LEASE_MS
+    timeout_ms: int | None = None
+    match: Match | None = None
+    from_now: bool = False
+
+
+class Finish(Request, tag="done"):
+    """The claim's work is finished: its firing is never offered to its group again."""
+
+    session: str
+    claim: str
+
+
+class Release(Request, tag="release"):
+    """Give the claim's firing back: claimable again at once, or after ``delay_ms``."""
+
+    session: str
+    claim: str
+    delay_ms: int = 0
+
+
+class Extend(Request, tag="extend"):
+    """The holder keeps the claim's firing for ``lease_ms`` from now (a heartbeat)."""
+
+    session: str
+    claim: str
+    lease_ms: int = DEFAULT_LEASE_MS
+
+
+class Group(Request, tag="group"):
+    """Create a group, or set its ``max_attempts`` and ``dead_letter`` session."""
+
+    session: str
+    group: str
+    max_attempts: int | None = None
+    dead_letter: str | None = None
+    from_now: bool = False
+
+
+class Groups(Request, tag="groups"):
+    """A session's groups, with their counts."""
+
+    session: str
+
+
+class Claims(Request, tag="claims"):
+    """The held firings of a session's groups (``group``: of that one only)."""
+
+    session: str
+    group: str | None = None
+
+
 class Shutdown(Request, tag="shutdown"):
     """Stop the daemon as SIGTERM does: answered ``done``, then waiters are told and it exits."""
 
 
 AnyRequest = (
-    Auth | Ping | Start | Stop | Sessions | Send | Read | Wait | Ack | Cursors | Buffer | Poll
-) | (Stats | Shutdown | Schedule | Timers | Cancel | SetWebhook | Token)
+    (Auth | Ping | Start | Stop | Sessions | Send | Read | Wait | Ack | Cursors | Buffer | Poll)
+    | (Stats | Shutdown | Schedule | Timers | Cancel | SetWebhook | Token)
+    | (Claim | Finish | Release | Extend | Group | Groups | Claims)
+)
 
 OPS: tuple[str, ...] = ("auth", "ping", "start", "stop", "sessions", "send", "read", "wait")
 OPS += ("ack", "cursors", "buffer", "poll", "stats", "shutdown", "schedule", "timers", "cancel")
-OPS += ("webhook", "token")
+OPS += ("webhook", "token", "claim", "done", "release", "extend", "group", "groups", "claims")
 
 
 # -- responses -------------------------------------------------------------
@@ -324,6 +393,65 @@ class TokenMade(Response, kw_only=True):
 
 class TokenList(Response, kw_only=True):
     tokens: list[TokenInfo]
+
+
+class Claimed(Response, kw_only=True):
+    """A claim's answer: the claim token, the firing's seq and attempt, the lease's end
+    (``lease_until``, as a firing's ``ts``, and in ms), the firings ``lost`` to the group
+    since the last claim told, and the firing; or ``timed_out`` with nothing taken."""
+
+    claim: str | None = None
+    seq: int = 0
+    attempt: int = 0
+    lease_until: str | None = None
+    lease_until_ms: int = 0
+    lost: int = 0
+    firing: Firing | None = None
+    timed_out: bool = False
+
+
+class Finished(Response, kw_only=True):
+    """``done``'s answer: the seq that is done for its group."""
+
+    seq: int
+
+
+class Released(Response, kw_only=True):
+    """``release``'s answer: ``dead`` when that was the last attempt (the firing is in the
+    dead-letter session now, and done for the group)."""
+
+    dead: bool = False
+
+
+class Extended(Response, kw_only=True):
+    """``extend``'s answer: when the lease ends now."""
+
+    lease_until: str
+    lease_until_ms: int
+
+
+class GroupRow(Response, kw_only=True):
+    """``group``'s answer: the group with its counts."""
+
+    group: GroupInfo
+
+
+class GroupList(Response, kw_only=True):
+    groups: list[GroupInfo]
+
+
+class LeaseInfo(msgspec.Struct, kw_only=True):
+    """A held firing as ``claims`` lists it."""
+
+    group: str
+    seq: int
+    attempt: int
+    lease_until: str
+    lease_until_ms: int
+
+
+class ClaimList(Response, kw_only=True):
+    claims: list[LeaseInfo]
 
 
 class SessionStats(msgspec.Struct):

@@ -20,16 +20,10 @@ if TYPE_CHECKING:
     from session.delta import CursorState, Delta
     from session.errors import Code, ReplError
     from session.firing import Batch, CursorInfo, Firing
+    from session.names import check_cursor_name, check_session_id
     from session.ring import Ring
     from session.rules import DEFAULT_LIMIT, MAX_CURSORS, MAX_KEYS, MAX_LIMIT
-    from session.session import (
-        Recorded,
-        Session,
-        Snapshot,
-        Summary,
-        check_cursor_name,
-        check_session_id,
-    )
+    from session.session import Recorded, Session, Snapshot, Summary
 
 _HOMES = {
     "Code": "session.errors",
@@ -48,8 +42,8 @@ _HOMES = {
     "Session": "session.session",
     "Snapshot": "session.session",
     "Summary": "session.session",
-    "check_cursor_name": "session.session",
-    "check_session_id": "session.session",
+    "check_cursor_name": "session.names",
+    "check_session_id": "session.names",
 }
 
 __all__ = [

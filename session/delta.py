@@ -12,6 +12,7 @@ from __future__ import annotations
 import msgspec
 
 from session.firing import Firing
+from session.groups import GroupSnapshot
 from session.rules import MAX_KEYS, WEBHOOK_HANDLER
 from session.schedule import Timer
 
@@ -47,7 +48,8 @@ class Delta(msgspec.Struct, frozen=True):
     whole cursor table when not None. ``keys`` are new dedup keys, oldest
     first; the store keeps the newest ``max_keys``. ``timers`` are the
     timers added or moved (all of them after a reset), ``timers_gone`` the
-    ids of those that fired for the last time or were cancelled.
+    ids of those that fired for the last time or were cancelled. ``groups``
+    replaces the session's groups (SPEC §16) when not None.
     """
 
     id: str
@@ -66,6 +68,8 @@ class Delta(msgspec.Struct, frozen=True):
     #: whether the session's webhook changed (then ``webhook`` is what it is now: None for none)
     webhook_changed: bool = False
     webhook: Webhook | None = None
+    #: the session's groups, all of them, when one changed (None: as they were)
+    groups: list[GroupSnapshot] | None = None
 
     @property
     def oldest(self) -> int:

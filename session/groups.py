@@ -59,19 +59,16 @@ import msgspec
 
 from session.errors import BadMax, BadRequest, BadSeq, BadSessionId, BadTime, LeaseLost
 from session.firing import ms_to_ts
-from session.session import check_cursor_name, check_session_id
+from session.names import check_cursor_name, check_session_id
+from session.rules import (
+    DEAD_SUFFIX,
+    DEFAULT_MAX_ATTEMPTS,
+    MAX_DELAY_MS,
+    MAX_LEASE_MS,
+    MAX_MAX_ATTEMPTS,
+    MIN_LEASE_MS,
+)
 
-#: the group a claim takes from unless it names another
-DEFAULT_GROUP = "work"
-#: a lease's length unless the claim names another, and its bounds
-DEFAULT_LEASE_MS = 60_000
-MIN_LEASE_MS = 1_000
-MAX_LEASE_MS = 86_400_000
-#: the longest delay a release may give (0: claimable again at once)
-MAX_DELAY_MS = 86_400_000
-#: the attempts a firing is given before it is dead, and the most a group may give
-DEFAULT_MAX_ATTEMPTS = 5
-MAX_MAX_ATTEMPTS = 1_000
 #: the longest token there is: a 64-character name and two 19-digit numbers
 MAX_TOKEN_LENGTH = 64 + 2 * 20
 
@@ -126,6 +123,11 @@ def check_dead_letter(session: str, dead_letter: str) -> str:
     return dead_letter
 
 
+def default_dead_letter(session: str) -> str:
+    """``SESSION.dead``; of an id too long for that, its first 59 characters and ``.dead``."""
+    return session[: 64 - len(DEAD_SUFFIX)] + DEAD_SUFFIX
+
+
 def _check_ring(first: int, head: int) -> None:
     if not 1 <= first <= head + 1:
         raise BadSeq(f"a ring holding {first} to {head} is not one (first must be 1 to head + 1)")
@@ -178,6 +180,8 @@ class GroupInfo(msgspec.Struct, frozen=True):
     held: int
     delayed: int
     dead: int
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    dead_letter: str = ""
 
 
 class GroupSnapshot(msgspec.Struct, frozen=True):
@@ -247,7 +251,7 @@ class Group:
     @property
     def dead_letter(self) -> str:
         """The session a dead firing is recorded in."""
-        return f"{self.session}.dead" if self._dead_letter is None else self._dead_letter
+        return default_dead_letter(self.session) if self._dead_letter is None else self._dead_letter
 
     def configure(self, max_attempts: int | None = None, dead_letter: str | None = None) -> None:
         """Set what is given (``repl group``); what is not given stays."""
@@ -431,7 +435,9 @@ class Group:
             1 for seq, (ready, _) in self.delays.items() if in_ring(seq) and ready > now_ms
         )
         ready = head - first + 1 - done - held - delayed
-        return GroupInfo(self.name, through, ready, held, delayed, self.dead)
+        return GroupInfo(
+            self.name, through, ready, held, delayed, self.dead, self.max_attempts, self.dead_letter
+        )
 
     def claims(self) -> list[Lease]:
         """The held seqs, oldest first (a lease that ran out stays until ``expire``)."""

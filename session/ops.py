@@ -25,9 +25,19 @@ from typing import ClassVar, Protocol, TypeVar
 
 import msgspec
 
+from session.claims import Taken
 from session.delta import Webhook
 from session.errors import BadMax, BadSeq
 from session.firing import NO_TAGS, Batch, CursorInfo
+from session.groups import (
+    GroupInfo,
+    Lease,
+    check_delay,
+    check_lease,
+    check_max_attempts,
+    parse_token,
+)
+from session.names import check_cursor_name, check_handler, check_session_id
 from session.ring import check_last, check_limit
 from session.schedule import Timer
 from session.session import (
@@ -36,8 +46,6 @@ from session.session import (
     Scheduled,
     Session,
     Summary,
-    check_cursor_name,
-    check_handler,
     check_key,
     check_timer,
     check_webhook,
@@ -346,3 +354,169 @@ def ack_all(acks: Sequence[tuple[Session, int, int | None]], cursor: str) -> lis
     for session, seq, visible in acks:
         session.check_ack(seq, visible)
     return [session.ack(cursor, seq, visible) for session, seq, visible in acks]
+
+
+# -- groups and claims (SPEC §16): each a step of ``Session.groups`` --------------------
+#
+# ``now_ms`` is the engine's clock, passed in as a timer's firing is. A step that makes a
+# firing dead leaves its dead letter in the session's outbox (``session.claims``): the
+# committer records it in the dead-letter session in the same write.
+
+
+class ClaimFiring(msgspec.Struct, frozen=True):
+    """Take the oldest claimable firing of a group under a lease (None: there is none)."""
+
+    durable: ClassVar[bool] = True
+    group: str
+    now_ms: int
+    lease_ms: int
+    match: Match | None = None
+    from_now: bool = False
+
+    def check(self) -> None:
+        check_cursor_name(self.group)
+        check_lease(self.lease_ms)
+        check_match(self.match)
+
+    def run(self, session: Session, visible: int | None) -> Taken | None:
+        groups = session.groups
+        try:
+            return groups.claim(
+                session.ring,
+                visible,
+                self.group,
+                self.now_ms,
+                self.lease_ms,
+                self.match,
+                self.from_now,
+            )
+        finally:
+            session.stepped(groups.changed)
+
+
+class Finish(msgspec.Struct, frozen=True):
+    """``done``: the claim's firing is never offered to its group again; answers its seq."""
+
+    durable: ClassVar[bool] = True
+    claim: str
+    now_ms: int
+
+    def check(self) -> None:
+        parse_token(self.claim)
+
+    def run(self, session: Session, visible: int | None) -> int:
+        seq = session.groups.done(session.ring, self.claim, self.now_ms)
+        session.stepped(True)
+        return seq
+
+
+class Release(msgspec.Struct, frozen=True):
+    """Give the claim's firing back, at once or after ``delay_ms``; answers whether that
+    was its last attempt (it is then dead, its dead letter in the outbox)."""
+
+    durable: ClassVar[bool] = True
+    claim: str
+    now_ms: int
+    delay_ms: int = 0
+
+    def check(self) -> None:
+        parse_token(self.claim)
+        check_delay(self.delay_ms)
+
+    def run(self, session: Session, visible: int | None) -> bool:
+        dead = session.groups.release(session.ring, self.claim, self.now_ms, self.delay_ms)
+        session.stepped(True)
+        return dead
+
+
+class Extend(msgspec.Struct, frozen=True):
+    """The holder keeps the claim's firing until ``now_ms + lease_ms``; answers that."""
+
+    durable: ClassVar[bool] = True
+    claim: str
+    now_ms: int
+    lease_ms: int
+
+    def check(self) -> None:
+        parse_token(self.claim)
+        check_lease(self.lease_ms)
+
+    def run(self, session: Session, visible: int | None) -> int:
+        until = session.groups.extend(session.ring, self.claim, self.now_ms, self.lease_ms)
+        session.stepped(True)
+        return until
+
+
+class ExpireGroups(msgspec.Struct, frozen=True):
+    """Every lease that ran out and delay that ended by ``now_ms``, in every group: the
+    durable timer's step. Answers the seqs claimable again."""
+
+    durable: ClassVar[bool] = True
+    now_ms: int
+
+    def check(self) -> None:
+        pass
+
+    def run(self, session: Session, visible: int | None) -> list[int]:
+        groups = session.groups
+        again = groups.expire(session.ring, self.now_ms)
+        session.stepped(groups.changed)
+        return again
+
+
+class ConfigureGroup(msgspec.Struct, frozen=True):
+    """``repl group``: create a group, or set its attempts and dead-letter session."""
+
+    durable: ClassVar[bool] = True
+    group: str
+    now_ms: int
+    max_attempts: int | None = None
+    dead_letter: str | None = None
+    from_now: bool = False
+
+    def check(self) -> None:
+        check_cursor_name(self.group)
+        if self.max_attempts is not None:
+            check_max_attempts(self.max_attempts)
+        if self.dead_letter is not None:
+            check_session_id(self.dead_letter)
+
+    def run(self, session: Session, visible: int | None) -> GroupInfo:
+        info = session.groups.configure(
+            session.ring,
+            visible,
+            self.group,
+            self.now_ms,
+            self.max_attempts,
+            self.dead_letter,
+            self.from_now,
+        )
+        session.stepped(True)
+        return info
+
+
+class GroupTable(msgspec.Struct, frozen=True):
+    """The session's groups with their counts at ``now_ms``, by name; not an evaluation."""
+
+    durable: ClassVar[bool] = False
+    now_ms: int
+
+    def check(self) -> None:
+        pass
+
+    def run(self, session: Session, visible: int | None) -> list[GroupInfo]:
+        return session.groups.infos(session.ring, visible, self.now_ms)
+
+
+class ClaimTable(msgspec.Struct, frozen=True):
+    """The held firings of one group (None: every group); not an evaluation."""
+
+    durable: ClassVar[bool] = False
+    group: str | None = None
+
+    def check(self) -> None:
+        if self.group is not None:
+            check_cursor_name(self.group)
+
+    def run(self, session: Session, visible: int | None) -> list[Lease]:
+        return session.groups.leases(self.group)

@@ -48,3 +48,18 @@ MIN_EVERY_MS = 1000
 WEBHOOK_HANDLER = "on-webhook"
 #: a webhook secret's length, in characters
 MAX_SECRET_LENGTH = 256
+
+#: the groups a session may have (SPEC §16), and the group a claim takes from by default
+MAX_GROUPS = 16
+DEFAULT_GROUP = "work"
+#: a lease's length unless the claim names another, and its bounds (ms)
+DEFAULT_LEASE_MS = 60_000
+MIN_LEASE_MS = 1_000
+MAX_LEASE_MS = 86_400_000
+#: the longest delay a release may give (0: claimable again at once)
+MAX_DELAY_MS = 86_400_000
+#: the attempts a firing is given before it is dead, and the most a group may give
+DEFAULT_MAX_ATTEMPTS = 5
+MAX_MAX_ATTEMPTS = 1_000
+#: what a session's default dead-letter session is called: its id and this
+DEAD_SUFFIX = ".dead"

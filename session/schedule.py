@@ -141,6 +141,11 @@ class Schedule:
         """Index ``timer`` at its due time (a new one, or one that moved)."""
         heapq.heappush(self._heap, timer_order(timer))
 
+    def add_at(self, due_ms: int, session_id: str, timer_id: str) -> None:
+        """Index an entry that is no ``Timer`` (a session's groups' next deadline, under
+        an id no timer can have) at ``due_ms``."""
+        heapq.heappush(self._heap, (due_ms, session_id, timer_id))
+
     def next_due(self) -> int | None:
         """When the earliest pending timer is due; None when there is none."""
         heap = self._heap
@@ -162,7 +167,11 @@ class Schedule:
                 due.setdefault(session_id, {})[timer_id] = None
         return {session_id: list(ids) for session_id, ids in due.items()}
 
-    def rebuild(self, timers: Iterable[Timer]) -> None:
-        """Index exactly ``timers`` (every pending one), dropping what was left behind."""
+    def rebuild(
+        self, timers: Iterable[Timer], entries: Iterable[tuple[int, str, str]] = ()
+    ) -> None:
+        """Index exactly ``timers`` (every pending one) and ``entries`` (``add_at``'s),
+        dropping what was left behind."""
         self._heap = [timer_order(t) for t in timers]
+        self._heap.extend(entries)
         heapq.heapify(self._heap)

@@ -57,6 +57,12 @@ OP_RIGHTS: dict[str, str | None] = {
     "ack": READ,
     "cursors": READ,
     "poll": READ,
+    "claim": READ,  # a group is a reader's lane: claiming is reading (SPEC §16)
+    "done": READ,
+    "release": READ,
+    "extend": READ,
+    "groups": READ,
+    "claims": READ,
     "send": SEND,
     "schedule": SEND,  # a one-shot; ``every`` needs admin (``schedule_right``)
     "start": ADMIN,
@@ -65,6 +71,7 @@ OP_RIGHTS: dict[str, str | None] = {
     "timers": ADMIN,
     "cancel": ADMIN,
     "webhook": ADMIN,
+    "group": ADMIN,
     "shutdown": None,
     "token": None,
 }

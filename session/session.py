@@ -18,21 +18,18 @@ reset: it rewrites whatever a store held under its id.
 
 from __future__ import annotations
 
-import re
 from collections import OrderedDict
 
 import msgspec
 
+from session.claims import Groups
 from session.delta import CursorState, Delta, Webhook
 from session.errors import (
     AckAfterHead,
-    BadCursorName,
-    BadHandler,
     BadKey,
     BadMax,
     BadRequest,
     BadSeq,
-    BadSessionId,
     BadTime,
     CursorAfterHead,
     NoSuchSession,
@@ -42,6 +39,8 @@ from session.errors import (
     no_such_session,
 )
 from session.firing import NO_TAGS, Batch, CursorInfo, Firing
+from session.groups import GroupSnapshot
+from session.names import check_cursor_name, check_handler, check_session_id, is_name
 from session.ring import Fold, Image, Ring, check_last, only, since_of
 from session.rules import (
     DEFAULT_LIMIT,
@@ -49,7 +48,6 @@ from session.rules import (
     MAX_CURSORS,
     MAX_KEY_LENGTH,
     MAX_KEYS,
-    MAX_NAME_LENGTH,
     MAX_SECRET_LENGTH,
     MAX_TIMERS,
     MIN_EVERY_MS,
@@ -57,17 +55,6 @@ from session.rules import (
 )
 from session.schedule import MAX_DUE_MS, Timer, fire, timer_order
 from session.tags import TIMER, Match, check_tags
-
-_SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-
-
-def check_session_id(session_id: str) -> str:
-    if not _SESSION_ID.fullmatch(session_id):
-        raise BadSessionId(
-            f"session id {session_id!r} is not 1-64 of A-Z a-z 0-9 . _ - "
-            "starting with a letter or digit"
-        )
-    return session_id
 
 
 def no_session(session_id: str) -> NoSuchSession:
@@ -80,29 +67,6 @@ def no_session(session_id: str) -> NoSuchSession:
 def session_exists(session_id: str) -> SessionExists:
     """What a ``start`` of a session that exists is refused, without ``exist_ok``."""
     return SessionExists(f"session {session_id!r} exists: stop it first, or pass --exist-ok")
-
-
-def _is_name(name: str) -> bool:
-    # Every whitespace character but the ASCII space is already unprintable
-    # (a control or separator), so one substring test finishes the rule; a
-    # per-character isspace() scan cost ten times as much on every send and ack.
-    return 0 < len(name) <= MAX_NAME_LENGTH and name.isprintable() and " " not in name
-
-
-def check_cursor_name(name: str) -> str:
-    if not _is_name(name):
-        raise BadCursorName(
-            f"cursor name {name!r} is not 1-64 printable characters without whitespace"
-        )
-    return name
-
-
-def check_handler(handler: str) -> str:
-    if not _is_name(handler):
-        raise BadHandler(
-            f"handler name {handler!r} is not 1-64 printable characters without whitespace"
-        )
-    return handler
 
 
 def check_key(key: str) -> str:
@@ -120,7 +84,7 @@ def check_webhook(webhook: Webhook) -> Webhook:
 
 def check_timer(timer: Timer) -> Timer:
     """What a timer must be before a session takes it (rules T1-T6), its session's state aside."""
-    if not _is_name(timer.id):
+    if not is_name(timer.id):
         raise BadTime(f"timer id {timer.id!r} is not 1-64 printable characters without whitespace")
     check_handler(timer.handler)
     if timer.key is not None:
@@ -233,6 +197,7 @@ class Snapshot(msgspec.Struct, frozen=True):
     webhook: Webhook | None = None
     image: Image | None = None
     fold: Fold | None = None
+    groups: list[GroupSnapshot] = []
 
 
 class Session:
@@ -252,6 +217,7 @@ class Session:
         "changes",
         "dirty",
         "evaluations",
+        "groups",
         "id",
         "ring",
         "timers",
@@ -287,6 +253,8 @@ class Session:
         #: the session's webhook, if it has one (rules H1-H7)
         self.webhook: Webhook | None = None
         self._webhook_changed = False
+        #: the session's groups and their claims (SPEC §16), ``session.claims``
+        self.groups = Groups(self.id)
 
     # -- recording --------------------------------------------------------
 
@@ -575,6 +543,13 @@ class Session:
         self.changes += 1
         self.dirty = True
 
+    def stepped(self, changed: bool) -> None:
+        """A step of the groups ran (``session.ops``' claims): an evaluation, and a
+        change when ``changed`` (the groups' own flag says what to hand a store)."""
+        self.evaluations += 1
+        if changed:
+            self._changed()
+
     # -- inspection -------------------------------------------------------
 
     def cursor_table(self, visible: int | None = None) -> list[CursorInfo]:
@@ -618,6 +593,7 @@ class Session:
             or self._webhook_changed
             or self._new_keys
             or self._timer_changes
+            or self.groups.changed
         ):
             return self._take_whole_delta()
         # what most deltas are, a send's: new firings and the figures, and nothing to start
@@ -667,8 +643,9 @@ class Session:
             timers_gone=timers_gone,
             webhook_changed=self._reset or self._webhook_changed,
             webhook=self.webhook,
+            groups=self.groups.snapshot() if self._reset or self.groups.changed else None,
         )
-        self._webhook_changed = self._cursors_changed = False
+        self._webhook_changed = self._cursors_changed = self.groups.changed = False
         self._reset = self.dirty = False
         self._new_keys = []
         self._timer_changes = {}
@@ -694,6 +671,7 @@ class Session:
             keys=list(self._keys.items()),
             timers=self.timer_list(),
             webhook=self.webhook,
+            groups=self.groups.snapshot(),
         )
 
     @classmethod
@@ -720,6 +698,7 @@ class Session:
         session._keys = OrderedDict(snapshot.keys[-MAX_KEYS:])
         session.timers = {t.id: t for t in snapshot.timers}
         session.webhook = snapshot.webhook
+        session.groups.restore(snapshot.groups)
         session._moved_timers = list(snapshot.timers)  # a daemon's schedule indexes them all
         # it is as stored: nothing to hand back until it changes
         session._reset = session.dirty = False

@@ -75,6 +75,10 @@ class Listener(Protocol):
         the seq just before it is answered from it, with no read, and tells the
         committer so (``Committer.looked``)."""
 
+    def claimable(self, session_id: str) -> None:
+        """A firing of ``session_id`` is claimable again (a release, a lease that ran out,
+        a delay that ended): its blocked claimers look (SPEC §16)."""
+
     def stopped(self, session_id: str) -> None:
         """``session_id`` is gone (stopped here, elsewhere, or rolled back)."""
 

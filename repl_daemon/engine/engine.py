@@ -39,6 +39,7 @@ import anyio
 import msgspec
 
 from repl_daemon import protocol as p
+from repl_daemon.engine.claim import ClaimWait
 from repl_daemon.engine.clock import REAL, Clock, ms_to_utc
 from repl_daemon.engine.committer import Backend, Sessions, Totals
 from repl_daemon.engine.outcome import Outcome
@@ -56,18 +57,27 @@ from session.errors import (
     UnknownOp,
 )
 from session.firing import Batch, Firing, ms_to_ts
+from session.groups import Lease
+from session.names import check_cursor_name, check_session_id
 from session.ops import (
     Ack,
     AddTimer,
     CancelTimer,
+    ClaimFiring,
+    ClaimTable,
+    ConfigureGroup,
     CursorTable,
+    Extend,
+    Finish,
     GetWebhook,
+    GroupTable,
     Poll,
     ReadAfter,
     ReadCursor,
     ReadRecent,
     ReadSeq,
     Record,
+    Release,
     SetLimit,
     SetWebhook,
     TimerList,
@@ -86,15 +96,7 @@ from session.scopes import (
     make_scope,
     schedule_right,
 )
-from session.session import (
-    Recorded,
-    Scheduled,
-    Summary,
-    check_cursor_name,
-    check_key,
-    check_session_id,
-    no_session,
-)
+from session.session import Recorded, Scheduled, Summary, check_key, no_session
 from session.tags import ROOT, WEBHOOK, check_tags
 
 T = TypeVar("T")
@@ -174,7 +176,7 @@ class Engine:
         return self.waits.count
 
     @property
-    def waiters(self) -> dict[str, set[Wait]]:
+    def waiters(self) -> dict[str, dict[Wait, None]]:
         return self.waits.by_session
 
     @property
@@ -208,6 +210,11 @@ class Engine:
     def changed(self, session_id: str, heard: Firing | None = None) -> None:
         for waiter in self.waits.on(session_id):
             waiter.wake(heard)
+
+    def claimable(self, session_id: str) -> None:
+        for waiter in self.waits.on(session_id):
+            if isinstance(waiter, ClaimWait):
+                waiter.wake()
 
     def stopped(self, session_id: str) -> None:
         for waiter in self.waits.on(session_id):
@@ -385,6 +392,10 @@ class Engine:
                 return Outcome.now(p.Done(id=rid))
             case p.Token():
                 return self._token(req)
+            case p.Claim():
+                return self.claim(req, committer)
+            case p.Finish() | p.Release() | p.Extend() | p.Group() | p.Groups() | p.Claims():
+                return self._groups(req, committer)
             case p.Auth():
                 # a connection authenticates once: a second auth would answer ok for a
                 # token nobody checked, or switch a connection's identity mid-stream
@@ -633,6 +644,56 @@ class Engine:
         if acks:
             first.append(committer.ack_all(req.cursor or "", acks))  # refused without one
         return Outcome.of(Wait(self.waits, req, ids, first))
+
+    # -- groups and claims (SPEC §16) --------------------------------------------
+
+    def claim(self, req: p.Claim, committer: Sessions) -> Outcome[p.Response]:
+        """Block until the group has a firing to take, and take it (``ClaimWait``). Every
+        value is checked first: a refused claim takes nothing and makes no group."""
+        check_session_id(req.session)
+        ClaimFiring(req.group, 0, req.lease_ms, req.match, req.from_now).check()
+        if req.timeout_ms is not None and req.timeout_ms < 0:
+            raise BadRequest(f"timeout_ms {req.timeout_ms} is negative")
+        if isinstance(committer, Scoped) and committer.hides(req.session):
+            raise no_session(req.session)
+        return Outcome.of(ClaimWait(self.waits, req, self.clock.now_ms))
+
+    def _groups(
+        self, req: p.Finish | p.Release | p.Extend | p.Group | p.Groups | p.Claims, c: Sessions
+    ) -> Outcome[p.Response]:
+        rid, now = req.id, self.clock.now_ms()
+        match req:
+            case p.Finish():
+                done = c.execute(req.session, Finish(req.claim, now))
+                return done.then(lambda seq: p.Finished(id=rid, seq=seq))
+            case p.Release():
+                released = c.execute(req.session, Release(req.claim, now, req.delay_ms))
+                return released.then(lambda dead: p.Released(id=rid, dead=dead))
+            case p.Extend():
+                extended = c.execute(req.session, Extend(req.claim, now, req.lease_ms))
+                return extended.then(
+                    lambda ms: p.Extended(id=rid, lease_until=ms_to_ts(ms), lease_until_ms=ms)
+                )
+            case p.Group():
+                op = ConfigureGroup(req.group, now, req.max_attempts, req.dead_letter, req.from_now)
+                made = c.execute(req.session, op)
+                return made.then(lambda info: p.GroupRow(id=rid, group=info))
+            case p.Groups():
+                table = c.execute(req.session, GroupTable(now))
+                return table.then(lambda rows: p.GroupList(id=rid, groups=rows))
+            case p.Claims():
+                held = c.execute(req.session, ClaimTable(req.group))
+                return held.then(lambda rows: p.ClaimList(id=rid, claims=[_lease(r) for r in rows]))
+
+
+def _lease(lease: Lease) -> p.LeaseInfo:
+    return p.LeaseInfo(
+        group=lease.group,
+        seq=lease.seq,
+        attempt=lease.attempt,
+        lease_until=ms_to_ts(lease.lease_until_ms),
+        lease_until_ms=lease.lease_until_ms,
+    )
 
 
 def _unknown(req: Never) -> NoReturn:

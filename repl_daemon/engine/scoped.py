@@ -22,10 +22,11 @@ from typing import Any, NoReturn, TypeVar
 
 from repl_daemon.engine.committer import Committer, Totals
 from repl_daemon.engine.outcome import Outcome
+from session.names import check_cursor_name, check_session_id
 from session.ops import Op, check_seq
 from session.schedule import Timer
 from session.scopes import Scope
-from session.session import Summary, check_cursor_name, check_session_id, no_session
+from session.session import Summary, no_session
 
 R = TypeVar("R")
 

@@ -60,8 +60,9 @@ class Waiters:
         self.committer = committer
         #: how long a woken wait lets more firings come before it reads
         self.settle = settle
-        #: the waits on each session; an entry lives only while it has waits
-        self.by_session: dict[str, set[Wait]] = {}
+        #: the waits on each session, oldest first (an ordered set: claimers are woken in
+        #: the order they came, first come first served); an entry lives while it has waits
+        self.by_session: dict[str, dict[Wait, None]] = {}
         self.count = 0  # the waits subscribed now
         self.closing = False
         #: set once the daemon is closing and the last wait has been answered
@@ -71,7 +72,7 @@ class Waiters:
 
     def join(self, wait: Wait) -> None:
         for session_id in wait.ids:
-            self.by_session.setdefault(session_id, set()).add(wait)
+            self.by_session.setdefault(session_id, {})[wait] = None
         self.count += 1
 
     def leave(self, wait: Wait) -> None:
@@ -79,7 +80,7 @@ class Waiters:
         for session_id in wait.ids:
             waits = self.by_session.get(session_id)
             if waits is not None:
-                waits.discard(wait)
+                waits.pop(wait, None)
                 if not waits:
                     del self.by_session[session_id]
                     self.committer.unwatch(session_id)
@@ -379,7 +380,7 @@ class Wait(Job[p.Response]):
         deadline = self.deadline
         assert self.loop is not None
         if deadline is not None and self.loop.time() >= deadline:
-            self._finish(p.Woken(id=self.req.id, batches=[], timed_out=True), None)
+            self._finish(self._nothing(), None)
             return
         self._move(_State.BLOCKED)
         if deadline is not None and self.timer is None:
@@ -388,7 +389,11 @@ class Wait(Job[p.Response]):
     def _timed_out(self) -> None:
         self.timer = None
         if self.state is _State.BLOCKED:
-            self._finish(p.Woken(id=self.req.id, batches=[], timed_out=True), None)
+            self._finish(self._nothing(), None)
+
+    def _nothing(self) -> p.Response:
+        """The answer at the timeout: nothing came."""
+        return p.Woken(id=self.req.id, batches=[], timed_out=True)
 
     def _check_open(self) -> None:
         waiters = self.waiters

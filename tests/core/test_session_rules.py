@@ -28,7 +28,8 @@ from session.errors import (
     ReplError,
 )
 from session.firing import Batch, Firing
-from session.session import CursorInfo, CursorState, Recorded, check_cursor_name, check_session_id
+from session.names import check_cursor_name, check_session_id
+from session.session import CursorInfo, CursorState, Recorded
 
 
 def position(session: Session, cursor: str) -> int | None:

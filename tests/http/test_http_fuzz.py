@@ -60,8 +60,9 @@ from hypothesis import strategies as st
 
 from repl_daemon.http import MAX_BODY, WEB, make_app
 from session.errors import Code, ReplError
+from session.names import check_handler, check_session_id
 from session.rules import DEFAULT_HANDLER, MAX_KEYS, WEBHOOK_HANDLER
-from session.session import check_handler, check_key, check_session_id
+from session.session import check_key
 from tests.helpers import Client, DaemonProc
 
 CODES = {c.value for c in Code}

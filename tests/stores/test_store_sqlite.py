@@ -84,19 +84,29 @@ def test_the_file_has_the_documented_schema(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("version", "dropped"),
-    [(1, ("timers", "hooks", "tokens")), (2, ("tokens",)), (3, ()), (4, ()), (5, ()), (6, ())],
+    [
+        (1, ("timers", "hooks", "tokens")),
+        (2, ("tokens",)),
+        (3, ()),
+        (4, ()),
+        (5, ()),
+        (6, ()),
+        (7, ()),
+    ],
 )
 def test_an_older_file_opens_with_its_sessions_and_gains_the_newer_tables(
     tmp_path: Path, version: int, dropped: tuple[str, ...]
 ) -> None:
     """A home written by the repl before timers (1), before tokens (2), before tags (3) or
-    before the firings' log (4) or before the rings' images (5) or before senders (6): it
-    opens, keeps everything (the firings moved to the log), and takes timers, tokens and
-    tagged firings."""
+    before the firings' log (4) or before the rings' images (5) or before senders (6) or
+    before groups (7): it opens, keeps everything (the firings moved to the log), and takes
+    timers, tokens and tagged firings."""
     db = tmp_path / "repl.db"
     filled(db, sessions=2, firings=5).close()
     with sqlite3.connect(db) as conn:  # back to what that repl wrote
-        conn.execute("ALTER TABLE log DROP COLUMN sender")
+        conn.execute("DROP TABLE groups")
+        if version < 7:
+            conn.execute("ALTER TABLE log DROP COLUMN sender")
         if version < 6:
             conn.execute("DROP TABLE rings")
         if version < 5:

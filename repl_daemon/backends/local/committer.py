@@ -22,12 +22,14 @@ With a store that keeps nothing (``--memory``) there is no commit: every
 answer is given at once and every firing is visible when it is recorded.
 
 Timers (rules T1-T6) are the sessions' own; one ``Schedule`` indexes the due
-times of all of them, and one task sleeps until the earliest (or until a
-sooner one is scheduled), so pending timers cost nothing while none is
-due. Firing is an operation like any other (``FireTimers``): the firing
-and its timer's move or deletion go to the store in one batch, so after a
-crash either both happened or neither did, and a timer that came due
-while the daemon was down fires on its first turn after ``load``.
+times of all of them (and each session's groups' next lease deadline or delay end,
+SPEC §16, under ``GROUPS_TIMER``: its expiry is fired as a timer is), and one
+task sleeps until the earliest (or until a sooner one is scheduled), so pending
+timers cost nothing while none is due. Firing is an operation like any
+other (``FireTimers``): the firing and its timer's move or deletion go to
+the store in one batch, so after a crash either both happened or neither
+did, and a timer that came due while the daemon was down fires on its first
+turn after ``load``.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from repl_daemon.backends.local.store import Store
 from repl_daemon.engine.clock import REAL, Clock
 from repl_daemon.engine.committer import Listener, Totals, made_up_id
 from repl_daemon.engine.outcome import Outcome, Ticket
+from session.claims import DeadLetter
 from session.delta import Delta
 from session.errors import (
     ReplError,
@@ -52,17 +55,12 @@ from session.errors import (
     StoreFailed,
     TooMany,
 )
-from session.ops import FireTimers, Op, ack_all
+from session.names import check_session_id
+from session.ops import ExpireGroups, FireTimers, Op, ack_all
+from session.rules import DEFAULT_LIMIT
 from session.schedule import Schedule, Timer, timer_order
 from session.scopes import MAX_TOKENS, TokenRecord, no_such_token, token_exists, too_many_tokens
-from session.session import (
-    Session,
-    Snapshot,
-    Summary,
-    check_session_id,
-    no_session,
-    session_exists,
-)
+from session.session import Session, Snapshot, Summary, no_session, session_exists
 
 log = logging.getLogger("repl.daemon")
 
@@ -75,6 +73,9 @@ FIRE_RETRY = (0.1, 5.0)
 FIRE_SLICE = 512
 #: how many rings' images a clean stop builds and writes in one transaction
 IMAGES_AT_ONCE = 1024
+#: the id a session's groups' next deadline (SPEC §16) is indexed under in the schedule:
+#: no timer's id, which has no space
+GROUPS_TIMER = " groups"
 
 
 class Hosted:
@@ -180,11 +181,22 @@ class LocalCommitter:
         ts = self.clock.utc_now()
         fired = since = 0
         failed = False
-        outcomes = []
+        outcomes: list[Outcome[None]] = []
         for session_id, timer_ids in self.schedule.take_due(now).items():
             hosted = self.sessions.get(session_id)
             if hosted is None:  # stopped while this loop let others run
                 continue
+            if GROUPS_TIMER in timer_ids:
+                timer_ids.remove(GROUPS_TIMER)
+                try:
+                    expired = self.execute(session_id, ExpireGroups(now))
+                    outcomes.append(expired.then(lambda _: None))
+                except StoreFailed:  # its ring could not be brought in: expired later
+                    hosted.session.groups.moved = True
+                    self._index(hosted.session)
+                    failed = True
+                if not timer_ids:
+                    continue
             try:
                 outcome = self.execute(session_id, FireTimers(timer_ids, now, ts))
             except StoreFailed:  # its ring could not be brought in: still due, fired later
@@ -195,14 +207,14 @@ class LocalCommitter:
                 failed = True
                 continue
             fired += sum(f.seq is not None for f in outcome.value)
-            outcomes.append(outcome)
+            outcomes.append(outcome.then(lambda _: None))
             since += len(timer_ids)
             if since >= FIRE_SLICE:  # a burst of due timers must not stall the connections
                 since = 0
                 await anyio.lowlevel.checkpoint()
         try:
-            for outcome in outcomes:
-                await outcome.result()
+            for written in outcomes:
+                await written.result()
         except StoreFailed:
             return False
         self.listener.fired(fired)
@@ -210,23 +222,44 @@ class LocalCommitter:
 
     def _pending_timer(self, session_id: str, timer_id: str, due_ms: int) -> bool:
         hosted = self.sessions.get(session_id)
-        timer = None if hosted is None else hosted.session.timers.get(timer_id)
+        if hosted is None:
+            return False
+        if timer_id == GROUPS_TIMER:
+            return hosted.session.groups.deadline() == due_ms
+        timer = hosted.session.timers.get(timer_id)
         return timer is not None and timer.due_ms == due_ms
 
     def _index(self, session: Session) -> None:
-        """Index the timers ``session`` added or moved; wake the timer task for a sooner one."""
+        """Index the timers ``session`` added or moved, and its groups' next deadline when
+        it may have moved; wake the timer task for a sooner one."""
+        groups = session.groups
+        if groups.moved:
+            groups.moved = False
+            deadline = groups.deadline()
+            if deadline is not None:
+                self.schedule.add_at(deadline, session.id, GROUPS_TIMER)
+                self._sooner(deadline)
         moved = session.take_moved_timers()
         if not moved:
             return
         schedule = self.schedule
         for timer in moved:
             schedule.add(timer)
-        soonest = min(timer.due_ms for timer in moved)
-        if self._sleeping_until is None or soonest < self._sleeping_until:
-            self._timer_wake.set()
+        self._sooner(min(timer.due_ms for timer in moved))
         if len(schedule) > self._compact_at:  # cancelled and stopped timers left entries behind
-            schedule.rebuild(self.all_timers())
+            schedule.rebuild(self.all_timers(), self._group_deadlines())
             self._compact_at = 2 * len(schedule) + 1024
+
+    def _sooner(self, due_ms: int) -> None:
+        if self._sleeping_until is None or due_ms < self._sleeping_until:
+            self._timer_wake.set()
+
+    def _group_deadlines(self) -> list[tuple[int, str, str]]:
+        return [
+            (deadline, session_id, GROUPS_TIMER)
+            for session_id, hosted in self.sessions.items()
+            if (deadline := hosted.session.groups.deadline()) is not None
+        ]
 
     def all_timers(self) -> list[Timer]:
         """Every pending timer of every session, soonest first."""
@@ -392,13 +425,37 @@ class LocalCommitter:
         # store_failed, with nothing changed
         session.ring.unfold()
         before = session.changes
+        groups = session.groups
+        freed = groups.freed
         result = op.run(session, hosted.cap())
         if session.changes == before:
             return Outcome.now(result)
         self._index(session)
+        if groups.outbox:  # in this same step, so in this same write
+            self._post_dead_letters(groups.take_dead_letters())
         ticket = self._changed(hosted)
+        if groups.freed != freed:  # a firing is claimable again: its claimers look
+            self.listener.claimable(session_id)
         # a change that promises nothing (a read's touch) is written with the next batch
         return Outcome.after(ticket if op.durable else None, result)
+
+    def _post_dead_letters(self, letters: list[DeadLetter]) -> None:
+        """Record each dead letter in its dead-letter session, started (with the default
+        limit, past ``max_sessions``: a group's last attempt is never dropped) when there
+        is none."""
+        ts = self.clock.utc_now()
+        for letter in letters:
+            hosted = self.sessions.get(letter.session)
+            if hosted is None:
+                hosted = self._host(Session(letter.session, DEFAULT_LIMIT))
+                self._gone.discard(letter.session)
+            session = hosted.session
+            session.ring.unfold()
+            session.record(
+                letter.handler, letter.text, ts, None, letter.handled, letter.tags, letter.by
+            )
+            self._index(session)
+            self._changed(hosted)
 
     def ack_all(self, cursor: str, acks: list[tuple[str, int]]) -> Outcome[list[int]]:
         chosen = [(self._get(session_id), seq) for session_id, seq in acks]

@@ -37,10 +37,11 @@ ring the image holds whole not at all until a firing of it is needed
 (``Ring.folded``, read then with a reader connection of the event loop's
 own); a copy, checked by a CRC, that a damaged or stale one is passed over
 for the log, which always holds every live row). ``PRAGMA user_version``
-holds the schema's version (7; a file of schema 1 to 6 gets the tables and columns it
+holds the schema's version (8; a file of schema 1 to 7 gets the tables and columns it
 lacks when opened: schema 4 added the tags of firings and timers, schema 5
 moved the firings into the log, schema 6 added the images, schema 7 the
-sender of each firing, its ``by``, NULL in the rows written before).
+sender of each firing, its ``by``, NULL in the rows written before, schema 8
+the groups and their claims, SPEC §16, a blob a group).
 
 Only one daemon may use a home at a time: the store holds an exclusive
 ``flock`` on ``repl.db.lock`` next to the database for as long as it is
@@ -72,14 +73,16 @@ import msgspec
 from session.delta import CursorState, Delta, Webhook, gap
 from session.errors import BadSeq, ReplError, StoreFailed
 from session.firing import NO_TAGS, Firing
+from session.groups import GroupSnapshot
+from session.names import check_session_id
 from session.ring import Fold, Image, Ring, check_limit, decode_image, encode_image
 from session.schedule import Timer
 from session.scopes import Scope, TokenRecord
-from session.session import Snapshot, check_session_id
+from session.session import Snapshot
 
 log = logging.getLogger("repl.daemon")
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 #: how long a write waits for another program's lock on the file before it fails
 BUSY_TIMEOUT = 2.0
 #: the WAL file is cut back to this size once checkpointed
@@ -201,15 +204,27 @@ CREATE TABLE rings (
 _SCHEMA_7 = """
 ALTER TABLE log ADD COLUMN sender TEXT;
 """
+# schema 8 adds the groups and their claims (SPEC §16): a group a row, its whole state
+# (``session.groups.GroupSnapshot``) one MessagePack blob, rewritten when it changes
+_SCHEMA_8 = """
+CREATE TABLE groups (
+    session TEXT NOT NULL,
+    name TEXT NOT NULL,
+    state BLOB NOT NULL,
+    PRIMARY KEY (session, name)
+) WITHOUT ROWID;
+"""
 #: what each schema after the first added (timers and hooks, tokens, tags, the log, rings,
-#: senders)
-_UPGRADES = (_SCHEMA_2, _SCHEMA_3, _SCHEMA_4, _SCHEMA_5, _SCHEMA_6, _SCHEMA_7)
+#: senders, groups)
+_UPGRADES = (_SCHEMA_2, _SCHEMA_3, _SCHEMA_4, _SCHEMA_5, _SCHEMA_6, _SCHEMA_7, _SCHEMA_8)
 #: the log's live rows: those of a session after its ``since``, from its ``first`` seq on
 _LIVE_ROW = "l.id > s.since AND l.seq >= s.first"
 _LIVE = f"log AS l JOIN sessions AS s ON s.id = l.session WHERE {_LIVE_ROW}"
 #: compaction starts once the log holds more than twice its live rows and this many more
 COMPACT_SLACK = 4096
 
+_group_bytes = msgspec.msgpack.Encoder().encode
+_group_of = msgspec.msgpack.Decoder(GroupSnapshot).decode
 _tags_json = msgspec.json.Encoder()
 _tags_of = msgspec.json.Decoder(dict[str, str]).decode
 
@@ -577,6 +592,7 @@ _SESSION_TABLES = (
     ("timers", "session"),
     ("hooks", "session"),
     ("rings", "session"),
+    ("groups", "session"),
 )
 
 
@@ -614,6 +630,8 @@ def _write_batch(
     hooks: list[tuple[str, str, str]] = []
     timers_gone: list[tuple[str, str]] = []
     timers: list[tuple[str, str, int, int | None, str, str, str | None, str | None]] = []
+    groups_replaced: list[tuple[str]] = []
+    groups: list[tuple[str, str, bytes]] = []
     # what a send across many sessions commits is mostly one new firing in each: this loop
     # runs once a touched session, so it looks at each delta's fields once, and skips the
     # tables a delta does not change
@@ -657,6 +675,9 @@ def _write_batch(
             hooks_changed.append((sid,))
             if delta.webhook is not None:
                 hooks.append((sid, delta.webhook.secret, delta.webhook.handler))
+        if delta.groups is not None:
+            groups_replaced.append((sid,))
+            groups.extend((sid, g.name, _group_bytes(g)) for g in delta.groups)
         if delta.timers_gone:
             timers_gone.extend((sid, timer_id) for timer_id in delta.timers_gone)
         if delta.timers:
@@ -695,6 +716,9 @@ def _write_batch(
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             timers,
         )
+    if groups_replaced:
+        conn.executemany("DELETE FROM groups WHERE session = ?", groups_replaced)
+        conn.executemany("INSERT INTO groups (session, name, state) VALUES (?, ?, ?)", groups)
     for delta in kept:
         if delta.keys:
             _add_keys(conn, delta)
@@ -863,6 +887,7 @@ def _load_all(
         "t.due_ms, t.id",
     )
     hooks = of("hooks", "t.secret, t.handler", "t.session")
+    groups = of("groups", "t.state", "t.name")
     # a folded ring's image is not read: not even its crc, which comes after it in the row
     # (SQLite would walk the image's overflow pages to reach it)
     whole = "r.head = s.head" if fold is not None else "0"
@@ -901,6 +926,7 @@ def _load_all(
             keys=[(key, seq) for _, key, seq in keys.of(session_id)],
             timers=[_timer(*row) for row in timers.of(session_id)],
             webhook=Webhook(hook[0][1], hook[0][2]) if hook else None,
+            groups=[_group_of(state) for _, state in groups.of(session_id)],
             image=image,
             fold=folded,
         )

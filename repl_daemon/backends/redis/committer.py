@@ -52,6 +52,7 @@ from repl_daemon.engine.committer import Listener, Totals, made_up_id
 from repl_daemon.engine.outcome import Outcome, Settled
 from session.errors import NoSuchSession, ReplError, StoreFailed, no_such_session
 from session.firing import NO_TAGS, Firing
+from session.names import check_cursor_name, check_session_id
 from session.ops import (
     Ack,
     AckRead,
@@ -77,13 +78,7 @@ from session.ring import check_limit, only, since_of
 from session.rules import HANDLERS, POLL_CURSOR
 from session.schedule import Timer, timer_order
 from session.scopes import TokenRecord, no_such_token
-from session.session import (
-    Recorded,
-    Summary,
-    check_cursor_name,
-    check_session_id,
-    session_exists,
-)
+from session.session import Recorded, Summary, session_exists
 
 log = logging.getLogger("repl.daemon")
 

@@ -1,0 +1,111 @@
+"""A claim (SPEC §16): a wait whose look is a claim, woken as a wait is.
+
+A claim blocks as a wait does (``repl_daemon.engine.wait``): subscribed to its
+session before its first look, an entry in the waiters' table while blocked,
+no task and no work until the committer says the session changed (a new
+firing) or that a firing of it is claimable again (``Listener.claimable``: a
+release, a lease that ran out, a delay that ended). Each look is one step of
+the core (``ClaimFiring``) at the engine's clock: it takes a firing, or nothing.
+Blocked claimers are woken oldest first, so the first to come is the first to
+look (first come, first served).
+
+A claim that times out, is cancelled, or whose client is gone took nothing: a
+look that took a firing answers at once, or (on a durable store) once the
+claim is durable; a claim cancelled in between gives the firing straight
+back (``Release``), so a claimer that went away holds nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from repl_daemon import protocol as p
+from repl_daemon.engine.outcome import Outcome
+from repl_daemon.engine.wait import Wait, Waiters, _State
+from session.claims import Taken
+from session.errors import NoSuchSession, ReplError
+from session.firing import Firing, ms_to_ts
+from session.ops import ClaimFiring, Release
+
+log = logging.getLogger("repl.daemon")
+
+
+class ClaimWait(Wait):
+    """One claim's life: looks (each a ``ClaimFiring``) until it takes a firing or times out."""
+
+    __slots__ = ("claim", "now", "taken")
+
+    def __init__(self, waiters: Waiters, req: p.Claim, now: Callable[[], int]) -> None:
+        as_wait = p.Wait(
+            id=req.id,
+            sessions=[req.session],
+            cursor=None,
+            timeout_ms=req.timeout_ms,
+            match=req.match,
+        )
+        super().__init__(waiters, as_wait, [req.session], [])
+        self.claim = req
+        #: the engine's clock, in ms: each look claims at the time it runs
+        self.now = now
+        #: what the look on its way took, until it is answered (given back if cancelled)
+        self.taken: Taken | None = None
+
+    def cancel(self) -> None:
+        taken, self.taken = self.taken, None
+        super().cancel()
+        if taken is not None:  # the client is gone before it was told: it takes nothing
+            self._give_back(taken)
+
+    def wake(self, heard: Firing | None = None) -> None:
+        super().wake(None)  # a claim looks by claiming: a firing heard is no answer
+
+    def _woken(self, heard: Firing | None = None) -> None:
+        self._read()  # no settle time: a claim takes one firing, whatever comes after it
+
+    def _read(self) -> None:
+        self._check_open()
+        self._move(_State.LOOKING)
+        req, session_id = self.claim, self.claim.session
+        op = ClaimFiring(req.group, self.now(), req.lease_ms, req.match, req.from_now)
+        try:
+            outcome = self.waiters.committer.execute(session_id, op)
+        except NoSuchSession:
+            if self._first_look(session_id):
+                raise
+            raise self.waiters.committer.vanished(session_id) from None
+        self.seen[session_id] = 0  # it has looked: the session existed
+        if outcome.job is None:  # known now, perhaps durable only later
+            self.taken = outcome.value
+        self.again = False
+        self._after(outcome, self._looked_claim)
+
+    def _looked_claim(self, taken: Taken | None) -> None:
+        self.taken = None
+        if taken is None:
+            self._have_read([])
+            return
+        claim, firing = taken.claim, taken.firing
+        answer = p.Claimed(
+            id=self.claim.id,
+            claim=claim.token,
+            seq=claim.seq,
+            attempt=claim.attempt,
+            lease_until=ms_to_ts(claim.lease_until_ms),
+            lease_until_ms=claim.lease_until_ms,
+            lost=claim.lost,
+            firing=firing,
+        )
+        self._finish(answer, None)
+
+    def _nothing(self) -> p.Response:
+        return p.Claimed(id=self.claim.id, timed_out=True)
+
+    def _give_back(self, taken: Taken) -> None:
+        release = Release(taken.claim.token, self.now())
+        try:
+            given: Outcome[bool] = self.waiters.committer.execute(self.claim.session, release)
+        except ReplError as exc:  # it ran out, or the session is gone: nothing is held
+            log.info("a claim whose client went away was not given back: %s", exc.message)
+            return
+        given.settle(lambda _, __: None)
