@@ -193,8 +193,8 @@ class AsyncRepl(AsyncOperations):
         except CliError as exc:
             raise typed(exc) from None
 
-    async def _woken(self, request: p.Wait) -> p.Woken:
-        return await self._exchange(request, p.Woken, None)
+    async def _woken(self, request: p.Request, expect: type[R]) -> R:
+        return await self._exchange(request, expect, None)
 
     def _answered_once(self) -> bool:
         return self._connected_once

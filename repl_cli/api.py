@@ -119,9 +119,9 @@ class Repl(Operations):
         except CliError as exc:
             raise typed(exc) from None
 
-    def _woken(self, request: p.Wait) -> p.Woken:
+    def _woken(self, request: p.Request, expect: type[R]) -> R:
         self.client.send(request)
-        return self.client.receive(p.Woken, timeout=None, watch=self.watch)
+        return self.client.receive(expect, timeout=None, watch=self.watch)
 
     def _answered_once(self) -> bool:
         return self.client.connected_once

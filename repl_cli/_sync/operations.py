@@ -27,7 +27,16 @@ from repl_cli.reconnect import Outage
 from repl_daemon import protocol as p
 from session.errors import Code
 from session.firing import CursorInfo, Firing
-from session.rules import ACK_CURSOR, DEFAULT_HANDLER, FOLLOW_CURSOR, WAIT_CURSOR, WEBHOOK_HANDLER
+from session.groups import GroupInfo
+from session.rules import (
+    ACK_CURSOR,
+    DEFAULT_GROUP,
+    DEFAULT_HANDLER,
+    DEFAULT_LEASE_MS,
+    FOLLOW_CURSOR,
+    WAIT_CURSOR,
+    WEBHOOK_HANDLER,
+)
 from session.tags import CORR, REPLY_TO, correlation_id
 
 
@@ -55,8 +64,9 @@ class Operations(abc.ABC):
         """``request``'s answer, as an ``expect``; every failure as a typed ``Error``."""
 
     @abc.abstractmethod
-    def _woken(self, request: p.Wait) -> p.Woken:
-        """A wait's answer, however long it blocks; a lost link is an ``Error`` (75)."""
+    def _woken(self, request: p.Request, expect: type[R]) -> R:
+        """A blocking request's answer (a wait's, a claim's), however long it blocks; a
+        lost link is an ``Error`` (75)."""
 
     @abc.abstractmethod
     def _answered_once(self) -> bool:
@@ -257,7 +267,7 @@ class Operations(abc.ABC):
                 after=after,
             )
             try:
-                woken = self._woken(request)
+                woken = self._woken(request, p.Woken)
             except CliError as exc:
                 self._ride_out(outage, exc)
                 if outage.timed_out:
@@ -384,6 +394,90 @@ class Operations(abc.ABC):
         firing = self.firing(session, seq)
         target, tags = reply_tags(firing, session)
         return self.send(target, text, handler=handler, tags=tags)
+
+    # -- groups and claims (SPEC §16) ------------------------------------------------
+
+    def claim(
+        self,
+        session: str,
+        *,
+        group: str = DEFAULT_GROUP,
+        lease: float = DEFAULT_LEASE_MS / 1000,
+        timeout: float | None = None,
+        match: MatchLike | None = None,
+        from_now: bool = False,
+    ) -> p.Claimed:
+        """Block until ``group`` has a firing no other claimer holds, and take it under a
+        lease of ``lease`` seconds; ``timeout`` seconds at most (then ``timed_out``, with
+        nothing taken). Finish with ``done``, give it back with ``release``, keep it
+        longer with ``extend``. A daemon restart meanwhile is ridden out as ``wait``
+        rides it out; in async code, cancelling the claim takes nothing."""
+        deadline = None if timeout is None else self._clock() + timeout
+        outage = Outage(self.reconnect, self.addr, self.note, deadline, clock=self._clock)
+        wanted = as_match(match)
+        while True:
+            request = p.Claim(
+                session=session,
+                group=group,
+                lease_ms=round(lease * 1000),
+                timeout_ms=outage.remaining_ms(),
+                match=wanted,
+                from_now=from_now,
+            )
+            try:
+                claimed = self._woken(request, p.Claimed)
+            except CliError as exc:
+                self._ride_out(outage, exc)
+                if outage.timed_out:
+                    return p.Claimed(timed_out=True)
+                continue
+            outage.back()
+            return claimed
+
+    def done(self, session: str, claim: str) -> int:
+        """The claim's work is finished: its firing is never offered to its group again.
+        ``lease_lost`` when the claim is no longer the live lease (nothing changes)."""
+        finished = self._call(p.Finish(session=session, claim=claim), p.Finished)
+        return finished.seq
+
+    def release(self, session: str, claim: str, *, delay: float = 0) -> bool:
+        """Give the claim's firing back, claimable again at once or after ``delay`` seconds;
+        True when that was its last attempt (it went to the dead-letter session)."""
+        request = p.Release(session=session, claim=claim, delay_ms=round(delay * 1000))
+        return (self._call(request, p.Released)).dead
+
+    def extend(
+        self, session: str, claim: str, *, lease: float = DEFAULT_LEASE_MS / 1000
+    ) -> p.Extended:
+        """Keep the claim's firing ``lease`` seconds from now (a heartbeat)."""
+        request = p.Extend(session=session, claim=claim, lease_ms=round(lease * 1000))
+        return self._call(request, p.Extended)
+
+    def group(
+        self,
+        session: str,
+        name: str,
+        *,
+        max_attempts: int | None = None,
+        dead_letter: str | None = None,
+        from_now: bool = False,
+    ) -> GroupInfo:
+        """Create group ``name`` (from the oldest firing, or with ``from_now`` after the
+        head), or set its attempts and dead-letter session; its counts."""
+        request = p.Group(
+            session=session,
+            group=name,
+            max_attempts=max_attempts,
+            dead_letter=dead_letter,
+            from_now=from_now,
+        )
+        return (self._call(request, p.GroupRow)).group
+
+    def groups(self, session: str) -> list[GroupInfo]:
+        return (self._call(p.Groups(session=session), p.GroupList)).groups
+
+    def claims(self, session: str, *, group: str | None = None) -> list[p.LeaseInfo]:
+        return (self._call(p.Claims(session=session, group=group), p.ClaimList)).claims
 
     def firing(self, session: str, seq: int) -> Firing:
         """Firing ``seq`` of ``session``, read without a cursor; an ``Error`` when the ring

@@ -140,12 +140,14 @@ def test_follow_with_count_rides_out_an_outage_for_its_last_ack() -> None:
             self.acks.append((request.cursor, request.seq))
             return expect(cursor=request.cursor, seq=request.seq)  # type: ignore[call-arg]
 
-        def _woken(self, request: p.Wait) -> p.Woken:
+        def _woken(self, request: p.Request, expect: type[R]) -> R:
+            assert expect is p.Woken
             firings = [
                 Firing(n, "on-message", f"f{n}", None, "2026-12-04T00:00:00.000Z", NO_TAGS)
                 for n in (1, 2)
             ]
-            return p.Woken(batches=[p.SessionBatch("s", 2, 0, firings)], timed_out=False)
+            woken = p.Woken(batches=[p.SessionBatch("s", 2, 0, firings)], timed_out=False)
+            return woken  # type: ignore[return-value]
 
         def _answered_once(self) -> bool:
             return True

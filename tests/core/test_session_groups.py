@@ -53,6 +53,8 @@ NOW = 1_700_000_000_000
 def counts_of(info: GroupInfo) -> GroupInfo:
     """``info``'s counts alone (its attempts and dead-letter session as a new group's)."""
     return msgspec.structs.replace(info, max_attempts=5, dead_letter="")
+
+
 LEASE = DEFAULT_LEASE_MS
 
 

@@ -50,7 +50,7 @@ from repl_daemon.backends.redis.wakes import Wakes, heard
 from repl_daemon.engine.clock import REAL, Clock
 from repl_daemon.engine.committer import Listener, Totals, made_up_id
 from repl_daemon.engine.outcome import Outcome, Settled
-from session.errors import NoSuchSession, ReplError, StoreFailed, no_such_session
+from session.errors import BadRequest, NoSuchSession, ReplError, StoreFailed, no_such_session
 from session.firing import NO_TAGS, Firing
 from session.names import check_cursor_name, check_session_id
 from session.ops import (
@@ -58,10 +58,17 @@ from session.ops import (
     AckRead,
     AddTimer,
     CancelTimer,
+    ClaimFiring,
+    ClaimTable,
+    ConfigureGroup,
     CursorTable,
     Describe,
+    ExpireGroups,
+    Extend,
+    Finish,
     FireTimers,
     GetWebhook,
+    GroupTable,
     Op,
     Poll,
     ReadAfter,
@@ -69,6 +76,7 @@ from session.ops import (
     ReadRecent,
     ReadSeq,
     Record,
+    Release,
     SetLimit,
     SetWebhook,
     TimerList,
@@ -89,6 +97,19 @@ B = TypeVar("B")
 #: the most looks a daemon answers from published firings at one session before it counts
 #: them in Redis (it counts them sooner, with its next read there or when it unsubscribes)
 MAX_OWED = 64
+
+
+#: the steps of groups and claims (SPEC §16), which no script of this store runs yet
+_GROUP_OPS = (
+    ClaimFiring,
+    Finish,
+    Release,
+    Extend,
+    ExpireGroups,
+    ConfigureGroup,
+    GroupTable,
+    ClaimTable,
+)
 
 
 class SharedCommitter:
@@ -277,6 +298,11 @@ class SharedCommitter:
     def execute(self, session_id: str, op: Op[R]) -> Outcome[R]:
         check_session_id(session_id)
         op.check()
+        if isinstance(op, _GROUP_OPS):
+            raise BadRequest(
+                "groups and claims are not kept by the Redis store yet: claim from a daemon "
+                "with a store of its own (SQLite, the default, or --memory)"
+            )
         timers = self.shared_timers
         match op:  # a timer's change is two steps: the session's, and the index's
             case AddTimer():
