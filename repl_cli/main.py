@@ -823,7 +823,10 @@ def claim(
     fmt = firing_format(seq, full, as_json, ts=ts)
     sink = Sink(confirm=True)
     repl.reconnect = reconnect
-    repl.watch = sink.fd if sink.pipe else None
+    # no watch on the pipe while blocked (as `wait` has): the answer may be on its way when
+    # the reader leaves, and a claim the daemon answered must be given back, which only
+    # its token allows; so the claim goes on, and what it takes and cannot write it gives
+    # back (deliver_claim)
     claimed = repl.claim(
         session,
         group=group,

@@ -31,6 +31,7 @@ class Code(enum.StrEnum):
     CURSOR_AFTER_HEAD = "cursor_after_head"
     ACK_AFTER_HEAD = "ack_after_head"
     LEASE_LOST = "lease_lost"
+    BAD_CLAIM = "bad_claim"
     # the daemon
     BAD_REQUEST = "bad_request"
     UNKNOWN_OP = "unknown_op"
@@ -108,6 +109,13 @@ class BadTag(ReplError):
     """A tag or a match is not one: its key's form, its value's length, too many of them."""
 
     code = Code.BAD_TAG
+
+
+class BadClaim(ReplError):
+    """A claim token is not one (``done``, ``release``, ``extend``): it is used as a claim
+    printed it."""
+
+    code = Code.BAD_CLAIM
 
 
 class BadTime(ReplError):
@@ -264,6 +272,7 @@ BY_CODE: dict[str, type[ReplError]] = {
     for cls in (
         BadSessionId,
         BadCursorName,
+        BadClaim,
         BadLimit,
         BadSeq,
         BadMax,

@@ -41,7 +41,7 @@ The transitions (``a``: the attempts so far; ``m``: ``max_attempts``)::
 A token is live when it names this group, a held seq and the attempt that holds it,
 and its deadline is after now; anything else is ``LeaseLost`` (``lease_lost``), and
 changes nothing: a stale worker can never finish or give back what another holds. A
-malformed token is ``BadRequest``; a lease outside ``MIN_LEASE_MS``-``MAX_LEASE_MS``
+malformed token is ``BadClaim``; a lease outside ``MIN_LEASE_MS``-``MAX_LEASE_MS``
 or a delay outside 0-``MAX_DELAY_MS`` is ``BadTime``. Every operation checks all of
 its arguments before it changes anything.
 
@@ -57,7 +57,7 @@ from typing import Literal
 
 import msgspec
 
-from session.errors import BadMax, BadRequest, BadSeq, BadSessionId, BadTime, LeaseLost
+from session.errors import BadClaim, BadMax, BadSeq, BadSessionId, BadTime, LeaseLost
 from session.firing import ms_to_ts
 from session.names import check_cursor_name, check_session_id
 from session.rules import (
@@ -83,10 +83,10 @@ def claim_token(group: str, seq: int, attempt: int) -> str:
 
 
 def parse_token(token: str) -> tuple[str, int, int]:
-    """The group, seq and attempt a claim token names; ``BadRequest`` when it is not one."""
+    """The group, seq and attempt a claim token names; ``BadClaim`` when it is not one."""
     match = _TOKEN.fullmatch(token) if len(token) <= MAX_TOKEN_LENGTH else None
     if match is None or " " in match["group"] or not match["group"].isprintable():
-        raise BadRequest(
+        raise BadClaim(
             f"claim {token[:MAX_TOKEN_LENGTH]!r} is not a claim token: "
             "use the claim a claim printed, as it printed it"
         )

@@ -18,8 +18,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from session.errors import (
     BY_CODE,
+    BadClaim,
     BadMax,
-    BadRequest,
     BadSeq,
     BadSessionId,
     BadTime,
@@ -230,7 +230,7 @@ def test_a_token_names_group_seq_and_attempt_and_a_malformed_one_is_refused() ->
         "x" * 200 + ":1:1",
         "work:²:1",
     ):
-        with pytest.raises(BadRequest, match="is not a claim token"):
+        with pytest.raises(BadClaim, match="is not a claim token"):
             parse_token(bad)
     group = Group.create("jobs", "work", 1, 1)
     claim = taken(group.claim(NOW, LEASE, 1, 1))
