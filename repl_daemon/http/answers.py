@@ -38,8 +38,9 @@ SVG = "image/svg+xml"
 #: what a 404 of no route names, so the caller finds the right path
 ROUTES = (
     "the routes are /sessions, /sessions/ID, /sessions/ID/firings, /sessions/ID/events, "
-    "/sessions/ID/wait, /sessions/ID/cursors/NAME, /hooks/ID, /metrics, /healthz and the "
-    "page at /"
+    "/sessions/ID/wait, /sessions/ID/cursors/NAME, /sessions/ID/groups[/NAME[/claim]], "
+    "/sessions/ID/claims[/CLAIM/done|release|extend], /hooks/ID, /metrics, /healthz and "
+    "the page at /"
 )
 #: the page loads nothing from anywhere else, and runs no script it did not ship
 PAGE_HEADERS = {
@@ -65,6 +66,7 @@ STATUS: dict[str, int] = {
     Code.NO_SUCH_TIMER: 404,
     Code.NO_SUCH_WEBHOOK: 404,
     Code.SESSION_EXISTS: 409,
+    Code.LEASE_LOST: 409,  # the claim conflicts with its group's state: nothing changed
     Code.SESSION_STOPPED: 410,
     Code.UNAUTHORIZED: 401,
     Code.FORBIDDEN: 403,

@@ -1,21 +1,27 @@
-"""The long poll (``GET /sessions/{id}/wait``) and a request's hold on its token: what
-ends a blocked HTTP request (its answer, a revocation, the client gone)."""
+"""The long polls (``GET /sessions/{id}/wait``, ``POST .../groups/{name}/claim``) and a
+request's hold on its token: what ends a blocked HTTP request (its answer, a revocation,
+the client gone); a claim's answer that its client left before it was written."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from repl_daemon import protocol as p
 from repl_daemon.engine.wait import Wait
+from repl_daemon.http.streams import line_of
 from session.errors import (
     Unauthorized,
 )
 from session.scopes import TokenRecord
 
 if TYPE_CHECKING:
+    from starlette.types import Receive, Scope, Send
+
     from repl_daemon.engine import Engine
 
 
@@ -53,9 +59,12 @@ class Poll:
         self.answered(None, error)
 
     def hung_up(self) -> None:
-        """The client went away: nobody wants the answer, whatever it is or would be."""
+        """The client went away: nobody wants the answer it would have. One that is in
+        already stays, for the route to see that it has somebody's (a claim's firing,
+        which the route gives back when it cannot hand it over: ``Handed``)."""
         self.job.cancel()  # nothing, once it has answered
-        self.answered(None, Gone())
+        if not self.over.is_set():
+            self.answered(None, Gone())
 
     async def result(self) -> p.Response:
         try:
@@ -84,3 +93,29 @@ class Held:
         self.error = error
         if self.scope is not None:
             self.scope.cancel()
+
+
+@functools.cache
+def handed_class() -> Any:
+    """The response of a claim that took a firing: Starlette's ``Response``, made on first
+    use (the module imports without the http extra)."""
+    from starlette.responses import Response
+
+    class Handed(Response):
+        """A claim's answer, JSON; ``give_back`` called when the connection was lost
+        before the answer was written in full (the request's ``Line``), so that a client
+        gone holds nothing (SPEC §16: a claimer that cannot have what it took gives it
+        back at once). One lost after it was written is as one that read it."""
+
+        media_type = "application/json"
+
+        def __init__(self, body: bytes, give_back: Callable[[], None]) -> None:
+            super().__init__(body, 200)
+            self.give_back = give_back
+
+        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+            await super().__call__(scope, receive, send)
+            if line_of(scope).gone:
+                self.give_back()
+
+    return Handed

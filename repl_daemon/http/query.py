@@ -12,8 +12,10 @@ import msgspec
 from repl_daemon.http.answers import BODY_TIMEOUT, MAX_BODY, MAX_DRAIN, MAX_WAIT_TIMEOUT
 from session.errors import (
     BadRequest,
+    BadTime,
     IdleTimeout,
     LineTooLong,
+    ReplError,
 )
 from session.ops import check_match
 from session.tags import Match, parse_match, parse_tags
@@ -102,6 +104,36 @@ def query_seconds(request: Request, name: str, default: float) -> float:
     return float(value)
 
 
+def query_duration(request: Request, name: str, default_ms: int) -> int:
+    """A lease's or a delay's length in ms, as seconds (``90``, ``2.5``, as ``?timeout=``)
+    or as a duration (``90s``, ``5m``, ``1h30m``, as the CLI's ``--lease``); its bounds
+    are the core's to check. ``bad_time`` when it is neither."""
+    from session.schedule import parse_duration
+
+    value = request.query_params.get(name)
+    if value is None:
+        return default_ms
+    if SECONDS.fullmatch(value):
+        return round(float(value) * 1000)
+    try:
+        return parse_duration(value)
+    except ReplError:
+        raise BadTime(
+            f"?{name}={shown(value)} is not a number of seconds (90, 2.5) or a duration "
+            "(90s, 5m, 1h30m)"
+        ) from None
+
+
+def query_flag(request: Request, name: str) -> bool:
+    """A yes or no of the query: ``true``/``1`` or ``false``/``0`` (absent: no)."""
+    value = request.query_params.get(name)
+    if value is None or value in ("false", "0"):
+        return False
+    if value in ("true", "1"):
+        return True
+    raise BadRequest(f"?{name}={shown(value)} is not true or false")
+
+
 def tags_of(request: Request) -> dict[str, str]:
     """A send's ``?tag=KEY=VALUE`` words (repeatable) as its tags; ``BadTag`` when not."""
     return parse_tags(request.query_params.getlist("tag"))
@@ -132,7 +164,15 @@ class AckBody(msgspec.Struct, kw_only=True):
     seq: int
 
 
-Body = TypeVar("Body", StartBody, AckBody)
+class GroupBody(msgspec.Struct, kw_only=True):
+    """``POST``/``PUT /sessions/{id}/groups/{name}``'s body, every field optional."""
+
+    max_attempts: int | None = None
+    dead_letter: str | None = None
+    from_now: bool = False
+
+
+Body = TypeVar("Body", StartBody, AckBody, GroupBody)
 
 
 def decode(body: bytes, kind: type[Body], shape: str) -> Body:

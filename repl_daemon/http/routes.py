@@ -22,18 +22,22 @@ from repl_daemon.http.answers import (
     SVG,
     WAIT_TIMEOUT,
     WEB,
+    encoder,
     error_response,
     json_response,
 )
-from repl_daemon.http.consumer import Gone, Held, Poll
+from repl_daemon.http.consumer import Gone, Held, Poll, handed_class
 from repl_daemon.http.metrics import Collector
 from repl_daemon.http.query import (
     SEQ,
     AckBody,
+    GroupBody,
     StartBody,
     decode,
     drain,
     match_of,
+    query_duration,
+    query_flag,
     query_number,
     query_seconds,
     read_body,
@@ -49,7 +53,7 @@ from session.errors import (
     ReplError,
     Unauthorized,
 )
-from session.rules import DEFAULT_HANDLER, WAIT_CURSOR
+from session.rules import DEFAULT_HANDLER, DEFAULT_LEASE_MS, WAIT_CURSOR
 from session.scopes import ADMIN, READ, TokenRecord, forbidden, scoped_refusal
 
 if TYPE_CHECKING:
@@ -301,8 +305,8 @@ class Api:
         return json_response({"next": here, "lost": 0, "firings": [], "timed_out": True})
 
     async def _unless_gone(self, job: Wait, request: Request) -> p.Response | None:
-        """The wait's answer, or None once the client has hung up (the wait is then
-        cancelled, having moved nothing).
+        """The wait's answer, or None when the client hung up before it (the wait is then
+        cancelled, having moved nothing; a claim's, having taken nothing).
 
         The wait is driven by its own callback (``Poll``), which this request awaits,
         so its answer goes out in the first pass of the event loop after the wake;
@@ -321,6 +325,142 @@ class Api:
             return None
         finally:
             line.stop()
+
+    # -- groups and claims (SPEC §16) --------------------------------------------
+
+    async def claim(self, request: Request) -> Response:
+        """``POST /sessions/{id}/groups/{name}/claim``: a long poll, ``repl claim``.
+
+        It answers as soon as the group has a firing no other claimer holds (oldest
+        first), taken under a lease of ``?lease=`` (default 60 s): ``200`` with the
+        claim and the firing; at ``?timeout=`` (default 30 s) ``204``, nothing taken.
+        ``?match=``/``?handler=`` as a wait's; ``?from_now=true`` for a group it makes.
+        Blocked, it is the engine's claim, a wait that does no work; a client that
+        hangs up before its answer takes nothing, and one gone before the answer was
+        written gives the firing back (``Handed``).
+        """
+        from starlette.responses import Response
+
+        session_id = request.path_params["id"]
+        token = request.state.token
+        self.engine.check_right(token, READ, session_id)
+        timeout = query_seconds(request, "timeout", WAIT_TIMEOUT)
+        req = p.Claim(
+            session=session_id,
+            group=request.path_params["name"],
+            lease_ms=query_duration(request, "lease", DEFAULT_LEASE_MS),
+            timeout_ms=round(timeout * 1000),
+            match=match_of(request),
+            from_now=query_flag(request, "from_now"),
+        )
+        job = self.handle(req, request).job
+        assert isinstance(job, Wait)  # a claim is a wait whose look claims (engine.claim)
+        claimed = await self._unless_gone(job, request)
+        if claimed is None:  # nobody to answer: nothing was taken
+            return Response(status_code=204)
+        assert isinstance(claimed, p.Claimed)
+        if claimed.timed_out or claimed.claim is None:
+            return Response(status_code=204)
+        claim = claimed.claim
+        body = encoder.encode(
+            {
+                "claim": claim,
+                "seq": claimed.seq,
+                "attempt": claimed.attempt,
+                "lease_until": claimed.lease_until,
+                "lease_until_ms": claimed.lease_until_ms,
+                "lost": claimed.lost,
+                "firing": claimed.firing,
+            }
+        )
+        response: Response = handed_class()(body, lambda: self._give_back(session_id, claim, token))
+        return response
+
+    def _give_back(self, session_id: str, claim: str, token: TokenRecord | None) -> None:
+        """A claim whose client is gone before it had its answer: released, as its client
+        would release it (its refusal, a lease that ran out meanwhile, changes nothing)."""
+        try:
+            given = self.engine.handle(p.Release(session=session_id, claim=claim), token)
+        except ReplError:
+            return
+        given.settle(lambda _, __: None)
+
+    async def finish(self, request: Request) -> Response:
+        """``POST /sessions/{id}/claims/{claim}/done``: ``repl done``; ``409 lease_lost``
+        when the claim is no longer the live lease, and nothing changes."""
+        session_id = request.path_params["id"]
+        self.engine.check_right(request.state.token, READ, session_id)
+        done = await self.call(
+            p.Finish(session=session_id, claim=request.path_params["claim"]), request
+        )
+        assert isinstance(done, p.Finished)
+        return json_response({"seq": done.seq})
+
+    async def release(self, request: Request) -> Response:
+        """``POST /sessions/{id}/claims/{claim}/release?delay=``: ``repl release``."""
+        session_id = request.path_params["id"]
+        self.engine.check_right(request.state.token, READ, session_id)
+        req = p.Release(
+            session=session_id,
+            claim=request.path_params["claim"],
+            delay_ms=query_duration(request, "delay", 0),
+        )
+        released = await self.call(req, request)
+        assert isinstance(released, p.Released)
+        return json_response({"dead": released.dead})
+
+    async def extend(self, request: Request) -> Response:
+        """``POST /sessions/{id}/claims/{claim}/extend?lease=``: ``repl extend``."""
+        session_id = request.path_params["id"]
+        self.engine.check_right(request.state.token, READ, session_id)
+        req = p.Extend(
+            session=session_id,
+            claim=request.path_params["claim"],
+            lease_ms=query_duration(request, "lease", DEFAULT_LEASE_MS),
+        )
+        extended = await self.call(req, request)
+        assert isinstance(extended, p.Extended)
+        return json_response(
+            {"lease_until": extended.lease_until, "lease_until_ms": extended.lease_until_ms}
+        )
+
+    async def group(self, request: Request) -> Response:
+        """``POST``/``PUT /sessions/{id}/groups/{name}``: ``repl group``, with the JSON body
+        ``{"max_attempts": N, "dead_letter": SESSION, "from_now": true}`` (each optional)."""
+        session_id = request.path_params["id"]
+        self.engine.check_right(request.state.token, ADMIN, session_id)
+        asked = decode(
+            await read_body(request),
+            GroupBody,
+            '{"max_attempts": N, "dead_letter": SESSION, "from_now": true}',
+        )
+        req = p.Group(
+            session=session_id,
+            group=request.path_params["name"],
+            max_attempts=asked.max_attempts,
+            dead_letter=asked.dead_letter,
+            from_now=asked.from_now,
+        )
+        made = await self.call(req, request)
+        assert isinstance(made, p.GroupRow)
+        return json_response(made.group)
+
+    async def groups(self, request: Request) -> Response:
+        """``GET /sessions/{id}/groups``: ``repl groups --json``."""
+        session_id = request.path_params["id"]
+        self.engine.check_right(request.state.token, READ, session_id)
+        listed = await self.call(p.Groups(session=session_id), request)
+        assert isinstance(listed, p.GroupList)
+        return json_response(listed.groups)
+
+    async def claims(self, request: Request) -> Response:
+        """``GET /sessions/{id}/claims?group=``: ``repl claims --json``."""
+        session_id = request.path_params["id"]
+        self.engine.check_right(request.state.token, READ, session_id)
+        group = request.query_params.get("group")
+        held = await self.call(p.Claims(session=session_id, group=group), request)
+        assert isinstance(held, p.ClaimList)
+        return json_response(held.claims)
 
     async def page(self, request: Request) -> Response:
         """The page (``GET /``): plain HTML shipped in the package; it holds no data until

@@ -128,6 +128,15 @@ def make_app(engine: Engine, token: str, mcp: ASGIApp | None = None) -> Any:
         Route("/sessions/{id}/wait", guarded(api.wait), methods=["GET"]),
         # a cursor's name may hold a slash (any printable character but whitespace)
         Route("/sessions/{id}/cursors/{name:path}", guarded(api.ack), methods=["POST"]),
+        # groups and claims (SPEC §16): a group's name may hold a slash as a cursor's may,
+        # and so may a claim token, which names its group
+        Route("/sessions/{id}/groups", guarded(api.groups), methods=["GET"]),
+        Route("/sessions/{id}/groups/{name:path}/claim", guarded(api.claim), methods=["POST"]),
+        Route("/sessions/{id}/groups/{name:path}", guarded(api.group), methods=["POST", "PUT"]),
+        Route("/sessions/{id}/claims", guarded(api.claims), methods=["GET"]),
+        Route("/sessions/{id}/claims/{claim:path}/done", guarded(api.finish), methods=["POST"]),
+        Route("/sessions/{id}/claims/{claim:path}/release", guarded(api.release), methods=["POST"]),
+        Route("/sessions/{id}/claims/{claim:path}/extend", guarded(api.extend), methods=["POST"]),
         Route("/sessions/{id}", guarded(api.stop), methods=["DELETE"]),
         Route("/sessions", guarded(api.sessions_root), methods=["GET", "POST"]),
         Route("/metrics", guarded(api.metrics), methods=["GET"]),
