@@ -10,11 +10,19 @@ from __future__ import annotations
 
 import json
 import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers import InProcDaemon, MovedClock, Repl, eventually
+from tests.helpers import (
+    InProcDaemon,
+    MovedClock,
+    Repl,
+    daemon_config,
+    eventually,
+    inproc_daemon,
+)
 
 
 def claimed(out: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -282,3 +290,29 @@ def test_claims_ride_nothing_out_when_the_session_is_stopped(repl: Repl, s: str)
     repl.ok("stop", s)
     _, err = blocked.communicate(timeout=30)
     assert blocked.returncode == 1 and b"stopped" in err
+
+
+def test_a_lease_that_ran_out_while_the_daemon_was_down_expires_once_at_start(
+    tmp_path: Path,
+) -> None:
+    """The expiry is a durable timer: a lease that ran out while no daemon ran is expired
+    by the next one's first turn (here a last attempt: one dead letter, exactly)."""
+    clock = MovedClock()
+    config = daemon_config(tmp_path / "home", durable=True)
+    with inproc_daemon(config, clock) as d:
+        repl = Repl(d)
+        s = repl.session("s")
+        repl.ok("group", s, "work", "--max-attempts", "1")
+        repl.ok("send", s, "the job")
+        claim(repl, s, "--lease", "5s")
+        claim(repl, s, "--lease", "5s", "--group", "retry")  # another lane, 5 attempts
+    clock.advance(60_000)  # both leases run out while the daemon is down
+    with inproc_daemon(config, clock) as d:
+        repl = Repl(d)
+        eventually(lambda: groups(repl, s)["work"]["dead"] == 1, what="the last attempt to die")
+        row = groups(repl, s)["retry"]
+        assert (row["held"], row["ready"], row["dead"]) == (0, 1, 0)
+        lines = repl.ok("read", f"{s}.dead", "--after", "0", "--json").splitlines()
+        assert [json.loads(x)["result"] for x in lines[1:]] == ["the job"]
+        got = claim(repl, s, "--group", "retry")
+        assert (got["seq"], got["attempt"]) == (1, 2)
