@@ -8,9 +8,11 @@ limits included. Built on the official SDK (``mcp``, the ``[mcp]`` extra):
 its ``MCPServer`` publishes each tool's schema from its typed arguments and
 turns its results into structured content.
 
-Each tool is a function of this module, as the SDK's examples write them
-(``ctx`` gives it the server's connections, ``tools_of``), published from one
-table, ``TOOLS``, with its annotations and its description for a model. The
+Each tool is a function of this module (the tools of groups and claims: of
+``repl_cli.mcp_claims``), as the SDK's examples write them (``ctx`` gives it the
+server's connections, ``tools_of``; what every tool shares is
+``repl_cli.mcp_tools``), published from one table, ``TOOLS``, with its
+annotations and its description for a model. The
 results are TypedDicts that follow the wire's answers field by field: the
 SDK publishes an output schema only for what pydantic describes (TypedDicts,
 dataclasses, pydantic models), and the wire's types are msgspec Structs,
@@ -47,13 +49,10 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from pathlib import Path
-from typing import Annotated, Any, NamedTuple, TypeVar
+from collections.abc import Awaitable
+from typing import Annotated, Any
 
 import anyio
-import msgspec
 from mcp.server.lowlevel.server import Server as LowLevelServer
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
@@ -61,13 +60,14 @@ from mcp.server.models import InitializationOptions
 from mcp.server.stdio import stdio_server
 from mcp.server.subscriptions import InMemorySubscriptionBus
 from mcp.shared.exceptions import MCPError
-from mcp.types import INTERNAL_ERROR, ToolAnnotations
+from mcp.types import INTERNAL_ERROR
 from mcp.types import Resource as MCPResource
 from pydantic import Field, ValidationError
 from typing_extensions import TypedDict
 
 from repl_cli import aio
 from repl_cli.errors import CliError
+from repl_cli.mcp_claims import CLAIM_TOOLS
 from repl_cli.mcp_push import (
     CHANNEL,
     MCP_CURSOR,
@@ -75,42 +75,33 @@ from repl_cli.mcp_push import (
     Push,
     allowed,
     claimed_stdout,
-    sender,
     session_uri,
 )
+from repl_cli.mcp_tools import (
+    LOOKS,
+    RECORDS,
+    SETS,
+    FiringOut,
+    MatchArg,
+    SessionArg,
+    Settings,
+    TagsArg,
+    Tool,
+    Tools,
+    WaitSeconds,
+    check,
+    error_line,
+    firing_out,
+    tools_of,
+    waited,
+)
 from repl_daemon import protocol as p
-from session.advice import advised
 from session.errors import Code
-from session.firing import Firing
 from session.rules import DEFAULT_HANDLER, WAIT_CURSOR
 from session.tags import CORR
 
 log = logging.getLogger("repl.mcp")
 
-T = TypeVar("T")
-
-#: how often a blocked wait tells a client that asked for progress that it is still there
-PROGRESS_EVERY = 5.0
-
-#: the longest a ``wait`` or ``request`` blocks: below the 60 s that MCP clients commonly
-#: give a request (the SDK's default among them) whether or not progress resets it, so a
-#: wait at its longest still answers ``timed_out`` rather than the client giving up with a
-#: protocol error; an agent that wants to wait longer calls again (nothing is lost between)
-MAX_WAIT_S = 50.0
-
-#: what each tool may do, for a harness deciding whether to ask a person first (MCP's tool
-#: annotations): nothing ever reaches past the daemon (openWorldHint false), and nothing
-#: deletes what cannot be had again (destructiveHint false: a cursor never moves back)
-LOOKS = ToolAnnotations(read_only_hint=True, open_world_hint=False)
-#: changes only what doing it again leaves as it is (a cursor set to max(seq), a start with
-#: exist_ok)
-SETS = ToolAnnotations(
-    read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False
-)
-#: records something new each time (a firing, a timer) unless a dedup key says otherwise
-RECORDS = ToolAnnotations(
-    read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
-)
 
 INSTRUCTIONS = """\
 repl is a session inbox: each session records messages as numbered firings
@@ -120,8 +111,11 @@ and blocks (for free) until something comes or `timeout_s` passes. It
 acknowledges nothing: pass the `next` of each batch you have handled in the
 `ack` of your next `wait`, so an interrupted call costs duplicates, never a
 lost message. To ask another agent and wait for its answer, use `request`;
-to answer one, `reply`. Each session is also the resource
-repl://sessions/ID: reading it gives its newest firings."""
+to answer one, `reply`. To share a session's jobs among workers, each worker
+calls `claim` (the job is its alone for a lease), then `done` when it is
+finished, `release` to give it back, or `extend` to keep it longer. Each
+session is also the resource repl://sessions/ID: reading it gives its newest
+firings."""
 
 PUSHED = """
 
@@ -148,17 +142,6 @@ RESOURCE_LAST = 20
 
 
 # -- results, as their schemas are published -------------------------------------------
-
-
-class FiringOut(TypedDict):
-    seq: int
-    handler: str
-    result: str | None
-    event: str | None
-    ts: str
-    tags: dict[str, str]
-    #: who sent it: a token's name, root, timer or webhook (None: not known)
-    by: str | None
 
 
 class BatchOut(TypedDict):
@@ -231,121 +214,9 @@ class ReplyOut(TypedDict):
     timed_out: bool
 
 
-def firing_out(firing: Firing) -> FiringOut:
-    return FiringOut(
-        seq=firing.seq,
-        handler=firing.handler,
-        result=firing.result,
-        event=firing.event,
-        ts=firing.ts,
-        tags=dict(firing.tags),
-        by=sender(firing),
-    )
-
-
 def batch_out(batch: p.SessionBatch) -> BatchOut:
     firings = [firing_out(f) for f in batch.firings]
     return BatchOut(session=batch.session, next=batch.next, lost=batch.lost, firings=firings)
-
-
-# -- the arguments, described for a model ----------------------------------------------
-
-SessionArg = Annotated[str, Field(description="The session's id.")]
-MatchArg = Annotated[
-    dict[str, str | None] | None,
-    Field(
-        description="Only firings whose tags match: each KEY must be there with that value "
-        "(null: any value)."
-    ),
-]
-WaitSeconds = Annotated[
-    float,
-    Field(
-        ge=0,
-        le=MAX_WAIT_S,
-        description=f"How long to wait at most, in seconds (at most {MAX_WAIT_S:g}: call "
-        "again to wait longer).",
-    ),
-]
-TagsArg = Annotated[
-    dict[str, str] | None,
-    Field(description="Tags the firing carries, KEY: VALUE (at most 16)."),
-]
-
-
-class Settings(msgspec.Struct, frozen=True, kw_only=True):
-    """Where the daemon is and who we are, as the CLI's global options give them."""
-
-    addr: str | None = None
-    home: Path | None = None
-    token_file: Path | None = None
-    #: the token itself (/mcp over HTTP: the one its client presented), before token_file
-    token: str | None = None
-    tls_ca: Path | None = None
-    progress_every: float = PROGRESS_EVERY
-    #: the sessions whose new firings are pushed to the client (none: nothing is pushed)
-    follow: tuple[str, ...] = ()
-    #: the cursor what was pushed is acknowledged on
-    cursor: str = MCP_CURSOR
-    #: the senders whose firings are pushed (None: every sender)
-    allow_from: frozenset[str] | None = None
-
-
-class Tools:
-    """The tools' shared connection (for the calls that answer at once) and their errors."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.quick = self.connection(reconnect=0)
-        self.lock = anyio.Lock()  # one request at a time on the shared connection
-
-    def connection(self, reconnect: float) -> aio.AsyncRepl:
-        s = self.settings
-        return aio.connect(
-            s.addr,
-            s.home,
-            reconnect=reconnect,
-            token=s.token,
-            token_file=s.token_file,
-            tls_ca=s.tls_ca,
-        )
-
-    async def call(
-        self,
-        step: Callable[[aio.AsyncRepl], Awaitable[T]],
-        failed: Callable[[CliError], Exception] | None = None,
-    ) -> T:
-        """``step`` on the shared connection; a failure as a tool error with the CLI's line
-        (or as ``failed`` makes it: a resource's error)."""
-        async with self.lock:
-            try:
-                return await step(self.quick)
-            except CliError as exc:
-                raise (failed or tool_error)(exc) from None
-
-    @asynccontextmanager
-    async def own(self, reconnect: float) -> AsyncIterator[aio.AsyncRepl]:
-        """A connection of its own, for a call that blocks; closed with the call."""
-        repl = self.connection(reconnect)
-        try:
-            yield repl
-        except CliError as exc:
-            raise tool_error(exc) from None
-        finally:
-            await repl.aclose()
-
-
-def error_line(exc: CliError) -> str:
-    """One line in MCP's words (tools and their arguments, not commands and flags), with
-    the wire code when the daemon gave one; the CLI's line when it did not (the daemon
-    away, a token file missing: what a person must fix, not the agent)."""
-    if exc.code is None:
-        return f"repl: {exc.message}"
-    return f"repl: {advised(exc.code, exc.said, 'mcp')} (code {exc.code})"
-
-
-def tool_error(exc: CliError) -> ToolError:
-    return ToolError(error_line(exc))
 
 
 def resource_error(exc: CliError) -> ResourceError:
@@ -425,36 +296,6 @@ class Server(MCPServer):
             raise
 
 
-def tools_of(ctx: Context) -> Tools:
-    """The connections of the server a tool is called on."""
-    server = ctx.mcp_server
-    assert isinstance(server, Server)
-    return server.tools
-
-
-def check(condition: bool, message: str) -> None:
-    if not condition:
-        raise ToolError(f"repl: {message}")
-
-
-async def waited(
-    ctx: Context, every: float, timeout_s: float, once: Callable[[float, bool], Awaitable[p.Woken]]
-) -> p.Woken:
-    """A wait of at most ``timeout_s``, made of daemon waits of at most ``every`` seconds
-    (``once(seconds, first)``), with a progress notification between two of them (the SDK
-    sends it only to a client that asked for progress). Only the first carries the ack."""
-    deadline = anyio.current_time() + timeout_s
-    first, began = True, anyio.current_time()
-    while True:
-        left = max_(0.0, deadline - anyio.current_time())
-        woken = await once(min(every, left), first)
-        first = False
-        if woken.batches or left <= every:
-            return woken
-        waited_s = anyio.current_time() - began
-        await ctx.report_progress(waited_s, timeout_s, f"still waiting after {waited_s:.0f} s")
-
-
 # -- the tools: each one call of the async API, its answer as JSON --------------------
 
 
@@ -501,7 +342,8 @@ async def wait(
             acks = ack if first else None
             return repl.wait(ids, cursor=chosen, timeout=seconds, max=max, ack=acks, match=match)
 
-        woken = await waited(ctx, tools_of(ctx).settings.progress_every, timeout_s, once)
+        every = tools_of(ctx).settings.progress_every
+        woken = await waited(ctx, every, timeout_s, once, got=lambda w: bool(w.batches))
     return WaitOut(batches=[batch_out(b) for b in woken.batches], timed_out=woken.timed_out)
 
 
@@ -615,7 +457,8 @@ async def request(
         def once(seconds: float, first: bool) -> Awaitable[p.Woken]:
             return repl.wait(reply_to, cursor=None, timeout=seconds, max=1, match={CORR: corr})
 
-        woken = await waited(ctx, tools_of(ctx).settings.progress_every, timeout_s, once)
+        every = tools_of(ctx).settings.progress_every
+        woken = await waited(ctx, every, timeout_s, once, got=lambda w: bool(w.batches))
     if not woken.batches:
         return ReplyOut(reply=None, timed_out=True)
     return ReplyOut(reply=firing_out(woken.batches[0].firings[0]), timed_out=False)
@@ -652,15 +495,6 @@ async def session_resource(id: str, ctx: Context) -> str:
     shown = [firing_out(f) for f in got.firings if allowed(f, gate)]
     out = SessionResourceOut(session=id, next=got.next, lost=got.lost, firings=shown)
     return json.dumps(out, ensure_ascii=False)
-
-
-class Tool(NamedTuple):
-    """A tool as it is published: the function (its arguments' schema is its signature's),
-    what it may do (``LOOKS``, ``SETS``, ``RECORDS``), and its description for a model."""
-
-    fn: Callable[..., Awaitable[Any]]
-    annotations: ToolAnnotations
-    description: str
 
 
 TOOLS = (
@@ -712,6 +546,7 @@ TOOLS = (
         "Answer a request: send text to the session named in the reply-to tag "
         "of firing seq of session, tagged with the request's corr.",
     ),
+    *CLAIM_TOOLS,
 )
 
 
@@ -759,9 +594,6 @@ def build(settings: Settings) -> Server:
     return server
 
 
-max_ = max
-
-
 def serve(settings: Settings) -> None:
     """Run the server on stdin/stdout until the client closes it."""
     server = build(settings)
@@ -792,4 +624,4 @@ async def run_stdio(server: Server) -> None:
             tg.cancel_scope.cancel()
 
 
-__all__ = ["MCP_CURSOR", "Settings", "build", "run_stdio", "serve"]
+__all__ = ["MCP_CURSOR", "Server", "Settings", "build", "run_stdio", "serve"]
