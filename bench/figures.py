@@ -10,6 +10,8 @@
 - bench/mcp_agent.py: ``mcp``, the MCP server's tools beside the line protocol (SPEC §14)
 - bench/mcp_follow.py: ``push``, ``repl mcp --follow``'s pushes, its ``send`` tool against
   the SDK's floor, idle followers (issue 40)
+- bench/claims.py: ``claims``, jobs through groups and claims against Redis consumer
+  groups, a blocked claim's wake, idle claimers (SPEC §16, issue 41)
 
 The ``scaleout`` group prints a table of its own (bench/scaleout.py). What
 the groups share (sizes, servers, requests, percentiles, rows) is in
@@ -19,6 +21,7 @@ bench/measure.py.
 from __future__ import annotations
 
 from bench import (
+    claims,
     cli,
     full,
     http_api,
@@ -57,6 +60,7 @@ GROUPS: dict[str, Group] = {
         matching.TAGS,
         mcp_agent.MCP,
         mcp_follow.PUSH,
+        claims.CLAIMS,
     )
 }
 

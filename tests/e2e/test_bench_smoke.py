@@ -88,6 +88,12 @@ ROWS = (
     "TCP send round trip p99 beside those tool calls",
     "idle `repl mcp --follow` servers and the daemon: CPU over",
     "idle `repl mcp --follow` servers: the daemon's evaluations over",
+    # the claims group, measured in both runs (its reference is Redis's consumer groups)
+    "claim then done, jobs/s, 4 workers, 400 jobs, --memory",
+    "claim then done, jobs/s, 4 workers, 125 jobs, durable",
+    "blocked claim's wake latency p50",
+    "idle claims on one session: daemon CPU over",
+    "idle claims on one session: evaluations over",
 )
 # the tls group's notes: each figure over TLS and plain, repl then its anchors (bench/tls.py)
 TLS_NOTES = (
@@ -292,6 +298,9 @@ def test_quick_benchmark_prints_every_row_with_numbers(runs: dict[str, Quick]) -
     out, rows, scale = runs[WITH].result()
     check_rows(rows, fragments(WITH))
     check_tls_notes(out, rows, redis=True)
+    for note in ("note: claims: ", "note: claim wake: ", "note: idle claims: "):
+        assert note in out, out
+    assert "Redis " in next(line for line in out.splitlines() if line.startswith("note: claims: "))
     for table in scale:
         check_scale_rows(table, redis=True)
 
@@ -310,7 +319,12 @@ def test_without_redis_server_the_reference_column_is_empty_and_the_hint_printed
         assert "redis" not in Path(inspect.getfile(GROUPS[group].run)).read_text().lower()
     out, rows, scale = runs[WITHOUT].result()
     check_rows(rows, fragments(WITHOUT))
-    for note in ("note: tagged send round trip p50 / p99", "note: matching wait: "):
+    for note in (
+        "note: tagged send round trip p50 / p99",
+        "note: matching wait: ",
+        "note: claims: ",
+        "note: claim wake: ",
+    ):
         assert note in out, out
     assert "note: MCP: " in out or "n/a (mcp extra missing)" in out, out
     assert "note: push: " in out or "n/a (mcp extra missing)" in out, out
