@@ -152,7 +152,9 @@ class Groups:
         self._expire(group, ring, now_ms)
         holds: Callable[[int], bool] | None = None
         if match is not None:
-            start = max(group.done_through, first - 1)
+            # the group may be trimmed past the visible head (the ring dropped firings a
+            # store has not made durable yet): then nothing readers may see is left to match
+            start = min(max(group.done_through, first - 1), head)
             found = ring.events_after(start, None, visible, "after", match).firings
             matching = {firing.seq for firing in found}
             holds = matching.__contains__
@@ -204,11 +206,9 @@ class Groups:
         group.trim(ring.first)
         # what will die is read from the ring before the step that makes it done
         dying = {
-            seq: firing
+            seq: _firing_at(ring, seq)
             for seq, (attempt, until) in group.leases.items()
-            if until <= now_ms
-            and attempt >= group.max_attempts
-            and (firing := _firing_at(ring, seq)) is not None
+            if until <= now_ms and attempt >= group.max_attempts
         }
         expired = group.expire(now_ms)
         for dead in expired.dead:
@@ -256,9 +256,7 @@ class Groups:
 
     def _held_firing(self, group: Group, ring: Ring, token: str, now_ms: int) -> Firing:
         seq, _ = group.live(token, now_ms)
-        firing = _firing_at(ring, seq)
-        assert firing is not None, "a held seq is in the ring once trimmed"
-        return firing
+        return _firing_at(ring, seq)
 
     # -- what they show ------------------------------------------------------------
 
@@ -301,9 +299,9 @@ class Groups:
         self.moved = bool(self.by_name)
 
 
-def _firing_at(ring: Ring, seq: int) -> Firing | None:
-    if not ring.first <= seq <= ring.head:
-        return None
+def _firing_at(ring: Ring, seq: int) -> Firing:
+    """Firing ``seq`` of a group trimmed to the ring: the ring holds every seq it holds."""
+    assert ring.first <= seq <= ring.head, f"firing {seq} is held but not in the ring"
     return ring.events_after(seq - 1, 1, None, "after").firings[0]
 
 
