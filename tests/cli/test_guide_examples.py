@@ -4,7 +4,9 @@ Every ``python`` block of the "In Python" section is run on its own with
 the interpreter the tests use and ``REPL_ADDR``/``REPL_HOME`` naming a
 daemon whose session ``inbox`` already holds "hello" and "quit" (so the
 monitor recipe ends), started afresh for each recipe on the daemon they
-share. Each must exit 0 without a traceback.
+share. Each must exit 0 without a traceback. The request and reply recipes run
+as a worker and a requester; the Python worker of "Sharing work between agents"
+drains three jobs, and its shell job with a heartbeat finishes one.
 """
 
 from __future__ import annotations
@@ -104,3 +106,58 @@ def test_the_request_and_reply_recipes_run(guide_daemon: DaemonProc, kind: str) 
             background.wait()
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1].endswith("done: resize images/"), done.stdout
+
+
+def sharing_recipes(kind: str) -> list[str]:
+    """The ``kind`` blocks of "Sharing work between agents"."""
+    text = GUIDE.read_text()
+    section = text[text.index("## Sharing work between agents") :]
+    section = section[: section.index("\n## ", 10)]
+    return re.findall(rf"```{kind}\n(.*?)```", section, re.S)
+
+
+@pytest.mark.parametrize("recipe", ["python", "heartbeat"])
+def test_the_sharing_recipes_take_each_job_once(
+    guide_daemon: DaemonProc, tmp_path: Path, recipe: str
+) -> None:
+    """The Python worker drains three jobs, each handled once and done; the shell job
+    with a heartbeat takes one and finishes it, its heartbeat stopped. (The shell worker
+    loop runs in tests/cli/test_guide_loops.py, with the others.)"""
+    require_tool("jq")
+    repl = Repl(guide_daemon)
+    with contextlib.closing(guide_daemon.client()) as c:
+        c.call({"op": "stop", "session": "jobs"})  # its groups go with it
+    repl.ask({"op": "start", "session": "jobs"})
+    repl.send("jobs", "first job", "second job", "third job")
+    handle = tmp_path / "handle"  # writes down what it was given on stdin
+    handle.write_text(f'#!/usr/bin/env bash\ncat >> "{tmp_path}/handled.txt"\n')
+    handle.chmod(0o755)
+    path = f"{tmp_path}:{Path(sys.executable).parent}:{repl.env.get('PATH', '')}"
+    env = {**repl.env, "PATH": path}
+    if recipe == "python":
+        (block,) = sharing_recipes("python")
+        run = [sys.executable, "-c", block]
+    else:
+        (block,) = [b for b in sharing_recipes("sh") if "repl extend" in b]
+        run = ["bash", "-e", "-c", block]
+    # output to files, in a process group of its own: the heartbeat's last `sleep` outlives
+    # the recipe (for at most its 20 s) and would hold a pipe open; it is ended here
+    out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        proc = subprocess.Popen(run, stdout=stdout, stderr=stderr, env=env, start_new_session=True)
+    try:
+        returncode = proc.wait(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    done = subprocess.CompletedProcess(run, returncode, out.read_text(), err.read_text())
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    ((work,),) = [answer["groups"] for answer in repl.ask({"op": "groups", "session": "jobs"})]
+    if recipe == "python":
+        handled = [line.removeprefix("handling ") for line in done.stdout.splitlines()]
+        assert handled == ["first job", "second job", "third job"], done.stdout
+        assert (work["done"], work["ready"], work["held"]) == (3, 0, 0)
+    else:
+        assert (tmp_path / "handled.txt").read_text() == "first job\n"
+        assert (work["done"], work["ready"], work["held"]) == (1, 2, 0)

@@ -7,12 +7,14 @@ documents is run here, as written, in bash, against a burst of three
 firings sent before it starts (so its first wait gets all three at once),
 with the commands it hands work to (``./handle``, ``handle``, ...) stubbed
 by scripts that write down what they were given. Each must hand on all
-three, and its cursor must stand at the burst's end. A loop added to the
-documents without a case here fails ``test_every_loop_of_the_documents_is_run``.
+three, and its cursor must stand at the burst's end (a worker loop of claims: its
+group must have every job done, none held). A loop added to the documents without a
+case here fails ``test_every_loop_of_the_documents_is_run``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -37,12 +39,13 @@ if [ "$#" -gt 0 ]; then cat "$@"; else cat; fi >> "$(dirname "$0")/handled.txt"
 
 
 def shell_loops() -> list[str]:
-    """Every sh block of the documents that loops over what a ``repl`` reader gives."""
+    """Every sh block of the documents that loops over what a ``repl`` reader, or a
+    claimer of a group, gives."""
     loops = []
     for document in DOCUMENTS:
         for block in re.findall(r"```sh\n(.*?)```", document.read_text(), re.S):
             if re.search(r"^\s*while\b", block, re.M) and re.search(
-                r"\brepl\b.*\b(wait|read|follow|poll)\b", block
+                r"\brepl\b.*\b(wait|read|follow|poll|claim)\b", block
             ):
                 loops.append(block)
     return loops
@@ -62,6 +65,8 @@ class Case:
     expected: tuple[str, ...] = BURST
     #: a loop over one read's lines ends by itself (exit 0); the others run until killed
     ends: bool = False
+    #: a group whose every job must end done, none held (a worker loop of claims)
+    group: str | None = None
 
 
 def handled_file(repl: Repl, work: Path, stdout: str) -> str:
@@ -91,6 +96,7 @@ CASES = [
     ),
     Case("--match reply-to", "jobs", "worker", ("--tag", "reply-to=me"), the_replies),
     Case("agent-a", "team-a.inbox", "wait", handled=handled_file),
+    Case("repl claim jobs --lease 5m", "jobs", None, handled=handled_file, group="work"),
 ]
 
 
@@ -157,8 +163,16 @@ def test_each_loop_hands_on_a_whole_burst(repl: Repl, work: Path, block: str) ->
             return all(text in got for text in case.expected)
 
         eventually(all_handed_on, timeout=30, what=f"the loop handing on {case.expected}")
-        if case.cursor is not None:
-            eventually(lambda: repl.cursor(case.session, case.cursor) == len(BURST))
+        if (cursor := case.cursor) is not None:
+            eventually(lambda: repl.cursor(case.session, cursor) == len(BURST))
+        if case.group is not None:
+
+            def all_done() -> bool:
+                rows = json.loads(repl.ok("groups", case.session, "--json"))
+                row = next(r for r in rows if r["name"] == case.group)
+                return (row["done"], row["held"], row["dead"]) == (len(BURST), 0, 0)
+
+            eventually(all_done, what=f"every job of group {case.group} done")
     finally:
         os.killpg(loop.pid, signal.SIGKILL)
         loop.wait()
