@@ -57,13 +57,14 @@ from typing import Literal
 
 import msgspec
 
-from session.errors import BadClaim, BadMax, BadSeq, BadSessionId, BadTime, LeaseLost
+from session.errors import BadClaim, BadMax, BadSeq, BadSessionId, BadTime, LeaseLost, TooMany
 from session.firing import ms_to_ts
 from session.names import check_cursor_name, check_session_id
 from session.rules import (
     DEAD_SUFFIX,
     DEFAULT_MAX_ATTEMPTS,
     MAX_DELAY_MS,
+    MAX_GROUPS,
     MAX_LEASE_MS,
     MAX_MAX_ATTEMPTS,
     MIN_LEASE_MS,
@@ -91,6 +92,31 @@ def parse_token(token: str) -> tuple[str, int, int]:
             "use the claim a claim printed, as it printed it"
         )
     return match["group"], int(match["seq"]), int(match["attempt"])
+
+
+def lease_lost(token: str, why: str, session: str = "") -> LeaseLost:
+    """The refusal of a stale ``token`` (rule: it changes nothing), worded once for the core
+    and for a store that applies the rules itself (the Redis scripts answer ``why``):
+    ``not_held``, ``attempt N`` (attempt N holds its firing now), ``ran_out MS`` or
+    ``no_group`` (``session`` has no group of the token's name)."""
+    group, seq, _ = parse_token(token)
+    stale = f"claim {token!r} is no longer the live lease"
+    what, _, value = why.partition(" ")
+    if what == "attempt":
+        return LeaseLost(f"{stale}: attempt {value} holds firing {seq} now")
+    if what == "ran_out":
+        return LeaseLost(f"{stale}: it ran out at {ms_to_ts(int(value))}")
+    if what == "no_group":
+        return LeaseLost(f"{stale}: session {session!r} has no group {group!r}")
+    return LeaseLost(f"{stale}: firing {seq} is not held (done, given back or dropped)")
+
+
+def too_many_groups(session: str) -> TooMany:
+    """A 17th group refused, for the core and the Redis scripts alike."""
+    return TooMany(
+        f"session {session!r} has {MAX_GROUPS} groups, its limit: "
+        "claim from one of them (`repl groups` lists them)"
+    )
 
 
 def check_lease(lease_ms: int) -> int:
@@ -372,14 +398,13 @@ class Group:
         if group != self.name:
             raise LeaseLost(f"claim {token!r} is of group {group!r}, not {self.name!r}")
         lease = self.leases.get(seq)
-        stale = f"claim {token!r} is no longer the live lease"
         if lease is None:
-            raise LeaseLost(f"{stale}: firing {seq} is not held (done, given back or dropped)")
+            raise lease_lost(token, "not_held")
         held, until = lease
         if held != attempt:
-            raise LeaseLost(f"{stale}: attempt {held} holds firing {seq} now")
+            raise lease_lost(token, f"attempt {held}")
         if until <= now_ms:
-            raise LeaseLost(f"{stale}: it ran out at {ms_to_ts(until)}")
+            raise lease_lost(token, f"ran_out {until}")
         return seq, attempt
 
     def _die(self, seq: int, attempts: int) -> Dead:

@@ -380,18 +380,17 @@ class ClaimFiring(msgspec.Struct, frozen=True):
 
     def run(self, session: Session, visible: int | None) -> Taken | None:
         groups = session.groups
-        try:
-            return groups.claim(
-                session.ring,
-                visible,
-                self.group,
-                self.now_ms,
-                self.lease_ms,
-                self.match,
-                self.from_now,
-            )
-        finally:
-            session.stepped(groups.changed)
+        taken = groups.claim(
+            session.ring,
+            visible,
+            self.group,
+            self.now_ms,
+            self.lease_ms,
+            self.match,
+            self.from_now,
+        )
+        session.stepped(groups.changed)  # a refused claim (a 17th group) counts nothing
+        return taken
 
 
 class Finish(msgspec.Struct, frozen=True):

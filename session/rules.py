@@ -63,3 +63,6 @@ DEFAULT_MAX_ATTEMPTS = 5
 MAX_MAX_ATTEMPTS = 1_000
 #: what a session's default dead-letter session is called: its id and this
 DEAD_SUFFIX = ".dead"
+#: the id a session's groups' next lease deadline or delay end is scheduled under, beside
+#: its timers: no timer's id, which has no space
+GROUPS_TIMER = " groups"

@@ -3,8 +3,8 @@ goes, what a durable store answers when, and what a store without groups says.
 
 A claim on a durable store is answered once its commit is; a client that goes away
 in between took nothing, so the claim gives its firing straight back (the next
-claim has it, attempt 2) in the same commit. The Redis store keeps no groups yet:
-it refuses each of their ops with a message that says so, and changes nothing.
+claim has it, attempt 2) in the same commit. Two daemons on one Redis (one
+server, a cluster, a cluster with replicas) share a group's work as one daemon does.
 """
 
 from __future__ import annotations
@@ -20,12 +20,11 @@ from repl_daemon import protocol as p
 from repl_daemon.backends.local import LocalBackend
 from repl_daemon.backends.local.committer import LocalCommitter
 from repl_daemon.backends.local.sqlite import SqliteStore
-from repl_daemon.backends.redis import RedisBackend
-from repl_daemon.backends.redis.store import RedisStore
 from repl_daemon.engine import Engine
 from repl_daemon.engine.outcome import Outcome
-from session.errors import BadRequest
-from tests.helpers import RedisProc, store_url
+from session.errors import NoSuchSession
+from tests.daemon.test_engine_shared import AnyRedis, call, two_daemons
+from tests.helpers import MovedClock, store_url
 
 pytestmark = pytest.mark.anyio
 
@@ -119,30 +118,78 @@ async def test_a_durable_claim_is_answered_once_committed(tmp_path: Path) -> Non
         store.close()
 
 
-@pytest.mark.parametrize(
-    "req",
-    [
-        p.Claim(session="jobs", timeout_ms=0),
-        p.Finish(session="jobs", claim="work:1:1"),
-        p.Release(session="jobs", claim="work:1:1"),
-        p.Extend(session="jobs", claim="work:1:1"),
-        p.Group(session="jobs", group="work"),
-        p.Groups(session="jobs"),
-        p.Claims(session="jobs"),
-    ],
-)
-async def test_the_redis_store_refuses_groups_and_says_so(
-    redis_server: RedisProc, req: p.AnyRequest
-) -> None:
-    engine = Engine(RedisBackend(RedisStore(store_url(redis_server))), settle=0)
-    await engine.load()
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(engine.run)
-            await engine.handle(p.Start(session="jobs")).result()
-            with pytest.raises(BadRequest, match="not kept by the Redis store yet"):
-                await engine.handle(req).result()
-            tg.cancel_scope.cancel()
-    finally:
-        await engine.committer.close()
-        await engine.backend.close()
+async def claimed(engine: Engine, req: p.Claim) -> p.Claimed:
+    answer = await engine.handle(req).result()
+    assert isinstance(answer, p.Claimed)
+    return answer
+
+
+async def test_two_daemons_on_one_redis_share_the_work_of_a_group(redis_any: AnyRedis) -> None:
+    """Claimers blocked on two daemons: a send on either wakes them, and each firing goes
+    to one of them; a release on one wakes a claimer blocked on the other; a lease that
+    runs out is offered again by whichever daemon's timer fires its expiry (a durable
+    timer, once), and the last attempt lands in the dead-letter session, on another slot
+    of a cluster, once."""
+    clock = MovedClock()
+    async with two_daemons(store_url(redis_any), clock=clock) as (a, _, b, _b, tg):
+        await call(a, p.Start(session="jobs"))
+        await call(a, p.Group(session="jobs", group="work", max_attempts=2))
+        got: list[p.Claimed] = []
+
+        async def claim_on(engine: Engine) -> None:
+            got.append(await claimed(engine, p.Claim(session="jobs", lease_ms=5000)))
+
+        for engine in (a, b, a, b):
+            tg.start_soon(claim_on, engine)
+        await _blocked(a, 2)
+        await _blocked(b, 2)
+        for n in range(4):
+            await call(b if n % 2 else a, p.Send(session="jobs", text=f"job {n}"))
+        await _until(lambda: len(got) == 4)
+        assert sorted(c.seq for c in got) == [1, 2, 3, 4] and {c.attempt for c in got} == {1}
+        # a release on a wakes a claimer blocked on b (the message on the session's channel)
+        tg.start_soon(claim_on, b)
+        await _blocked(b, 1)
+        first = min(got, key=lambda c: c.seq)
+        assert first.claim is not None
+        released = await call(a, p.Release(session="jobs", claim=first.claim))
+        assert released == p.Released(dead=False)
+        await _until(lambda: len(got) == 5)
+        assert (got[-1].seq, got[-1].attempt) == (1, 2)
+        # the second attempt runs out: dead (max 2), recorded in jobs.dead once
+        for c in got[1:4]:
+            assert c.claim is not None
+            await call(a, p.Finish(session="jobs", claim=c.claim))
+        clock.advance(5000)
+        await _until_dead(a)
+        listed = await call(b, p.Groups(session="jobs"))
+        assert isinstance(listed, p.GroupList)
+        (row,) = listed.groups
+        assert (row.done, row.dead, row.held, row.ready) == (4, 1, 0, 0)
+        dead = await call(b, p.Read(session="jobs.dead", after=0))
+        assert isinstance(dead, p.Firings)
+        assert [(f.result, f.tags["dead.seq"], f.tags["dead.attempts"]) for f in dead.firings] == [
+            ("job 0", "1", "2")
+        ]
+
+
+async def _blocked(engine: Engine, count: int) -> None:
+    await _until(lambda: engine.waits.count >= count)
+
+
+async def _until(check: Any) -> None:
+    with anyio.fail_after(30):
+        while not check():  # noqa: ASYNC110 - a bounded look at other tasks' state
+            await anyio.sleep(0.005)
+
+
+async def _until_dead(engine: Engine) -> None:
+    with anyio.fail_after(30):
+        while True:
+            try:
+                read = await call(engine, p.Read(session="jobs.dead", after=0))
+            except NoSuchSession:
+                read = None
+            if isinstance(read, p.Firings) and read.firings:
+                return
+            await anyio.sleep(0.01)

@@ -25,6 +25,7 @@ the clusters: every primary runs the scripts, each loading them itself.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,11 +36,13 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from repl_daemon.backends.redis import store as redis_store
+from repl_daemon.backends.redis.claims import group_of, letter_of
 from repl_daemon.backends.redis.committer import SharedCommitter
 from repl_daemon.backends.redis.keys import session_keys
 from repl_daemon.backends.redis.store import RedisStore
 from repl_daemon.metrics import Counts
 from session import session as core_session
+from session.claims import DeadLetter
 from session.delta import CursorState, Webhook
 from session.errors import ReplError, StoreFailed
 from session.firing import Firing
@@ -48,10 +51,17 @@ from session.ops import (
     AckRead,
     AddTimer,
     CancelTimer,
+    ClaimFiring,
+    ClaimTable,
+    ConfigureGroup,
     CursorTable,
     Describe,
+    ExpireGroups,
+    Extend,
+    Finish,
     FireTimers,
     GetWebhook,
+    GroupTable,
     Op,
     Poll,
     ReadAfter,
@@ -59,6 +69,7 @@ from session.ops import (
     ReadRecent,
     ReadSeq,
     Record,
+    Release,
     SetLimit,
     SetWebhook,
     TimerList,
@@ -83,6 +94,12 @@ class Quiet:
         pass
 
     def stopped(self, session_id: str) -> None:
+        pass
+
+    def claimable(self, session_id: str) -> None:
+        pass
+
+    def revoked(self, digest: str) -> None:
         pass
 
     def link(self, error: StoreFailed | None) -> None:
@@ -272,8 +289,8 @@ async def redis_answer(committer: SharedCommitter, session_id: str, op: Op[Any])
 async def stored(store: RedisStore, session_id: str) -> tuple[Snapshot, int]:
     """The session as Redis holds it, in the core's snapshot form."""
     client = store.client
-    meta_key, ring_key, cursors_key, keys_key, order_key, _, timers_key, due_key = session_keys(
-        session_id
+    meta_key, ring_key, cursors_key, keys_key, order_key, _, timers_key, due_key, groups_key, _ = (
+        session_keys(session_id)
     )
     meta = await client.hgetall(meta_key)
     entries = await client.xrange(ring_key)
@@ -294,6 +311,8 @@ async def stored(store: RedisStore, session_id: str) -> tuple[Snapshot, int]:
     hook = None
     if b"hook_secret" in meta:
         hook = Webhook(meta[b"hook_secret"].decode(), meta[b"hook_handler"].decode())
+    held = await client.hgetall(groups_key)
+    groups = [group_of(session_id, name.decode(), held[name]) for name in sorted(held)]
     snapshot = Snapshot(
         session_id,
         int(meta[b"limit"]),
@@ -304,8 +323,15 @@ async def stored(store: RedisStore, session_id: str) -> tuple[Snapshot, int]:
         keys,
         pending,
         hook,
+        groups=groups,
     )
     return snapshot, int(meta[b"evals"])
+
+
+async def dead_letters(store: RedisStore, session_id: str) -> list[DeadLetter]:
+    """The dead letters waiting in the session's outbox (no drain runs in these tests)."""
+    raws = await store.client.lrange(session_keys(session_id)[9], 0, -1)
+    return [letter_of(session_id, raw).letter for raw in raws]
 
 
 class Both:
@@ -317,42 +343,61 @@ class Both:
         self.committer = committer
         #: matching reads of the last run that found some firings (for ``event``)
         self.matched = 0
+        #: what the last run's steps of groups did (for ``event``)
+        self.seen: Counter[str] = Counter()
 
-    def run(self, session_id: str, limit: int, script: list[Op[Any] | Look | Looked]) -> None:
+    def run(self, session_id: str, limit: int, script: list[Any]) -> None:
         self.matched = 0
+        self.seen.clear()
         self.portal.call(self._run, session_id, limit, script)
 
-    async def _run(
-        self, session_id: str, limit: int, script: list[Op[Any] | Look | Looked]
-    ) -> None:
+    async def _run(self, session_id: str, limit: int, script: list[Any]) -> None:
         core = Session(session_id, limit)
         committer = self.committer
-        await committer.store.client.delete(*session_keys(session_id)[:5])
+        await committer.store.client.delete(*session_keys(session_id))
         started = await committer.start(session_id, limit, False).result()
         assert started == (session_id, True)
         looked: int | None = None  # where the next ``Look`` goes on from
+        clock = Clock()
         for step, item in enumerate(script):
             if isinstance(item, Looked):
                 committer.looked(session_id)
                 core.evaluations += 1
                 continue
-            op = ReadAfter(looked, item.max, item.match) if isinstance(item, Look) else item
+            if isinstance(item, Tick):
+                clock.now += item.ms
+                continue
+            op = (
+                clock.op(item)
+                if isinstance(item, GroupStep)
+                else ReadAfter(looked, item.max, item.match)
+                if isinstance(item, Look)
+                else item
+            )
             if isinstance(op, AddTimer):  # generated for no session in particular
                 op = AddTimer(msgspec.structs.replace(op.timer, session=session_id))
             expected = answer_of(lambda op=op: (op.check(), op.run(core, None))[1])
             got = await redis_answer(committer, session_id, op)
             assert got == expected, (step, op)
             if getattr(op, "match", None) is not None and expected[0] == "ok":
-                self.matched += bool(expected[1].firings)
+                self.matched += bool(getattr(expected[1], "firings", None))
             if isinstance(item, Look) and expected[0] == "ok":
                 batch = expected[1]
                 looked = None if batch.firings or batch.lost else batch.next
+            if isinstance(op, ClaimFiring) and expected[0] == "ok" and expected[1] is not None:
+                clock.tokens.append(expected[1].claim.token)
+                self.seen["claims that took a firing"] += 1
+                self.seen["retries"] += expected[1].claim.attempt > 1
+            if expected[0] == "error" and expected[1] == "lease_lost":
+                self.seen["stale claims refused"] += 1
         owed = committer._owed.pop(session_id, 0)  # what no read of the script handed over
         if owed:
             await committer.store.looked(session_id, owed)
         snapshot, evaluations = await stored(committer.store, session_id)
         assert snapshot == core.snapshot()
         assert evaluations == core.evaluations
+        assert await dead_letters(committer.store, session_id) == core.groups.outbox
+        self.seen["dead letters"] += len(core.groups.outbox)
 
 
 @pytest.fixture
@@ -446,6 +491,136 @@ def test_redis_matches_as_the_core_does(
     """Tagged sends and timers, and matching reads and looks that mostly find something."""
     both.run(session_id, limit, script)
     event(f"matching reads that found firings: {min(both.matched, 3)}+")
+
+
+# -- groups and claims (SPEC §16) -------------------------------------------------------
+
+
+class Tick(msgspec.Struct, frozen=True):
+    """The clock moves on: leases run out, delays end."""
+
+    ms: int
+
+
+class GroupStep(msgspec.Struct, frozen=True):
+    """A step of the groups at the script's clock: ``kind`` claim, done, release, extend,
+    expire, configure, groups or claims; ``pick`` chooses among the claims answered so far
+    (None, or none answered: a made-up token)."""
+
+    kind: str
+    group: str = "work"
+    ms: int = 0  # a claim's or an extend's lease, a release's delay
+    match: Match | None = None
+    from_now: bool = False
+    pick: int | None = None
+    max_attempts: int | None = None
+    dead_letter: str | None = None
+
+
+class Clock:
+    """A script's clock and the claims it was answered."""
+
+    def __init__(self) -> None:
+        self.now = 1_800_000_000_000
+        self.tokens: list[str] = []
+
+    def token(self, step: GroupStep) -> str:
+        if step.pick is None or not self.tokens:
+            return f"{step.group}:{(step.pick or 0) + 1}:1"
+        return self.tokens[step.pick % len(self.tokens)]
+
+    def op(self, step: GroupStep) -> Op[Any]:
+        now = self.now
+        match step.kind:
+            case "claim":
+                return ClaimFiring(step.group, now, step.ms, step.match, step.from_now)
+            case "done":
+                return Finish(self.token(step), now)
+            case "release":
+                return Release(self.token(step), now, step.ms)
+            case "extend":
+                return Extend(self.token(step), now, step.ms)
+            case "expire":
+                return ExpireGroups(now)
+            case "configure":
+                return ConfigureGroup(
+                    step.group, now, step.max_attempts, step.dead_letter, step.from_now
+                )
+            case "groups":
+                return GroupTable(now)
+        return ClaimTable(None if step.group == "*" else step.group)
+
+
+group_names = st.sampled_from(["work", "work", "work", "other", "a b"])
+#: mostly a claim answered before (its token live or stale by now), at times a made-up one
+picks = st.one_of(st.integers(0, 9), st.integers(0, 9), st.integers(0, 9), st.none())
+leases = st.sampled_from([1000] * 6 + [3000] * 2 + [999, 86_400_001])
+group_kinds = {
+    "record": tag_kinds["record"],
+    "limit": st.builds(SetLimit, limit=st.sampled_from([0, 2, 5, 12])),
+    "tick": st.builds(Tick, ms=st.sampled_from([0, 500, 1000, 2500, 5000])),
+    "claim": st.builds(
+        GroupStep,
+        kind=st.just("claim"),
+        group=group_names,
+        ms=leases,
+        match=st.none() | st.none() | pool_matches,
+        from_now=st.booleans(),
+    ),
+    "done": st.builds(GroupStep, kind=st.just("done"), pick=picks),
+    "release": st.builds(
+        GroupStep,
+        kind=st.just("release"),
+        ms=st.sampled_from([0, 0, 1500, -1]),
+        pick=picks,
+    ),
+    "extend": st.builds(GroupStep, kind=st.just("extend"), ms=leases, pick=picks),
+    "expire": st.just(GroupStep(kind="expire")),
+    "configure": st.builds(
+        GroupStep,
+        kind=st.just("configure"),
+        group=group_names,
+        max_attempts=st.sampled_from([None, 1, 1, 2, 2, 0]),
+        dead_letter=st.sampled_from([None, "dead", "a", "b", "c", "bad id"]),
+        from_now=st.booleans(),
+    ),
+    "groups": st.just(GroupStep(kind="groups")),
+    "claims": st.builds(GroupStep, kind=st.just("claims"), group=st.sampled_from(["*", "work"])),
+}
+group_weights = ["record"] * 4 + ["claim"] * 5 + ["tick"] * 3 + ["done"] * 2
+group_weights += ["release"] * 2 + ["configure"] * 2
+group_weights += ["extend", "expire", "groups", "claims", "limit"]
+group_ops = st.sampled_from(group_weights).flatmap(lambda kind: group_kinds[kind])
+
+#: a script of sends and the steps of groups at a clock that moves on
+GROUP_SCRIPTS = {
+    "session_id": st.sampled_from(SESSIONS),
+    "limit": st.integers(0, 8),
+    "script": st.lists(group_ops, min_size=15, max_size=60),
+}
+
+
+@settings(max_examples=examples(60, "DIFFERENTIAL_EXAMPLES"), suppress_health_check=FIXTURES)
+@given(**GROUP_SCRIPTS)
+def test_redis_groups_claim_as_the_core_does(
+    both: Both, session_id: str, limit: int, script: list[Any]
+) -> None:
+    """Claims, dones, releases, extends and expiries (stale and made-up tokens too), a
+    group's settings, its counts and its claims, against the ring's bound and a clock that
+    moves: the same answers, the same groups, the same dead letters left to record."""
+    both.run(session_id, limit, script)
+    for what, count in both.seen.items():
+        event(f"{what}: {min(count, 3)}+")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@settings(max_examples=examples(200, "DIFFERENTIAL_EXAMPLES"), suppress_health_check=FIXTURES)
+@given(**GROUP_SCRIPTS)
+def test_redis_groups_claim_as_the_core_does_over_a_long_search(
+    both: Both, session_id: str, limit: int, script: list[Any]
+) -> None:
+    both.run(session_id, limit, script)
 
 
 @pytest.mark.slow

@@ -43,14 +43,15 @@ from typing import Any, TypeVar, cast
 import anyio
 from msgspec.structs import replace
 
-from repl_daemon.backends.redis.keys import AUTH, is_partition
+from repl_daemon.backends.redis.claims import GroupCalls, Stepped
+from repl_daemon.backends.redis.keys import AUTH, is_partition, partition_of
 from repl_daemon.backends.redis.store import RedisStore
 from repl_daemon.backends.redis.timers import SharedTimers
 from repl_daemon.backends.redis.wakes import Wakes, heard
 from repl_daemon.engine.clock import REAL, Clock
 from repl_daemon.engine.committer import Listener, Totals, made_up_id
 from repl_daemon.engine.outcome import Outcome, Settled
-from session.errors import BadRequest, NoSuchSession, ReplError, StoreFailed, no_such_session
+from session.errors import NoSuchSession, ReplError, StoreFailed, no_such_session
 from session.firing import NO_TAGS, Firing
 from session.names import check_cursor_name, check_session_id
 from session.ops import (
@@ -83,7 +84,7 @@ from session.ops import (
     check_seq,
 )
 from session.ring import check_limit, only, since_of
-from session.rules import HANDLERS, POLL_CURSOR
+from session.rules import DEFAULT_LIMIT, GROUPS_TIMER, HANDLERS, POLL_CURSOR
 from session.schedule import Timer, timer_order
 from session.scopes import TokenRecord, no_such_token
 from session.session import Recorded, Summary, session_exists
@@ -91,6 +92,7 @@ from session.session import Recorded, Summary, session_exists
 log = logging.getLogger("repl.daemon")
 
 R = TypeVar("R")
+T = TypeVar("T")
 A = TypeVar("A")
 B = TypeVar("B")
 
@@ -99,7 +101,7 @@ B = TypeVar("B")
 MAX_OWED = 64
 
 
-#: the steps of groups and claims (SPEC §16), which no script of this store runs yet
+#: the steps of groups and claims (SPEC §16): each one script of ``group_scripts``
 _GROUP_OPS = (
     ClaimFiring,
     Finish,
@@ -120,6 +122,12 @@ class SharedCommitter:
         self.listener = listener
         self.wakes = Wakes(store, self._woken, self._restored, self._quiet)
         self.shared_timers = SharedTimers(store, self.wakes, listener, clock=clock)
+        self.shared_timers.expire_groups = self._expire_groups
+        self.clock = clock
+        #: the group scripts (SPEC §16)
+        self.groups = GroupCalls(store)
+        #: the sessions whose outbox of dead letters is being recorded now
+        self._draining: set[str] = set()
         store.counts = listener.counts  # its round trips are this daemon's writes
         #: the scoped tokens this daemon has seen, by digest (a miss asks Redis)
         self._tokens: dict[str, TokenRecord] = {}
@@ -175,6 +183,9 @@ class SharedCommitter:
         message = heard(payload)
         if message.origin == self.store.origin:
             return  # this daemon told its waiters already
+        if message.what == "claimable":  # a release or an expiry elsewhere (SPEC §16)
+            self.listener.claimable(session_id)
+            return
         if message.what == "stop":
             self._owed.pop(session_id, None)
             self.listener.stopped(session_id)
@@ -299,10 +310,7 @@ class SharedCommitter:
         check_session_id(session_id)
         op.check()
         if isinstance(op, _GROUP_OPS):
-            raise BadRequest(
-                "groups and claims are not kept by the Redis store yet: claim from a daemon "
-                "with a store of its own (SQLite, the default, or --memory)"
-            )
+            return cast("Outcome[R]", Outcome.pending(lambda: self._group(session_id, op)))
         timers = self.shared_timers
         match op:  # a timer's change is two steps: the session's, and the index's
             case AddTimer():
@@ -315,6 +323,111 @@ class SharedCommitter:
         if isinstance(op, Describe):  # not the store's alone: with the looks owed here
             return cast("Outcome[R]", Outcome.later(lambda: self._summary(session_id)))
         return Outcome.pending(lambda: self._call(session_id, op))
+
+    # -- groups and claims (SPEC §16) ----------------------------------------------
+
+    def _group(self, session_id: str, op: Op[Any]) -> asyncio.Future[Any]:
+        """One group script; a step's after-effects (``_after_step``) once it is answered.
+
+        A step that will make a lease or a delay first lowers the timer index's entry
+        for the session's groups to when it ends, in the same pipeline, so the index is
+        never later than the truth (as a timer's schedule does): the expiry comes
+        however the daemon that took the lease fares."""
+        calls = self.groups
+        match op:
+            case ClaimFiring():
+                self._index_soon(session_id, op.now_ms + op.lease_ms)
+                return self._stepped(session_id, calls.claim(session_id, op))
+            case Release() if op.delay_ms:
+                self._index_soon(session_id, op.now_ms + op.delay_ms)
+                return self._stepped(session_id, calls.step(session_id, op))
+            case Finish() | Release() | Extend():
+                return self._stepped(session_id, calls.step(session_id, op))
+            case ExpireGroups():
+                return self._stepped(session_id, calls.expire(session_id, op.now_ms))
+            case ConfigureGroup():
+                return calls.configure(session_id, op)
+            case GroupTable():
+                return calls.table(session_id, op.now_ms)
+            case ClaimTable():
+                return calls.leases(session_id, op.group)
+            case _:  # pragma: no cover
+                raise AssertionError(f"no group script for {op!r}")
+
+    def _index_soon(self, session_id: str, due_ms: int) -> None:
+        entry = (session_id, GROUPS_TIMER, due_ms)
+        indexed = self.store.index(partition_of(session_id), lower=[entry])
+        indexed.add_done_callback(_unindexed)
+
+    def _stepped(
+        self, session_id: str, step: asyncio.Future[tuple[T, Stepped]]
+    ) -> asyncio.Future[T]:
+        answered: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+
+        def done(future: asyncio.Future[tuple[T, Stepped]]) -> None:
+            if answered.cancelled():
+                return
+            if future.cancelled():
+                answered.cancel()
+                return
+            error = future.exception()
+            if error is not None:
+                answered.set_exception(error)
+                return
+            value, stepped = future.result()
+            self._after_step(session_id, stepped)
+            answered.set_result(value)
+
+        step.add_done_callback(done)
+        return answered
+
+    def _after_step(self, session_id: str, stepped: Stepped) -> None:
+        """Record the dead letters the step left, and tell this daemon's claimers when a
+        firing is claimable again (the others hear it on the session's channel)."""
+        if stepped.outbox and self._tg is not None:
+            self._tg.start_soon(self._drain, session_id)
+        if stepped.freed:
+            self.listener.claimable(session_id)
+
+    async def _expire_groups(self, session_id: str, now_ms: int) -> int | None:
+        """The timer index's entry for the session's groups came due: expire what ran out
+        (``EXPIRE_GROUPS``); the next deadline (None: none)."""
+        _, stepped = await self.groups.expire(session_id, now_ms)
+        self._after_step(session_id, stepped)
+        return stepped.deadline
+
+    async def _drain(self, session_id: str) -> None:
+        """Record each dead letter of the session's outbox in its dead-letter session
+        (started when there is none), with a key that makes a second record of it
+        nothing, then take it off the outbox: at least once there, never twice."""
+        if session_id in self._draining:
+            return
+        self._draining.add(session_id)
+        try:
+            while letters := await self.groups.outbox(session_id):
+                ts = self.clock.utc_now()
+                for item in letters:
+                    letter = item.letter
+                    await self.store.start(letter.session, DEFAULT_LIMIT)
+                    recorded = await self.store.record(
+                        letter.session,
+                        letter.handler,
+                        letter.text,
+                        letter.handled,
+                        ts,
+                        item.key,
+                        letter.tags,
+                        letter.by,
+                    )
+                    if not recorded.duplicate:
+                        self.listener.changed(letter.session)
+                    await self.groups.outbox_done(session_id, item.raw)
+        except ReplError as exc:  # left in the outbox: the session's next step records it
+            log.warning("dead letters of %r wait in its outbox: %s", session_id, exc.message)
+        except Exception:  # a bug must not take the daemon down: they wait there too
+            log.exception("dead letters of %r wait in its outbox", session_id)
+        finally:
+            self._draining.discard(session_id)
 
     def _call(self, session_id: str, op: Op[R]) -> asyncio.Future[R]:
         store = self.store
@@ -563,3 +676,10 @@ def _then(future: asyncio.Future[A], step: Callable[[A], B]) -> asyncio.Future[B
 
     future.add_done_callback(done)
     return mapped
+
+
+def _unindexed(future: asyncio.Future[int | None]) -> None:
+    """A group's entry in the timer index was not lowered: its expiry comes with the next
+    step of the session's groups, or the index's next turn over it."""
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("a group deadline was not indexed: %s", future.exception())

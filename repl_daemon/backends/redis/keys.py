@@ -15,7 +15,9 @@ import zlib
 #: must agree on it, so it is fixed. On a cluster they spread over the primaries.
 PARTITIONS = 8
 
-_PARTS = ("meta", "ring", "cursors", "keys", "keyorder", "wake", "timers", "due")
+# groups and outbox (SPEC §16) after the rest, so that every older script's KEYS hold
+_PARTS: tuple[str, ...] = ("meta", "ring", "cursors", "keys", "keyorder", "wake", "timers", "due")
+_PARTS += ("groups", "outbox")
 
 
 def session_keys(session_id: str) -> list[str]:

@@ -34,6 +34,10 @@ The keys, in this order in every script's KEYS:
    it has some: what its firings carry, as the JSON text their ``g`` field keeps
    (copied as it is, so the firing has the tags in the order they were given)
 8. ``due``      sorted set: timer id, scored by when it is due (ms since the epoch)
+9. ``groups``   hash: group name -> the group's state, MessagePack (SPEC §16,
+   ``repl_daemon.backends.redis.group_scripts``)
+10. ``outbox``  list: dead letters a group's step left, to record in their dead-letter
+   sessions (another session: another slot of a cluster), oldest first
 
 Timers are the session's own (rules T1-T6), so the script that fires one also
 records its firing: one atomic step, which is what makes a due time fire
@@ -68,6 +72,7 @@ _PRELUDE = """#!lua
 local meta, ring, cursors = KEYS[1], KEYS[2], KEYS[3]
 local keys, keyorder, wake = KEYS[4], KEYS[5], KEYS[6]
 local timers, due = KEYS[7], KEYS[8]
+local groups, outbox = KEYS[9], KEYS[10]
 local function missing()
   return {'err', 'no_such_session', 'no session'}
 end
@@ -102,6 +107,40 @@ local function head_for_ack(seq)
     return nil, {'err', 'ack_after_head', string.format('cannot ack %d: head is %d', seq, head)}
   end
   return head, nil
+end
+-- what a match (JSON made by the daemon, ``session.tags.Match``) holds for: a function of
+-- a ring entry's flat fields (``Match.holds``); the key 'by' is the firing's sender (its
+-- ``b`` field), never a tag
+local function matcher(json)
+  local want = cjson.decode(json)
+  local want_handler, want_tags = want.handler, want.tags
+  if want_handler == cjson.null then want_handler = nil end
+  if want_tags == nil or want_tags == cjson.null or next(want_tags) == nil then
+    want_tags = nil
+  end
+  return function(fields)
+    local handler, tags, by = nil, nil, nil
+    for i = 1, #fields, 2 do
+      if fields[i] == 'h' then handler = fields[i + 1]
+      elseif fields[i] == 'g' then tags = fields[i + 1]
+      elseif fields[i] == 'b' then by = fields[i + 1] end
+    end
+    if want_handler and handler ~= want_handler then return false end
+    if want_tags then
+      local have = nil
+      for key, value in pairs(want_tags) do
+        local got
+        if key == 'by' then
+          got = by
+        elseif tags then
+          if not have then have = cjson.decode(tags) end
+          got = have[key]
+        end  -- else a plain firing: no tags to decode
+        if got == nil or (value ~= cjson.null and got ~= value) then return false end
+      end
+    end
+    return true
+  end
 end
 local function set_cursor(name, seq, uses)
   redis.call('HSET', cursors, name, string.format('%d:%d', seq, uses))
@@ -248,36 +287,7 @@ end
 local entries = {}
 local last = after + lost
 if ARGV[6] ~= '' then
-  local want = cjson.decode(ARGV[6])
-  local want_handler, want_tags = want.handler, want.tags
-  if want_handler == cjson.null then want_handler = nil end
-  if want_tags == nil or want_tags == cjson.null or next(want_tags) == nil then
-    want_tags = nil
-  end
-  -- the key 'by' is the firing's sender (its ``b`` field), never a tag (``Match.holds``)
-  local function holds(fields)
-    local handler, tags, by = nil, nil, nil
-    for i = 1, #fields, 2 do
-      if fields[i] == 'h' then handler = fields[i + 1]
-      elseif fields[i] == 'g' then tags = fields[i + 1]
-      elseif fields[i] == 'b' then by = fields[i + 1] end
-    end
-    if want_handler and handler ~= want_handler then return false end
-    if want_tags then
-      local have = nil
-      for key, value in pairs(want_tags) do
-        local got
-        if key == 'by' then
-          got = by
-        elseif tags then
-          if not have then have = cjson.decode(tags) end
-          got = have[key]
-        end  -- else a plain firing: no tags to decode
-        if got == nil or (value ~= cjson.null and got ~= value) then return false end
-      end
-    end
-    return true
-  end
+  local holds = matcher(ARGV[6])
   if start <= head then
     last = head
     local from = start
@@ -399,7 +409,7 @@ START = (
     _PRELUDE
     + """
 if redis.call('EXISTS', meta) == 1 then return {'ok', 0} end
-redis.call('DEL', ring, cursors, keys, keyorder, timers, due)
+redis.call('DEL', ring, cursors, keys, keyorder, timers, due, groups, outbox)
 redis.call('HSET', meta, 'limit', ARGV[1], 'head', 0, 'uses', 0, 'evals', 0, 'inc', ARGV[2])
 return {'ok', 1}
 """
@@ -411,7 +421,7 @@ STOP = (
     + """
 if redis.call('EXISTS', meta) == 0 then return missing() end
 local cancelled = redis.call('ZRANGE', due, 0, -1, 'WITHSCORES')
-redis.call('DEL', meta, ring, cursors, keys, keyorder, timers, due)
+redis.call('DEL', meta, ring, cursors, keys, keyorder, timers, due, groups, outbox)
 redis.call('SPUBLISH', wake, 'stop ' .. ARGV[1])
 return {'ok', cancelled}
 """

@@ -54,7 +54,9 @@ from typing import Any, TypeVar, cast
 import anyio
 import msgspec
 
+from repl_daemon.backends.redis import group_scripts as group_lua
 from repl_daemon.backends.redis import scripts as lua
+from repl_daemon.backends.redis.group_scripts import GROUP_SCRIPTS
 from repl_daemon.backends.redis.heads import Heads, Known
 from repl_daemon.backends.redis.keys import (
     AUTH,
@@ -129,6 +131,7 @@ _TIMER_ERRORS: dict[str, Callable[[str, str], ReplError]] = {
 SCRIPTS: tuple[str, ...] = ("RECORD", "READ", "ACK", "CHECK_ACK", "SET_LIMIT", "DESCRIBE")
 SCRIPTS += ("START", "STOP", "SCHEDULE", "CANCEL", "TIMERS", "FIRE", "CLAIM", "INDEX")
 SCRIPTS += ("SET_WEBHOOK", "GET_WEBHOOK", "TOKEN_ADD", "TOKEN_REVOKE", "TOKEN_FIND", "LOOKED")
+SCRIPTS += GROUP_SCRIPTS
 #: the partitions of the timer index (``repl:{~tN}:due``); every daemon sharing a store
 #: must agree on it, so it is fixed. On a cluster they spread over the primaries.
 PARTITIONS = 8
@@ -279,7 +282,8 @@ class RedisStore:
                 "(check that it runs and that --store names it)"
             ) from None
         for name in SCRIPTS:
-            self._scripts[name] = self.client.register_script(getattr(lua, name))
+            source = getattr(lua, name, None) or getattr(group_lua, name)
+            self._scripts[name] = self.client.register_script(source)
         try:
             await self._load_scripts()
         except Exception as exc:
@@ -405,17 +409,22 @@ class RedisStore:
         change: bool,
         then: Callable[[list[Any]], T],
         keys: Callable[[str], list[str]] = session_keys,
+        refusal: Callable[[str, str], ReplError | None] | None = None,
     ) -> asyncio.Future[T]:
         """Run ``script`` on the session's keys; the future answers ``then(its answer)``.
 
         No task of its own: the call joins the next pipeline, and the store's
         one sending task answers it. ``then`` gets the script's answer after
-        its status; a refusal (``err CODE MESSAGE``) raises the core's error.
+        its status; a refusal (``err CODE MESSAGE``) raises the core's error, or what
+        ``refusal(CODE, MESSAGE)`` words it as (when it answers one).
         """
 
         def answer(reply: Any) -> T:
             if reply[0] == b"err":
                 code, message = reply[1].decode(), reply[2].decode()
+                worded = None if refusal is None else refusal(code, message)
+                if worded is not None:
+                    raise worded
                 timer_error = _TIMER_ERRORS.get(code)
                 if timer_error is not None:
                     raise timer_error(session_id, message)

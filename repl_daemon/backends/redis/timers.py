@@ -30,9 +30,10 @@ without polling:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 import anyio
 
@@ -42,6 +43,7 @@ from repl_daemon.backends.redis.wakes import Wakes
 from repl_daemon.engine.clock import REAL, Clock
 from repl_daemon.engine.committer import Listener
 from session.errors import NoSuchSession, StoreFailed, TooMany
+from session.rules import GROUPS_TIMER
 from session.schedule import Timer
 from session.session import Fired, Scheduled
 
@@ -78,6 +80,9 @@ class SharedTimers:
         # the soonest due time heard of each partition since a request about it was sent:
         # its answer may have been read after a sooner one was published, so the two merge
         self._heard: dict[str, int] = {}
+        #: what fires an entry of a session's groups (``GROUPS_TIMER``, SPEC §16): their
+        #: expiry, answering the next deadline (None: none); the committer's
+        self.expire_groups: Callable[[str, int], Awaitable[int | None]] | None = None
 
     # -- what the wakes tell ----------------------------------------------------
 
@@ -194,6 +199,22 @@ class SharedTimers:
         partitions = [p for p, d in self.earliest.items() if d is not None and d <= now]
         await self.fire(partitions, now)
 
+    def _expiring(
+        self, by_session: dict[str, list[str]], now: int
+    ) -> dict[str, asyncio.Task[int | None]]:
+        """Take the groups' entries out of ``by_session`` and start their expiries."""
+        expiring: dict[str, asyncio.Task[int | None]] = {}
+        for session_id in [s for s, ids in by_session.items() if GROUPS_TIMER in ids]:
+            ids = [i for i in by_session[session_id] if i != GROUPS_TIMER]
+            if ids:
+                by_session[session_id] = ids
+            else:
+                del by_session[session_id]
+            if self.expire_groups is not None:
+                expiry = self.expire_groups(session_id, now)
+                expiring[session_id] = asyncio.ensure_future(expiry)
+        return expiring
+
     async def fire(self, partitions: list[str], now: int) -> int:
         """Claim the due entries of ``partitions``, fire them, update the index; the count fired.
 
@@ -214,6 +235,7 @@ class SharedTimers:
             self._answered(partition, now if len(pairs) == CLAIM_MAX else earliest)
             for session_id, timer_id in pairs:
                 by_session.setdefault(session_id, []).append(timer_id)
+        expiring = self._expiring(by_session, now)
         fires = {
             session_id: self.store.fire_timers(session_id, ids, now, ts)
             for session_id, ids in by_session.items()
@@ -243,6 +265,18 @@ class SharedTimers:
             if recorded:
                 count += recorded
                 self.listener.changed(session_id)  # this daemon's waiters; others hear Redis
+        for session_id, expired in expiring.items():
+            partition = partition_of(session_id)
+            try:
+                deadline = await expired
+            except NoSuchSession:  # stopped: its groups went with it
+                deadline = None
+            except StoreFailed as exc:  # perhaps expired, perhaps not: due again
+                failure, deadline = exc, now
+            if deadline is None:
+                gone.setdefault(partition, []).append((session_id, GROUPS_TIMER, lease))
+            else:
+                due.setdefault(partition, []).append((session_id, GROUPS_TIMER, lease, deadline))
         touched = {*due, *gone}
         self._asking(touched)
         updates = {
