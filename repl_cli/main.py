@@ -187,10 +187,11 @@ class ReplCommand(_PlainHelp):
 
 EPILOG = """\b
 Exit status: 0 done; 1 an error (no such session, session stopped, cursor
-after head, refused input); 2 `wait --timeout` passed with nothing printed;
-64 a usage error; 75 unavailable, try again later (no daemon, or its store
-is away); 77 not allowed (a token refused, or a right it lacks); 130
-interrupted.
+after head, refused input, a stale claim: lease_lost); 2 a --timeout passed
+(`wait` printed nothing, `request` got no reply, `claim` took nothing); 64
+a usage error (also a malformed claim token: bad_claim); 75 unavailable,
+try again later (no daemon, or its store is away); 77 not allowed (a token
+refused, or a right it lacks); 130 interrupted.
 
 \b
 The global options may also come after the command (`repl read ID --addr X`).
@@ -339,22 +340,43 @@ def tag_option(command: F) -> F:
     )(command)
 
 
-def match_options(command: F) -> F:
-    """``--match KEY=VALUE`` / ``--match KEY`` and ``--handler NAME``: a matching reader."""
+READER_MATCH_NOTE = "Without --cursor it looks at the whole ring and acknowledges nothing."
+CLAIM_MATCH_NOTE = (
+    "It takes the group's oldest firing that matches; the others stay ready for other claimers."
+)
+
+
+def match_options(command: F, *, claim: bool = False) -> F:
+    """``--match KEY=VALUE`` / ``--match KEY`` and ``--handler NAME``: a matching reader
+    (``wait``, ``read``, ``follow``) or, with ``claim``, a matching claimer."""
     command = click.option(
         "--handler",
         "handler_filter",
         metavar="NAME",
-        help="Only the firings of handler NAME (with --match, both must hold).",
+        help=(
+            "Claim only a firing of handler NAME (with --match, both must hold)."
+            if claim
+            else "Only the firings of handler NAME (with --match, both must hold)."
+        ),
     )(command)
+    if claim:
+        only = "Claim only a firing tagged KEY=VALUE (KEY alone: tagged KEY at all); "
+        note = CLAIM_MATCH_NOTE
+    else:
+        only = "Only the firings tagged KEY=VALUE (KEY alone: tagged KEY at all); "
+        note = READER_MATCH_NOTE
     return click.option(
         "--match",
         "match_words",
         multiple=True,
         metavar="KEY[=VALUE]",
-        help="Only the firings tagged KEY=VALUE (KEY alone: tagged KEY at all); repeatable, "
-        "all must hold. Without --cursor it looks at the whole ring and acknowledges nothing.",
+        help=f"{only}repeatable, all must hold. {note}",
     )(command)
+
+
+def claim_match_options(command: F) -> F:
+    """``--match`` and ``--handler`` worded for ``repl claim`` (it has no --cursor)."""
+    return match_options(command, claim=True)
 
 
 def tags_of(words: tuple[str, ...]) -> dict[str, str]:
@@ -786,7 +808,7 @@ def group_option(command: F) -> F:
     is_flag=True,
     help="A group this claim makes starts after the newest firing (not at the oldest).",
 )
-@match_options
+@claim_match_options
 @reconnect_option
 @firing_formats
 @click.pass_obj
@@ -868,14 +890,33 @@ def release(repl: Repl, session: str, claim_token: str, delay: str | None) -> No
     """Give a claim's firing back to its group, to be claimed again.
 
     Its last attempt given back goes to the group's dead-letter session
-    instead (printed on stderr). Exit status 1 (lease_lost) when CLAIM is no
-    longer the live lease: nothing changes.
+    instead (said on stderr, naming that session). Exit status 1 (lease_lost)
+    when CLAIM is no longer the live lease: nothing changes.
     """
     from repl_cli.reconnect import stderr_note
 
     delay_s = 0.0 if delay is None else duration_ms(delay, "--delay") / 1000
     if repl.release(session, claim_token, delay=delay_s):
-        stderr_note("that was its last attempt: the firing is in the dead-letter session now")
+        where = dead_letter_of(repl, session, claim_token)
+        stderr_note(f"that was its last attempt: the firing goes to {where}")
+
+
+def dead_letter_of(repl: Repl, session: str, claim_token: str) -> str:
+    """Where the last attempt of ``claim_token``'s firing went, for ``repl release``'s note:
+    the daemon's answer says only that it died, so this asks for the group's settings (one
+    more round trip, on a last attempt only); should that fail, the release stands and the
+    note says where to look."""
+    from session.errors import ReplError
+    from session.groups import parse_token
+
+    try:
+        group = parse_token(claim_token)[0]
+        named = [g.dead_letter for g in repl.groups(session) if g.name == group]
+    except (CliError, ReplError):
+        named = []
+    if named and named[0]:
+        return f"the dead-letter session {named[0]}"
+    return f"the group's dead-letter session (`repl groups {session}` names it)"
 
 
 @cli.command()
