@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from session.errors import LeaseLost, TooMany
+from session.errors import LeaseLost
 from session.firing import Firing
 from session.groups import (
     Claim,
@@ -33,10 +33,12 @@ from session.groups import (
     GroupSnapshot,
     Lease,
     check_lease,
+    lease_lost,
     parse_token,
+    too_many_groups,
 )
 from session.names import check_cursor_name
-from session.ring import Ring, only
+from session.ring import Ring
 from session.rules import MAX_GROUPS
 from session.tags import MAX_TAGS, Match
 
@@ -120,10 +122,7 @@ class Groups:
         if not create:
             raise LeaseLost(f"session {self.session_id!r} has no group {name!r}")
         if len(self.by_name) >= MAX_GROUPS:
-            raise TooMany(
-                f"session {self.session_id!r} has {MAX_GROUPS} groups, its limit: "
-                "claim from one of them (`repl groups` lists them)"
-            )
+            raise too_many_groups(self.session_id)
         head = ring.visible_head(visible)
         group = Group.create(
             self.session_id, name, min(ring.first, head + 1), head, from_now=from_now
@@ -146,7 +145,9 @@ class Groups:
         (creating the group on its first claim); None when there is none. Leases that ran
         out are expired first (their dead letters go to the outbox)."""
         check_lease(lease_ms)
+        created = name not in self.by_name
         group = self.group(name, ring, visible, from_now=from_now)
+        before = (group.done_through, group.lost)
         head = ring.visible_head(visible)
         first = min(ring.first, head + 1)
         self._expire(group, ring, now_ms)
@@ -159,12 +160,13 @@ class Groups:
             matching = {firing.seq for firing in found}
             holds = matching.__contains__
         taken = group.claim(now_ms, lease_ms, first, head, holds)
-        self.changed = True  # a trim or a lost count changes it even when nothing is taken
+        if created or taken is not None or (group.done_through, group.lost) != before:
+            self.changed = True  # a look that took nothing and trimmed nothing changes nothing
         if taken is None:
             return None
         self.moved = True
-        firing = only(ring.events_after(taken.seq - 1, 1, visible, "after"), taken.seq)
-        return Taken(taken, firing.firings[0])
+        firing = ring.at(taken.seq)  # a seq readers may see: claimed at or below the cap
+        return Taken(taken, firing)
 
     def done(self, ring: Ring, token: str, now_ms: int) -> int:
         group = self._of(token, ring)
@@ -244,10 +246,7 @@ class Groups:
         name, _, _ = parse_token(token)
         group = self.by_name.get(name)
         if group is None:
-            raise LeaseLost(
-                f"claim {token!r} is no longer the live lease: "
-                f"session {self.session_id!r} has no group {name!r}"
-            )
+            raise lease_lost(token, "no_group", self.session_id)
         through = group.done_through
         group.trim(ring.first)  # what the ring dropped is lost, whatever the step does
         if group.done_through != through:
@@ -302,7 +301,7 @@ class Groups:
 def _firing_at(ring: Ring, seq: int) -> Firing:
     """Firing ``seq`` of a group trimmed to the ring: the ring holds every seq it holds."""
     assert ring.first <= seq <= ring.head, f"firing {seq} is held but not in the ring"
-    return ring.events_after(seq - 1, 1, None, "after").firings[0]
+    return ring.at(seq)
 
 
 def _check_config(

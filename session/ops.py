@@ -380,16 +380,22 @@ class ClaimFiring(msgspec.Struct, frozen=True):
 
     def run(self, session: Session, visible: int | None) -> Taken | None:
         groups = session.groups
-        taken = groups.claim(
-            session.ring,
-            visible,
-            self.group,
-            self.now_ms,
-            self.lease_ms,
-            self.match,
-            self.from_now,
-        )
-        session.stepped(groups.changed)  # a refused claim (a 17th group) counts nothing
+        earlier, groups.changed = groups.changed, False  # what this look changes, alone
+        try:
+            taken = groups.claim(
+                session.ring,
+                visible,
+                self.group,
+                self.now_ms,
+                self.lease_ms,
+                self.match,
+                self.from_now,
+            )
+        finally:
+            changed, groups.changed = groups.changed, earlier or groups.changed
+        # a look that took nothing and changed nothing is no change: a blocked claimer's
+        # look costs no commit; a refused one (a 17th group) counts nothing at all
+        session.stepped(changed)
         return taken
 
 

@@ -201,6 +201,14 @@ class Ring:
     def firings(self) -> list[Firing]:
         return packed.unpack(self.first, self._firings, self._slots)
 
+    def at(self, seq: int) -> Firing:
+        """Firing ``seq``, which the ring holds: one item found by its index, not a slice of
+        the ring walked to it (what a claim hands out, ``session.claims``)."""
+        first = self.first
+        if not first <= seq <= self._head:
+            raise BadSeq(f"the ring holds firings {first} to {self._head}, not {seq}")
+        return packed.unpack(seq, (self._firings[seq - first],), self._slots)[0]
+
     def recorded_after(self, seq: int) -> list[Firing]:
         """The retained firings after ``seq`` (a seq it has recorded), oldest first: what a
         store is handed of a ring since it last was. ``events_after`` without a read's
@@ -441,6 +449,10 @@ class _Folded(Ring):
     def firings(self) -> list[Firing]:
         self.unfold()
         return self.firings()
+
+    def at(self, seq: int) -> Firing:
+        self.unfold()
+        return self.at(seq)
 
     def record(
         self,

@@ -6,8 +6,12 @@ no task and no work until the committer says the session changed (a new
 firing) or that a firing of it is claimable again (``Listener.claimable``: a
 release, a lease that ran out, a delay that ended). Each look is one step of
 the core (``ClaimFiring``) at the engine's clock: it takes a firing, or nothing.
-Blocked claimers are woken oldest first, so the first to come is the first to
-look (first come, first served).
+Blocked claimers are woken oldest first, one at a time, so the first to come is
+the first to look (first come, first served) and a firing costs one look, not one
+a claimer: the engine wakes a group's first blocked claimer (every claimer with a
+match looks, as a matching reader does), and one that took a firing, or went
+away while it looked, hands the wake on to the next (``pass_on``); one that found
+nothing ends it, as there is nothing left to take.
 
 A claim that times out, is cancelled, or whose client is gone took nothing: a
 look that took a firing answers at once, or (on a durable store) once the
@@ -34,9 +38,15 @@ log = logging.getLogger("repl.daemon")
 class ClaimWait(Wait):
     """One claim's life: looks (each a ``ClaimFiring``) until it takes a firing or times out."""
 
-    __slots__ = ("claim", "now", "taken")
+    __slots__ = ("claim", "now", "pass_on", "taken")
 
-    def __init__(self, waiters: Waiters, req: p.Claim, now: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        waiters: Waiters,
+        req: p.Claim,
+        now: Callable[[], int],
+        pass_on: Callable[[str, str], None] | None = None,
+    ) -> None:
         as_wait = p.Wait(
             id=req.id,
             sessions=[req.session],
@@ -50,12 +60,27 @@ class ClaimWait(Wait):
         self.now = now
         #: what the look on its way took, until it is answered (given back if cancelled)
         self.taken: Taken | None = None
+        #: wakes the next blocked claimer of the group (the engine's): a claimer that took
+        #: a firing, or went away while looking, hands the wake on (``Engine.changed``)
+        self.pass_on = pass_on
+
+    @property
+    def blocked(self) -> bool:
+        """Whether it waits for a wake, no look on its way."""
+        return self.state is _State.BLOCKED
 
     def cancel(self) -> None:
         taken, self.taken = self.taken, None
+        looking = self.state is _State.LOOKING
         super().cancel()
         if taken is not None:  # the client is gone before it was told: it takes nothing
             self._give_back(taken)
+        if looking:  # a wake it was handed goes to the next claimer
+            self._pass_on()
+
+    def _pass_on(self) -> None:
+        if self.pass_on is not None and self.claim.match is None:
+            self.pass_on(self.claim.session, self.claim.group)
 
     def wake(self, heard: Firing | None = None) -> None:
         super().wake(None)  # a claim looks by claiming: a firing heard is no answer
@@ -85,6 +110,7 @@ class ClaimWait(Wait):
         if taken is None:
             self._have_read([])
             return
+        self._pass_on()  # there may be more to take: the next claimer looks
         claim, firing = taken.claim, taken.firing
         answer = p.Claimed(
             id=self.claim.id,

@@ -25,6 +25,7 @@ all until the committer says that one of its sessions changed.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import logging
@@ -208,13 +209,47 @@ class Engine:
     # a woken wait may answer, and leave the table, at once: each loop runs over a copy
 
     def changed(self, session_id: str, heard: Firing | None = None) -> None:
-        for waiter in self.waits.on(session_id):
-            waiter.wake(heard)
-
-    def claimable(self, session_id: str) -> None:
+        woken: set[str] = set()  # the groups whose first blocked claimer was woken
         for waiter in self.waits.on(session_id):
             if isinstance(waiter, ClaimWait):
+                self._wake_claim(waiter, woken)
+            else:
+                waiter.wake(heard)
+
+    def claimable(self, session_id: str) -> None:
+        woken: set[str] = set()
+        for waiter in self.waits.on(session_id):
+            if isinstance(waiter, ClaimWait):
+                self._wake_claim(waiter, woken)
+
+    @staticmethod
+    def _wake_claim(waiter: ClaimWait, woken: set[str]) -> None:
+        """Wake a claimer if it is the first blocked one of its group (the others wait for
+        the wake it hands on, ``ClaimWait.pass_on``), has a match, or is looking (it looks
+        once more)."""
+        group = waiter.claim.group
+        if waiter.claim.match is not None or not waiter.blocked:
+            waiter.wake()
+        elif group not in woken:
+            woken.add(group)
+            waiter.wake()
+
+    def _pass_on(self, session_id: str, group: str) -> None:
+        """A claimer of ``group`` took a firing, or went away while it looked: the next
+        blocked one looks, in a later turn of the loop (a burst hands on in a chain, not
+        in a recursion)."""
+        asyncio.get_running_loop().call_soon(self._wake_next, session_id, group)
+
+    def _wake_next(self, session_id: str, group: str) -> None:
+        for waiter in self.waits.on(session_id):
+            if (
+                isinstance(waiter, ClaimWait)
+                and waiter.claim.group == group
+                and waiter.claim.match is None
+                and waiter.blocked
+            ):
                 waiter.wake()
+                return
 
     def stopped(self, session_id: str) -> None:
         for waiter in self.waits.on(session_id):
@@ -656,7 +691,7 @@ class Engine:
             raise BadRequest(f"timeout_ms {req.timeout_ms} is negative")
         if isinstance(committer, Scoped) and committer.hides(req.session):
             raise no_session(req.session)
-        return Outcome.of(ClaimWait(self.waits, req, self.clock.now_ms))
+        return Outcome.of(ClaimWait(self.waits, req, self.clock.now_ms, self._pass_on))
 
     def _groups(
         self, req: p.Finish | p.Release | p.Extend | p.Group | p.Groups | p.Claims, c: Sessions

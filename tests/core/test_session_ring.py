@@ -572,3 +572,18 @@ def test_what_a_ring_recorded_after_a_seq_is_what_a_read_after_it_returns(
     seq = data.draw(st.integers(0, ring.head))
     assert ring.recorded_after(seq) == ring.events_after(seq).firings
     assert ring.recorded_after(ring.head + data.draw(st.integers(0, 3))) == []
+
+
+def test_at_finds_one_firing_by_its_seq_and_refuses_one_the_ring_does_not_hold() -> None:
+    """``Ring.at`` (a claim's firing) is the firing a read of it gives, folded or not."""
+    ring = Ring(3)
+    for n in range(5):
+        record(ring, ("on-message", n % 2 == 0, f"f{n}", TS, {"n": str(n)} if n % 2 else {}))
+    for seq in (3, 4, 5):
+        assert ring.at(seq) == ring.events_after(seq - 1, 1).firings[0]
+    for seq in (0, 2, 6):
+        with pytest.raises(BadSeq, match=f"holds firings 3 to 5, not {seq}"):
+            ring.at(seq)
+    keeper = Keeper(ring)
+    folded = keeper.folded(ring.retained)
+    assert folded.at(4) == ring.at(4) and keeper.calls == 1
