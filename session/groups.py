@@ -150,8 +150,11 @@ def check_dead_letter(session: str, dead_letter: str) -> str:
 
 
 def default_dead_letter(session: str) -> str:
-    """``SESSION.dead``; of an id too long for that, its first 59 characters and ``.dead``."""
-    return session[: 64 - len(DEAD_SUFFIX)] + DEAD_SUFFIX
+    """``SESSION.dead``; of an id too long for that, its first 59 characters and ``.dead``
+    (58 when that would be the id itself: an id of 64 ending in ``.dead``)."""
+    keep = 64 - len(DEAD_SUFFIX)
+    chosen = session[:keep] + DEAD_SUFFIX
+    return session[: keep - 1] + DEAD_SUFFIX if chosen == session else chosen
 
 
 def _check_ring(first: int, head: int) -> None:

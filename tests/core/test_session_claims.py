@@ -570,6 +570,9 @@ def test_the_default_dead_letter_of_a_long_id_is_64_characters() -> None:
     long_id = "s" * 64
     assert default_dead_letter(long_id) == "s" * 59 + ".dead"
     assert default_dead_letter("jobs") == "jobs.dead"
+    # an id of 64 that ends in .dead is never its own dead-letter session
+    own = "s" * 59 + ".dead"
+    assert default_dead_letter(own) == "s" * 58 + ".dead" != own
     s = Session(long_id, 8)
     send(s)
     dead_letter = configure(s, max_attempts=1).dead_letter
