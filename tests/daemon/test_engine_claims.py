@@ -9,6 +9,7 @@ server, a cluster, a cluster with replicas) share a group's work as one daemon d
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 from typing import Any, cast
@@ -21,11 +22,14 @@ from repl_daemon.backends.local import LocalBackend
 from repl_daemon.backends.local.committer import LocalCommitter
 from repl_daemon.backends.local.memory import MemoryStore
 from repl_daemon.backends.local.sqlite import SqliteStore
+from repl_daemon.backends.redis import keys as redis_keys
 from repl_daemon.engine import Engine
+from repl_daemon.engine.claim import ClaimWait
 from repl_daemon.engine.outcome import Outcome
-from session.errors import NoSuchSession
+from session.errors import NoSuchSession, StoreFailed
+from session.rules import GROUPS_TIMER
 from tests.daemon.test_engine_shared import AnyRedis, call, two_daemons
-from tests.helpers import MovedClock, store_url
+from tests.helpers import MovedClock, RedisProc, store_url
 
 pytestmark = pytest.mark.anyio
 
@@ -250,3 +254,64 @@ async def test_a_claimer_that_goes_while_it_looks_hands_the_wake_on(tmp_path: Pa
     finally:
         await committer.close()
         committer.store.close()
+
+
+async def test_a_claim_on_redis_whose_client_goes_while_its_script_runs_gives_it_back(
+    redis_any: AnyRedis,
+) -> None:
+    """The claim's script is on its way to Redis when the claimer goes: what it takes
+    there is released when its answer comes (the next claim has it, attempt 2)."""
+    async with two_daemons(store_url(redis_any)) as (a, first, _b, _bc, _tg):
+        await call(a, p.Start(session="jobs"))
+        await call(a, p.Send(session="jobs", text="job"))
+        calls = first.groups
+        claim_script = calls.claim
+        jobs: list[ClaimWait] = []
+
+        def claim_then_go(session_id: str, op: Any) -> Any:
+            sent = claim_script(session_id, op)  # queued for the next pipeline
+            asyncio.get_running_loop().call_soon(jobs[0].cancel)  # gone before its answer
+            return sent
+
+        calls.claim = claim_then_go  # type: ignore[method-assign]
+        job = a.handle(p.Claim(session="jobs")).settle(lambda v, e: None)
+        assert isinstance(job, ClaimWait)
+        jobs.append(job)
+        await _until(lambda: job.state.value == "over")
+        calls.claim = claim_script  # type: ignore[method-assign]
+        again = await claimed(a, p.Claim(session="jobs", timeout_ms=10_000))
+        assert (again.seq, again.attempt) == (1, 2)
+
+
+async def test_a_group_deadline_the_index_failed_to_take_is_written_again(
+    redis_server: RedisProc,
+) -> None:
+    """A claim's lease is indexed as a timer; when that write fails (the index's node
+    away in a cluster's failover), it is written again until the index has it."""
+    async with two_daemons(store_url(redis_server)) as (a, first, _b, _bc, _tg):
+        await call(a, p.Start(session="jobs"))
+        await call(a, p.Send(session="jobs", text="job"))
+        store = first.store
+        index = store.index
+        failed: list[object] = []
+
+        def fail_once(partition: str, **changes: Any) -> Any:
+            if not failed and changes.get("lower"):
+                failed.append(changes)
+                future = asyncio.get_running_loop().create_future()
+                future.set_exception(StoreFailed("redis at the index's node failed"))
+                return future
+            return index(partition, **changes)
+
+        store.index = fail_once  # type: ignore[method-assign]
+        got = await claimed(a, p.Claim(session="jobs", lease_ms=60_000))
+        assert failed and got.seq == 1
+        key = redis_keys.partition_keys(redis_keys.partition_of("jobs"))[0]
+        await _until_indexed(store, key, got.lease_until_ms)
+        store.index = index  # type: ignore[method-assign]
+
+
+async def _until_indexed(store: Any, key: str, due: int) -> None:
+    with anyio.fail_after(30):
+        while await store.client.zscore(key, f"jobs {GROUPS_TIMER}") != due:  # noqa: ASYNC110 - a bounded look at Redis
+            await anyio.sleep(0.02)

@@ -51,6 +51,7 @@ from repl_daemon.backends.redis.wakes import Wakes, heard
 from repl_daemon.engine.clock import REAL, Clock
 from repl_daemon.engine.committer import Listener, Totals, made_up_id
 from repl_daemon.engine.outcome import Outcome, Settled
+from session.claims import Taken
 from session.errors import NoSuchSession, ReplError, StoreFailed, no_such_session
 from session.firing import NO_TAGS, Firing
 from session.names import check_cursor_name, check_session_id
@@ -93,6 +94,9 @@ log = logging.getLogger("repl.daemon")
 
 R = TypeVar("R")
 T = TypeVar("T")
+
+#: how long before a group deadline the index failed to take is written again (doubling)
+RETRY_INDEX = (0.1, 5.0)
 A = TypeVar("A")
 B = TypeVar("B")
 
@@ -357,7 +361,30 @@ class SharedCommitter:
     def _index_soon(self, session_id: str, due_ms: int) -> None:
         entry = (session_id, GROUPS_TIMER, due_ms)
         indexed = self.store.index(partition_of(session_id), lower=[entry])
-        indexed.add_done_callback(_unindexed)
+
+        def done(future: asyncio.Future[int | None]) -> None:
+            if future.cancelled() or future.exception() is None:
+                return
+            # the index's node failed (a cluster's failover): the lease must still come
+            # due, so the entry is written again until it is (a retry, not a poll)
+            log.warning("a group deadline was not indexed: %s", future.exception())
+            if self._tg is not None:
+                self._tg.start_soon(self._index_again, session_id, due_ms)
+
+        indexed.add_done_callback(done)
+
+    async def _index_again(self, session_id: str, due_ms: int) -> None:
+        entry = (session_id, GROUPS_TIMER, due_ms)
+        pause = RETRY_INDEX[0]
+        while True:
+            await anyio.sleep(pause)
+            try:
+                await self.store.index(partition_of(session_id), lower=[entry])
+            except StoreFailed:
+                pause = min(pause * 2, RETRY_INDEX[1])
+                continue
+            log.info("the group deadline of %r is indexed again", session_id)
+            return
 
     def _stepped(
         self, session_id: str, step: asyncio.Future[tuple[T, Stepped]]
@@ -365,21 +392,43 @@ class SharedCommitter:
         answered: asyncio.Future[T] = asyncio.get_running_loop().create_future()
 
         def done(future: asyncio.Future[tuple[T, Stepped]]) -> None:
-            if answered.cancelled():
-                return
             if future.cancelled():
                 answered.cancel()
                 return
             error = future.exception()
             if error is not None:
-                answered.set_exception(error)
+                if not answered.cancelled():
+                    answered.set_exception(error)
                 return
             value, stepped = future.result()
             self._after_step(session_id, stepped)
-            answered.set_result(value)
+            if not answered.cancelled():
+                answered.set_result(value)
+            elif isinstance(value, Taken):  # its claimer went away before the script answered
+                self._give_back(session_id, value)
 
         step.add_done_callback(done)
         return answered
+
+    def _give_back(self, session_id: str, taken: Taken) -> None:
+        """A claim whose claimer went away while its script ran took nothing: release."""
+        release = Release(taken.claim.token, self.clock.now_ms())
+        try:
+            given = self.groups.step(session_id, release)
+        except ReplError as exc:  # not connected: its lease runs out
+            log.info("a claim whose client went away was not given back: %s", exc.message)
+            return
+
+        def released(future: asyncio.Future[tuple[int | bool, Stepped]]) -> None:
+            if future.cancelled():
+                return
+            error = future.exception()
+            if error is not None:  # it ran out meanwhile, or the session is gone
+                log.info("a claim whose client went away was not given back: %s", error)
+                return
+            self._after_step(session_id, future.result()[1])
+
+        given.add_done_callback(released)
 
     def _after_step(self, session_id: str, stepped: Stepped) -> None:
         """Record the dead letters the step left, and tell this daemon's claimers when a
@@ -676,10 +725,3 @@ def _then(future: asyncio.Future[A], step: Callable[[A], B]) -> asyncio.Future[B
 
     future.add_done_callback(done)
     return mapped
-
-
-def _unindexed(future: asyncio.Future[int | None]) -> None:
-    """A group's entry in the timer index was not lowered: its expiry comes with the next
-    step of the session's groups, or the index's next turn over it."""
-    if not future.cancelled() and future.exception() is not None:
-        log.warning("a group deadline was not indexed: %s", future.exception())
