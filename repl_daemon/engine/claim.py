@@ -25,12 +25,22 @@ import logging
 from collections.abc import Callable
 
 from repl_daemon import protocol as p
+from repl_daemon.engine.committer import Sessions
 from repl_daemon.engine.outcome import Outcome
 from repl_daemon.engine.wait import Wait, Waiters, _State
 from session.claims import Taken
 from session.errors import NoSuchSession, ReplError
 from session.firing import Firing, ms_to_ts
-from session.ops import ClaimFiring, Release
+from session.groups import Lease
+from session.ops import (
+    ClaimFiring,
+    ClaimTable,
+    ConfigureGroup,
+    Extend,
+    Finish,
+    GroupTable,
+    Release,
+)
 
 log = logging.getLogger("repl.daemon")
 
@@ -135,3 +145,45 @@ class ClaimWait(Wait):
             log.info("a claim whose client went away was not given back: %s", exc.message)
             return
         given.settle(lambda _, __: None)
+
+
+def group_step(
+    req: p.Finish | p.Release | p.Extend | p.Group | p.Groups | p.Claims,
+    sessions: Sessions,
+    now: int,
+) -> Outcome[p.Response]:
+    """The answer to a request about groups that is no claim: one step of the core at
+    ``now`` (done, release, extend, a group's settings) or a look (groups, claims)."""
+    rid, c = req.id, sessions
+    match req:
+        case p.Finish():
+            done = c.execute(req.session, Finish(req.claim, now))
+            return done.then(lambda seq: p.Finished(id=rid, seq=seq))
+        case p.Release():
+            released = c.execute(req.session, Release(req.claim, now, req.delay_ms))
+            return released.then(lambda dead: p.Released(id=rid, dead=dead))
+        case p.Extend():
+            extended = c.execute(req.session, Extend(req.claim, now, req.lease_ms))
+            return extended.then(
+                lambda ms: p.Extended(id=rid, lease_until=ms_to_ts(ms), lease_until_ms=ms)
+            )
+        case p.Group():
+            op = ConfigureGroup(req.group, now, req.max_attempts, req.dead_letter, req.from_now)
+            made = c.execute(req.session, op)
+            return made.then(lambda info: p.GroupRow(id=rid, group=info))
+        case p.Groups():
+            table = c.execute(req.session, GroupTable(now))
+            return table.then(lambda rows: p.GroupList(id=rid, groups=rows))
+        case p.Claims():
+            held = c.execute(req.session, ClaimTable(req.group))
+            return held.then(lambda rows: p.ClaimList(id=rid, claims=[_lease(r) for r in rows]))
+
+
+def _lease(lease: Lease) -> p.LeaseInfo:
+    return p.LeaseInfo(
+        group=lease.group,
+        seq=lease.seq,
+        attempt=lease.attempt,
+        lease_until=ms_to_ts(lease.lease_until_ms),
+        lease_until_ms=lease.lease_until_ms,
+    )

@@ -40,7 +40,7 @@ import anyio
 import msgspec
 
 from repl_daemon import protocol as p
-from repl_daemon.engine.claim import ClaimWait
+from repl_daemon.engine.claim import ClaimWait, group_step
 from repl_daemon.engine.clock import REAL, Clock, ms_to_utc
 from repl_daemon.engine.committer import Backend, Sessions, Totals
 from repl_daemon.engine.outcome import Outcome
@@ -58,27 +58,20 @@ from session.errors import (
     UnknownOp,
 )
 from session.firing import Batch, Firing, ms_to_ts
-from session.groups import Lease
 from session.names import check_cursor_name, check_session_id
 from session.ops import (
     Ack,
     AddTimer,
     CancelTimer,
     ClaimFiring,
-    ClaimTable,
-    ConfigureGroup,
     CursorTable,
-    Extend,
-    Finish,
     GetWebhook,
-    GroupTable,
     Poll,
     ReadAfter,
     ReadCursor,
     ReadRecent,
     ReadSeq,
     Record,
-    Release,
     SetLimit,
     SetWebhook,
     TimerList,
@@ -430,7 +423,7 @@ class Engine:
             case p.Claim():
                 return self.claim(req, committer)
             case p.Finish() | p.Release() | p.Extend() | p.Group() | p.Groups() | p.Claims():
-                return self._groups(req, committer)
+                return group_step(req, committer, self.clock.now_ms())
             case p.Auth():
                 # a connection authenticates once: a second auth would answer ok for a
                 # token nobody checked, or switch a connection's identity mid-stream
@@ -692,43 +685,6 @@ class Engine:
         if isinstance(committer, Scoped) and committer.hides(req.session):
             raise no_session(req.session)
         return Outcome.of(ClaimWait(self.waits, req, self.clock.now_ms, self._pass_on))
-
-    def _groups(
-        self, req: p.Finish | p.Release | p.Extend | p.Group | p.Groups | p.Claims, c: Sessions
-    ) -> Outcome[p.Response]:
-        rid, now = req.id, self.clock.now_ms()
-        match req:
-            case p.Finish():
-                done = c.execute(req.session, Finish(req.claim, now))
-                return done.then(lambda seq: p.Finished(id=rid, seq=seq))
-            case p.Release():
-                released = c.execute(req.session, Release(req.claim, now, req.delay_ms))
-                return released.then(lambda dead: p.Released(id=rid, dead=dead))
-            case p.Extend():
-                extended = c.execute(req.session, Extend(req.claim, now, req.lease_ms))
-                return extended.then(
-                    lambda ms: p.Extended(id=rid, lease_until=ms_to_ts(ms), lease_until_ms=ms)
-                )
-            case p.Group():
-                op = ConfigureGroup(req.group, now, req.max_attempts, req.dead_letter, req.from_now)
-                made = c.execute(req.session, op)
-                return made.then(lambda info: p.GroupRow(id=rid, group=info))
-            case p.Groups():
-                table = c.execute(req.session, GroupTable(now))
-                return table.then(lambda rows: p.GroupList(id=rid, groups=rows))
-            case p.Claims():
-                held = c.execute(req.session, ClaimTable(req.group))
-                return held.then(lambda rows: p.ClaimList(id=rid, claims=[_lease(r) for r in rows]))
-
-
-def _lease(lease: Lease) -> p.LeaseInfo:
-    return p.LeaseInfo(
-        group=lease.group,
-        seq=lease.seq,
-        attempt=lease.attempt,
-        lease_until=ms_to_ts(lease.lease_until_ms),
-        lease_until_ms=lease.lease_until_ms,
-    )
 
 
 def _unknown(req: Never) -> NoReturn:
