@@ -26,7 +26,7 @@ from repl_daemon.backends.redis import keys as redis_keys
 from repl_daemon.engine import Engine
 from repl_daemon.engine.claim import ClaimWait
 from repl_daemon.engine.outcome import Outcome
-from session.errors import NoSuchSession, StoreFailed
+from session.errors import NoSuchSession, StoreFailed, TooMany
 from session.rules import GROUPS_TIMER
 from tests.daemon.test_engine_shared import AnyRedis, call, two_daemons
 from tests.helpers import MovedClock, RedisProc, store_url
@@ -315,3 +315,17 @@ async def _until_indexed(store: Any, key: str, due: int) -> None:
     with anyio.fail_after(30):
         while await store.client.zscore(key, f"jobs {GROUPS_TIMER}") != due:  # noqa: ASYNC110 - a bounded look at Redis
             await anyio.sleep(0.02)
+
+
+async def test_a_seventeenth_group_is_refused_on_redis_as_in_the_core(
+    redis_server: RedisProc,
+) -> None:
+    async with two_daemons(store_url(redis_server)) as (a, _, b, _bc, _tg):
+        await call(a, p.Start(session="jobs"))
+        for n in range(16):
+            await call(a if n % 2 else b, p.Group(session="jobs", group=f"g{n}"))
+        for req in (p.Group(session="jobs", group="g16"), p.Claim(session="jobs", group="g16")):
+            with pytest.raises(TooMany, match="has 16 groups, its limit"):
+                await call(a, req)
+        listed = await call(b, p.Groups(session="jobs"))
+        assert isinstance(listed, p.GroupList) and len(listed.groups) == 16

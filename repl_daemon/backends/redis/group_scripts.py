@@ -168,6 +168,19 @@ local function group_deadline()
   end
   return soonest or -1
 end
+-- the group ``name``, or a new one (from the oldest firing, or after the head with
+-- from_now) unless the session has max_groups: then the refusal
+local function group_or_new(name, first, head, from_now, max_groups, max_attempts)
+  local g = load_group(name)
+  if g ~= nil then return g, nil end
+  if redis.call('HLEN', groups) >= tonumber(max_groups) then
+    return nil, {'err', 'too_many', 'groups'}
+  end
+  local start = first - 1
+  if from_now then start = head end
+  return {name = name, t = start, x = 0, o = 0, m = tonumber(max_attempts), q = '',
+    a = {}, l = {}, d = {}, r = {}}, nil
+end
 local function counts(g, first, head, now)
   local through = math.max(g.t, first - 1)
   while g.a[through + 1] do through = through + 1 end
@@ -201,16 +214,8 @@ if not m[1] then return missing() end
 local name, now, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local head = tonumber(m[1])
 local first = math.min(ring_first(head), head + 1)
-local g = load_group(name)
-if g == nil then
-  if redis.call('HLEN', groups) >= tonumber(ARGV[6]) then
-    return {'err', 'too_many', 'groups'}
-  end
-  local start = first - 1
-  if ARGV[5] == '1' then start = head end
-  g = {name = name, t = start, x = 0, o = 0, m = tonumber(ARGV[7]), q = '',
-    a = {}, l = {}, d = {}, r = {}}
-end
+local g, refused = group_or_new(name, first, head, ARGV[5] == '1', ARGV[6], ARGV[7])
+if refused then return refused end
 local again = expire(g, now, first)
 trim(g, first)
 local holds = nil
@@ -349,16 +354,8 @@ local m = redis.call('HMGET', meta, 'head', 'evals')
 if not m[1] then return missing() end
 local name, now, head = ARGV[1], tonumber(ARGV[2]), tonumber(m[1])
 local first = math.min(ring_first(head), head + 1)
-local g = load_group(name)
-if g == nil then
-  if redis.call('HLEN', groups) >= tonumber(ARGV[6]) then
-    return {'err', 'too_many', 'groups'}
-  end
-  local start = first - 1
-  if ARGV[5] == '1' then start = head end
-  g = {name = name, t = start, x = 0, o = 0, m = tonumber(ARGV[7]), q = '',
-    a = {}, l = {}, d = {}, r = {}}
-end
+local g, refused = group_or_new(name, first, head, ARGV[5] == '1', ARGV[6], ARGV[7])
+if refused then return refused end
 if ARGV[3] ~= '' then g.m = tonumber(ARGV[3]) end
 if ARGV[4] ~= '' then g.q = ARGV[4] end
 save_group(g)
