@@ -73,7 +73,10 @@ def logged_in(
     test moves it (``page.clock.run_for``)."""
     page = browser.new_context(**context).new_page()
     if stopped:
-        page.clock.install(time=STOPPED_AT)
+        # installed a little before: an installed clock runs until paused, and a pause at the
+        # very time it was installed at is in its past a moment later (CI saw "Cannot
+        # fast-forward to the past")
+        page.clock.install(time=STOPPED_AT - datetime.timedelta(seconds=10))
         page.clock.pause_at(STOPPED_AT)
     if errors is not None:
         page.on("console", lambda m: m.type == "error" and errors.append(m.text))
