@@ -24,7 +24,6 @@ from collections.abc import Callable
 
 import msgspec
 
-from session.errors import LeaseLost
 from session.firing import Firing
 from session.groups import (
     Claim,
@@ -111,16 +110,13 @@ class Groups:
         visible: int | None,
         *,
         from_now: bool = False,
-        create: bool = True,
     ) -> Group:
         """The group ``name``; a new one (from the oldest firing readers may see, or after
-        the head with ``from_now``) when ``create`` and there is none."""
+        the head with ``from_now``) when there is none."""
         check_cursor_name(name)
         group = self.by_name.get(name)
         if group is not None:
             return group
-        if not create:
-            raise LeaseLost(f"session {self.session_id!r} has no group {name!r}")
         if len(self.by_name) >= MAX_GROUPS:
             raise too_many_groups(self.session_id)
         head = ring.visible_head(visible)

@@ -556,14 +556,12 @@ def test_configure_creates_or_sets_and_refuses_without_creating() -> None:
     assert [i.name for i in infos(s)] == ["early", "late", "work"]
 
 
-def test_a_group_is_looked_up_without_being_created() -> None:
+def test_a_group_is_made_once_and_found_after() -> None:
     s = Session("jobs", 8)
-    with pytest.raises(LeaseLost, match="no group"):
-        s.groups.group("work", s.ring, None, create=False)
     with pytest.raises(BadCursorName):
         s.groups.group("", s.ring, None)
     made = s.groups.group("work", s.ring, None)
-    assert s.groups.group("work", s.ring, None, create=False) is made
+    assert s.groups.group("work", s.ring, None) is made
 
 
 def test_the_default_dead_letter_of_a_long_id_is_64_characters() -> None:

@@ -59,6 +59,8 @@ from repl_daemon import protocol as p
 from repl_daemon.backends.redis.keys import partition_keys, partition_of, session_keys
 from session.groups import GroupInfo
 from session.rules import GROUPS_TIMER
+from tests.e2e import test_claims_faults as faults
+from tests.e2e.test_claims_faults import check
 from tests.helpers import (
     DaemonProc,
     RedisClusterProcs,
@@ -75,20 +77,12 @@ LEASE = 1.0  # seconds: how long a claim whose answer was lost is held by nobody
 
 
 @dataclass
-class Ledger:
-    """What the workers were told, under one lock."""
+class Ledger(faults.Ledger):
+    """What the workers were told, under one lock (``test_claims_faults.Ledger``), and which
+    worker was told what."""
 
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    claims: list[tuple[int, int]] = field(default_factory=list)  # (seq, attempt), as answered
-    dones: dict[int, list[int]] = field(default_factory=dict)  # seq -> attempts answered done
-    refused: Counter[int] = field(default_factory=Counter)  # seq -> dones refused
     by_worker: Counter[int] = field(default_factory=Counter)  # worker -> dones answered
     outages: Counter[int] = field(default_factory=Counter)  # worker -> dones asked again
-    errors: list[BaseException] = field(default_factory=list)
-
-    def done_count(self) -> int:
-        with self.lock:
-            return len(self.dones)
 
     def done_by(self, workers: tuple[int, ...]) -> int:
         """The dones answered to ``workers``."""
@@ -154,21 +148,6 @@ class Crew:
         assert not any(thread.is_alive() for thread in self.threads)
         assert not self.ledger.errors, self.ledger.errors
         return self.ledger
-
-
-def check(ledger: Ledger, jobs: int) -> None:
-    """``test_claims_faults.check``: no done answered twice, every job claimed, nothing
-    answered done offered again, a job without an answered done refused on a retry."""
-    assert all(len(attempts) == 1 for attempts in ledger.dones.values()), {
-        seq: a for seq, a in ledger.dones.items() if len(a) > 1
-    }
-    claimed = {seq for seq, _ in ledger.claims}
-    assert claimed == set(range(1, jobs + 1))
-    for seq, attempt in ledger.claims:
-        done = ledger.dones.get(seq)
-        assert done is None or attempt <= done[0], (seq, attempt, done)
-    for seq in set(range(1, jobs + 1)) - set(ledger.dones):
-        assert ledger.refused[seq] >= 1, seq
 
 
 def post(d: DaemonProc, session: str, jobs: int) -> dict[int, str]:

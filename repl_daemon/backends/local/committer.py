@@ -57,7 +57,7 @@ from session.errors import (
 )
 from session.names import check_session_id
 from session.ops import ExpireGroups, FireTimers, Op, ack_all
-from session.rules import DEFAULT_LIMIT
+from session.rules import DEFAULT_LIMIT, GROUPS_TIMER
 from session.schedule import Schedule, Timer, timer_order
 from session.scopes import MAX_TOKENS, TokenRecord, no_such_token, token_exists, too_many_tokens
 from session.session import Session, Snapshot, Summary, no_session, session_exists
@@ -73,9 +73,6 @@ FIRE_RETRY = (0.1, 5.0)
 FIRE_SLICE = 512
 #: how many rings' images a clean stop builds and writes in one transaction
 IMAGES_AT_ONCE = 1024
-#: the id a session's groups' next deadline (SPEC §16) is indexed under in the schedule:
-#: no timer's id, which has no space
-GROUPS_TIMER = " groups"
 
 
 class Hosted:
