@@ -3,14 +3,17 @@
 Each figure against what the same work costs without it, measured in the same run,
 on one ``--memory`` daemon with settle 0:
 
-- push latency: a channel harness as Claude Code is one (JSON-RPC lines written by
-  hand on the stdin of ``repl mcp --follow push-wake``, its stdout read a line at a
-  time, as tests/e2e/test_mcp_push.py's ``Harness`` does), in a child process of its
-  own; from just before a ``send`` over TCP (the line protocol, as every other row
-  sends) to the moment the harness has read the ``notifications/claude/channel`` line.
+- push latency, in each of the two ``--ack`` modes (``agent``, the default: the server
+  acknowledges nothing, the agent does; ``pipe``: the server acknowledges a push once
+  taken and held 2 s): a channel harness as Claude Code is one (JSON-RPC lines written
+  by hand on the stdin of ``repl mcp --follow push-wake-MODE --ack MODE``, its stdout
+  read a line at a time, as tests/e2e/test_mcp_push.py's ``Harness`` does), in a child
+  process of its own; from just before a ``send`` over TCP (the line protocol, as every
+  other row sends) to the moment the harness has read the
+  ``notifications/claude/channel`` line.
   The reference is the wake row's waiter, a ``wait`` over TCP blocked on the daemon
   (bench/waiters.py), woken by the same kind of send, from just before it to the
-  wait's answer read. The two alternate round by round (bench/paired_wakes.py), each
+  wait's answer read. The three alternate round by round (bench/paired_wakes.py), each
   round waiting for the server's follow (or the wait) to be blocked in the daemon
   before its send, so one send at a time, each pushed before the next.
 - the ``send`` tool: ``tools/call`` through the official SDK's client
@@ -101,8 +104,10 @@ def server_env(port: int, home: str) -> dict[str, str]:
 class Harness:
     """``repl mcp --follow SESSION`` as a channel harness runs it: lines in, lines out."""
 
-    def __init__(self, env: dict[str, str], session: str, errlog: IO[bytes]) -> None:
-        argv = [sys.executable, "-m", "repl_cli", "mcp", "--follow", session]
+    def __init__(
+        self, env: dict[str, str], session: str, errlog: IO[bytes], ack: str = "agent"
+    ) -> None:
+        argv = [sys.executable, "-m", "repl_cli", "mcp", "--follow", session, "--ack", ack]
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errlog, env=env
         )
@@ -164,13 +169,14 @@ class PushPlan:
     session: str
     rounds: int
     errlog: str
+    ack: str
 
 
 def harness_child(plan: PushPlan, pipe: Connection) -> None:
     """The harness's process: ``("ready",)``, then ``("round", t_read_ns, seq)`` a push."""
     try:
         with open(plan.errlog, "ab") as errlog:
-            h = Harness(server_env(plan.port, plan.home), plan.session, errlog)
+            h = Harness(server_env(plan.port, plan.home), plan.session, errlog, plan.ack)
             try:
                 h.begin()
                 h.finish()
@@ -185,23 +191,35 @@ def harness_child(plan: PushPlan, pipe: Connection) -> None:
         raise
 
 
-async def push_figures(daemon: Daemon, setup: Setup) -> tuple[list[int], list[int]]:
-    """Push latencies and the TCP wait's, ns, after the warm-up."""
+@dataclass
+class Pushes:
+    """Push latencies in each ``--ack`` mode, and the TCP wait's, ns, after the warm-up."""
+
+    agent: list[int]
+    pipe: list[int]
+    tcp: list[int]
+
+
+async def push_figures(daemon: Daemon, setup: Setup) -> Pushes:
     warm, timed = push_rounds(setup.sizes)
     rounds = warm + timed
     control = await LineClient.connect(daemon.port, daemon.token)
     try:
-        await start_sessions(control, ["push-wake", "tcp-wake"], 2)
+        modes = ("agent", "pipe")
+        await start_sessions(control, ["tcp-wake", *(f"push-wake-{m}" for m in modes)], 2)
         tcp = plain_waker(daemon, control, "tcp-wake", rounds)
+        pushes: dict[str, Waker] = {}
         with children([tcp]) as started:
-            errlog = str(setup.dir("push") / "follow-stderr.log")
-            plan = PushPlan(daemon.port, str(daemon.home), "push-wake", rounds, errlog)
-            child = ChildProcess(harness_child, plan)
-            blocked, fire = waiting_on(control, "push-wake"), send_fire(control, "push-wake")
-            push = Waker("MCP push", child, blocked, fire)
-            started.append(push)
+            for mode in modes:
+                session = f"push-wake-{mode}"
+                errlog = str(setup.dir("push") / f"follow-{mode}-stderr.log")
+                plan = PushPlan(daemon.port, str(daemon.home), session, rounds, errlog, mode)
+                child = ChildProcess(harness_child, plan)
+                blocked, fire = waiting_on(control, session), send_fire(control, session)
+                pushes[mode] = Waker(f"MCP push ({mode})", child, blocked, fire)
+                started.append(pushes[mode])
             await alternate(started, rounds)
-        return push.times[warm:], tcp.times[warm:]
+        return Pushes(pushes["agent"].times[warm:], pushes["pipe"].times[warm:], tcp.times[warm:])
     finally:
         await control.close()
 
@@ -317,8 +335,13 @@ def push_rows(s: Sizes) -> list[Row]:
     return [
         *percentile_rows(
             "push",
-            "MCP push latency {} (TCP send to the channel notification read from "
-            "`repl mcp --follow`; settle 0), µs",
+            "MCP push latency {}, `--ack agent` (TCP send to the channel notification read "
+            "from `repl mcp --follow`; settle 0), µs",
+            Goal("ratio_le", 1.5, "≤ 1.5 × TCP wait woken by the send"),
+        ),
+        *percentile_rows(
+            "push_pipe",
+            "MCP push latency {}, `--ack pipe` (the same, the server acknowledging), µs",
             Goal("ratio_le", 1.5, "≤ 1.5 × TCP wait woken by the send"),
         ),
         *percentile_rows(
@@ -357,20 +380,18 @@ def push_group(setup: Setup, rows: dict[str, Row]) -> None:
         open(logs / "idle-stderr.log", "ab") as idle_log,
     ):
 
-        async def measure(
-            daemon: Daemon,
-        ) -> tuple[tuple[list[int], list[int]], Sends, IdleFollow]:
+        async def measure(daemon: Daemon) -> tuple[Pushes, Sends, IdleFollow]:
             return (
                 await push_figures(daemon, setup),
                 await send_figures(daemon, setup, send_log),
                 await idle_figures(daemon, setup, idle_log),
             )
 
-        (push, wait), sends, idle = on_daemon(
-            setup, "push-daemon", measure, memory=True, settle_ms=0
-        )
-    fill_percentiles(rows, "push", "repl", push)
-    fill_percentiles(rows, "push", "reference", wait)
+        pushes, sends, idle = on_daemon(setup, "push-daemon", measure, memory=True, settle_ms=0)
+    fill_percentiles(rows, "push", "repl", pushes.agent)
+    fill_percentiles(rows, "push", "reference", pushes.tcp)
+    fill_percentiles(rows, "push_pipe", "repl", pushes.pipe)
+    fill_percentiles(rows, "push_pipe", "reference", pushes.tcp)
     fill_percentiles(rows, "push_tool", "repl", sends.mcp)
     fill_percentiles(rows, "push_tool", "reference", sends.floor)
     fill_percentiles(rows, "push_tcp", "repl", sends.tcp)
@@ -379,7 +400,8 @@ def push_group(setup: Setup, rows: dict[str, Row]) -> None:
     warm, timed = push_rounds(setup.sizes)
     count, window_s = followers(setup.sizes)
     setup.notes.append(
-        f"push: {timed:,} pushes after {warm} (alternating with the TCP wait's), "
+        f"push: {timed:,} pushes of each mode after {warm} (alternating with the TCP "
+        "wait's), "
         f"{len(sends.mcp):,} tool calls of each kind; idle: {count} servers "
         f"{idle.cpu_servers:.2f} % and the daemon {idle.cpu_daemon:.2f} % of a core "
         f"over {window_s:g} s"
@@ -387,7 +409,8 @@ def push_group(setup: Setup, rows: dict[str, Row]) -> None:
 
 
 def rows_of(rows: dict[str, Row]) -> list[Row]:
-    keys = [f"{prefix}_{p}" for prefix in ("push", "push_tool", "push_tcp") for p in ("p50", "p99")]
+    prefixes = ("push", "push_pipe", "push_tool", "push_tcp")
+    keys = [f"{prefix}_{p}" for prefix in prefixes for p in ("p50", "p99")]
     return [rows[key] for key in [*keys, "push_idle_cpu", "push_idle_evals"]]
 
 

@@ -1545,6 +1545,14 @@ def stats(repl: Repl, session: str | None, as_json: bool) -> None:
     help="Push only the firings these senders sent (token names, root, timer, webhook); "
     "the others are acknowledged unseen.",
 )
+@click.option(
+    "--ack",
+    "ack",
+    type=click.Choice(["agent", "pipe"]),
+    default=None,
+    help="Who acknowledges what was pushed: the agent, with its ack tool or a reply "
+    "[default]; or pipe: once the client took it and stayed connected 2 s more.",
+)
 @click.pass_obj
 def mcp_command(
     repl: Repl,
@@ -1552,6 +1560,7 @@ def mcp_command(
     follow: tuple[str, ...],
     cursor: str | None,
     allow_from: tuple[str, ...],
+    ack: str | None,
 ) -> None:
     """Serve the Model Context Protocol on stdin/stdout: sessions as tools for an agent.
 
@@ -1560,14 +1569,16 @@ def mcp_command(
     (--addr, --home, --token-file, REPL_TOKEN, TLS); logs go to stderr.
     Needs the mcp extra: pip install 'repl-inbox[mcp]'.
 
-    With --follow ID it follows the session as `repl follow` does and pushes
-    each burst to the client: as a Claude Code channel message
-    (notifications/claude/channel) and as an update of the resource
-    repl://sessions/ID to a client subscribed to it. What was pushed is
-    acknowledged on the cursor once the client took it out of the pipe.
+    With --follow ID it follows the session from its cursor (--cursor, default
+    mcp) and pushes each new firing to the client: as a Claude Code channel
+    message (notifications/claude/channel) and as an update of the resource
+    repl://sessions/ID to a client subscribed to it. The agent acknowledges
+    what it handled (its ack tool, or a reply); what it did not is pushed
+    again by the next server. --ack pipe acknowledges instead once the
+    client took a push out of the pipe and stayed connected 2 s more.
     """
     try:
-        from repl_cli import mcp_server
+        from repl_cli import mcp_server, mcp_stdio
     except ImportError:
         raise CliError(
             "repl mcp needs the official MCP SDK: pip install 'repl-inbox[mcp]' "
@@ -1576,8 +1587,8 @@ def mcp_command(
     from session.names import check_cursor_name, check_session_id
     from session.scopes import check_token_name
 
-    if not follow and (cursor is not None or allow_from):
-        given = "--cursor" if cursor is not None else "--allow-from"
+    if not follow and (cursor is not None or allow_from or ack is not None):
+        given = "--cursor" if cursor is not None else "--allow-from" if allow_from else "--ack"
         raise click.UsageError(f"{given} is for what --follow pushes: give --follow ID too")
     client = repl.client
     settings = mcp_server.Settings(
@@ -1589,8 +1600,9 @@ def mcp_command(
         follow=tuple(dict.fromkeys(_checked(check_session_id, "--follow", s) for s in follow)),
         cursor=_checked(check_cursor_name, "--cursor", cursor or mcp_server.MCP_CURSOR),
         allow_from=_senders(allow_from, check_token_name) if allow_from else None,
+        ack=mcp_server.Ack(ack or "agent"),
     )
-    mcp_server.serve(settings)
+    mcp_stdio.serve(settings)
 
 
 def _checked(check: Callable[[str], str], option: str, value: str) -> str:

@@ -48,6 +48,7 @@ each its own ``cursor``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -56,8 +57,12 @@ from urllib.parse import parse_qs
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from mcp.server.context import ServerRequestContext
+from mcp.server.mcpserver import Context
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
-from mcp.server.transport_security import TransportSecuritySettings
+from mcp.server.transport_security import (
+    DEFAULT_MAX_REQUEST_BODY_SIZE,
+    TransportSecuritySettings,
+)
 from mcp.shared.exceptions import MCPError
 from mcp.types import (
     INVALID_REQUEST,
@@ -67,9 +72,11 @@ from mcp.types import (
     SubscribeRequestParams,
     UnsubscribeRequestParams,
 )
+from starlette.responses import JSONResponse
 
-from repl_cli.mcp_push import CHANNEL, MCP_CURSOR, Push
-from repl_cli.mcp_server import Server, Settings, build
+from repl_cli.mcp_push import CHANNEL, MCP_CURSOR, Ack, Held, Push
+from repl_cli.mcp_server import Server, Settings, build, push_for
+from repl_cli.mcp_stdio import DISCOVER, REFUSED
 
 if TYPE_CHECKING:
     from starlette.types import Message, Receive, Scope, Send
@@ -78,23 +85,32 @@ if TYPE_CHECKING:
 
 #: the scope's key the daemon puts the presented token under (``repl_daemon.http.mcp.TOKEN``)
 TOKEN = "repl.token"
+#: the scope's key of the request's ``Line`` (``repl_daemon.http.streams.LINE``): its
+#: ``gone`` is True once the client's connection was lost before the response ended
+LINE = "repl.line"
 SESSION_HEADER = b"mcp-session-id"
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 class Spec(NamedTuple):
-    """What a URL's query asks to be pushed: ``repl mcp``'s ``--follow``, ``--cursor``
-    and ``--allow-from``."""
+    """What a URL's query asks to be pushed: ``repl mcp``'s ``--follow``, ``--cursor``,
+    ``--allow-from`` and ``--ack``."""
 
     follow: tuple[str, ...] = ()
     cursor: str = MCP_CURSOR
     allow_from: frozenset[str] | None = None
+    ack: Ack = Ack.AGENT
+
+
+class BadQuery(ValueError):
+    """A query ``spec_of`` cannot serve, in one line."""
 
 
 def spec_of(scope: Scope) -> Spec:
-    """The query's ``follow``, ``cursor`` and ``allow_from`` (each repeatable or
-    comma-separated; the last ``cursor`` counts; ``allow_from=`` allows nobody)."""
+    """The query's ``follow``, ``cursor``, ``allow_from`` and ``ack`` (each repeatable or
+    comma-separated; the last ``cursor`` and ``ack`` count; ``allow_from=`` allows
+    nobody). ``BadQuery`` for an ``ack`` that is neither ``agent`` nor ``pipe``."""
     query = parse_qs(scope.get("query_string", b"").decode(), keep_blank_values=True)
 
     def names(key: str) -> tuple[str, ...]:
@@ -105,7 +121,15 @@ def spec_of(scope: Scope) -> Spec:
         return Spec()
     cursors = names("cursor")
     allow = frozenset(names("allow_from")) if "allow_from" in query else None
-    return Spec(follow, cursors[-1] if cursors else MCP_CURSOR, allow)
+    acks = names("ack")
+    try:
+        ack = Ack(acks[-1]) if acks else Ack.AGENT
+    except ValueError:
+        raise BadQuery(
+            f"ack={acks[-1]!r} is not agent or pipe: give ack=agent (the agent acknowledges "
+            "with the ack tool, the default) or ack=pipe (acknowledged once written)"
+        ) from None
+    return Spec(follow, cursors[-1] if cursors else MCP_CURSOR, allow, ack)
 
 
 def header(scope: Scope, name: bytes) -> str | None:
@@ -116,12 +140,17 @@ class Stream:
     """A session's GET stream: the ASGI ``send`` of its SSE response, which the SDK
     writes through ``sent`` and a push through ``write``, one whole event at a time."""
 
-    def __init__(self, send: Send, opened: Any) -> None:
+    def __init__(self, send: Send, opened: Any, line: Any) -> None:
         self.send = send
         self.opened = opened
+        self.line = line
         self.lock = anyio.Lock()
         self.open = False
         self.status = 0
+
+    def still_open(self) -> bool:
+        """Whether the response goes on and its client is still connected."""
+        return self.open and not getattr(self.line, "gone", False)
 
     async def sent(self, message: Message) -> None:
         async with self.lock:
@@ -162,8 +191,9 @@ class Slot:
         self.changed.set()
         self.changed = anyio.Event()
 
-    async def notify(self, method: str, params: dict[str, Any]) -> bool:
-        """Written to the session's open GET stream; held until one is open."""
+    async def notify(self, method: str, params: dict[str, Any]) -> Held | None:
+        """Written to the session's open GET stream (held until one is open); what it
+        went on: that stream, open or not by the time it is asked."""
         message = JSONRPCNotification(jsonrpc="2.0", method=method, params=params)
         data = message.model_dump_json(by_alias=True, exclude_unset=True)
         event = f"event: message\r\ndata: {data}\r\n\r\n".encode()
@@ -171,17 +201,17 @@ class Slot:
             changed = self.changed
             stream = self.stream
             if stream is not None and await stream.write(event):
-                return True
+                return stream.still_open
             await changed.wait()
 
 
 class Pushes:
-    """The pushes of one server (one token and one query), per MCP session."""
+    """The pushes of one server (one token and one query), per MCP session of the
+    ``initialize`` era (the 2026-07-28 era has no session over HTTP to push to: a
+    client of it gets the tools, and nothing is pushed or acknowledged for it)."""
 
     def __init__(self, server: Server, spec: Spec, tg: TaskGroup) -> None:
-        assert server.push is not None
         self.server = server
-        self.bus = server.push.bus  # its listen streams hear of every session's bursts
         self.spec = spec
         self.tg = tg
         self.slots: dict[str, Slot] = {}
@@ -201,6 +231,7 @@ class Pushes:
         low.add_request_handler(
             "resources/unsubscribe", UnsubscribeRequestParams, self._unsubscribe
         )
+        server.pushes_of = self.push_of
 
     def slot(self, session: str) -> Slot:
         return self.slots.setdefault(session, Slot())
@@ -209,13 +240,21 @@ class Pushes:
         """The MCP session ended: its follow stops (what it held stays unacknowledged)."""
         self.slots.pop(session, Slot()).scope.cancel()
 
-    def of(self, ctx: ServerRequestContext[Any]) -> Slot:
-        """The slot of the MCP session ``ctx`` came in, once it made its handshake."""
-        session = header(ctx.request.scope, SESSION_HEADER) if ctx.request else None
-        slot = self.slots.get(session) if session else None
+    def _slot_of(self, request: ServerRequestContext[Any]) -> Slot | None:
+        session = header(request.request.scope, SESSION_HEADER) if request.request else None
+        return self.slots.get(session) if session else None
+
+    def of(self, ctx: ServerRequestContext[Any]) -> Push:
+        """The pushes of the MCP session ``ctx`` came in, once it made its handshake."""
+        slot = self._slot_of(ctx)
         if slot is None or slot.push is None:
             raise MCPError(INVALID_REQUEST, "repl: this MCP session has not made its handshake")
-        return slot
+        return slot.push
+
+    def push_of(self, ctx: Context) -> Push | None:
+        """A tool's caller's pushes (``Server.push_of``)."""
+        slot = self._slot_of(ctx.request_context)
+        return None if slot is None else slot.push
 
     async def _initialized(self, ctx: ServerRequestContext[Any], params: Any) -> None:
         session = header(ctx.request.scope, SESSION_HEADER) if ctx.request else None
@@ -224,34 +263,25 @@ class Pushes:
         slot = self.slot(session)
         if slot.push is not None:
             return
-        spec = self.spec
-        push = Push(
-            spec.follow, spec.cursor, spec.allow_from, self.server.tools.connection, self.bus
-        )
-        push.handshake = True
-        slot.push = push
+        push = slot.push = push_for(self.server.tools.settings, self.server.tools)
+        push.opened()
         self.tg.start_soon(self.follow, slot, push)
 
     async def follow(self, slot: Slot, push: Push) -> None:
         with slot.scope:
-            async with anyio.create_task_group() as tg:
-                for session in push.sessions:
-                    tg.start_soon(push.follow, session, slot)
+            await push.run(slot)
 
     async def _subscribe(
         self, ctx: ServerRequestContext[Any], params: SubscribeRequestParams
     ) -> EmptyResult:
-        push = self.of(ctx).push
-        assert push is not None
+        push = self.of(ctx)
         push.subscribed.add(push.followed(params.uri))
         return EmptyResult()
 
     async def _unsubscribe(
         self, ctx: ServerRequestContext[Any], params: UnsubscribeRequestParams
     ) -> EmptyResult:
-        push = self.of(ctx).push
-        assert push is not None
-        push.subscribed.discard(params.uri)
+        self.of(ctx).subscribed.discard(params.uri)
         return EmptyResult()
 
 
@@ -287,9 +317,19 @@ class Served:
         self.lock = anyio.Lock()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        key = (scope[TOKEN], spec_of(scope))
+        try:
+            spec = spec_of(scope)
+        except BadQuery as exc:
+            await refused(400, "bad_request", str(exc))(scope, receive, send)
+            return
+        key = (scope[TOKEN], spec)
         served = self.apps.get(key) or await self.start(*key)
         session = header(scope, SESSION_HEADER)
+        if served.pushes is not None and scope["method"] == "POST":
+            replayed = await self.era(scope, receive, send)
+            if replayed is None:
+                return
+            receive = replayed
         if served.pushes is None or session is None:
             await served.app(scope, receive, send)
         elif scope["method"] == "GET":
@@ -307,6 +347,37 @@ class Served:
             if status == 404 or (scope["method"] == "DELETE" and status < 300):
                 served.pushes.end(session)
 
+    async def era(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
+        """A following URL speaks the ``initialize`` era (``repl_cli.mcp_stdio`` says why):
+        a POSTed ``server/discover`` is answered -32601 here (None: answered), anything
+        else goes on to the SDK with its body as it came (what ``receive`` then gives)."""
+        body, more = b"", True
+        while more and len(body) <= DEFAULT_MAX_REQUEST_BODY_SIZE:
+            message = await receive()
+            if message["type"] != "http.request":
+                more = False
+                break
+            body += message.get("body", b"")
+            more = bool(message.get("more_body", False))
+        try:
+            asked = json.loads(body) if not more else None
+        except ValueError:
+            asked = None
+        if isinstance(asked, dict) and asked.get("method") == DISCOVER and "id" in asked:
+            refusal = {"jsonrpc": "2.0", "id": asked["id"], "error": REFUSED.model_dump()}
+            await JSONResponse(refusal)(scope, receive, send)
+            return None
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": more}
+            return await receive()
+
+        return replay
+
     async def listened(
         self,
         app: StreamableHTTPASGIApp,
@@ -318,16 +389,9 @@ class Served:
     ) -> None:
         """A session's GET stream: open for its pushes from its 200 to its end."""
         slot = pushes.slot(session)
-        stream = Stream(send, slot.set)
-
-        async def received() -> Message:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                stream.open = False
-            return message
-
+        stream = Stream(send, slot.set, scope.get(LINE))
         try:
-            await app(scope, received, stream.sent)
+            await app(scope, receive, stream.sent)
         finally:
             stream.open = False
             if slot.stream is stream:
@@ -349,8 +413,9 @@ class Served:
                 follow=spec.follow,
                 cursor=spec.cursor,
                 allow_from=spec.allow_from,
+                ack=spec.ack,
             )
-            server = build(settings)
+            server = build(settings, per_session=True)
             pushes = Pushes(server, spec, self.tg) if spec.follow else None
             manager = StreamableHTTPSessionManager(
                 app=server.lowlevel, security_settings=self.security
@@ -358,6 +423,11 @@ class Served:
             await self.tg.start(run, manager)
             served = self.apps[token, spec] = App(StreamableHTTPASGIApp(manager), pushes)
             return served
+
+
+def refused(status: int, code: str, message: str) -> JSONResponse:
+    """A refusal of /mcp as every refusal of the daemon's HTTP is: JSON, with its code."""
+    return JSONResponse({"code": code, "message": f"repl: {message}"}, status_code=status)
 
 
 async def run(

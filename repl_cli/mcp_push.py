@@ -1,53 +1,83 @@
-"""``repl mcp --follow``: new firings pushed to the agent, acknowledged once it has them (M4).
+"""``repl mcp --follow``: new firings pushed to the agent, one notification a firing (M4).
 
-The server follows each session given with ``--follow`` as ``repl follow`` does: the
-one client API's ``follow`` (``repl_cli.aio``), which blocks in the daemon's wait (never
-polls), rides out a restart of the daemon, and acknowledges a batch on the cursor
-(``--cursor``, default ``mcp``) when it is asked for the next one. Each batch (a burst:
-what the daemon's wait returns within its settle time) is pushed as one notification:
+The server follows each session given with ``--follow``, without polling: the
+daemon's wait, first after the follow cursor (``--cursor``, default ``mcp``),
+then after the last seq this MCP session has read (``after``, which touches
+no cursor), riding out a restart of the daemon. Each firing it finds is told
+to the client as its own notification, in seq order:
 
-- ``notifications/claude/channel``, the agent-channel notification Claude Code reads,
-  to a client that made the handshake (``channel_params`` says what it holds);
-- ``notifications/resources/updated`` for ``repl://sessions/{id}`` to a client that
-  subscribed to it (``resources/subscribe``), and the same as an event of the SDK's
-  ``subscriptions/listen`` streams (the 2026-07-28 protocol's subscriptions).
+- ``notifications/claude/channel``, the agent-channel notification Claude Code
+  reads, on a connection of the ``initialize`` era (one that made the
+  handshake); ``channel_params`` says what it holds, its ``meta`` keys made
+  by ``meta_key`` so that every one matches Claude Code's filter and no two
+  tags share one;
+- ``notifications/resources/updated`` for ``repl://sessions/{id}`` to a client
+  that subscribed to it (``resources/subscribe``), and on each
+  ``subscriptions/listen`` stream that asked for it (``Listen``: the
+  2026-07-28 protocol's only path, and the one way such a client is told).
 
-Rule S9 for the MCP server: a batch is acknowledged only once its notifications were
-written to stdout and taken out of the pipe by the reader (``Pipe``: the CLI's
-``Sink``, whose looks at the pipe's unread bytes tell it), so a harness that dies before
-reading them gets them again from the next server: duplicates, never loss. A listen
-stream is the SDK's to write, and its events are level triggers ("read it again") whose
-firings stay in the resource: they are published, not confirmed.
+**No acknowledgement without a path** (rule M5): a firing counts as told only
+once a notification carrying it was written on a path the client reads: a
+channel notification after the handshake, an update to a subscriber, an
+update on an open listen stream. While there is none (a client of the
+2026-07-28 protocol with no listen stream open, say) the follow waits for
+one and moves nothing.
 
-``--allow-from`` is the gate: a firing whose sender (``Firing.by``) is not named is
-acknowledged unseen, pushed to nobody; a firing of no known sender (one stored before
-senders were recorded) passes no gate.
+**Who acknowledges** (``Ack``, rule M6):
+
+- ``agent`` (the default): nothing pushed is acknowledged by the server. The
+  agent acknowledges with the ``ack`` tool (on a following server its cursor
+  defaults to the follow cursor) or by a ``reply`` to a pushed firing; what it
+  did not acknowledge is pushed again by the next MCP session (a harness
+  restarted, a new conversation). Claude Code has no delivery receipt for a
+  channel event, and one that arrives while the model is busy waits for a
+  next turn that may never come: taken out of the pipe is not seen.
+- ``pipe``: the receipt of rule S9, for a harness that hands on every line it
+  reads: a firing is acknowledged once its notification was taken (out of the
+  pipe; handed to the GET stream over HTTP) and the client then stayed
+  connected ``HOLD_S`` seconds more, on the path it was told on. A health
+  check (``claude mcp list``: connect, list, hang up) leaves sooner and
+  consumes nothing.
+
+``--allow-from`` is the gate: a firing whose sender (``Firing.by``) is not
+named is pushed to nobody, and acknowledged as soon as everything told before
+it is (a firing of no known sender, stored before senders were recorded,
+passes no gate).
 
 What must not live here: the tools, and the resources a client reads
-(``repl_cli.mcp_server``); nothing here knows a transport but ``Pipe``.
+(``repl_cli.mcp_server``); a transport (stdio's is ``repl_cli.mcp_stdio``,
+HTTP's ``repl_cli.mcp_http``), which this module meets only as an ``Outlet``.
 """
 
 from __future__ import annotations
 
-import fcntl
+import enum
 import logging
-import os
-import select
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import aclosing, contextmanager
-from typing import Any, Protocol
+import re
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, NamedTuple, Protocol
 
 import anyio
-import msgspec
+from anyio.streams.memory import MemoryObjectSendStream
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server as LowLevelServer
-from mcp.server.subscriptions import ListenHandler, ResourceUpdated, SubscriptionBus
 from mcp.shared.exceptions import MCPError
+from mcp.shared.subscriptions import (
+    SUBSCRIPTION_ID_META_KEY,
+    ResourceUpdated,
+    event_to_notification,
+)
 from mcp.types import (
+    INTERNAL_ERROR,
     INVALID_PARAMS,
+    INVALID_REQUEST,
     EmptyResult,
     NotificationParams,
     SubscribeRequestParams,
+    SubscriptionFilter,
+    SubscriptionsAcknowledgedNotification,
+    SubscriptionsAcknowledgedNotificationParams,
     SubscriptionsListenRequestParams,
     SubscriptionsListenResult,
     UnsubscribeRequestParams,
@@ -55,17 +85,14 @@ from mcp.types import (
 
 from repl_cli import aio
 from repl_cli._common import Unavailable
-from repl_cli.errors import CliError, ReaderGone
+from repl_cli.errors import CliError
 from repl_cli.reconnect import DEFAULT_RECONNECT, FIRST_PAUSE, MAX_PAUSE
-from repl_cli.sink import Sink, pauses
 from repl_daemon import protocol as p
 from session.firing import Firing
 
-_encode = msgspec.json.Encoder().encode
-
 log = logging.getLogger("repl.mcp")
 
-#: the cursor the server acknowledges what it pushed on, unless ``--cursor`` names another
+#: the cursor a following server reads after, and the agent acknowledges on
 MCP_CURSOR = "mcp"
 #: the experimental capability a channel server declares, and its notification
 CHANNEL = "claude/channel"
@@ -74,6 +101,19 @@ UPDATED_METHOD = "notifications/resources/updated"
 #: a session as a resource; the template the server publishes for them
 SESSION_URI = "repl://sessions/"
 SESSION_TEMPLATE = SESSION_URI + "{id}"
+
+#: how long a client must stay connected after taking a push before ``--ack pipe``
+#: acknowledges it: a health check connects, lists and hangs up sooner
+HOLD_S = 2.0
+
+
+class Ack(enum.StrEnum):
+    """Who acknowledges what a following server pushed (``--ack``)."""
+
+    #: the agent, with the ``ack`` tool or a ``reply`` (the default)
+    AGENT = "agent"
+    #: the server, once the client took the push and stayed ``HOLD_S`` seconds
+    PIPE = "pipe"
 
 
 def session_uri(session: str) -> str:
@@ -95,150 +135,252 @@ def text_of(firing: Firing) -> str:
     return firing.event
 
 
-def sender(firing: Firing) -> str | None:
-    """Who sent ``firing`` (``Firing.by``), None when not known."""
-    return firing.by
-
-
 def allowed(firing: Firing, allow_from: frozenset[str] | None) -> bool:
     """Whether the gate lets ``firing`` through: no gate, or its sender is named in it."""
-    by = sender(firing)
-    return allow_from is None or (by is not None and by in allow_from)
+    return allow_from is None or (firing.by is not None and firing.by in allow_from)
+
+
+# -- a firing's meta ---------------------------------------------------------------
+
+#: what Claude Code keeps of a channel notification's meta: any other key is dropped
+META_KEY = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+#: a tag's meta key starts so: a tag can never stand in for the firing's own keys, and a
+#: key that starts with a digit (``2fa``) still starts with a letter
+TAG_PREFIX = "tag_"
+#: how a tag key's characters other than ``a-z0-9`` are written: ``-`` as ``_`` (the
+#: common one reads as it is: ``reply-to`` is ``tag_reply_to``), and ``.`` and ``_`` as
+#: their hex code between underscores, in capitals, which no tag key holds (tag keys
+#: are ``[a-z0-9][a-z0-9._-]*``), so the mapping can be read back (``tag_of``)
+_WRITTEN = {"-": "_", ".": "_2E_", "_": "_5F_"}
+_READ = {"2E_": ".", "5F_": "_"}
 
 
 def meta_key(tag: str) -> str:
-    """A tag's key as a channel attribute: ``.`` and ``-`` written ``_`` (``reply_to``)."""
-    return tag.replace(".", "_").replace("-", "_")
+    """A tag's key as a meta key: ``tag_`` and the key, ``-`` written ``_``, ``.`` and
+    ``_`` written ``_2E_`` and ``_5F_`` (``reply-to`` is ``tag_reply_to``, ``a.b``
+    ``tag_a_2E_b``, ``a_b`` ``tag_a_5F_b``, ``2fa`` ``tag_2fa``)."""
+    return TAG_PREFIX + "".join(_WRITTEN.get(c, c) for c in tag)
 
 
-def channel_params(session: str, firings: Sequence[Firing], lost: int) -> dict[str, Any]:
-    """The params of ``notifications/claude/channel`` for one burst of ``session``.
+def tag_of(key: str) -> str | None:
+    """The tag key ``meta_key`` wrote as ``key``; None for a key that is no tag's."""
+    if not key.startswith(TAG_PREFIX):
+        return None
+    written, out, i = key.removeprefix(TAG_PREFIX), [], 0
+    while i < len(written):
+        c = written[i]
+        if c == "_":
+            escaped = _READ.get(written[i + 1 : i + 4])
+            if escaped is not None:
+                out.append(escaped)
+                i += 4
+                continue
+            c = "-"
+        out.append(c)
+        i += 1
+    return "".join(out)
 
-    ``content`` is the firings' texts, one a line. ``meta`` (string values, as Claude
-    Code shows them as attributes of ``<channel source="repl" ...>``) describes the
-    burst's last firing: ``session``, ``seq`` (the last seq: the one acknowledged, and
-    the one to ``reply`` to when the burst is one request), ``handler``, ``ts``, ``by``
-    (left out when the sender is not known) and each of its tags, the key written by
-    ``meta_key``; a tag cannot stand in for one of those (they are written last).
-    ``first_seq`` is the first firing's seq when the burst holds more than one, and
-    ``lost`` the firings the ring dropped before they could be pushed, when any (then,
-    with no firing to show, the content says so).
+
+def channel_params(session: str, firing: Firing, lost: int = 0) -> dict[str, Any]:
+    """The params of ``notifications/claude/channel`` for one firing of ``session``.
+
+    ``content`` is its text. ``meta`` (string values: Claude Code shows them as the
+    attributes of ``<channel source="repl" ...>``) holds ``session``, ``seq`` (what the
+    agent acknowledges, and replies to), ``handler``, ``ts``, ``by`` (left out when the
+    sender is not known), ``lost`` when the ring dropped firings before this one could
+    be told, and each tag under ``meta_key``.
     """
-    meta: dict[str, str] = {}
-    if firings:
-        last = firings[-1]
-        meta.update((meta_key(key), value) for key, value in last.tags.items())
-        meta.update(session=session, seq=str(last.seq), handler=last.handler, ts=last.ts)
-        by = sender(last)
-        if by is not None:
-            meta["by"] = by
-        else:
-            meta.pop("by", None)
-        if len(firings) > 1:
-            meta["first_seq"] = str(firings[0].seq)
-        content = "\n".join(text_of(f) for f in firings)
-    else:
-        meta["session"] = session
-        content = f"({lost} firings of session {session} were dropped before they could be read)"
+    meta = {meta_key(key): value for key, value in firing.tags.items()}
+    meta.update(session=session, seq=str(firing.seq), handler=firing.handler, ts=firing.ts)
+    if firing.by is not None:
+        meta["by"] = firing.by
     if lost:
         meta["lost"] = str(lost)
-    return {"content": content, "meta": meta}
+    return {"content": text_of(firing), "meta": meta}
+
+
+def lost_params(session: str, lost: int, upto: int) -> dict[str, Any]:
+    """The params of the notification that tells of a loss with no firing after it:
+    ``seq`` is what acknowledges the loss."""
+    content = f"({lost} firings of session {session} were dropped before they could be read)"
+    return {"content": content, "meta": {"session": session, "seq": str(upto), "lost": str(lost)}}
+
+
+# -- where notifications go ------------------------------------------------------
+
+#: a path a notification was written on, asked later whether it is still open
+Held = Callable[[], bool]
 
 
 class Outlet(Protocol):
-    """Where a client's notifications go (stdio: ``Pipe``)."""
+    """Where a client's notifications go (stdio: ``repl_cli.mcp_stdio.Pipe``; HTTP: a
+    session's GET stream)."""
 
-    async def notify(self, method: str, params: dict[str, Any]) -> bool:
-        """Send one notification; True once the client has it, as far as the transport
-        can tell; False when the client is gone (it may not have it)."""
+    async def notify(self, method: str, params: dict[str, Any]) -> Held | None:
+        """Send one notification; once the client has it, as far as the transport can
+        tell, whether the path it went on is still open; None when the client is gone
+        (it may not have it)."""
         ...
 
 
-class Pipe(anyio.AsyncFile[str]):
-    """The server's stdout, for the SDK's stdio transport and for the pushes.
+class _Delivery:
+    """One update on its way down a listen stream: ``done`` is set once it was written
+    (``written``) or the stream ended without writing it."""
 
-    The SDK's writer writes each of its messages through ``write``; a push goes
-    through ``notify``, which returns once the reader has taken it out of the pipe.
-    One lock keeps them whole and in order, and a push holds it until its line is
-    taken (so the pipe's unread bytes are that line's: the CLI's ``Sink`` looks at
-    them). A line the pipe has room for is written at once (at most ``PIPE_BUF``
-    bytes, which a pipe takes whole, into a pipe that polls writable); any other
-    runs in a worker thread, as the SDK's own writes do: a full pipe blocks a
-    thread, never the event loop. (Handing every line to a thread cost a push
-    about 80 µs of its 400, docs/benchmarks.md.) Once the reader is gone nothing
-    more is written.
-    """
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        self.done = anyio.Event()
+        self.written = False
 
-    def __init__(self, fd: int) -> None:
-        super().__init__(os.fdopen(fd, "w", encoding="utf-8", closefd=False))
-        self.sink = Sink(fd)
-        self.lock = anyio.Lock()
-        self.gone = False
-        self._room = select.poll()
-        self._room.register(fd, select.POLLOUT)
 
-    def _fits(self, line: str) -> bool:
-        """Whether ``line`` and its newline go into the pipe now without blocking."""
-        return len(line) < select.PIPE_BUF // 4 and bool(self._room.poll(0))
+class _Stream(NamedTuple):
+    uris: frozenset[str]
+    send: MemoryObjectSendStream[_Delivery]
+    open: list[bool]  # one flag, shared with the handler that writes the stream
 
-    async def write(self, b: str) -> int:
-        async with self.lock:
-            await self._written(b.removesuffix("\n"))
-        return len(b)
 
-    async def flush(self) -> None:
-        """Each write went to the pipe whole: nothing is buffered here."""
+class Listen:
+    """Serves ``subscriptions/listen`` (the SDK's ``ListenHandler``, which tells nobody
+    whether an event was written): the acknowledgement first, then one
+    ``resources/updated`` for each update of a URI the stream asked for, written by the
+    stream's own request; ``updated`` says when it was written, and on which stream."""
 
-    async def notify(self, method: str, params: dict[str, Any]) -> bool:
-        # the line JSONRPCNotification(...).model_dump_json() writes, without pydantic
-        line = _encode({"jsonrpc": "2.0", "method": method, "params": params}).decode()
-        async with self.lock:
-            if not await self._written(line):
-                return False
-            for pause in pauses():
-                try:
-                    if self.sink.taken():
-                        return True
-                except ReaderGone:
-                    self.gone = True
-                    return False
-                await anyio.sleep(pause)
-        raise AssertionError("unreachable: pauses() never ends")  # pragma: no cover
+    #: the streams one server keeps open at once, and the updates one may have queued
+    MAX_STREAMS = 64
+    MAX_QUEUED = 1024
 
-    async def _written(self, line: str) -> bool:
-        if self.gone:
-            return False
+    def __init__(self, opened: Callable[[], None]) -> None:
+        self.streams: list[_Stream] = []
+        self.opened = opened
+
+    async def __call__(
+        self, ctx: ServerRequestContext[Any], params: SubscriptionsListenRequestParams
+    ) -> SubscriptionsListenResult:
+        rid = ctx.request_id
+        if rid is None:  # pragma: no cover - the SDK gives every request its id
+            raise MCPError(INVALID_REQUEST, "repl: subscriptions/listen needs a request id")
+        if len(self.streams) >= self.MAX_STREAMS:
+            raise MCPError(INTERNAL_ERROR, f"repl: at most {self.MAX_STREAMS} listen streams")
+        uris = frozenset(params.notifications.resource_subscriptions or ())
+        honored = SubscriptionFilter(resource_subscriptions=sorted(uris) or None)
+        meta: dict[str, Any] = {SUBSCRIPTION_ID_META_KEY: rid}
+        send, receive = anyio.create_memory_object_stream[_Delivery](self.MAX_QUEUED)
+        stream = _Stream(uris, send, [True])
+        acknowledged = SubscriptionsAcknowledgedNotificationParams(
+            notifications=honored, _meta=meta
+        )
+        await ctx.session.send_notification(
+            SubscriptionsAcknowledgedNotification(params=acknowledged), related_request_id=rid
+        )
+        self.streams.append(stream)
+        self.opened()
+        current: _Delivery | None = None
         try:
-            if self._fits(line):  # characters: at most 4 bytes each in UTF-8
-                self.sink.write(line)
-            else:
-                await anyio.to_thread.run_sync(self.sink.write, line)
-        except CliError as exc:  # the reader is gone, or stdout failed (a full disk)
-            if not isinstance(exc, ReaderGone):
-                log.error("%s", exc.message)
-            self.gone = True
-            return False
-        return True
+            async for current in receive:
+                notification = event_to_notification(ResourceUpdated(current.uri), meta)
+                await ctx.session.send_notification(notification, related_request_id=rid)
+                current.written = True
+                current.done.set()
+        finally:
+            stream.open[0] = False
+            self.streams.remove(stream)
+            send.close()
+            if current is not None:
+                current.done.set()
+            while True:  # what was never written: its waiters are told
+                try:
+                    receive.receive_nowait().done.set()
+                except (anyio.WouldBlock, anyio.EndOfStream):
+                    break
+            receive.close()
+        return SubscriptionsListenResult(_meta=meta)
+
+    async def updated(self, uri: str) -> Held | None:
+        """``uri`` updated, on every open stream that asked for it; once one wrote it, a
+        ``Held`` for that stream; None when no open stream asked for it (or none wrote it)."""
+        deliveries: list[tuple[_Delivery, _Stream]] = []
+        for stream in self.streams:
+            if uri in stream.uris:
+                delivery = _Delivery(uri)
+                try:
+                    stream.send.send_nowait(delivery)
+                except anyio.WouldBlock:
+                    continue  # a stream that does not drain is no path
+                deliveries.append((delivery, stream))
+        held: Held | None = None
+        for delivery, stream in deliveries:
+            await delivery.done.wait()
+            if delivery.written and held is None:
+                held = _open_flag(stream.open)
+        return held
 
 
-@contextmanager
-def claimed_stdout() -> Iterator[Pipe]:
-    """Stdout as a ``Pipe`` on a descriptor of its own, while fd 1 points at stderr: what
-    anything else prints cannot reach the protocol's stream (the SDK claims fd 1 so when
-    it writes stdout itself). Restored on the way out."""
-    private = fcntl.fcntl(1, fcntl.F_DUPFD_CLOEXEC, 3)
-    os.dup2(2, 1)
-    try:
-        yield Pipe(private)
-    finally:
-        os.dup2(private, 1)
-        os.close(private)
+def _open_flag(flag: list[bool]) -> Held:
+    return lambda: flag[0]
+
+
+# -- acknowledging ---------------------------------------------------------------
+
+#: ``ack(session, seq)``: the follow cursor moved to ``seq`` in the daemon
+Acknowledge = Callable[[str, int], Awaitable[None]]
+
+
+class _Due(NamedTuple):
+    seq: int
+    at: float
+    held: tuple[Held, ...]
+
+
+class _PipeAcks:
+    """``--ack pipe``'s receipts of one session: each batch told is acknowledged
+    ``HOLD_S`` after it was taken, in order, if every path it went on is still open
+    then; a batch whose path closed first stops this MCP session's acknowledgements
+    (what was told after it could move the cursor past it)."""
+
+    def __init__(self, session: str, acknowledge: Acknowledge, hold: float) -> None:
+        self.session = session
+        self.acknowledge = acknowledge
+        self.hold = hold
+        self.due: deque[_Due] = deque()
+        self.added = anyio.Event()
+        self.broken = False
+
+    def add(self, seq: int, held: Sequence[Held]) -> None:
+        now = anyio.current_time()
+        at = now + self.hold if held else max(now, self.due[-1].at if self.due else now)
+        self.due.append(_Due(seq, at, tuple(held)))
+        self.added.set()
+
+    async def run(self) -> None:
+        while not self.broken:
+            if not self.due:
+                self.added = anyio.Event()
+                await self.added.wait()
+                continue
+            first = self.due[0]
+            await anyio.sleep_until(first.at)
+            self.due.popleft()
+            if not all(held() for held in first.held):
+                log.info(
+                    "%s: the client left within %g s of a push: acknowledging no more",
+                    self.session,
+                    self.hold,
+                )
+                self.broken = True
+                return
+            try:
+                await self.acknowledge(self.session, first.seq)
+            except CliError as exc:  # the next one covers it (a cursor never moves back)
+                log.warning("acknowledging %s up to %d: %s", self.session, first.seq, exc.message)
+
+
+# -- following -------------------------------------------------------------------
 
 
 class Push:
-    """The sessions followed, the gate, and who hears of them: the client of the
-    handshake (channel notifications, and updates of what it subscribed to) and the
-    listen streams (on ``bus``)."""
+    """The sessions followed, the gate, who acknowledges, and the client's paths: the
+    handshake (channel notifications, and updates of what it subscribed to) and its
+    listen streams (``listen``)."""
 
     def __init__(
         self,
@@ -246,23 +388,34 @@ class Push:
         cursor: str,
         allow_from: frozenset[str] | None,
         connect: Callable[[float], aio.AsyncRepl],
-        bus: SubscriptionBus,
+        acknowledge: Acknowledge,
+        ack: Ack = Ack.AGENT,
+        hold: float = HOLD_S,
     ) -> None:
         self.sessions = tuple(sessions)
         self.cursor = cursor
         self.allow_from = allow_from
         self.connect = connect
-        self.bus = bus
-        self.listen = ListenHandler(bus)
-        #: a client is there to push to: it made the handshake, or opened a listen stream
-        self.ready = anyio.Event()
-        #: it made the handshake: channel notifications and subscriptions are its
-        self.handshake = False
-        #: the URIs it subscribed to
+        self.acknowledge = acknowledge
+        self.ack = ack
+        self.hold = hold
+        self.listen = Listen(self._path_opened)
+        #: set (and made anew) each time a path opens: the handshake, a listen stream
+        self.paths_opened = anyio.Event()
+        #: the client made the handshake (the ``initialize`` era): channel notifications
+        self.channel = False
+        #: the URIs it subscribed to (``resources/subscribe``, handshake era)
         self.subscribed: set[str] = set()
+        #: per session: the last seq read (what the next wait is after), the last seq told
+        #: to the client, and the highest the agent acknowledged through this server
+        self.read: dict[str, int] = {}
+        self.told: dict[str, int] = {}
+        self.agent_acked: dict[str, int] = {}
+        self.pipe_acks: dict[str, _PipeAcks] = {}
 
     def install(self, server: LowLevelServer[Any]) -> None:
-        """Serve subscriptions on ``server``, and be told when a client is there."""
+        """Serve the paths on ``server``: be told of the handshake, serve subscriptions
+        and listen streams."""
         server.add_notification_handler(
             "notifications/initialized", NotificationParams, self._initialized
         )
@@ -271,20 +424,22 @@ class Push:
             "resources/unsubscribe", UnsubscribeRequestParams, self._unsubscribe
         )
         server.add_request_handler(
-            "subscriptions/listen", SubscriptionsListenRequestParams, self._listened
+            "subscriptions/listen", SubscriptionsListenRequestParams, self.listen
         )
 
     # -- the client's side -----------------------------------------------------
 
-    async def _initialized(self, ctx: ServerRequestContext[Any], params: Any) -> None:
-        self.handshake = True
-        self.ready.set()
+    def opened(self) -> None:
+        """The client made its handshake: channel notifications reach it from now on."""
+        self.channel = True
+        self._path_opened()
 
-    async def _listened(
-        self, ctx: ServerRequestContext[Any], params: SubscriptionsListenRequestParams
-    ) -> SubscriptionsListenResult:
-        self.ready.set()
-        return await self.listen(ctx, params)
+    def _path_opened(self) -> None:
+        self.paths_opened.set()
+        self.paths_opened = anyio.Event()
+
+    async def _initialized(self, ctx: ServerRequestContext[Any], params: Any) -> None:
+        self.opened()
 
     async def _subscribe(
         self, ctx: ServerRequestContext[Any], params: SubscribeRequestParams
@@ -312,31 +467,63 @@ class Push:
             )
         return uri
 
+    # -- the agent's acknowledgements -------------------------------------------
+
+    async def agent_acknowledged(self, session: str, seq: int) -> None:
+        """The agent acknowledged ``session`` up to ``seq`` on the follow cursor: when that
+        covers everything told, what the gate kept back since is acknowledged too."""
+        if session not in self.read:
+            return
+        acked = self.agent_acked[session] = max(self.agent_acked.get(session, 0), seq)
+        behind = self.read[session]
+        if acked >= self.told.get(session, 0) and behind > acked:
+            await self._acknowledge(session, behind)
+
+    def replied_to(self, session: str, seq: int) -> int | None:
+        """What a ``reply`` to firing ``seq`` of ``session`` acknowledges in ``--ack
+        agent``: up to ``seq``, or up to what was told when ``seq`` is beyond it (the
+        agent read it elsewhere: what was not told yet must still be); None when the
+        session is not followed here or the agent does not acknowledge."""
+        if self.ack is not Ack.AGENT or session not in self.sessions:
+            return None
+        return min(seq, self.told.get(session, 0))
+
+    async def _acknowledge(self, session: str, seq: int) -> None:
+        try:
+            await self.acknowledge(session, seq)
+        except CliError as exc:
+            log.warning("acknowledging %s up to %d: %s", session, seq, exc.message)
+
     # -- following -----------------------------------------------------------
 
     async def run(self, outlet: Outlet) -> None:
-        """Follow every session, once a client is there, until cancelled."""
-        await self.ready.wait()
+        """Follow every session, until cancelled (the client gone)."""
         async with anyio.create_task_group() as tg:
             for session in self.sessions:
+                if self.ack is Ack.PIPE:
+                    acks = self.pipe_acks[session] = _PipeAcks(session, self.acknowledge, self.hold)
+                    tg.start_soon(acks.run)
                 tg.start_soon(self.follow, session, outlet)
 
     async def follow(self, session: str, outlet: Outlet) -> None:
-        """Push each batch of ``session`` until the client is gone, or the session can no
+        """Tell each firing of ``session`` until the client is gone, or the session can no
         longer be followed (stopped, missing, forbidden: said once on stderr). A daemon
         that stays away longer than the API rides out is tried again, and so is one that
-        was not there at first; each time the follow goes on from the cursor."""
+        was not there at first; each time the follow goes on from what it read."""
         tries = 0
         while True:
             try:
-                async with (
-                    self.connect(DEFAULT_RECONNECT) as repl,
-                    aclosing(repl.follow(session, cursor=self.cursor)) as batches,
-                ):
-                    async for batch in batches:
-                        tries = 0
-                        if not await self.deliver(batch, outlet):
-                            return  # the client is gone: what it did not take stays unacked
+                async with self.connect(DEFAULT_RECONNECT) as repl:
+                    while True:
+                        after = self.read.get(session)
+                        if after is None:  # the first look: after the cursor, moving nothing
+                            woken = await repl.wait(session, cursor=self.cursor)
+                        else:
+                            woken = await repl.wait(session, after=after)
+                        for batch in woken.batches:
+                            tries = 0
+                            if not await self.deliver(batch, outlet):
+                                return  # the client is gone: what it did not take stays
             except Unavailable as exc:
                 if not tries:
                     log.warning("following %s: %s; trying again", session, exc.message)
@@ -347,20 +534,45 @@ class Push:
                 return
 
     async def deliver(self, batch: p.SessionBatch, outlet: Outlet) -> bool:
-        """Push one batch; True once its notifications were taken, so that the follow
-        acknowledges it with its next wait. A batch of which the gate lets nothing through
-        is acknowledged unseen."""
+        """Tell one batch, a notification a firing; False when the client is gone."""
+        session = batch.session
         shown = [f for f in batch.firings if allowed(f, self.allow_from)]
-        if not shown and not batch.lost:
-            return True
-        uri = session_uri(batch.session)
-        if not self.handshake:
-            await self.bus.publish(ResourceUpdated(uri))
-            return True  # a listen stream's client: its events are published, not confirmed
-        told = channel_params(batch.session, shown, batch.lost)
-        if not await outlet.notify(CHANNEL_METHOD, told):  # first: the push's latency
-            return False
-        await self.bus.publish(ResourceUpdated(uri))
-        if uri in self.subscribed:
-            return await outlet.notify(UPDATED_METHOD, {"uri": uri})
+        told: list[Held] = []
+        if not shown and batch.lost:
+            held = await self.tell(session, lost_params(session, batch.lost, batch.next), outlet)
+            if held is None:
+                return False
+            told.append(held)
+        for i, firing in enumerate(shown):
+            lost = batch.lost if i == 0 else 0
+            held = await self.tell(session, channel_params(session, firing, lost), outlet)
+            if held is None:
+                return False
+            told.append(held)
+            self.told[session] = firing.seq
+        if not shown and batch.lost:
+            self.told[session] = batch.next
+        self.read[session] = batch.next
+        if self.ack is Ack.PIPE:
+            self.pipe_acks[session].add(batch.next, told)
+        elif not told and self.agent_acked.get(session, 0) >= self.told.get(session, 0):
+            await self._acknowledge(session, batch.next)  # kept back, with nothing before it
         return True
+
+    async def tell(self, session: str, params: dict[str, Any], outlet: Outlet) -> Held | None:
+        """One notification on the client's paths, once there is one: the channel after
+        the handshake (and an update to a subscriber), else an update on a listen stream
+        that asked for the session. What it went on, once written; None: the client gone."""
+        uri = session_uri(session)
+        while True:
+            opened = self.paths_opened
+            if self.channel:
+                held = await outlet.notify(CHANNEL_METHOD, params)
+                if held is not None and uri in self.subscribed:
+                    await outlet.notify(UPDATED_METHOD, {"uri": uri})
+                await self.listen.updated(uri)
+                return held
+            held = await self.listen.updated(uri)
+            if held is not None:
+                return held
+            await opened.wait()  # no path yet: nothing is told, nothing moves

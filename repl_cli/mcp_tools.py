@@ -25,7 +25,7 @@ from typing_extensions import TypedDict
 
 from repl_cli import aio
 from repl_cli.errors import CliError
-from repl_cli.mcp_push import MCP_CURSOR, sender
+from repl_cli.mcp_push import HOLD_S, MCP_CURSOR, Ack
 from session.advice import advised
 from session.firing import Firing
 
@@ -78,7 +78,7 @@ def firing_out(firing: Firing) -> FiringOut:
         event=firing.event,
         ts=firing.ts,
         tags=dict(firing.tags),
-        by=sender(firing),
+        by=firing.by,
     )
 
 
@@ -123,6 +123,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     cursor: str = MCP_CURSOR
     #: the senders whose firings are pushed (None: every sender)
     allow_from: frozenset[str] | None = None
+    #: who acknowledges what was pushed: the agent, or the pipe's receipt
+    ack: Ack = Ack.AGENT
+    #: ``--ack pipe``: how long a client must stay after taking a push
+    hold: float = HOLD_S
 
 
 class Tools:

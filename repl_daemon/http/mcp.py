@@ -13,7 +13,11 @@ data route is (``Api.authenticate``: 401 with ``WWW-Authenticate: Bearer``
 without a token, or with a wrong or revoked one), and only then handed to the
 factory's app with the token it presented in its scope (``TOKEN``), which the
 server uses for every call it makes, so each tool has exactly that token's
-rights.
+rights. It also puts there the request's ``Line`` (``repl_daemon.http.streams.LINE``),
+which the daemon's protocol marks ``gone`` when the client's connection is lost
+before the response ended: how a push server knows its client stayed on the GET
+stream it was told on (uvicorn's ``http.disconnect`` tells only a task blocked in
+``receive``, and tells it of an ended response too).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from repl_daemon.http.streams import line_of
 from session.errors import Code, ReplError
 
 if TYPE_CHECKING:
@@ -97,6 +102,7 @@ class Gate:
             return
         _, _, given = request.headers["authorization"].partition(" ")
         scope[TOKEN] = given.strip()
+        line_of(scope)  # whether its client is still there, told by the protocol (``LINE``)
         await self.served(scope, receive, send)
 
 

@@ -1,21 +1,25 @@
-"""``repl mcp --follow``: what arrives in a session pushed to the client (docs/semantics.md M4).
+"""``repl mcp --follow``: what arrives in a session pushed to the client (docs/semantics.md
+M4-M6).
 
 Two kinds of client drive the real ``repl mcp`` against a real daemon:
 
 - ``Harness`` is a channel harness as Claude Code is one: JSON-RPC lines written by
   hand on the server's stdin, its stdout read a line at a time straight from the pipe
-  (so the server sees exactly what was taken). What is checked: a pushed firing and
-  its meta; a burst as one notification; a notification left unread in the pipe is not
-  acknowledged, and the next server pushes it again; one whose reader left is not
-  acknowledged either; ``--allow-from`` pushes the allowed senders' firings and
-  acknowledges the others unseen; a daemon restart while following, and a daemon that
-  was not there when the server started; what the server declares, and its options.
+  (so the server sees exactly what was taken). What is checked: one notification a
+  firing, each with its own meta, its tag keys mapped to keys Claude Code keeps; in
+  ``--ack agent`` (the default) nothing is acknowledged until the agent's ``ack`` or
+  ``reply``, and the next server pushes what it did not acknowledge; in ``--ack pipe``
+  a push is acknowledged once taken and held 2 s, a notification left unread is not,
+  one whose reader left is not, and a health check (connect, initialize, list, hang
+  up) consumes nothing in either mode; ``--allow-from``; a daemon restart while
+  following; what the server declares, and its options.
 - The SDK's own client (``ClientSession`` over ``stdio_client``) reads the sessions as
   resources, subscribes to one (``resources/subscribe``) and is told of each new
-  firing, and listens for it over ``subscriptions/listen`` (the 2026-07-28 protocol).
+  firing, and stays in the 2026-07-28 protocol, where it is told only on a
+  ``subscriptions/listen`` stream, and nothing is acknowledged without one.
 
 Every wait is for an event (a line read with a deadline, ``anyio.fail_after``, the
-daemon's state looked at until it holds), never for time to pass.
+daemon's state looked at until it holds, a process's exit), never for time to pass.
 """
 
 from __future__ import annotations
@@ -36,13 +40,23 @@ from typing import Any
 
 import anyio
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.subscriptions import ResourceUpdated, listen
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
-from mcp.types import ResourceUpdatedNotification
+from mcp.types import DiscoverResult, ResourceUpdatedNotification
 
-from repl_cli.mcp_push import allowed, channel_params, session_of
+from repl_cli.mcp_push import (
+    META_KEY,
+    allowed,
+    channel_params,
+    lost_params,
+    meta_key,
+    session_of,
+    tag_of,
+)
 from session.firing import Firing
 from tests.helpers import Client, DaemonProc, Repl, eventually, read_line, repl_argv, unread
 
@@ -129,6 +143,14 @@ class Harness:
         params: dict[str, Any] = message["params"]
         return params
 
+    def call(self, tool: str, **arguments: Any) -> dict[str, Any]:
+        """A tool's structured result (the call insisted ok)."""
+        answer = self.request("tools/call", {"name": tool, "arguments": arguments})
+        result: dict[str, Any] = answer["result"]
+        assert not result.get("isError"), result
+        structured: dict[str, Any] = result["structuredContent"]
+        return structured
+
     def close(self) -> str:
         """Close its stdin as a harness that is done does: it exits 0; its stderr."""
         if self.proc.poll() is None:
@@ -198,7 +220,7 @@ def send(client: Client, session: str, text: str, **tags: str) -> int:
 # -- the harness's view -------------------------------------------------------------
 
 
-def test_a_firing_is_pushed_with_its_meta_and_acknowledged_once_taken(
+def test_each_firing_is_pushed_with_its_own_meta_and_waits_for_the_agents_ack(
     daemon: DaemonProc,
 ) -> None:
     repl = Repl(daemon)
@@ -208,51 +230,116 @@ def test_a_firing_is_pushed_with_its_meta_and_acknowledged_once_taken(
         assert hello["capabilities"]["experimental"] == {"claude/channel": {}}
         assert hello["capabilities"]["resources"]["subscribe"] is True
         assert "prompts" not in hello["capabilities"]
-        assert '<channel source="repl"' in hello["instructions"]
-        assert f"sessions {s} is pushed" in hello["instructions"]
-        assert "`reply`" in hello["instructions"] and "allowed" not in hello["instructions"]
+        words = hello["instructions"]
+        assert '<channel source="repl"' in words and f"sessions {s} is pushed" in words
+        assert "call `ack` with its session and seq" in words and "allowed" not in words
+        assert "256 unless" in words and "(`lost`)" in words
         first = h.channel()
         assert first["content"] == "waiting already"
         assert first["meta"]["seq"] == "1" and first["meta"]["by"] == "root"
-        eventually(lambda: repl.cursor(s, "mcp") == 1, what="the push to be acknowledged")
-
-        seq = send(repl.daemon.client(), s, "answer me", **{"reply-to": "me", "job.id": "7"})
-        pushed = h.channel()
-        assert pushed["content"] == "answer me"
-        meta = pushed["meta"]
+        # a request and a plain message in one burst: a notification each, each its meta
+        client = repl.daemon.client()
+        mine = repl.session("alice.inbox")
+        asked = send(client, s, "answer me", **{"reply-to": mine, "corr": "c-1"})
+        plain = send(client, s, "just so")
+        request, after = h.channel(), h.channel()
+        assert request["content"] == "answer me" and after["content"] == "just so"
+        meta = request["meta"]
         assert meta == {
             "session": s,
-            "seq": str(seq),
+            "seq": str(asked),
             "handler": "on-message",
             "ts": meta["ts"],
             "by": "root",
-            "reply_to": "me",
-            "job_id": "7",
+            "tag_reply_to": mine,
+            "tag_corr": "c-1",
         }
         assert meta["ts"].endswith("Z")
-        eventually(lambda: repl.cursor(s, "mcp") == seq, what="the push to be acknowledged")
+        assert after["meta"]["seq"] == str(plain) and "tag_reply_to" not in after["meta"]
+        # taken out of the pipe is not handled: nothing moves until the agent says so
+        eventually(lambda: repl.waiters(s) == 1, what="the follow to block again")
+        assert repl.cursor(s, "mcp") is None
+        assert h.call("ack", session=s, seq=1) == {"cursor": "mcp", "seq": 1}
+        assert repl.cursor(s, "mcp") == 1  # the follow cursor: the ack's default here
         unknown = h.request("prompts/get", {"name": "x"})
         assert unknown["error"]["code"] == -32601  # no prompts: not served, not declared
         assert h.close() == ""
+    # a new MCP session (a harness restarted): what was not acknowledged comes again
+    with harness(daemon, "--follow", s) as again:
+        again.initialize()
+        assert [again.channel()["meta"]["seq"] for _ in range(2)] == [str(asked), str(plain)]
+        # a reply to a pushed firing acknowledges up to it
+        replied = again.call("reply", session=s, seq=asked, text="done")
+        assert replied["duplicate"] is False and repl.cursor(s, "mcp") == asked
+        assert again.call("ack", session=s, seq=plain)["seq"] == plain
+        assert again.close() == ""
+    with harness(daemon, "--follow", s) as third:
+        third.initialize()
+        eventually(lambda: repl.waiters(s) == 1, what="the follow to wait: nothing to push")
+        assert third.pushed == [] and unread(third.proc) == 0
+        assert third.close() == ""
 
 
-def test_a_burst_is_one_notification(daemon: DaemonProc) -> None:
+def test_tag_keys_arrive_distinct_and_as_keys_claude_code_keeps(daemon: DaemonProc) -> None:
     repl = Repl(daemon)
-    s = repl.session("burst", "a", "b", "c")
-    with harness(daemon, "--follow", s, "--cursor", "agent") as h:
+    s = repl.session("keys")
+    tags = {"a.b": "1", "a_b": "2", "2fa": "3", "x-y": "4", "seq": "5", "by": "6"}
+    with harness(daemon, "--follow", s) as h:
         h.initialize()
-        burst = h.channel()
-        assert burst["content"] == "a\nb\nc"
-        assert burst["meta"]["seq"] == "3" and burst["meta"]["first_seq"] == "1"
-        # three more while the next push is held unread in the pipe: one notification
-        repl.send(s, "d")
-        eventually(lambda: unread(h.proc) > 0, what="the push of d to be written")
-        repl.send(s, "e", "f", "g")
-        assert h.channel()["content"] == "d"
-        later = h.channel()
-        assert later["content"] == "e\nf\ng" and later["meta"]["first_seq"] == "5"
-        eventually(lambda: repl.cursor(s, "agent") == 7, what="the burst to be acknowledged")
+        client = repl.daemon.client()
+        refused = client.call({"op": "send", "session": s, "text": "x", "tags": tags})
+        assert refused["code"] == "bad_tag"  # by is the daemon's to say
+        del tags["by"]
+        send(client, s, "keyed", **tags)
+        meta = h.channel()["meta"]
+        assert all(META_KEY.match(key) for key in meta), meta
+        assert {tag_of(k): v for k, v in meta.items() if tag_of(k) is not None} == tags
+        assert meta["seq"] != "5"  # a tag cannot stand in for the firing's own
+        assert h.close() == ""
+
+
+@given(keys=st.lists(st.from_regex(r"[a-z0-9][a-z0-9._-]{0,63}", fullmatch=True), max_size=8))
+def test_the_meta_key_of_a_tag_is_kept_by_claude_code_and_read_back(keys: list[str]) -> None:
+    written = [meta_key(key) for key in keys]
+    assert all(META_KEY.fullmatch(key) for key in written)
+    assert [tag_of(key) for key in written] == keys  # so no two tags share a key
+    assert not any(key in ("session", "seq", "handler", "ts", "by", "lost") for key in written)
+
+
+def test_in_pipe_mode_a_push_is_acknowledged_once_taken_and_held(daemon: DaemonProc) -> None:
+    repl = Repl(daemon)
+    s = repl.session("pipe", "a", "b")
+    with harness(daemon, "--follow", s, "--ack", "pipe", "--cursor", "piped") as h:
+        hello = h.initialize()
+        assert "acknowledged for you once you have it" in hello["instructions"]
+        assert [h.channel()["content"] for _ in range(2)] == ["a", "b"]
+        eventually(lambda: repl.cursor(s, "piped") == 2, what="the pushes to be acknowledged")
         assert repl.cursor(s, "mcp") is None  # the cursor given, not the default
+        repl.send(s, "c")
+        assert h.channel()["content"] == "c"
+        eventually(lambda: repl.cursor(s, "piped") == 3, what="c to be acknowledged")
+        assert h.close() == ""
+
+
+@pytest.mark.parametrize("mode", ["agent", "pipe"])
+def test_a_health_check_consumes_nothing(daemon: DaemonProc, mode: str) -> None:
+    """``claude mcp list`` / ``claude mcp get``: connect, initialize, list the tools, hang
+    up within a second; whatever was pushed meanwhile is not acknowledged."""
+    repl = Repl(daemon)
+    s = repl.session("health", "one", "two")
+    for _ in range(2):
+        with harness(daemon, "--follow", s, "--ack", mode) as h:
+            h.initialize()
+            assert h.request("tools/list")["result"]["tools"]
+            eventually(lambda: len(h.pushed) + unread(h.proc) > 0, what="a push to be written")
+            while unread(h.proc):
+                h.pushed.append(h.line())  # taken out of the pipe, every line
+            assert h.close() == ""  # hung up: the server exited
+        assert repl.cursor(s, "mcp") is None
+    with harness(daemon, "--follow", s, "--ack", mode) as h:  # the next session gets them
+        h.initialize()
+        assert [h.channel()["content"] for _ in range(2)] == ["one", "two"]
+        assert h.close() == ""
 
 
 def test_an_unread_notification_is_not_acknowledged_and_comes_again(
@@ -260,18 +347,17 @@ def test_an_unread_notification_is_not_acknowledged_and_comes_again(
 ) -> None:
     repl = Repl(daemon)
     s = repl.session("unread")
-    with harness(daemon, "--follow", s) as h:
+    with harness(daemon, "--follow", s, "--ack", "pipe") as h:
         h.initialize()
         eventually(lambda: repl.waiters(s) == 1, what="the follow to block in its wait")
         repl.send(s, "hello")
         eventually(lambda: unread(h.proc) > 0, what="the push to be written")
-        # written, not taken: the server holds it unacknowledged (its follow is not
-        # waiting again, which would carry the ack)
+        # written, not taken: the server holds it unacknowledged
         assert repl.cursor(s, "mcp") is None and repl.waiters(s) == 0
         h.proc.terminate()  # the harness dies with the push unread
         assert h.proc.wait(15) != 0
     assert repl.cursor(s, "mcp") is None
-    with harness(daemon, "--follow", s) as again:
+    with harness(daemon, "--follow", s, "--ack", "pipe") as again:
         again.initialize()
         assert again.channel()["content"] == "hello"  # duplicates, never loss
         eventually(lambda: repl.cursor(s, "mcp") == 1, what="the push to be acknowledged")
@@ -296,7 +382,8 @@ def test_a_reader_that_leaves_before_taking_a_push_leaves_it_unacknowledged(
         finally:
             looking.close()
 
-    with harness(daemon, "--follow", s, "--follow", t, env={"REPL_TOKEN": made["token"]}) as h:
+    args = ("--follow", s, "--follow", t, "--ack", "pipe")
+    with harness(daemon, *args, env={"REPL_TOKEN": made["token"]}) as h:
         h.initialize()
         eventually(lambda: repl.waiters(t) == 1, what="t's follow to block in its wait")
         repl.send(s, "for nobody")
@@ -315,7 +402,7 @@ def test_a_reader_that_leaves_before_taking_a_push_leaves_it_unacknowledged(
 def test_a_push_into_a_socket_is_acknowledged_once_read(daemon: DaemonProc) -> None:
     repl = Repl(daemon)
     s = repl.session("socket", "hello")
-    h = SocketHarness(daemon, "--follow", s)
+    h = SocketHarness(daemon, "--follow", s, "--ack", "pipe")
     try:
         h.initialize()
         eventually(lambda: h.unread() > 0, what="the push to be written")
@@ -332,27 +419,37 @@ def test_a_push_into_a_socket_is_acknowledged_once_read(daemon: DaemonProc) -> N
         h.ours.close()
 
 
+@pytest.mark.parametrize("mode", ["agent", "pipe"])
 def test_allow_from_pushes_the_allowed_senders_and_passes_the_others_unseen(
-    daemon: DaemonProc,
+    daemon: DaemonProc, mode: str
 ) -> None:
     repl = Repl(daemon)
     s = repl.session("gate")
-    alice, bob = sender(repl, "alice", s), sender(repl, "bob", s)
+    alice, bob = sender(repl, f"alice-{mode}", s), sender(repl, f"bob-{mode}", s)
     send(bob, s, "spam")
     send(alice, s, "hi")
-    with harness(daemon, "--follow", s, "--allow-from", "alice,carol", "--allow-from", "dave") as h:
+    gate = ("--allow-from", f"alice-{mode},carol", "--allow-from", "dave")
+    with harness(daemon, "--follow", s, *gate, "--ack", mode) as h:
         hello = h.initialize()
-        assert "sent by alice, carol, dave" in hello["instructions"]
+        assert f"sent by alice-{mode}, carol, dave" in hello["instructions"]
         first = h.channel()
-        assert first["content"] == "hi"  # bob's spam in the same burst is left out
-        assert first["meta"]["by"] == "alice" and first["meta"]["seq"] == "2"
+        assert first["content"] == "hi"  # bob's spam before it is left out
+        assert first["meta"]["by"] == f"alice-{mode}" and first["meta"]["seq"] == "2"
+        if mode == "agent":
+            h.call("ack", session=s, seq=2)
         eventually(lambda: repl.cursor(s, "mcp") == 2, what="the push to be acknowledged")
         passed = send(bob, s, "more spam")
-        # acknowledged unseen: the cursor passes it with nothing pushed
+        # acknowledged unseen, everything told before it being acknowledged
         eventually(lambda: repl.cursor(s, "mcp") == passed, what="bob's firing passed")
         send(alice, s, "last")
+        kept = send(bob, s, "spam after an unacknowledged push")
         after = h.channel()
-        assert after["content"] == "last" and after["meta"]["by"] == "alice"
+        assert after["content"] == "last" and after["meta"]["by"] == f"alice-{mode}"
+        if mode == "agent":
+            eventually(lambda: repl.waiters(s) == 1, what="the follow to wait again")
+            assert repl.cursor(s, "mcp") == passed  # "last" is not acknowledged: nor is kept
+            h.call("ack", session=s, seq=kept - 1)  # the agent handled "last": kept goes too
+        eventually(lambda: repl.cursor(s, "mcp") == kept, what="the spam after it passed")
         assert h.close() == ""
 
 
@@ -363,7 +460,7 @@ def test_a_daemon_restart_while_following(tmp_path: Path) -> None:
         s = repl.session("restart", "before")
         d.stop()
         # the daemon is not there when the server starts: it waits for it
-        with harness(d, "--follow", s) as h:
+        with harness(d, "--follow", s, "--ack", "pipe") as h:
             h.initialize()
             listing = h.request("resources/list")["error"]
             assert listing["code"] == -32603 and "no daemon at" in listing["message"]
@@ -375,7 +472,7 @@ def test_a_daemon_restart_while_following(tmp_path: Path) -> None:
             eventually(lambda: repl.waiters(s) == 1, what="the follow to block in its wait")
             d.restart(crash=True)
             repl.send(s, "after")
-            assert h.channel()["content"] == "after"
+            assert h.channel()["content"] == "after"  # not "before" again: told already
             eventually(lambda: repl.cursor(s, "mcp") == 2, what="the push to be acknowledged")
             said = h.close()
         assert f"repl: following {s}: no daemon at" in said
@@ -405,6 +502,8 @@ def test_the_options_of_the_push_are_checked(daemon: DaemonProc) -> None:
     for args, words in (
         (("--cursor", "x"), "--cursor is for what --follow pushes"),
         (("--allow-from", "alice"), "--allow-from is for what --follow pushes"),
+        (("--ack", "pipe"), "--ack is for what --follow pushes"),
+        (("--follow", "s", "--ack", "never"), "'never' is not one of 'agent', 'pipe'"),
         (("--follow", "no/such"), "session id 'no/such'"),
         (("--follow", "s", "--allow-from", "al ice"), "token name 'al ice'"),
         (("--follow", "s", "--cursor", "has space"), "cursor name 'has space'"),
@@ -413,34 +512,42 @@ def test_the_options_of_the_push_are_checked(daemon: DaemonProc) -> None:
         assert done.returncode == 64 and words in done.stderr, (args, done.stderr)
 
 
-def test_the_channel_params_of_a_burst_and_the_gate() -> None:
+def test_the_channel_params_of_a_firing_and_the_gate() -> None:
     def firing(seq: int, by: str | None, tags: dict[str, str] | None = None) -> Firing:
         return Firing(seq, "on-message", f"text {seq}", None, "T", tags or {}, by)
 
-    raw = Firing(3, "on-hook", None, "the raw event", "T", {}, None)
-    params = channel_params("s", [firing(2, "a", {"seq": "99", "session": "x"}), raw], 4)
-    assert params == {
-        "content": "text 2\nthe raw event",
+    raw = Firing(3, "on-hook", None, "the raw event", "T", {"reply-to": "me"}, "a")
+    assert channel_params("s", raw, 4) == {
+        "content": "the raw event",
         "meta": {
             "session": "s",
             "seq": "3",
             "handler": "on-hook",
             "ts": "T",
-            "first_seq": "2",
+            "by": "a",
             "lost": "4",
+            "tag_reply_to": "me",
         },
     }
-    # a tag cannot stand in for what the daemon says (an old firing's "by" tag either)
-    tagged = channel_params("s", [firing(5, None, {"by": "mallory", "session": "x"})], 0)
-    assert tagged["meta"] == {"session": "s", "seq": "5", "handler": "on-message", "ts": "T"}
-    only_lost = channel_params("s", [], 3)
-    assert only_lost["meta"] == {"session": "s", "lost": "3"}
+    # a firing stored before senders were recorded: no by, whatever its tags say
+    old = channel_params("s", firing(5, None, {"by": "mallory", "session": "x"}), 0)
+    assert old["meta"] == {
+        "session": "s",
+        "seq": "5",
+        "handler": "on-message",
+        "ts": "T",
+        "tag_by": "mallory",
+        "tag_session": "x",
+    }
+    only_lost = lost_params("s", 3, 7)
+    assert only_lost["meta"] == {"session": "s", "seq": "7", "lost": "3"}
     assert "3 firings" in only_lost["content"]
     assert allowed(firing(1, None), None) and allowed(firing(1, "a"), frozenset({"a"}))
     assert not allowed(firing(1, None), frozenset({"a"}))
     assert not allowed(firing(1, "b"), frozenset({"a"}))
     assert session_of("repl://sessions/s1") == "s1"
     assert session_of("repl://sessions/") is None and session_of("file:///x") is None
+    assert tag_of("session") is None
 
 
 def test_a_session_whose_ring_dropped_firings_is_told_so(daemon: DaemonProc) -> None:
@@ -451,8 +558,8 @@ def test_a_session_whose_ring_dropped_firings_is_told_so(daemon: DaemonProc) -> 
     with harness(daemon, "--follow", s) as h:
         h.initialize()
         told = h.channel()
-        assert told["meta"] == {"session": s, "lost": "2"}
-        eventually(lambda: repl.cursor(s, "mcp") == 2, what="the loss to be acknowledged")
+        assert told["meta"] == {"session": s, "seq": "2", "lost": "2"}
+        assert h.call("ack", session=s, seq=2)["seq"] == 2  # the loss acknowledged
         h.close()
 
 
@@ -497,7 +604,7 @@ async def test_a_subscribed_client_is_told_of_each_new_firing(daemon: DaemonProc
     async with (
         updates,
         updated,
-        sdk_client(daemon, "--follow", s, message_handler=handler) as (client, _),
+        sdk_client(daemon, "--follow", s, "--ack", "pipe", message_handler=handler) as (client, _),
     ):
         with anyio.fail_after(20):
             hello = await client.initialize()
@@ -531,18 +638,38 @@ async def test_a_subscribed_client_is_told_of_each_new_firing(daemon: DaemonProc
 
 
 @pytest.mark.anyio
-async def test_a_listening_client_is_told_of_each_new_firing(daemon: DaemonProc) -> None:
+async def test_a_client_of_the_2026_era_is_told_on_its_listen_stream_or_not_at_all(
+    daemon: DaemonProc,
+) -> None:
+    """A client that stays in the 2026-07-28 era (it adopts it without a probe, which
+    a following server refuses) has no channel: it is told on a listen stream that asked
+    for the session, and in ``--ack pipe`` nothing is acknowledged that no stream got."""
     repl = Repl(daemon)
-    s = repl.session("listen")
+    s = repl.session("listen", "before any stream")
     uri = f"repl://sessions/{s}"
-    async with sdk_client(daemon, "--follow", s) as (client, _):
+    async with sdk_client(daemon, "--follow", s, "--ack", "pipe") as (client, _):
         with anyio.fail_after(20):
-            await client.discover()  # the 2026-07-28 protocol: no handshake, listen streams
+            with pytest.raises(MCPError, match="Method not found") as refused:
+                await client.discover()
+            assert refused.value.error.code == -32601
+            client.adopt(DiscoverResult(supported_versions=["2026-07-28"], capabilities={}))
+            # no listen stream: nothing told, nothing acknowledged
+            await anyio.to_thread.run_sync(
+                lambda: eventually(lambda: repl.waiters(s) == 0, what="the follow to hold it")
+            )
+            async with listen(client, tools_list_changed=True) as elsewhere:
+                del elsewhere  # a stream that asked for something else is no path either
+                assert repl.cursor(s, "mcp") is None
             async with listen(client, resource_subscriptions=[uri]) as events:
+                assert await events.__anext__() == ResourceUpdated(uri)  # the held one
+                await anyio.to_thread.run_sync(
+                    lambda: eventually(lambda: repl.cursor(s, "mcp") == 1, what="its ack")
+                )
                 repl.send(s, "news")
                 assert await events.__anext__() == ResourceUpdated(uri)
             got = json.loads((await client.read_resource(uri)).contents[0].text)  # type: ignore[union-attr]
-            assert [f["result"] for f in got["firings"]] == ["news"]
+            assert [f["result"] for f in got["firings"]] == ["before any stream", "news"]
+    assert repl.cursor(s, "mcp") == 1  # news went on a stream that closed within 2 s
 
 
 @pytest.mark.anyio

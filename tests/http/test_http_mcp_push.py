@@ -1,12 +1,16 @@
 """Pushes over Streamable HTTP (SPEC §14 "Over HTTP too", §17): ``/mcp?follow=ID`` pushes each
-burst to every MCP session of that URL over its GET stream, against a daemon started as
+firing to every MCP session of that URL over its GET stream, against a daemon started as
 ``repl daemon`` starts it, driven by the SDK's own client with the bearer token.
 
 What is checked: a firing sent after the client connected is pushed as
 ``notifications/claude/channel`` with its meta and ``by``, and as
-``notifications/resources/updated`` to a client that subscribed; ``allow_from`` pushes
-only the senders it names and the cursor passes the others; two clients of one token
-of their own cursors each get every push. Every wait is for an event (``anyio.fail_after``).
+``notifications/resources/updated`` to a client that subscribed; the agent acknowledges
+with its ``ack`` tool (``ack=agent``, the default), or the push is acknowledged once
+handed to the GET stream and held 2 s (``ack=pipe``); a health check acknowledges nothing
+in either; ``server/discover`` is refused with -32601, so that Claude Code makes the
+handshake its channels need; ``allow_from`` pushes only the senders it names and the
+cursor passes the others; two clients of one token of their own cursors each get every
+push. Every wait is for an event (``anyio.fail_after``, the daemon's state looked at).
 """
 
 from __future__ import annotations
@@ -26,8 +30,8 @@ from mcp.shared._context_streams import create_context_streams
 from mcp.shared.exceptions import MCPDeprecationWarning
 from mcp.types import JSONRPCNotification, ResourceUpdatedNotification
 
-from repl_cli.mcp_http import Spec, spec_of
-from repl_cli.mcp_push import CHANNEL, CHANNEL_METHOD, UPDATED_METHOD
+from repl_cli.mcp_http import BadQuery, Spec, spec_of
+from repl_cli.mcp_push import CHANNEL, CHANNEL_METHOD, UPDATED_METHOD, Ack
 from tests.helpers import Client, DaemonProc, eventually
 
 pytestmark = pytest.mark.anyio
@@ -130,7 +134,7 @@ async def test_a_firing_is_pushed_with_its_meta_and_by(mcpd: DaemonProc) -> None
         method, params = await a.next()
         assert method == CHANNEL_METHOD and params["content"] == "hello"
         meta = params["meta"]
-        assert (meta["session"], meta["seq"], meta["by"], meta["reply_to"]) == (
+        assert (meta["session"], meta["seq"], meta["by"], meta["tag_reply_to"]) == (
             "hp-a",
             "1",
             "root",
@@ -160,7 +164,11 @@ async def test_allow_from_pushes_only_those_senders_and_the_cursor_passes_the_ot
             "from alice",
             "alice",
         )
-        eventually(lambda: cursor_of(mcpd, "hp-gate", "t2") == 2, what="the cursor at 2")
+        # the agent's ack: its default cursor, here, is the follow's
+        acked = await a.session.call_tool("ack", {"session": "hp-gate", "seq": 2})
+        assert acked.structured_content == {"cursor": "t2", "seq": 2}
+        root.ok({"op": "send", "session": "hp-gate", "text": "from root again"})
+        eventually(lambda: cursor_of(mcpd, "hp-gate", "t2") == 3, what="the cursor at 3")
 
 
 async def test_two_clients_of_one_token_each_get_every_push(mcpd: DaemonProc) -> None:
@@ -186,15 +194,19 @@ def test_the_query_says_what_to_follow() -> None:
         ("a", "b"), "y", frozenset()
     )
     assert spec("follow=a&allow_from=al,bo") == Spec(("a",), "mcp", frozenset({"al", "bo"}))
+    assert spec("follow=a&ack=agent&ack=pipe").ack is Ack.PIPE
+    with pytest.raises(BadQuery, match="ack='never' is not agent or pipe"):
+        spec("follow=a&ack=never")
 
 
 async def test_a_push_is_held_until_the_session_opens_its_get_stream(mcpd: DaemonProc) -> None:
     """By hand: the handshake (made twice), a subscription refused before it, a GET of a
     session that is not there (404), and the firing that came before the GET stream opened,
-    pushed on it once it did, and only then acknowledged."""
+    pushed on it once it did, and acknowledged (``ack=pipe``) once the stream stayed open
+    2 s after it."""
     root = mcpd.client()
     root.ok({"op": "start", "session": "hp-held"})
-    url = f"http://127.0.0.1:{mcpd.http_port}/mcp?follow=hp-held&cursor=t4"
+    url = f"http://127.0.0.1:{mcpd.http_port}/mcp?follow=hp-held&cursor=t4&ack=pipe"
     headers = {
         "Authorization": f"Bearer {mcpd.token}",
         "Accept": "application/json, text/event-stream",
@@ -232,10 +244,89 @@ async def test_a_push_is_held_until_the_session_opens_its_get_stream(mcpd: Daemo
         assert gone.status_code == 404
         with anyio.fail_after(BOUND):
             async with http.stream("GET", url, headers=sid) as stream:
-                async for line in stream.aiter_lines():
-                    if line.startswith("data:"):
-                        pushed = json.loads(line.removeprefix("data:"))
-                        break
+                lines = stream.aiter_lines()  # not left (which would close the stream)
+                while not (line := await lines.__anext__()).startswith("data:"):
+                    pass
+                pushed = json.loads(line.removeprefix("data:"))
+                assert cursor_of(mcpd, "hp-held", "t4") == 0
+                await anyio.to_thread.run_sync(
+                    lambda: eventually(lambda: cursor_of(mcpd, "hp-held", "t4") == 1, what="1")
+                )
         assert (pushed["method"], pushed["params"]["content"]) == (CHANNEL_METHOD, "held")
-        eventually(lambda: cursor_of(mcpd, "hp-held", "t4") == 1, what="the cursor at 1")
         await http.delete(url, headers=sid)
+
+
+HEADERS = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25"}
+
+
+async def handshake(http: httpx2.AsyncClient, url: str) -> dict[str, str]:
+    """The ``initialize`` handshake by hand; the MCP session's header."""
+    init = {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "health", "version": "1"},
+    }
+    opened = await http.post(
+        url, json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init}
+    )
+    assert opened.status_code == 200, opened.text
+    sid = {"mcp-session-id": opened.headers["mcp-session-id"]}
+    told = await http.post(
+        url, headers=sid, json={"jsonrpc": "2.0", "method": "notifications/initialized"}
+    )
+    assert told.status_code == 202
+    return sid
+
+
+async def test_discover_is_refused_so_that_the_handshake_is_made(mcpd: DaemonProc) -> None:
+    """Claude Code's probe over HTTP, as it sends it: -32601 on a following URL (it falls
+    back to the handshake), the SDK's answer on a URL that follows nothing."""
+    probe = {
+        "jsonrpc": "2.0",
+        "id": "server-discover-probe-1",
+        "method": "server/discover",
+        "params": {
+            "_meta": {
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientInfo": {"name": "claude-code", "version": "2"},
+                "io.modelcontextprotocol/clientCapabilities": {},
+            }
+        },
+    }
+    headers = {**HEADERS, "Authorization": f"Bearer {mcpd.token}"}
+    base = f"http://127.0.0.1:{mcpd.http_port}/mcp"
+    async with httpx2.AsyncClient(headers=headers, timeout=30) as http:
+        refused = await http.post(f"{base}?follow=hp-probe", json=probe)
+        assert refused.status_code == 200
+        assert refused.json()["id"] == "server-discover-probe-1"
+        assert refused.json()["error"]["code"] == -32601
+        bad = await http.post(f"{base}?follow=hp-probe&ack=never", json=probe)
+        assert bad.status_code == 400 and bad.json()["code"] == "bad_request"
+        assert "ack='never'" in bad.json()["message"]
+
+
+@pytest.mark.parametrize("mode", ["agent", "pipe"])
+async def test_a_health_check_over_http_consumes_nothing(mcpd: DaemonProc, mode: str) -> None:
+    """Connect, make the handshake, open the GET stream, take a push, list the tools and
+    hang up (DELETE) at once: nothing acknowledged; the next session gets it again."""
+    root = mcpd.client()
+    name = f"hp-health-{mode}"
+    root.ok({"op": "start", "session": name})
+    root.ok({"op": "send", "session": name, "text": "first"})
+    url = f"http://127.0.0.1:{mcpd.http_port}/mcp?follow={name}&ack={mode}"
+    headers = {**HEADERS, "Authorization": f"Bearer {mcpd.token}"}
+    async with httpx2.AsyncClient(headers=headers, timeout=30) as http:
+        for _ in range(2):
+            sid = await handshake(http, url)
+            with anyio.fail_after(BOUND):
+                async with http.stream("GET", url, headers=sid) as stream:
+                    async for line in stream.aiter_lines():
+                        if line.startswith("data:"):
+                            assert json.loads(line.removeprefix("data:"))["params"]["content"]
+                            break
+                    listed = await http.post(
+                        url, headers=sid, json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+                    )
+                    assert listed.status_code == 200
+                    await http.delete(url, headers=sid)
+        assert cursor_of(mcpd, name, "mcp") == 0
