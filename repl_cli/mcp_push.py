@@ -361,8 +361,9 @@ class _PipeAcks:
             await anyio.sleep_until(first.at)
             self.due.popleft()
             if not all(held() for held in first.held):
-                log.info(
-                    "%s: the client left within %g s of a push: acknowledging no more",
+                log.warning(
+                    "following %s: the client left within %g s of a push: nothing more is "
+                    "acknowledged by this server",
                     self.session,
                     self.hold,
                 )

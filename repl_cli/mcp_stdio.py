@@ -96,8 +96,9 @@ class Pipe(anyio.AsyncFile[str]):
         """Each write went to the pipe whole: nothing is buffered here."""
 
     def there(self) -> bool:
-        """Whether the reader is still there, as far as the writes have told."""
-        return not self.gone
+        """Whether the reader is still there: no write found it gone, and the pipe (or
+        socket) still has its reader."""
+        return not self.gone and self.sink.reader_there()
 
     async def notify(self, method: str, params: dict[str, Any]) -> Held | None:
         # the line JSONRPCNotification(...).model_dump_json() writes, without pydantic

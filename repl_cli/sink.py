@@ -143,6 +143,11 @@ class Sink:
             raise ReaderGone()
         return self._unread[0] == 0
 
+    def reader_there(self) -> bool:
+        """One look: whether the reader of a pipe or a socket is still there (True for
+        anything else, which cannot tell)."""
+        return not ((self.pipe or self.socket) and self._left())
+
     def _left(self) -> bool:
         """Whether the reader is gone: POLLERR or POLLHUP on our end, always reported."""
         if self._poller is None:

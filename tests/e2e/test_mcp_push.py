@@ -321,6 +321,25 @@ def test_in_pipe_mode_a_push_is_acknowledged_once_taken_and_held(daemon: DaemonP
         assert h.close() == ""
 
 
+def test_in_pipe_mode_a_reader_that_leaves_within_the_hold_stops_the_acks(
+    daemon: DaemonProc,
+) -> None:
+    """It took the push out of the pipe, then closed its end (its stdin still open): not
+    there 2 s later, so nothing is acknowledged by this server any more."""
+    repl = Repl(daemon)
+    s = repl.session("pipe-left", "taken then left")
+    with harness(daemon, "--follow", s, "--ack", "pipe") as h:
+        h.initialize()
+        assert h.channel()["content"] == "taken then left"
+        assert h.proc.stdout is not None
+        h.proc.stdout.close()
+        h.proc.stdout = None
+        warned = f"following {s}: the client left within 2 s of a push"
+        eventually(lambda: warned in h.log.read_text(), what="the server to see it gone")
+        assert repl.cursor(s, "mcp") is None
+        assert warned in h.close()
+
+
 @pytest.mark.parametrize("mode", ["agent", "pipe"])
 def test_a_health_check_consumes_nothing(daemon: DaemonProc, mode: str) -> None:
     """``claude mcp list`` / ``claude mcp get``: connect, initialize, list the tools, hang
