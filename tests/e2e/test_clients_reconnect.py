@@ -15,7 +15,7 @@ can reach them are shown through a relay between a client and the daemon
 (``FaultRelay``): a request written just as the daemon closed the connection is
 answered ``idle_timeout`` and is sent once more (rule 2; a keyless send is recorded
 once); a request whose answer is lost is sent again only when a repeat cannot change
-what it did (rule 3: a keyed send, a read; never a keyless send).
+what it did (rule 3: a keyed send, a read; never a keyless send), and once only.
 """
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from repl_cli import aio, api
+from repl_cli._common import resendable
 from repl_cli.errors import ReaderGone
+from repl_daemon import protocol as p
 from repl_daemon.config import Limits
 from tests.helpers import Client, DaemonProc, Repl, daemon_config, eventually, inproc_daemon
 
@@ -334,8 +336,9 @@ def test_a_wait_cut_off_by_its_reader_leaving_leaves_no_answer_for_the_next(
 
 
 class FaultRelay:
-    """A TCP relay to a daemon that plays one fault on the next request line of a
-    connection that has made its auth, then relays as a wire does:
+    """A TCP relay to a daemon that, once armed, plays a fault on the next request line of
+    a connection that has made its auth (``times`` such lines, each on its own
+    connection), and otherwise relays as a wire does:
 
     - ``hold``: the request is kept from the daemon, which then closes the connection for
       its idle timeout; its ``idle_timeout`` line reaches the client (as when a request is
@@ -349,8 +352,14 @@ class FaultRelay:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.addr = f"127.0.0.1:{self.listener.getsockname()[1]}"
         self.fault: str | None = None
+        self.left = 0
+        #: set once the fault armed was played as many times as asked
         self.played = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
+
+    def arm(self, fault: Literal["hold", "drop"], times: int = 1) -> None:
+        self.played.clear()
+        self.fault, self.left = fault, times
 
     def close(self) -> None:
         self.listener.close()
@@ -379,7 +388,7 @@ class FaultRelay:
                     data = near.recv(65536)
                     if not data:
                         return
-                    fault, self.fault = (self.fault, None) if authed else (None, self.fault)
+                    fault = self.fault if authed else None
                     if fault is None:
                         far.sendall(data)
                         continue
@@ -393,7 +402,10 @@ class FaultRelay:
                             break
                     if fault == "hold":
                         near.sendall(told)
-                    self.played.set()
+                    self.left -= 1
+                    if not self.left:
+                        self.fault = None
+                        self.played.set()
                     return
 
 
@@ -421,12 +433,11 @@ async def test_a_request_answered_idle_timeout_is_sent_once_more(
     s = Repl(daemon).session("held")
     async with relayed(kind, daemon, relay) as calls:
         assert await calls.send(s, "before") == 1
-        relay.fault = "hold"
+        relay.arm("hold")
         assert await calls.send(s, "keyless") == 2  # held, closed for idleness, sent again
         assert relay.played.is_set()
         assert head(daemon, s) == 2  # the held request never ran; the second one did, once
-        relay.played.clear()
-        relay.fault = "hold"
+        relay.arm("hold")
         assert await calls.wait(s) == ["before", "keyless"]  # a wait, the same
         assert relay.played.is_set()
 
@@ -437,14 +448,53 @@ async def test_a_lost_answer_is_sent_again_only_when_a_repeat_changes_nothing(
 ) -> None:
     s = Repl(daemon).session("lost")
     async with relayed(kind, daemon, relay) as calls:
-        relay.fault = "drop"
+        relay.arm("drop")
         assert await calls.send(s, "keyed", key="k1") == 1  # sent again: the first's seq
-        relay.played.clear()
-        relay.fault = "drop"
+        relay.arm("drop")
         assert await calls.read(s) == ["keyed"]  # a look: sent again
-        relay.played.clear()
-        relay.fault = "drop"
+        relay.arm("drop")
         with pytest.raises(api.Unavailable, match="closed the connection"):
             await calls.send(s, "keyless")  # carried out, its answer lost: not sent again
         assert relay.played.is_set()
         assert await calls.read(s) == ["keyed", "keyless"]  # recorded once each
+        relay.arm("drop", times=2)
+        with pytest.raises(api.Unavailable, match="closed the connection"):
+            await calls.read(s)  # sent again once, its answer lost again: no third time
+        assert relay.played.is_set()
+
+
+def test_which_requests_a_lost_answer_may_repeat() -> None:
+    """Rule 3's table: what a repeat cannot change, and nothing else."""
+    again = [
+        p.Ping(),
+        p.Stats(),
+        p.Sessions(),
+        p.Cursors(session="s"),
+        p.Read(session="s", cursor="c"),
+        p.Timers(),
+        p.Groups(session="s"),
+        p.Claims(session="s"),
+        p.Ack(session="s", seq=1),
+        p.Send(session="s", text="t", key="k"),
+        p.Schedule(session="s", in_="5m", key="k"),
+        p.Token(action="list"),
+    ]
+    never = [
+        p.Send(session="s", text="t"),
+        p.Schedule(session="s", in_="5m"),
+        p.Start(session="s", exist_ok=True),
+        p.Stop(session="s"),
+        p.Poll(session="s"),
+        p.Buffer(session="s", limit=5),
+        p.Finish(session="s", claim="c"),
+        p.Release(session="s", claim="c"),
+        p.Extend(session="s", claim="c"),
+        p.Group(session="s", group="g"),
+        p.Cancel(session="s", timer="t"),
+        p.SetWebhook(session="s", secret=None),
+        p.Token(action="add", name="n"),
+        p.Token(action="revoke", name="n"),
+        p.Shutdown(),
+    ]
+    assert [r for r in again if not resendable(r)] == []
+    assert [r for r in never if resendable(r)] == []
