@@ -43,6 +43,35 @@ def typed(exc: CliError) -> CliError:
     return exc
 
 
+#: the requests whose repeat changes nothing the first did not and answers as the first did:
+#: those that only look, and an ack (a cursor set to the greater of where it is and the seq)
+_REPEATABLE = (
+    p.Ping,
+    p.Stats,
+    p.Sessions,
+    p.Cursors,
+    p.Read,
+    p.Timers,
+    p.Groups,
+    p.Claims,
+    p.Ack,
+)
+
+
+def resendable(request: p.Request) -> bool:
+    """Whether ``request`` may be sent again when its answer was lost (the connection broke
+    after it was written: it may have been carried out). A send or a schedule with a dedup
+    key may (the repeat records nothing and answers the first's seq, or timer, marked
+    duplicate); one without a key may not (it would be recorded twice), nor anything else
+    that changes what it finds (start, stop, poll, buffer, done, release, extend, group,
+    cancel, webhook, token add and revoke, shutdown): its caller is told, and decides."""
+    if isinstance(request, p.Send | p.Schedule):
+        return request.key is not None
+    if isinstance(request, p.Token):
+        return request.action == "list"
+    return isinstance(request, _REPEATABLE)
+
+
 def log_note(message: str) -> None:
     """Where the APIs tell an outage: the ``repl`` logger (the CLI tells it on stderr)."""
     import logging  # here: the CLI, which tells on stderr, need not load it on every run

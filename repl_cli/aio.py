@@ -11,8 +11,12 @@
 The same methods, answers (the protocol's msgspec Structs) and errors
 (``api.Error``, ``api.Unavailable``) as ``repl_cli.api``; ``wait`` and
 ``follow`` ride out a daemon restart for ``reconnect`` seconds the same way,
-sleeping without blocking the event loop. One ``AsyncRepl`` is one
-connection: give each task that waits its own.
+sleeping without blocking the event loop, and every call rides out an idle
+close or a restart between two calls as ``repl_cli.api``'s do (the rules are
+``repl_cli/_async/operations.py``'s, one path for both). One ``AsyncRepl`` is
+one connection: give each task that waits its own. A call cancelled before
+its answer came leaves that answer owed on the connection, so the next call
+is made on a new one.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import anyio
-from anyio.abc import ByteStream
+from anyio.abc import ByteStream, SocketAttribute
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from repl_cli._async.operations import AsyncOperations
@@ -32,6 +36,7 @@ from repl_cli.client import (
     HTTP_PROBE_AFTER,
     Opening,
     Where,
+    closed_by_daemon,
     connection_closed,
     decode_answer,
     encoded,
@@ -87,6 +92,9 @@ class AsyncRepl(AsyncOperations):
         self.note = note or log_note
         self._stream: ByteStream | None = None
         self._lines: BufferedByteReceiveStream | None = None
+        #: a request was written and its answer not read (a call cancelled meanwhile left
+        #: it on the connection, where the next call must not take it for its own)
+        self._owed = False
         #: a daemon answered once: only then is a lost connection an outage to ride out
         self._connected_once = False
 
@@ -96,6 +104,7 @@ class AsyncRepl(AsyncOperations):
 
     async def aclose(self) -> None:
         stream, self._stream, self._lines = self._stream, None, None
+        self._owed = False
         if stream is not None:
             with anyio.CancelScope(shield=True):
                 await stream.aclose()
@@ -147,19 +156,22 @@ class AsyncRepl(AsyncOperations):
         probe: Opening | None = None,
     ) -> R:
         """Send ``request`` and read its answer (within ``within`` s, None: however long a
-        wait takes); a broken link is ``Unavailable``. ``probe``: the host and port to ask
-        whether an HTTP server answers there, when the answer is slow to come (the auth)."""
+        wait takes); a broken link is ``AnswerLost``. ``probe`` (the auth, on the connection
+        just opened): the host and port to ask whether an HTTP server answers there, when
+        the answer is slow to come."""
         data = encoded(request)
-        if self._stream is None:
-            await self._connect()
+        if probe is None:
+            await self._open()
         assert self._stream is not None and self._lines is not None
         try:
             with anyio.fail_after(math.inf if within is None else within):
+                self._owed = True
                 await self._stream.send(data)
                 line = await self._answer(probe)
+                self._owed = False
         except TimeoutError:
             await self.aclose()
-            raise typed(no_answer(self.addr, within or 0)) from None
+            raise no_answer(self.addr, within or 0) from None
         except (
             OSError,
             anyio.EndOfStream,
@@ -168,8 +180,20 @@ class AsyncRepl(AsyncOperations):
             anyio.ClosedResourceError,
         ):
             await self.aclose()
-            raise typed(connection_closed(self.addr)) from None
+            raise connection_closed(self.addr) from None
         return decode_answer(line, expect, self.addr)
+
+    async def _open(self) -> None:
+        """A connection that can carry a request: this one, unless the daemon closed it
+        (``client.closed_by_daemon``) or a cancelled call's answer is owed on it, else a
+        new one."""
+        stream, lines = self._stream, self._lines
+        if stream is not None and lines is not None:
+            raw = stream.extra(SocketAttribute.raw_socket)
+            if self._owed or closed_by_daemon(raw, len(lines.buffer)):
+                await self.aclose()
+        if self._stream is None:
+            await self._connect()
 
     async def _answer(self, probe: Opening | None) -> bytes:
         assert self._lines is not None
@@ -187,13 +211,10 @@ class AsyncRepl(AsyncOperations):
 
     # -- the primitives of the operations -------------------------------------------
 
-    async def _call(self, request: p.Request, expect: type[R]) -> R:
-        try:
-            return await self._exchange(request, expect, CALL_TIMEOUT)
-        except CliError as exc:
-            raise typed(exc) from None
+    async def _request(self, request: p.Request, expect: type[R]) -> R:
+        return await self._exchange(request, expect, CALL_TIMEOUT)
 
-    async def _woken(self, request: p.Request, expect: type[R]) -> R:
+    async def _blocking(self, request: p.Request, expect: type[R]) -> R:
         return await self._exchange(request, expect, None)
 
     def _answered_once(self) -> bool:

@@ -21,6 +21,14 @@ when it came from the daemon. ``wait`` and ``follow`` reconnect as ``repl
 wait`` and ``repl follow`` do (``reconnect`` seconds, 300 by default), and
 log the outage on the ``repl`` logger instead of stderr.
 
+A ``Repl`` may sit idle as long as its program likes: a connection the
+daemon closed meanwhile (its ``--idle-timeout``, or a restart between two
+calls) is replaced by the next call, which is answered with no error; a
+request the daemon answered ``idle_timeout`` is sent once more, and one whose
+answer was lost is sent again only when a repeat cannot change what it did
+(``repl_cli/_async/operations.py`` states the rules: a keyless send is never
+sent twice behind the caller's back).
+
 The asynchronous twin is ``repl_cli.aio``. Both are one body of operations
 (``repl_cli/_async/operations.py``, hand-written, and its blocking rewrite
 ``repl_cli/_sync/operations.py``) over each side's own I/O: here a blocking
@@ -41,11 +49,9 @@ from repl_cli._common import (
     Unavailable,
     as_match,
     log_note,
-    typed,
 )
 from repl_cli._sync.operations import Operations
 from repl_cli.client import Client
-from repl_cli.errors import CliError
 from repl_cli.reconnect import DEFAULT_RECONNECT, Reconnect
 from repl_daemon import protocol as p
 from session.firing import CursorInfo, Firing
@@ -113,15 +119,11 @@ class Repl(Operations):
 
     # -- the primitives of the operations -------------------------------------------
 
-    def _call(self, request: p.Request, expect: type[R]) -> R:
-        try:
-            return self.client.call(request, expect)
-        except CliError as exc:
-            raise typed(exc) from None
+    def _request(self, request: p.Request, expect: type[R]) -> R:
+        return self.client.call(request, expect)
 
-    def _woken(self, request: p.Request, expect: type[R]) -> R:
-        self.client.send(request)
-        return self.client.receive(expect, timeout=None, watch=self.watch)
+    def _blocking(self, request: p.Request, expect: type[R]) -> R:
+        return self.client.call(request, expect, timeout=None, watch=self.watch)
 
     def _answered_once(self) -> bool:
         return self.client.connected_once

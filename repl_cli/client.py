@@ -18,17 +18,21 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from repl_cli.errors import ERROR, USAGE, CliError, ReaderGone, from_wire, unavailable
+from repl_cli.errors import (
+    ERROR,
+    USAGE,
+    AnswerLost,
+    CliError,
+    ReaderGone,
+    from_wire,
+    unavailable,
+)
 from repl_daemon import protocol as p
 from repl_daemon.locations import DEFAULT_ADDR, TLS_SCHEME, default_home, split_addr
 from session.errors import Code
 
 # how long an ordinary request may take; a wait has no client-side limit
 CALL_TIMEOUT = 30.0
-# a connection quiet this long is replaced before the next request: the
-# daemon closes idle ones (after its --idle-timeout), and a slow reader of our
-# stdout can keep us quiet between printing a batch and acknowledging it
-REFRESH_AFTER = 1.0
 
 R = TypeVar("R", bound=p.Response)
 
@@ -128,13 +132,33 @@ def no_answer(addr: str, seconds: float) -> CliError:
     )
 
 
-def connection_closed(addr: str, reason: str = "") -> CliError:
-    """The daemon closed the connection, or it broke (75); ``reason`` the system's words."""
+def connection_closed(addr: str, reason: str = "") -> AnswerLost:
+    """The daemon closed the connection, or it broke, before an answer came (75);
+    ``reason`` the system's words."""
     because = f" ({reason})" if reason else ""
-    return unavailable(
+    return AnswerLost(
         f"the daemon at {addr} closed the connection{because}: "
         "check it with `repl ping` and run the command again"
     )
+
+
+def closed_by_daemon(sock: Any, buffered: int) -> bool:
+    """Whether the daemon wrote to, or closed, a connection that owes no answer: looked at
+    before a request is written on it, without blocking, by both APIs (``sock`` the socket,
+    the raw one under anyio's; ``buffered`` the bytes the client read and did not use).
+
+    The daemon writes nothing unasked but the line it closes a connection with (its idle
+    timeout's ``idle_timeout``, a revoked token's refusal), and a daemon that stopped or
+    died left an end of stream: whatever there is to read, the connection is finished,
+    and is replaced before anything is sent on it (the request is then certainly not
+    run twice: it was never written on the old one). TLS's own records (a session ticket
+    that came after the auth's answer) would look the same and cost one needless
+    reconnect, never a wrong answer.
+    """
+    pending = getattr(sock, "pending", None)  # what TLS decrypted already is not polled
+    if buffered or (pending is not None and pending()):
+        return True
+    return bool(select.select([sock], [], [], 0)[0])
 
 
 class Where:
@@ -294,7 +318,6 @@ class Client(Where):
         self._buf = bytearray()
         self._scanned = 0
         self._outstanding = 0  # requests sent and not yet answered
-        self._quiet_since = 0.0
         #: how long connecting, and an ordinary request, may take (not a wait)
         self.timeout = CALL_TIMEOUT
         #: a daemon answered this client once: only then is a lost connection an outage to
@@ -333,14 +356,13 @@ class Client(Where):
         sock.settimeout(None)  # deadlines are kept by _fill, which can also watch stdout
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock = sock
-        self._quiet_since = time.monotonic()
         try:  # a token that cannot be read is no reason to probe for TLS
             auth = opening.auth()
         except CliError:
             self.close()
             raise
         try:
-            self.send(auth)
+            self._write(encoded(auth))  # not send: the connection is the one just opened
             if not self._readable(HTTP_PROBE_AFTER):
                 slow = opening.slow(http_answers(host, port, self.tls))
                 if slow is not None:
@@ -369,21 +391,35 @@ class Client(Where):
 
     # -- requests ----------------------------------------------------------
 
-    def call(self, request: p.Request, expect: type[R]) -> R:
-        """Send one request and decode its answer as ``expect``."""
+    def call(
+        self,
+        request: p.Request,
+        expect: type[R],
+        *,
+        timeout: float | None = OWN_TIMEOUT,
+        watch: int | None = None,
+    ) -> R:
+        """Send one request and decode its answer as ``expect`` (``receive`` says what
+        ``timeout`` and ``watch`` are)."""
+        if self._outstanding:  # a call cut off (Ctrl-C, a reader gone) left its answer owed
+            self.close()
         self.send(request)
-        return self.receive(expect)
+        return self.receive(expect, timeout=timeout, watch=watch)
 
     def send(self, request: p.Request) -> None:
         self.send_raw(encoded(request))
 
     def send_raw(self, data: bytes) -> None:
-        """Put encoded requests on the wire (several at once when pipelining)."""
-        quiet = time.monotonic() - self._quiet_since
-        if self._sock is not None and not self._outstanding and quiet > REFRESH_AFTER:
+        """Put encoded requests on the wire (several at once when pipelining), on a new
+        connection when the daemon closed this one meanwhile (``closed_by_daemon``)."""
+        sock = self._sock
+        if sock is not None and not self._outstanding and closed_by_daemon(sock, len(self._buf)):
             self.close()
         if self._sock is None:
             self.connect()
+        self._write(data)
+
+    def _write(self, data: bytes) -> None:
         assert self._sock is not None
         try:
             self._sock.sendall(data)
@@ -402,7 +438,6 @@ class Client(Where):
         """
         line = self._line(self.timeout if timeout == OWN_TIMEOUT else timeout, watch)
         self._outstanding -= 1
-        self._quiet_since = time.monotonic()
         return decode_answer(line, expect, self.addr, self._from_env)
 
     def _line(self, timeout: float | None, watch: int | None) -> bytes:

@@ -41,6 +41,15 @@ def unavailable(message: str) -> CliError:
     return CliError(message, UNAVAILABLE)
 
 
+class AnswerLost(CliError):
+    """Exit 75: the connection closed or broke before a request's answer came, so the request
+    may or may not have been carried out (the client API sends again only what a repeat
+    cannot change: ``repl_cli._common.resendable``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, UNAVAILABLE)
+
+
 def not_utf8_message(what: str, detail: str) -> str:
     """The one line for text that is not UTF-8, from stdin or an argument alike (exit 1)."""
     return (

@@ -130,7 +130,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Tools:
-    """The tools' shared connection (for the calls that answer at once) and their errors."""
+    """The tools' shared connection (for the calls that answer at once) and their errors.
+
+    The shared connection lives as long as the server: the API replaces it when the
+    daemon closed it (an idle agent, a restart), so an agent's next call is answered
+    whatever it did meanwhile (``AsyncOperations._call``, the one reconnect path)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings

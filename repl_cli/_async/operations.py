@@ -7,11 +7,44 @@ This module is the hand-written one. ``scripts/unasync.py`` rewrites it into
 async one can never drift apart (httpcore keeps its two halves so).
 
 An operation is written against a few primitives that each side provides
-for its kind of I/O: ``_call`` (one request, one answer, an outage raised as
-``Unavailable``), ``_woken`` (a wait's request and its answer, however long
-it blocks), ``_clock`` and ``_sleep`` (the event loop's, or the process's),
-``aclose`` and ``addr``. ``repl_cli.aio.AsyncRepl`` provides them over an
-anyio stream, ``repl_cli.api.Repl`` over a blocking socket.
+for its kind of I/O: ``_request`` (one request, one answer), ``_blocking``
+(a wait's request and its answer, however long it blocks), ``_clock`` and
+``_sleep`` (the event loop's, or the process's), ``aclose`` and ``addr``.
+``repl_cli.aio.AsyncRepl`` provides them over an anyio stream,
+``repl_cli.api.Repl`` over a blocking socket.
+
+Every request goes through one reconnect path, ``_call`` (and ``_woken`` for
+a wait or a claim): the same for both APIs, ``repl mcp`` and each ``/mcp``
+session, all built on them. The daemon closes a connection that sent nothing
+for its ``--idle-timeout`` (60 s), and a daemon restarted between two calls
+left the first one's connection ended; an agent that thought for a minute
+must get its next call answered, not an error. What may be sent again, and
+when, is decided by what proves that a request was not carried out:
+
+1. **Before a request is written**, each side looks at its connection without
+   blocking (``repl_cli.client.closed_by_daemon``): when the daemon wrote to it
+   unasked (the ``idle_timeout`` line it closes with) or ended it (a restart,
+   a crash), it is replaced and nothing was sent on it. A connection that owes
+   the answer of a call cut off before it came (a cancelled task, Ctrl-C) is
+   replaced too, so no call takes another's answer for its own.
+2. **An answer that is ``idle_timeout``** proves the request was never run:
+   the daemon writes that line and closes before it reads anything more (a
+   request that reached it would have reset its clock). Any request is then
+   sent once more on a new connection, transparently (the window is the
+   moment between the look of 1 and the write).
+3. **An answer lost** (the connection closed or broke after the request was
+   written: the daemon killed mid-request) proves nothing: the request may
+   have been carried out. It is sent once more only when a repeat cannot
+   change what the first did (``repl_cli._common.resendable``: a request that
+   only looks, an ack, a send or schedule with a dedup key); anything else (a
+   keyless send, a poll, a claim's done) is raised as ``Unavailable``, and the
+   caller decides.
+
+Once more means once: a second failure is raised. A daemon that is away is
+not waited for here (``Unavailable`` at once); riding out an outage is
+``wait``'s, ``follow``'s and ``claim``'s own (``repl_cli.reconnect.Outage``),
+which re-send their request whatever the failure, since a wait that returned
+nothing consumed nothing.
 """
 
 from __future__ import annotations
@@ -29,10 +62,11 @@ from repl_cli._common import (
     as_match,
     no_firing,
     reply_tags,
+    resendable,
     typed,
     wait_cursor,
 )
-from repl_cli.errors import ERROR, USAGE, CliError
+from repl_cli.errors import ERROR, USAGE, AnswerLost, CliError
 from repl_cli.reconnect import Outage
 from repl_daemon import protocol as p
 from session.errors import Code
@@ -70,13 +104,14 @@ class AsyncOperations(abc.ABC):
         """Close the connection; the next call connects again."""
 
     @abc.abstractmethod
-    async def _call(self, request: p.Request, expect: type[R]) -> R:
-        """``request``'s answer, as an ``expect``; every failure as a typed ``Error``."""
+    async def _request(self, request: p.Request, expect: type[R]) -> R:
+        """``request``'s answer, as an ``expect``, on the connection (a new one when there
+        is none, or the daemon closed it: rule 1 of the module's docstring); a failure as a
+        ``CliError``, ``AnswerLost`` when the connection ended before the answer came."""
 
     @abc.abstractmethod
-    async def _woken(self, request: p.Request, expect: type[R]) -> R:
-        """A blocking request's answer (a wait's, a claim's), however long it blocks; a
-        lost link is an ``Error`` (75)."""
+    async def _blocking(self, request: p.Request, expect: type[R]) -> R:
+        """``_request`` for a request that blocks (a wait, a claim), however long it does."""
 
     @abc.abstractmethod
     def _answered_once(self) -> bool:
@@ -101,6 +136,34 @@ class AsyncOperations(abc.ABC):
         trace: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+    # -- the one reconnect path (the module's docstring) -----------------------------
+
+    async def _call(self, request: p.Request, expect: type[R]) -> R:
+        """``request``'s answer, sent once more when the first try proves it may be (rules
+        2 and 3); every failure as a typed ``Error``."""
+        try:
+            return await self._request(request, expect)
+        except CliError as exc:
+            if not _again(request, exc, blocking=False):
+                raise typed(exc) from None
+        await self.aclose()
+        try:
+            return await self._request(request, expect)
+        except CliError as exc:
+            raise typed(exc) from None
+
+    async def _woken(self, request: p.Request, expect: type[R]) -> R:
+        """A blocking request's answer (a wait's, a claim's), sent once more after an
+        ``idle_timeout`` answer (rule 2); any other failure goes to the caller, which
+        rides out an outage (an ``Error``, 75, when the link is lost)."""
+        try:
+            return await self._blocking(request, expect)
+        except CliError as exc:
+            if not _again(request, exc, blocking=True):
+                raise
+        await self.aclose()
+        return await self._blocking(request, expect)
 
     # -- the daemon ----------------------------------------------------------
 
@@ -507,3 +570,11 @@ class AsyncOperations(abc.ABC):
         if not batch.firings:
             raise no_firing(session, seq, batch)
         return batch.firings[0]
+
+
+def _again(request: p.Request, exc: CliError, *, blocking: bool) -> bool:
+    """Whether a request that failed with ``exc`` is sent once more (the module's rules 2
+    and 3; a blocking one's lost answer is its caller's to ride out)."""
+    if exc.code == Code.IDLE_TIMEOUT:
+        return True
+    return not blocking and isinstance(exc, AnswerLost) and resendable(request)

@@ -19,10 +19,11 @@ from repl_cli._common import (
     as_match,
     no_firing,
     reply_tags,
+    resendable,
     typed,
     wait_cursor,
 )
-from repl_cli.errors import ERROR, USAGE, CliError
+from repl_cli.errors import ERROR, USAGE, AnswerLost, CliError
 from repl_cli.reconnect import Outage
 from repl_daemon import protocol as p
 from session.errors import Code
@@ -60,13 +61,14 @@ class Operations(abc.ABC):
         """Close the connection; the next call connects again."""
 
     @abc.abstractmethod
-    def _call(self, request: p.Request, expect: type[R]) -> R:
-        """``request``'s answer, as an ``expect``; every failure as a typed ``Error``."""
+    def _request(self, request: p.Request, expect: type[R]) -> R:
+        """``request``'s answer, as an ``expect``, on the connection (a new one when there
+        is none, or the daemon closed it: rule 1 of the module's docstring); a failure as a
+        ``CliError``, ``AnswerLost`` when the connection ended before the answer came."""
 
     @abc.abstractmethod
-    def _woken(self, request: p.Request, expect: type[R]) -> R:
-        """A blocking request's answer (a wait's, a claim's), however long it blocks; a
-        lost link is an ``Error`` (75)."""
+    def _blocking(self, request: p.Request, expect: type[R]) -> R:
+        """``_request`` for a request that blocks (a wait, a claim), however long it does."""
 
     @abc.abstractmethod
     def _answered_once(self) -> bool:
@@ -91,6 +93,34 @@ class Operations(abc.ABC):
         trace: TracebackType | None,
     ) -> None:
         self.close()
+
+    # -- the one reconnect path (the module's docstring) -----------------------------
+
+    def _call(self, request: p.Request, expect: type[R]) -> R:
+        """``request``'s answer, sent once more when the first try proves it may be (rules
+        2 and 3); every failure as a typed ``Error``."""
+        try:
+            return self._request(request, expect)
+        except CliError as exc:
+            if not _again(request, exc, blocking=False):
+                raise typed(exc) from None
+        self.close()
+        try:
+            return self._request(request, expect)
+        except CliError as exc:
+            raise typed(exc) from None
+
+    def _woken(self, request: p.Request, expect: type[R]) -> R:
+        """A blocking request's answer (a wait's, a claim's), sent once more after an
+        ``idle_timeout`` answer (rule 2); any other failure goes to the caller, which
+        rides out an outage (an ``Error``, 75, when the link is lost)."""
+        try:
+            return self._blocking(request, expect)
+        except CliError as exc:
+            if not _again(request, exc, blocking=True):
+                raise
+        self.close()
+        return self._blocking(request, expect)
 
     # -- the daemon ----------------------------------------------------------
 
@@ -493,3 +523,11 @@ class Operations(abc.ABC):
         if not batch.firings:
             raise no_firing(session, seq, batch)
         return batch.firings[0]
+
+
+def _again(request: p.Request, exc: CliError, *, blocking: bool) -> bool:
+    """Whether a request that failed with ``exc`` is sent once more (the module's rules 2
+    and 3; a blocking one's lost answer is its caller's to ride out)."""
+    if exc.code == Code.IDLE_TIMEOUT:
+        return True
+    return not blocking and isinstance(exc, AnswerLost) and resendable(request)

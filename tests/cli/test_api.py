@@ -132,7 +132,7 @@ def test_follow_with_count_rides_out_an_outage_for_its_last_ack() -> None:
         def close(self) -> None:
             pass
 
-        def _call(self, request: p.Request, expect: type[R]) -> R:
+        def _request(self, request: p.Request, expect: type[R]) -> R:
             assert isinstance(request, p.Ack)
             if self.refusals:
                 self.refusals -= 1
@@ -140,7 +140,7 @@ def test_follow_with_count_rides_out_an_outage_for_its_last_ack() -> None:
             self.acks.append((request.cursor, request.seq))
             return expect(cursor=request.cursor, seq=request.seq)  # type: ignore[call-arg]
 
-        def _woken(self, request: p.Request, expect: type[R]) -> R:
+        def _blocking(self, request: p.Request, expect: type[R]) -> R:
             assert expect is p.Woken
             firings = [
                 Firing(n, "on-message", f"f{n}", None, "2026-12-04T00:00:00.000Z", NO_TAGS)
