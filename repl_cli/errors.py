@@ -53,6 +53,11 @@ class ReaderGone(Exception):
     """Whoever reads our stdout went away: stop quietly, acknowledging nothing more."""
 
 
+class WriteFailed(CliError):
+    """Stdout failed for another reason than a reader gone (a full disk, a terminal gone):
+    one line and status 1, acknowledging nothing more, as for a reader gone."""
+
+
 class Interrupted(Exception):
     """Ctrl-C: stop quietly with status 130 (click would otherwise print a blank line)."""
 

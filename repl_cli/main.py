@@ -835,7 +835,8 @@ def claim(
     "seq", "attempt", "lease_until", "lost"}. Every firing of the session
     goes to one claimer of the group at a time; readers and other groups
     see every firing as before. Exit status 2: --timeout passed, nothing
-    taken. A claimer whose reader is gone gives the firing back at once.
+    taken. A claimer that cannot write the firing (its reader gone, a full
+    disk, a terminal gone) gives it back at once.
     """
     from repl_cli.claiming import deliver_claim
     from repl_cli.sink import Sink
