@@ -57,7 +57,16 @@ from typing import Literal
 
 import msgspec
 
-from session.errors import BadClaim, BadMax, BadSeq, BadSessionId, BadTime, LeaseLost, TooMany
+from session.errors import (
+    BadClaim,
+    BadMax,
+    BadSeq,
+    BadSessionId,
+    BadTime,
+    Forbidden,
+    LeaseLost,
+    TooMany,
+)
 from session.firing import ms_to_ts
 from session.names import check_cursor_name, check_session_id
 from session.rules import (
@@ -116,6 +125,20 @@ def too_many_groups(session: str) -> TooMany:
     return TooMany(
         f"session {session!r} has {MAX_GROUPS} groups, its limit: "
         "claim from one of them (`repl groups` lists them)"
+    )
+
+
+def unseen_dead_letter(session: str, name: str) -> Forbidden:
+    """A new group refused because whoever asked for it (a scoped token) does not see the
+    dead-letter session it would have, ``SESSION.dead`` (SPEC §11, §16): a token never
+    has a session it does not see started or written through a group it made. Worded
+    once, for the core and the Redis scripts alike."""
+    dead = default_dead_letter(session)
+    return Forbidden(
+        f"session {session!r} has no group {name!r}, and a new group would send its dead "
+        f"letters to {dead!r}, which this token does not see: make the group first with a "
+        f"dead-letter session the token sees (`repl group {session} {name} --dead-letter "
+        f"SESSION`), or with a token that sees {dead!r}"
     )
 
 

@@ -372,6 +372,9 @@ class ClaimFiring(msgspec.Struct, frozen=True):
     lease_ms: int
     match: Match | None = None
     from_now: bool = False
+    #: False when the claimer (a scoped token) does not see ``SESSION.dead``: a group this
+    #: claim would make is refused (``forbidden``), never made (SPEC §11, §16)
+    sees_default_dead_letter: bool = True
 
     def check(self) -> None:
         check_cursor_name(self.group)
@@ -390,6 +393,7 @@ class ClaimFiring(msgspec.Struct, frozen=True):
                 self.lease_ms,
                 self.match,
                 self.from_now,
+                self.sees_default_dead_letter,
             )
         finally:
             changed, groups.changed = groups.changed, earlier or groups.changed
@@ -478,6 +482,9 @@ class ConfigureGroup(msgspec.Struct, frozen=True):
     max_attempts: int | None = None
     dead_letter: str | None = None
     from_now: bool = False
+    #: as ``ClaimFiring``'s: a group made without ``dead_letter`` by whoever does not see
+    #: ``SESSION.dead`` is refused
+    sees_default_dead_letter: bool = True
 
     def check(self) -> None:
         check_cursor_name(self.group)
@@ -495,6 +502,7 @@ class ConfigureGroup(msgspec.Struct, frozen=True):
             self.max_attempts,
             self.dead_letter,
             self.from_now,
+            self.sees_default_dead_letter,
         )
         session.stepped(True)
         return info

@@ -58,6 +58,7 @@ from session.errors import (
     UnknownOp,
 )
 from session.firing import Batch, Firing, ms_to_ts
+from session.groups import default_dead_letter
 from session.names import check_cursor_name, check_session_id
 from session.ops import (
     Ack,
@@ -318,6 +319,14 @@ class Engine:
                 "a scoped token starts only sessions its patterns cover: give an id "
                 f"that matches {', '.join(scope.patterns)}"
             )
+        named = req.dead_letter if isinstance(req, p.Group) else None
+        if named is not None and not scope.covers(named):
+            # a group's dead letters are written there: a session the token cannot see
+            # would be started or written through it (SPEC §11, §16)
+            raise Forbidden(
+                "a scoped token names as a group's dead-letter session only a session "
+                f"its patterns cover: give one that matches {', '.join(scope.patterns)}"
+            )
         return view
 
     def check_right(self, token: TokenRecord | None, right: str, session_id: Any = None) -> None:
@@ -421,9 +430,9 @@ class Engine:
             case p.Token():
                 return self._token(req)
             case p.Claim():
-                return self.claim(req, committer)
+                return self.claim(req, committer, _sees_dead(token, req))
             case p.Finish() | p.Release() | p.Extend() | p.Group() | p.Groups() | p.Claims():
-                return group_step(req, committer, self.clock.now_ms())
+                return group_step(req, committer, self.clock.now_ms(), _sees_dead(token, req))
             case p.Auth():
                 # a connection authenticates once: a second auth would answer ok for a
                 # token nobody checked, or switch a connection's identity mid-stream
@@ -675,16 +684,30 @@ class Engine:
 
     # -- groups and claims (SPEC §16) --------------------------------------------
 
-    def claim(self, req: p.Claim, committer: Sessions) -> Outcome[p.Response]:
+    def claim(
+        self, req: p.Claim, committer: Sessions, sees_dead_letter: bool = True
+    ) -> Outcome[p.Response]:
         """Block until the group has a firing to take, and take it (``ClaimWait``). Every
-        value is checked first: a refused claim takes nothing and makes no group."""
+        value is checked first: a refused claim takes nothing and makes no group.
+        ``sees_dead_letter`` False: the claimer does not see the default dead-letter
+        session, so a group the claim would make is refused (``forbidden``)."""
         check_session_id(req.session)
         ClaimFiring(req.group, 0, req.lease_ms, req.match, req.from_now).check()
         if req.timeout_ms is not None and req.timeout_ms < 0:
             raise BadRequest(f"timeout_ms {req.timeout_ms} is negative")
         if isinstance(committer, Scoped) and committer.hides(req.session):
             raise no_session(req.session)
-        return Outcome.of(ClaimWait(self.waits, req, self.clock.now_ms, self._pass_on))
+        waiting = ClaimWait(self.waits, req, self.clock.now_ms, self._pass_on, sees_dead_letter)
+        return Outcome.of(waiting)
+
+
+def _sees_dead(
+    token: TokenRecord | None,
+    req: p.Claim | p.Finish | p.Release | p.Extend | p.Group | p.Groups | p.Claims,
+) -> bool:
+    """Whether ``token`` (None: the root) sees the dead-letter session a new group of the
+    request's session would have (``SESSION.dead``): if not, it makes no group (SPEC §16)."""
+    return token is None or token.scope.covers(default_dead_letter(req.session))
 
 
 def _unknown(req: Never) -> NoReturn:

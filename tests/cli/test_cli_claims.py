@@ -143,9 +143,15 @@ def test_a_bad_claim_or_token_is_refused_and_changes_nothing(repl: Repl, s: str)
 
 
 def test_a_read_token_claims_and_finishes_but_makes_no_group(repl: Repl, s: str) -> None:
+    """A worker's token that sees its session alone claims from a group made for it; its
+    first claim makes none (the group's dead letters would go to s.dead, which it does
+    not see: tests/e2e/test_tokens.py), and `repl group` needs admin."""
     token = repl.ok("token", "add", f"worker-{s}", "--sessions", s, "--can", "read").strip()
     env = {**repl.env, "REPL_TOKEN": token}
     repl.ok("send", s, "job")
+    refused = repl.run("claim", s, "--timeout", "30", env=env)
+    assert refused.returncode == 77 and "make the group first" in refused.stderr
+    repl.ok("group", s, "work")  # by the root, who sees s.dead
     out = repl.run("claim", s, "--timeout", "30", env=env)
     assert out.returncode == 0, out.stderr
     assert repl.run("done", s, out.stdout.splitlines()[0], env=env).returncode == 0

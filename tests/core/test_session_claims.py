@@ -30,6 +30,7 @@ from session.errors import (
     BadSessionId,
     BadTag,
     BadTime,
+    Forbidden,
     LeaseLost,
     TooMany,
 )
@@ -554,6 +555,39 @@ def test_configure_creates_or_sets_and_refuses_without_creating() -> None:
     assert configure(s, "late", from_now=True) == GroupInfo("late", 1, 0, 0, 0, 0, 5, "jobs.dead")
     assert configure(s, "early", visible=0).done == 0
     assert [i.name for i in infos(s)] == ["early", "late", "work"]
+
+
+def test_whoever_does_not_see_the_default_dead_letter_makes_no_group() -> None:
+    """A scoped token that does not see ``ID.dead`` (``sees_default_dead_letter`` False)
+    makes no group by its claim, nor by ``group`` without a dead-letter session of its own:
+    forbidden, nothing changed. A group that exists (made by whoever sees its dead
+    letters) is claimed and configured as ever, and one made naming its own dead-letter
+    session is made."""
+    s = Session("jobs", 8)
+    send(s)
+    before, changes = s.snapshot(), s.changes
+    refused = [
+        ClaimFiring("work", NOW, LEASE, sees_default_dead_letter=False),
+        ConfigureGroup("work", NOW, max_attempts=2, sees_default_dead_letter=False),
+    ]
+    for op in refused:
+        op.check()
+        with pytest.raises(Forbidden) as caught:
+            op.run(s, None)
+        assert caught.value.message == (
+            "session 'jobs' has no group 'work', and a new group would send its dead letters "
+            "to 'jobs.dead', which this token does not see: make the group first with a "
+            "dead-letter session the token sees (`repl group jobs work --dead-letter "
+            "SESSION`), or with a token that sees 'jobs.dead'"
+        )
+        assert (s.snapshot(), s.changes) == (before, changes)
+    own = ConfigureGroup("mine", NOW, dead_letter="jobs.mine", sees_default_dead_letter=False)
+    assert own.run(s, None).dead_letter == "jobs.mine"
+    configure(s)  # made by whoever sees jobs.dead
+    for op in refused:
+        op.run(s, None)  # the group is there: claimed, configured
+    assert leases(s) == [Lease("work", 1, 1, NOW + LEASE)]
+    assert info(s).max_attempts == 2
 
 
 def test_a_group_is_made_once_and_found_after() -> None:

@@ -249,9 +249,17 @@ def test_extend_moves_the_lease_on(web_api: Web) -> None:
 
 
 def test_a_read_only_token_claims_and_finishes_but_makes_no_group(web_api: Web) -> None:
+    """A worker's token that sees its session alone claims from a group made for it: its
+    own first claim would make one whose dead letters go to a session it does not see
+    (403, nothing made), and making a group needs admin."""
     s = web_api.session()
     web_api.send(s, "job")
     worker = scoped(web_api, "worker-claims", [s], ["read"])
+    status, refused = call(worker, "POST", f"/sessions/{s}/groups/work/claim?timeout=0")
+    assert (status, refused["code"]) == (403, "forbidden")
+    assert refused["message"].startswith(f"session '{s}' has no group 'work', and a new group")
+    assert groups(web_api, s) == []
+    assert call(web_api, "PUT", f"/sessions/{s}/groups/work", {})[0] == 200  # the root's
     taken = claim(worker, s)
     assert taken["claim"] == "work:1:1"
     assert step(worker, s, taken["claim"], "extend")[0] == 200
