@@ -31,7 +31,7 @@ from repl_daemon.engine.wait import Wait, Waiters, _State
 from session.claims import Taken
 from session.errors import NoSuchSession, ReplError
 from session.firing import Firing, ms_to_ts
-from session.groups import Lease
+from session.groups import Lease, default_dead_letter
 from session.ops import (
     ClaimFiring,
     ClaimTable,
@@ -41,6 +41,7 @@ from session.ops import (
     GroupTable,
     Release,
 )
+from session.scopes import TokenRecord
 
 log = logging.getLogger("repl.daemon")
 
@@ -153,15 +154,22 @@ class ClaimWait(Wait):
         given.settle(lambda _, __: None)
 
 
+def sees_dead_letter(token: TokenRecord | None, session_id: str) -> bool:
+    """Whether ``token`` (None: the root) sees the dead-letter session a new group of
+    ``session_id`` would have (``SESSION.dead``): if not, it makes no group (SPEC §11, §16:
+    a token never has a session it does not see started or written through a group)."""
+    return token is None or token.scope.covers(default_dead_letter(session_id))
+
+
 def group_step(
     req: p.Finish | p.Release | p.Extend | p.Group | p.Groups | p.Claims,
     sessions: Sessions,
     now: int,
-    sees_dead_letter: bool = True,
+    token: TokenRecord | None = None,
 ) -> Outcome[p.Response]:
-    """The answer to a request about groups that is no claim: one step of the core at
-    ``now`` (done, release, extend, a group's settings) or a look (groups, claims);
-    ``sees_dead_letter`` as ``ClaimWait``'s, for a group ``group`` would make."""
+    """The answer to a request about groups that is no claim, made with ``token`` (None:
+    the root): one step of the core at ``now`` (done, release, extend, a group's settings)
+    or a look (groups, claims)."""
     rid, c = req.id, sessions
     match req:
         case p.Finish():
@@ -176,8 +184,9 @@ def group_step(
                 lambda ms: p.Extended(id=rid, lease_until=ms_to_ts(ms), lease_until_ms=ms)
             )
         case p.Group():
+            sees = sees_dead_letter(token, req.session)  # for a group this makes
             op = ConfigureGroup(
-                req.group, now, req.max_attempts, req.dead_letter, req.from_now, sees_dead_letter
+                req.group, now, req.max_attempts, req.dead_letter, req.from_now, sees
             )
             made = c.execute(req.session, op)
             return made.then(lambda info: p.GroupRow(id=rid, group=info))

@@ -182,6 +182,20 @@ async def test_a_scoped_tokens_claim_tools_stay_inside_its_patterns(mcpd: Daemon
     assert [(c["seq"], c["attempt"]) for c in claims] == [(1, 1)]
 
 
+async def test_a_wait_names_each_session_once_and_at_most_1024(mcpd: DaemonProc) -> None:
+    root = mcpd.client()
+    root.ok({"op": "start", "session": "h-w1"})
+    root.ok({"op": "send", "session": "h-w1", "text": "one"})
+    async with agent(mcpd, mcpd.token) as session:
+        refused = await session.call_tool("wait", {"sessions": ["h-w1"] * 1_025, "timeout_s": 0})
+        assert refused.is_error
+        assert refused.content[0].text == (  # type: ignore[union-attr]
+            "repl: sessions names 1,025: one wait takes at most 1,024"
+        )
+        got = await call(session, "wait", sessions=["h-w1"] * 1_024, timeout_s=0)
+        assert [b["session"] for b in got["batches"]] == ["h-w1"]
+
+
 def test_no_token_or_a_wrong_one_is_401(mcpd: DaemonProc) -> None:
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic x"}):
         status, answer, body = post(mcpd, headers)
