@@ -76,6 +76,7 @@ WIRE: dict[str, tuple[int, str]] = {
     Code.BAD_TIME: (USAGE, ""),
     Code.BAD_TAG: (USAGE, ""),
     Code.BAD_CLAIM: (USAGE, ""),
+    Code.BAD_GROUP_NAME: (USAGE, ""),
     Code.LEASE_LOST: (ERROR, ""),
     Code.CURSOR_AFTER_HEAD: (ERROR, "read from the head or before it (`repl sessions` shows it)"),
     Code.ACK_AFTER_HEAD: (ERROR, "acknowledge a seq the session has recorded"),

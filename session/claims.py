@@ -37,7 +37,7 @@ from session.groups import (
     too_many_groups,
     unseen_dead_letter,
 )
-from session.names import check_cursor_name
+from session.names import check_group_name
 from session.ring import Ring
 from session.rules import MAX_GROUPS
 from session.tags import MAX_TAGS, Match
@@ -117,7 +117,7 @@ class Groups:
         the head with ``from_now``) when there is none, unless whoever asks does not see
         the dead-letter session the new group would have (``sees_dead_letter`` False: a
         scoped token's): then ``Forbidden``, and no group is made."""
-        check_cursor_name(name)
+        check_group_name(name)
         group = self.by_name.get(name)
         if group is not None:
             return group
@@ -241,7 +241,7 @@ class Groups:
         dead-letter session only for whoever sees it, ``group``); its counts."""
         group = self.by_name.get(name)
         if group is None:
-            check_cursor_name(name)
+            check_group_name(name)
             # checked before the group is made, so a refusal leaves no group behind
             _check_config(self.session_id, name, max_attempts, dead_letter)
             sees = sees_default_dead_letter or dead_letter is not None
@@ -278,7 +278,7 @@ class Groups:
     def leases(self, name: str | None = None) -> list[Lease]:
         """The held firings of group ``name`` (None: every group), by group then seq."""
         if name is not None:
-            check_cursor_name(name)
+            check_group_name(name)
         return [
             lease
             for group_name, group in sorted(self.by_name.items())

@@ -68,7 +68,7 @@ from session.errors import (
     TooMany,
 )
 from session.firing import ms_to_ts
-from session.names import check_cursor_name, check_session_id
+from session.names import check_group_name, check_session_id
 from session.rules import (
     DEAD_SUFFIX,
     DEFAULT_MAX_ATTEMPTS,
@@ -142,10 +142,19 @@ def unseen_dead_letter(session: str, name: str) -> Forbidden:
     )
 
 
+def seconds(ms: int) -> str:
+    """``ms`` as seconds, exactly (``100,000``, ``0.5``, ``86,400.001``): what a refusal of
+    a lease or a delay says, in the unit its bounds are told in and most clients give it
+    in (``--lease 90s``, ``?lease=90``, ``lease_s``); ``lease_ms`` is the wire's alone."""
+    whole, part = divmod(abs(ms), 1000)
+    sign = "-" if ms < 0 else ""
+    return f"{sign}{whole:,}" + (f".{part:03d}".rstrip("0") if part else "")
+
+
 def check_lease(lease_ms: int) -> int:
     if not MIN_LEASE_MS <= lease_ms <= MAX_LEASE_MS:
         raise BadTime(
-            f"lease {lease_ms} ms is not between {MIN_LEASE_MS // 1000} s "
+            f"lease {seconds(lease_ms)} s is not between {MIN_LEASE_MS // 1000} s "
             f"and {MAX_LEASE_MS // 3_600_000} h"
         )
     return lease_ms
@@ -153,7 +162,9 @@ def check_lease(lease_ms: int) -> int:
 
 def check_delay(delay_ms: int) -> int:
     if not 0 <= delay_ms <= MAX_DELAY_MS:
-        raise BadTime(f"delay {delay_ms} ms is not between 0 and {MAX_DELAY_MS // 3_600_000} h")
+        raise BadTime(
+            f"delay {seconds(delay_ms)} s is not between 0 and {MAX_DELAY_MS // 3_600_000} h"
+        )
     return delay_ms
 
 
@@ -265,7 +276,7 @@ class Group:
         dead_letter: str | None = None,
     ) -> None:
         check_session_id(session)
-        check_cursor_name(name)
+        check_group_name(name)
         if done_through < 0:
             raise BadSeq(f"seq {done_through} is negative")
         check_max_attempts(max_attempts)

@@ -37,7 +37,7 @@ from session.groups import (
     check_max_attempts,
     parse_token,
 )
-from session.names import check_cursor_name, check_handler, check_session_id
+from session.names import check_cursor_name, check_group_name, check_handler, check_session_id
 from session.ring import check_last, check_limit
 from session.schedule import Timer
 from session.session import (
@@ -377,7 +377,7 @@ class ClaimFiring(msgspec.Struct, frozen=True):
     sees_default_dead_letter: bool = True
 
     def check(self) -> None:
-        check_cursor_name(self.group)
+        check_group_name(self.group)
         check_lease(self.lease_ms)
         check_match(self.match)
 
@@ -487,7 +487,7 @@ class ConfigureGroup(msgspec.Struct, frozen=True):
     sees_default_dead_letter: bool = True
 
     def check(self) -> None:
-        check_cursor_name(self.group)
+        check_group_name(self.group)
         if self.max_attempts is not None:
             check_max_attempts(self.max_attempts)
         if self.dead_letter is not None:
@@ -529,7 +529,7 @@ class ClaimTable(msgspec.Struct, frozen=True):
 
     def check(self) -> None:
         if self.group is not None:
-            check_cursor_name(self.group)
+            check_group_name(self.group)
 
     def run(self, session: Session, visible: int | None) -> list[Lease]:
         return session.groups.leases(self.group)

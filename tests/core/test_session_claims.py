@@ -25,7 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from session.claims import DEAD_TAGS, DeadLetter, Taken
 from session.errors import (
     BadClaim,
-    BadCursorName,
+    BadGroupName,
     BadMax,
     BadSessionId,
     BadTag,
@@ -518,9 +518,9 @@ def test_infos_and_leases_list_every_group_by_name() -> None:
     ]
     assert leases(s) == [Lease("alpha", 2, 1, NOW + LEASE), Lease("zeta", 1, 1, NOW + LEASE)]
     assert leases(s, "zeta") == [Lease("zeta", 1, 1, NOW + LEASE)]
-    with pytest.raises(BadCursorName):
+    with pytest.raises(BadGroupName, match=r"^group name 'bad name' is not 1-64 printable"):
         ClaimTable("bad name").check()
-    with pytest.raises(BadCursorName):
+    with pytest.raises(BadGroupName):
         s.groups.leases("bad name")
     assert ClaimTable.durable is False
     assert [op.durable for op in (ClaimFiring, Finish, Release, Extend, ExpireGroups)] == [True] * 5
@@ -533,7 +533,7 @@ def test_configure_creates_or_sets_and_refuses_without_creating() -> None:
         (BadMax, ConfigureGroup("work", NOW, max_attempts=0)),
         (BadMax, ConfigureGroup("work", NOW, max_attempts=1_001)),
         (BadSessionId, ConfigureGroup("work", NOW, dead_letter="bad id")),
-        (BadCursorName, ConfigureGroup("bad name", NOW)),
+        (BadGroupName, ConfigureGroup("bad name", NOW)),
     ]
     for error, op in refusals:
         with pytest.raises(error):
@@ -592,7 +592,7 @@ def test_whoever_does_not_see_the_default_dead_letter_makes_no_group() -> None:
 
 def test_a_group_is_made_once_and_found_after() -> None:
     s = Session("jobs", 8)
-    with pytest.raises(BadCursorName):
+    with pytest.raises(BadGroupName):
         s.groups.group("", s.ring, None)
     made = s.groups.group("work", s.ring, None)
     assert s.groups.group("work", s.ring, None) is made
@@ -682,7 +682,7 @@ def test_restore_gives_back_the_very_same_groups() -> None:
 def test_the_group_ops_check_their_own_values() -> None:
     with pytest.raises(BadTime):
         ClaimFiring("work", NOW, MIN_LEASE_MS - 1).check()
-    with pytest.raises(BadCursorName):
+    with pytest.raises(BadGroupName):
         ClaimFiring("bad name", NOW, LEASE).check()
     with pytest.raises(BadTag):
         ClaimFiring("work", NOW, LEASE, Match()).check()

@@ -128,6 +128,20 @@ async def test_the_claim_tools_are_listed_with_what_a_worker_needs(
     )
     assert {"session", "claim", "delay_s"} <= set(listed["release"].input_schema["properties"])
     assert {"session", "claim", "lease_s"} <= set(listed["extend"].input_schema["properties"])
+    # what a harness may call without asking: done and release change nothing more when
+    # called again (the second is lease_lost); claim takes another job, and extend moves
+    # the lease on again from now, so neither is idempotent; none destroys anything
+    hints = {
+        name: (listed[name].annotations.idempotent_hint, listed[name].annotations.read_only_hint)
+        for name in ("claim", "done", "release", "extend")
+        if listed[name].annotations is not None
+    }
+    assert hints == {
+        "claim": (False, False),
+        "done": (True, False),
+        "release": (True, False),
+        "extend": (False, False),
+    }
     assert "lease_lost" in (listed["done"].description or "")
 
 
