@@ -64,12 +64,15 @@ def run_into(repl: Repl, kind: str, *args: str) -> subprocess.CompletedProcess[b
 def run(
     repl: Repl, fd: int, *args: str, limit: Callable[[], None] | None = None
 ) -> subprocess.CompletedProcess[bytes]:
+    env = repl.env
+    if limit is not None:  # the limit is the process's: coverage could not save its data
+        env = {k: v for k, v in env.items() if not k.startswith("COVERAGE_")}
     return subprocess.run(
         repl_argv(*args),
         stdin=subprocess.DEVNULL,
         stdout=fd,
         stderr=subprocess.PIPE,
-        env=repl.env,
+        env=env,
         timeout=30,
         preexec_fn=limit,
     )
