@@ -5,8 +5,9 @@ pipe taken out of it by the reader, before the claim counts as handed on. First
 comes the claim: its token alone on a line (what ``done``, ``release`` and
 ``extend`` take), or in ``--json`` one object ``{"claim", "seq", "attempt",
 "lease_until", "lost"}``; then the firing as ``wait`` prints it. A claimer that
-cannot write what it took (the reader left, stdout closed) gives the firing
-back at once, so the next claimer has it without waiting out the lease.
+cannot write what it took gives the firing back at once, whatever stopped the
+write (the reader left, stdout closed, a full disk, a terminal gone: EIO),
+so the next claimer has it without waiting out the lease.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 
-from repl_cli.errors import CliError, ReaderGone
+from repl_cli.errors import CliError
 from repl_cli.output import JSON, FiringFormat, json_line, table
 from repl_cli.sink import Sink
 from repl_daemon import protocol as p
@@ -28,8 +29,9 @@ def deliver_claim(
     fmt: FiringFormat,
     give_back: Callable[[], object],
 ) -> None:
-    """Print ``claimed`` (the claim, then its firing) to ``sink``; on a reader gone or
-    Ctrl-C part-way, ``give_back()`` the firing before the exception goes on."""
+    """Print ``claimed`` (the claim, then its firing) to ``sink``; should anything stop
+    that part-way (a reader gone, any other write error, Ctrl-C), ``give_back()`` the
+    firing before the exception goes on."""
     assert claimed.claim is not None and claimed.firing is not None
     if fmt.style == JSON:
         head = json_line(
@@ -47,7 +49,9 @@ def deliver_claim(
     try:
         for text in [head, *(text for text, _ in batch)]:
             sink.put(text)
-    except (ReaderGone, KeyboardInterrupt):
+    except BaseException:
+        # whatever the failure, the firing was not delivered: a full disk (CliError) keeps
+        # the job from every other claimer for the whole lease as surely as a closed pipe
         with contextlib.suppress(CliError):  # else it comes back when its lease runs out
             give_back()
         raise

@@ -3,8 +3,9 @@
 ``show`` writes a batch line by line through the ``Sink`` and remembers,
 per session, the last seq whose line the reader took. ``deliver`` (read,
 wait) then acknowledges exactly that; ``follow`` carries it in its next
-wait request. When the reader goes away or the user presses Ctrl-C
-part-way, what was delivered is still acknowledged and nothing after it.
+wait request. When the reader goes away, a write fails (a full disk, a
+terminal gone) or the user presses Ctrl-C part-way, what was delivered is
+still acknowledged and nothing after it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from repl_cli.client import Client
-from repl_cli.errors import CliError, ReaderGone
+from repl_cli.errors import CliError, ReaderGone, WriteFailed
 from repl_cli.output import FiringFormat
 from repl_cli.sink import Sink
 from repl_daemon import protocol as p
@@ -60,8 +61,8 @@ class Printer:
     def show(self, batches: Sequence[Batch]) -> dict[str, int]:
         """Print; returns session -> the last seq delivered, for the sessions that moved.
 
-        If the reader goes away or Ctrl-C comes part-way, what was delivered
-        is acknowledged before the exception goes on.
+        If the reader goes away, a write fails or Ctrl-C comes part-way, what
+        was delivered is acknowledged before the exception goes on.
         """
         taken: dict[str, int] = {}
         try:
@@ -77,7 +78,7 @@ class Printer:
                 # looked past its last match (rule R3), so it need not look at them again
                 if batch.next > start:
                     taken[batch.session] = batch.next
-        except (ReaderGone, KeyboardInterrupt):
+        except (ReaderGone, WriteFailed, KeyboardInterrupt):
             self.ack_on_the_way_out(taken, self.client)
             raise
         return taken
@@ -156,7 +157,7 @@ def follow(
             batch = batches.send(carried.get(batch.session))
     except StopIteration:
         return
-    except (ReaderGone, KeyboardInterrupt):
+    except (ReaderGone, WriteFailed, KeyboardInterrupt):
         # the wait carrying the ack may not have reached the session: ack it again on a
         # fresh connection, as the same token over the same TLS (acks are idempotent)
         fresh = client.fresh()

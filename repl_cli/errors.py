@@ -62,6 +62,11 @@ class ReaderGone(Exception):
     """Whoever reads our stdout went away: stop quietly, acknowledging nothing more."""
 
 
+class WriteFailed(CliError):
+    """Stdout failed for another reason than a reader gone (a full disk, a terminal gone):
+    one line and status 1, acknowledging nothing more, as for a reader gone."""
+
+
 class Interrupted(Exception):
     """Ctrl-C: stop quietly with status 130 (click would otherwise print a blank line)."""
 
@@ -80,6 +85,7 @@ WIRE: dict[str, tuple[int, str]] = {
     Code.BAD_TIME: (USAGE, ""),
     Code.BAD_TAG: (USAGE, ""),
     Code.BAD_CLAIM: (USAGE, ""),
+    Code.BAD_GROUP_NAME: (USAGE, ""),
     Code.LEASE_LOST: (ERROR, ""),
     Code.CURSOR_AFTER_HEAD: (ERROR, "read from the head or before it (`repl sessions` shows it)"),
     Code.ACK_AFTER_HEAD: (ERROR, "acknowledge a seq the session has recorded"),

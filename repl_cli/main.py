@@ -50,6 +50,7 @@ from session.rules import (
     DEFAULT_GROUP,
     DEFAULT_HANDLER,
     FOLLOW_CURSOR,
+    MAX_WAIT_SESSIONS,
     READ_CURSOR,
     TICK_HANDLER,
     WAIT_CURSOR,
@@ -835,7 +836,8 @@ def claim(
     "seq", "attempt", "lease_until", "lost"}. Every firing of the session
     goes to one claimer of the group at a time; readers and other groups
     see every firing as before. Exit status 2: --timeout passed, nothing
-    taken. A claimer whose reader is gone gives the firing back at once.
+    taken. A claimer that cannot write the firing (its reader gone, a full
+    disk, a terminal gone) gives it back at once.
     """
     from repl_cli.claiming import deliver_claim
     from repl_cli.sink import Sink
@@ -1260,10 +1262,14 @@ def wait(
         raise click.UsageError(
             "--max returns at once with at most N; --count waits for N: not both"
         )
+    if len(sessions) > MAX_WAIT_SESSIONS:  # as the daemon counts them (rule 14)
+        raise click.UsageError(
+            f"{len(sessions):,} sessions named: one wait takes at most {MAX_WAIT_SESSIONS:,}"
+        )
     match = match_of(match_words, handler_filter)
     if cursor is None and match is None:
         cursor = WAIT_CURSOR
-    ids = list(dict.fromkeys(sessions))
+    ids = list(dict.fromkeys(sessions))  # each once, where first named, as the daemon does
     fmt = firing_format(seq, full, as_json, several=len(ids) > 1, ts=ts)
     printer = Printer(repl.client, fmt, None if peek else cursor)
     repl.reconnect = reconnect

@@ -21,6 +21,7 @@ from collections.abc import Awaitable
 from typing import Annotated
 
 from mcp.server.mcpserver import Context
+from mcp.types import ToolAnnotations
 from pydantic import Field
 from typing_extensions import TypedDict
 
@@ -67,6 +68,14 @@ class ReleasedOut(TypedDict):
 
 class ExtendedOut(TypedDict):
     lease_until: str
+
+
+#: changes something again each time it is called: ``extend`` moves the lease to
+#: ``lease_s`` from now, so a second call moves it again (not idempotent, whatever the
+#: arguments); it destroys nothing
+MOVES = ToolAnnotations(
+    read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
+)
 
 
 # -- the arguments, described for a model ----------------------------------------------
@@ -180,7 +189,7 @@ CLAIM_TOOLS = (
     ),
     Tool(
         extend,
-        SETS,
+        MOVES,
         "Keep a claimed job lease_s longer from now: a heartbeat for long work, before "
         "lease_until passes. Returns the new lease_until. lease_lost: the claim is no "
         "longer yours; stop working on it.",

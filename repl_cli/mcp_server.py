@@ -94,7 +94,13 @@ from repl_cli.mcp_tools import (
 )
 from repl_daemon import protocol as p
 from session.errors import Code
-from session.rules import DEFAULT_HANDLER, DEFAULT_LIMIT, MAX_LIMIT, WAIT_CURSOR
+from session.rules import (
+    DEFAULT_HANDLER,
+    DEFAULT_LIMIT,
+    MAX_LIMIT,
+    MAX_WAIT_SESSIONS,
+    WAIT_CURSOR,
+)
 from session.tags import CORR
 
 log = logging.getLogger("repl.mcp")
@@ -330,7 +336,11 @@ async def send(
 async def wait(
     ctx: Context,
     sessions: Annotated[
-        str | list[str], Field(description="A session id, or several to wait on at once.")
+        str | list[str],
+        Field(
+            description="A session id, or several to wait on at once (at most "
+            f"{MAX_WAIT_SESSIONS:,}; one named twice is waited on once)."
+        ),
     ],
     cursor: Annotated[
         str | None,
@@ -348,6 +358,8 @@ async def wait(
     max: Annotated[int | None, Field(ge=1, description="At most this many firings.")] = None,
 ) -> WaitOut:
     ids = [sessions] if isinstance(sessions, str) else sessions
+    named = f"sessions names {len(ids):,}: one wait takes at most {MAX_WAIT_SESSIONS:,}"
+    check(len(ids) <= MAX_WAIT_SESSIONS, named)  # as the daemon counts them (rule 14)
     chosen = cursor if cursor is not None or match else WAIT_CURSOR
     check(chosen is not None or not ack, "a wait with no cursor acknowledges nothing: give no ack")
     async with tools_of(ctx).own(reconnect=timeout_s) as repl:

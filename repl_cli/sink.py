@@ -18,7 +18,9 @@ whatever it read (duplicates, never loss).
 A write that fails because the reader closed the pipe (``EPIPE``) is
 ``ReaderGone`` too, and so is a stdout closed from the start (``>&-``).
 Python ignores SIGPIPE already, so we are not killed. Any other failure (a
-full disk under ``> file``) is one ``CliError`` line. ``write_text`` is the
+full disk under ``> file``, a file size limit, a terminal that went away:
+EIO) is ``WriteFailed``, one line; what was written before it still counts
+as delivered. ``write_text`` is the
 same for the plain lines of the other commands (a seq, a listing).
 """
 
@@ -36,7 +38,7 @@ import time
 from collections.abc import Iterator
 from typing import TextIO
 
-from repl_cli.errors import CliError, ReaderGone
+from repl_cli.errors import ReaderGone, WriteFailed
 
 # back off from 0.1 ms to 5 ms while the reader has not taken a line yet
 _FIRST_PAUSE = 0.0001
@@ -66,11 +68,11 @@ def write_text(text: str) -> None:
         raise _failed(exc) from None
 
 
-def _failed(exc: OSError) -> ReaderGone | CliError:
+def _failed(exc: OSError) -> ReaderGone | WriteFailed:
     if exc.errno in _GONE:
         return ReaderGone()
     silence_stdout()  # what is still buffered must not fail again at exit
-    return CliError(f"cannot write to stdout ({exc.strerror or exc})")
+    return WriteFailed(f"cannot write to stdout ({exc.strerror or exc})")
 
 
 class Sink:

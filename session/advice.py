@@ -57,6 +57,13 @@ PHRASES: tuple[tuple[re.Pattern[str], str, str], ...] = (
         r"it needs a token with the \g<right> right",
     ),
     (
+        # a group a scoped token may not make (``session.groups.unseen_dead_letter``); MCP has
+        # no tool that makes a group
+        re.compile(r"\(`repl group (?P<id>\S+) (?P<name>\S+) --dead-letter SESSION`\)"),
+        r'(PUT /sessions/\g<id>/groups/\g<name> with the body {"dead_letter": SESSION})',
+        "(no tool makes a group: ask whoever runs the daemon)",
+    ),
+    (
         re.compile(r"schedule needs in, at or every"),
         "schedule needs in, at or every",
         "schedule needs delay, at or every",

@@ -35,8 +35,9 @@ from session.groups import (
     lease_lost,
     parse_token,
     too_many_groups,
+    unseen_dead_letter,
 )
-from session.names import check_cursor_name
+from session.names import check_group_name
 from session.ring import Ring
 from session.rules import MAX_GROUPS
 from session.tags import MAX_TAGS, Match
@@ -110,15 +111,20 @@ class Groups:
         visible: int | None,
         *,
         from_now: bool = False,
+        sees_dead_letter: bool = True,
     ) -> Group:
         """The group ``name``; a new one (from the oldest firing readers may see, or after
-        the head with ``from_now``) when there is none."""
-        check_cursor_name(name)
+        the head with ``from_now``) when there is none, unless whoever asks does not see
+        the dead-letter session the new group would have (``sees_dead_letter`` False: a
+        scoped token's): then ``Forbidden``, and no group is made."""
+        check_group_name(name)
         group = self.by_name.get(name)
         if group is not None:
             return group
         if len(self.by_name) >= MAX_GROUPS:
             raise too_many_groups(self.session_id)
+        if not sees_dead_letter:
+            raise unseen_dead_letter(self.session_id, name)
         head = ring.visible_head(visible)
         group = Group.create(
             self.session_id, name, min(ring.first, head + 1), head, from_now=from_now
@@ -136,13 +142,17 @@ class Groups:
         lease_ms: int,
         match: Match | None = None,
         from_now: bool = False,
+        sees_default_dead_letter: bool = True,
     ) -> Taken | None:
         """Take the oldest claimable firing of group ``name`` that ``match`` holds for
-        (creating the group on its first claim); None when there is none. Leases that ran
+        (creating the group on its first claim, unless the claimer does not see the
+        default dead-letter session: ``group``); None when there is none. Leases that ran
         out are expired first (their dead letters go to the outbox)."""
         check_lease(lease_ms)
         created = name not in self.by_name
-        group = self.group(name, ring, visible, from_now=from_now)
+        group = self.group(
+            name, ring, visible, from_now=from_now, sees_dead_letter=sees_default_dead_letter
+        )
         before = (group.done_through, group.lost)
         head = ring.visible_head(visible)
         first = min(ring.first, head + 1)
@@ -225,14 +235,17 @@ class Groups:
         max_attempts: int | None = None,
         dead_letter: str | None = None,
         from_now: bool = False,
+        sees_default_dead_letter: bool = True,
     ) -> GroupInfo:
-        """Set a group's attempts and dead-letter session (creating it); its counts."""
+        """Set a group's attempts and dead-letter session (creating it: with the default
+        dead-letter session only for whoever sees it, ``group``); its counts."""
         group = self.by_name.get(name)
         if group is None:
-            check_cursor_name(name)
+            check_group_name(name)
             # checked before the group is made, so a refusal leaves no group behind
             _check_config(self.session_id, name, max_attempts, dead_letter)
-            group = self.group(name, ring, visible, from_now=from_now)
+            sees = sees_default_dead_letter or dead_letter is not None
+            group = self.group(name, ring, visible, from_now=from_now, sees_dead_letter=sees)
         group.configure(max_attempts, dead_letter)
         self.changed = True
         return self._info(group, ring, visible, now_ms)
@@ -265,7 +278,7 @@ class Groups:
     def leases(self, name: str | None = None) -> list[Lease]:
         """The held firings of group ``name`` (None: every group), by group then seq."""
         if name is not None:
-            check_cursor_name(name)
+            check_group_name(name)
         return [
             lease
             for group_name, group in sorted(self.by_name.items())

@@ -32,6 +32,7 @@ class Code(enum.StrEnum):
     ACK_AFTER_HEAD = "ack_after_head"
     LEASE_LOST = "lease_lost"
     BAD_CLAIM = "bad_claim"
+    BAD_GROUP_NAME = "bad_group_name"
     # the daemon
     BAD_REQUEST = "bad_request"
     UNKNOWN_OP = "unknown_op"
@@ -111,6 +112,12 @@ class BadTag(ReplError):
     code = Code.BAD_TAG
 
 
+class BadGroupName(ReplError):
+    """A group's name is not 1-64 printable characters without whitespace."""
+
+    code = Code.BAD_GROUP_NAME
+
+
 class BadClaim(ReplError):
     """A claim token is not one (``done``, ``release``, ``extend``): it is used as a claim
     printed it."""
@@ -170,7 +177,8 @@ class Unauthorized(ReplError):
 
 
 class Forbidden(ReplError):
-    """The token may see the session, but lacks the right the op needs (rules K1-K5)."""
+    """The token may see the session, but lacks the right the op needs, or what it asks
+    would start or write a session outside its patterns (rules K1-K6)."""
 
     code = Code.FORBIDDEN
 
@@ -273,6 +281,7 @@ BY_CODE: dict[str, type[ReplError]] = {
         BadSessionId,
         BadCursorName,
         BadClaim,
+        BadGroupName,
         BadLimit,
         BadSeq,
         BadMax,

@@ -57,9 +57,18 @@ from typing import Literal
 
 import msgspec
 
-from session.errors import BadClaim, BadMax, BadSeq, BadSessionId, BadTime, LeaseLost, TooMany
+from session.errors import (
+    BadClaim,
+    BadMax,
+    BadSeq,
+    BadSessionId,
+    BadTime,
+    Forbidden,
+    LeaseLost,
+    TooMany,
+)
 from session.firing import ms_to_ts
-from session.names import check_cursor_name, check_session_id
+from session.names import check_group_name, check_session_id
 from session.rules import (
     DEAD_SUFFIX,
     DEFAULT_MAX_ATTEMPTS,
@@ -119,10 +128,33 @@ def too_many_groups(session: str) -> TooMany:
     )
 
 
+def unseen_dead_letter(session: str, name: str) -> Forbidden:
+    """A new group refused because whoever asked for it (a scoped token) does not see the
+    dead-letter session it would have, ``SESSION.dead`` (SPEC §11, §16): a token never
+    has a session it does not see started or written through a group it made. Worded
+    once, for the core and the Redis scripts alike."""
+    dead = default_dead_letter(session)
+    return Forbidden(
+        f"session {session!r} has no group {name!r}, and a new group would send its dead "
+        f"letters to {dead!r}, which this token does not see: make the group first with a "
+        f"dead-letter session the token sees (`repl group {session} {name} --dead-letter "
+        f"SESSION`), or with a token that sees {dead!r}"
+    )
+
+
+def seconds(ms: int) -> str:
+    """``ms`` as seconds, exactly (``100,000``, ``0.5``, ``86,400.001``): what a refusal of
+    a lease or a delay says, in the unit its bounds are told in and most clients give it
+    in (``--lease 90s``, ``?lease=90``, ``lease_s``); ``lease_ms`` is the wire's alone."""
+    whole, part = divmod(abs(ms), 1000)
+    sign = "-" if ms < 0 else ""
+    return f"{sign}{whole:,}" + (f".{part:03d}".rstrip("0") if part else "")
+
+
 def check_lease(lease_ms: int) -> int:
     if not MIN_LEASE_MS <= lease_ms <= MAX_LEASE_MS:
         raise BadTime(
-            f"lease {lease_ms} ms is not between {MIN_LEASE_MS // 1000} s "
+            f"lease {seconds(lease_ms)} s is not between {MIN_LEASE_MS // 1000} s "
             f"and {MAX_LEASE_MS // 3_600_000} h"
         )
     return lease_ms
@@ -130,7 +162,9 @@ def check_lease(lease_ms: int) -> int:
 
 def check_delay(delay_ms: int) -> int:
     if not 0 <= delay_ms <= MAX_DELAY_MS:
-        raise BadTime(f"delay {delay_ms} ms is not between 0 and {MAX_DELAY_MS // 3_600_000} h")
+        raise BadTime(
+            f"delay {seconds(delay_ms)} s is not between 0 and {MAX_DELAY_MS // 3_600_000} h"
+        )
     return delay_ms
 
 
@@ -242,7 +276,7 @@ class Group:
         dead_letter: str | None = None,
     ) -> None:
         check_session_id(session)
-        check_cursor_name(name)
+        check_group_name(name)
         if done_through < 0:
             raise BadSeq(f"seq {done_through} is negative")
         check_max_attempts(max_attempts)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from session.errors import BadCursorName, BadHandler, BadSessionId
+from session.errors import BadCursorName, BadGroupName, BadHandler, BadSessionId
 from session.rules import MAX_NAME_LENGTH
 
 _SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -34,6 +34,15 @@ def check_cursor_name(name: str) -> str:
     if not is_name(name):
         raise BadCursorName(
             f"cursor name {name!r} is not 1-64 printable characters without whitespace"
+        )
+    return name
+
+
+def check_group_name(name: str) -> str:
+    """A group's name: as a cursor's (a claim token holds it), told as a group's."""
+    if not is_name(name):
+        raise BadGroupName(
+            f"group name {name!r} is not 1-64 printable characters without whitespace"
         )
     return name
 

@@ -37,7 +37,7 @@ from session.groups import (
     check_max_attempts,
     parse_token,
 )
-from session.names import check_cursor_name, check_handler, check_session_id
+from session.names import check_cursor_name, check_group_name, check_handler, check_session_id
 from session.ring import check_last, check_limit
 from session.schedule import Timer
 from session.session import (
@@ -372,9 +372,12 @@ class ClaimFiring(msgspec.Struct, frozen=True):
     lease_ms: int
     match: Match | None = None
     from_now: bool = False
+    #: False when the claimer (a scoped token) does not see ``SESSION.dead``: a group this
+    #: claim would make is refused (``forbidden``), never made (SPEC §11, §16)
+    sees_default_dead_letter: bool = True
 
     def check(self) -> None:
-        check_cursor_name(self.group)
+        check_group_name(self.group)
         check_lease(self.lease_ms)
         check_match(self.match)
 
@@ -390,6 +393,7 @@ class ClaimFiring(msgspec.Struct, frozen=True):
                 self.lease_ms,
                 self.match,
                 self.from_now,
+                self.sees_default_dead_letter,
             )
         finally:
             changed, groups.changed = groups.changed, earlier or groups.changed
@@ -478,9 +482,12 @@ class ConfigureGroup(msgspec.Struct, frozen=True):
     max_attempts: int | None = None
     dead_letter: str | None = None
     from_now: bool = False
+    #: as ``ClaimFiring``'s: a group made without ``dead_letter`` by whoever does not see
+    #: ``SESSION.dead`` is refused
+    sees_default_dead_letter: bool = True
 
     def check(self) -> None:
-        check_cursor_name(self.group)
+        check_group_name(self.group)
         if self.max_attempts is not None:
             check_max_attempts(self.max_attempts)
         if self.dead_letter is not None:
@@ -495,6 +502,7 @@ class ConfigureGroup(msgspec.Struct, frozen=True):
             self.max_attempts,
             self.dead_letter,
             self.from_now,
+            self.sees_default_dead_letter,
         )
         session.stepped(True)
         return info
@@ -521,7 +529,7 @@ class ClaimTable(msgspec.Struct, frozen=True):
 
     def check(self) -> None:
         if self.group is not None:
-            check_cursor_name(self.group)
+            check_group_name(self.group)
 
     def run(self, session: Session, visible: int | None) -> list[Lease]:
         return session.groups.leases(self.group)

@@ -38,6 +38,10 @@ FOLLOW_CURSOR = "follow"
 POLL_CURSOR = "poll"
 #: the cursor ``ack`` moves when none is named (the one ``read`` uses)
 ACK_CURSOR = READ_CURSOR
+#: the most session ids one wait may name (rule 14), counted as given: a wait on one
+#: session named 100,000 times is refused, not read 100,000 times over; a session named
+#: twice is waited on once, where it was first named
+MAX_WAIT_SESSIONS = 1_024
 
 #: the most timers one session may have pending (rules T1-T6)
 MAX_TIMERS = 1024

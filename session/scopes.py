@@ -6,9 +6,9 @@ store; what a record allows is decided here, and only here.
 - A scope is a list of glob patterns over session ids (``team-a.*``,
   ``agent-7``; ``*`` and ``?`` and ``[...]`` as in ``fnmatch``, matched
   case-sensitively) and a set of rights: ``read`` (read, wait, follow, ack,
-  cursors, poll), ``send`` (send, a one-shot scheduled send) and ``admin``
-  (start, stop, buffer, recurring timers, listing and cancelling timers,
-  webhooks).
+  cursors, poll, and the claims of groups), ``send`` (send, a one-shot scheduled
+  send) and ``admin`` (start, stop, buffer, recurring timers, listing and
+  cancelling timers, webhooks, a group's settings).
 - For a scoped token a session outside its patterns does not exist: the
   engine answers as for a missing session (``hidden``), so neither its
   existence nor its figures leak.

@@ -31,7 +31,7 @@ from repl_daemon.engine.wait import Wait, Waiters, _State
 from session.claims import Taken
 from session.errors import NoSuchSession, ReplError
 from session.firing import Firing, ms_to_ts
-from session.groups import Lease
+from session.groups import Lease, default_dead_letter
 from session.ops import (
     ClaimFiring,
     ClaimTable,
@@ -41,6 +41,7 @@ from session.ops import (
     GroupTable,
     Release,
 )
+from session.scopes import TokenRecord
 
 log = logging.getLogger("repl.daemon")
 
@@ -48,7 +49,7 @@ log = logging.getLogger("repl.daemon")
 class ClaimWait(Wait):
     """One claim's life: looks (each a ``ClaimFiring``) until it takes a firing or times out."""
 
-    __slots__ = ("claim", "now", "pass_on", "taken")
+    __slots__ = ("claim", "now", "pass_on", "sees_dead_letter", "taken")
 
     def __init__(
         self,
@@ -56,6 +57,7 @@ class ClaimWait(Wait):
         req: p.Claim,
         now: Callable[[], int],
         pass_on: Callable[[str, str], None] | None = None,
+        sees_dead_letter: bool = True,
     ) -> None:
         as_wait = p.Wait(
             id=req.id,
@@ -73,6 +75,9 @@ class ClaimWait(Wait):
         #: wakes the next blocked claimer of the group (the engine's): a claimer that took
         #: a firing, or went away while looking, hands the wake on (``Engine.changed``)
         self.pass_on = pass_on
+        #: whether the claimer sees the default dead-letter session: if not, its look makes
+        #: no group (``ClaimFiring.sees_default_dead_letter``)
+        self.sees_dead_letter = sees_dead_letter
 
     @property
     def blocked(self) -> bool:
@@ -102,7 +107,9 @@ class ClaimWait(Wait):
         self._check_open()
         self._move(_State.LOOKING)
         req, session_id = self.claim, self.claim.session
-        op = ClaimFiring(req.group, self.now(), req.lease_ms, req.match, req.from_now)
+        op = ClaimFiring(
+            req.group, self.now(), req.lease_ms, req.match, req.from_now, self.sees_dead_letter
+        )
         try:
             outcome = self.waiters.committer.execute(session_id, op)
         except NoSuchSession:
@@ -147,13 +154,22 @@ class ClaimWait(Wait):
         given.settle(lambda _, __: None)
 
 
+def sees_dead_letter(token: TokenRecord | None, session_id: str) -> bool:
+    """Whether ``token`` (None: the root) sees the dead-letter session a new group of
+    ``session_id`` would have (``SESSION.dead``): if not, it makes no group (SPEC §11, §16:
+    a token never has a session it does not see started or written through a group)."""
+    return token is None or token.scope.covers(default_dead_letter(session_id))
+
+
 def group_step(
     req: p.Finish | p.Release | p.Extend | p.Group | p.Groups | p.Claims,
     sessions: Sessions,
     now: int,
+    token: TokenRecord | None = None,
 ) -> Outcome[p.Response]:
-    """The answer to a request about groups that is no claim: one step of the core at
-    ``now`` (done, release, extend, a group's settings) or a look (groups, claims)."""
+    """The answer to a request about groups that is no claim, made with ``token`` (None:
+    the root): one step of the core at ``now`` (done, release, extend, a group's settings)
+    or a look (groups, claims)."""
     rid, c = req.id, sessions
     match req:
         case p.Finish():
@@ -168,7 +184,10 @@ def group_step(
                 lambda ms: p.Extended(id=rid, lease_until=ms_to_ts(ms), lease_until_ms=ms)
             )
         case p.Group():
-            op = ConfigureGroup(req.group, now, req.max_attempts, req.dead_letter, req.from_now)
+            sees = sees_dead_letter(token, req.session)  # for a group this makes
+            op = ConfigureGroup(
+                req.group, now, req.max_attempts, req.dead_letter, req.from_now, sees
+            )
             made = c.execute(req.session, op)
             return made.then(lambda info: p.GroupRow(id=rid, group=info))
         case p.Groups():

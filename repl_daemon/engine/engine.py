@@ -40,12 +40,12 @@ import anyio
 import msgspec
 
 from repl_daemon import protocol as p
-from repl_daemon.engine.claim import ClaimWait, group_step
+from repl_daemon.engine.claim import ClaimWait, group_step, sees_dead_letter
 from repl_daemon.engine.clock import REAL, Clock, ms_to_utc
 from repl_daemon.engine.committer import Backend, Sessions, Totals
 from repl_daemon.engine.outcome import Outcome
 from repl_daemon.engine.scoped import Scoped
-from repl_daemon.engine.wait import Wait, Waiters
+from repl_daemon.engine.wait import Wait, Waiters, wait_ids
 from repl_daemon.metrics import Counts
 from session.delta import Webhook
 from session.errors import (
@@ -318,6 +318,14 @@ class Engine:
                 "a scoped token starts only sessions its patterns cover: give an id "
                 f"that matches {', '.join(scope.patterns)}"
             )
+        named = req.dead_letter if isinstance(req, p.Group) else None
+        if named is not None and not scope.covers(named):
+            # a group's dead letters are written there: a session the token cannot see
+            # would be started or written through it (SPEC §11, §16)
+            raise Forbidden(
+                "a scoped token names as a group's dead-letter session only a session "
+                f"its patterns cover: give one that matches {', '.join(scope.patterns)}"
+            )
         return view
 
     def check_right(self, token: TokenRecord | None, right: str, session_id: Any = None) -> None:
@@ -421,9 +429,9 @@ class Engine:
             case p.Token():
                 return self._token(req)
             case p.Claim():
-                return self.claim(req, committer)
+                return self.claim(req, committer, token)
             case p.Finish() | p.Release() | p.Extend() | p.Group() | p.Groups() | p.Claims():
-                return group_step(req, committer, self.clock.now_ms())
+                return group_step(req, committer, self.clock.now_ms(), token)
             case p.Auth():
                 # a connection authenticates once: a second auth would answer ok for a
                 # token nobody checked, or switch a connection's identity mid-stream
@@ -638,11 +646,7 @@ class Engine:
         if req.cursor is not None:
             check_cursor_name(req.cursor)
         check_match(req.match)
-        if not req.sessions:
-            raise BadRequest("wait needs at least one session")
-        ids = list(dict.fromkeys(req.sessions))
-        for session_id in ids:
-            check_session_id(session_id)
+        ids = wait_ids(req.sessions)
         if req.max is not None and req.max < 1:
             raise BadMax(f"max {req.max} is below 1")
         if req.timeout_ms is not None and req.timeout_ms < 0:
@@ -675,16 +679,21 @@ class Engine:
 
     # -- groups and claims (SPEC §16) --------------------------------------------
 
-    def claim(self, req: p.Claim, committer: Sessions) -> Outcome[p.Response]:
+    def claim(
+        self, req: p.Claim, committer: Sessions, token: TokenRecord | None = None
+    ) -> Outcome[p.Response]:
         """Block until the group has a firing to take, and take it (``ClaimWait``). Every
-        value is checked first: a refused claim takes nothing and makes no group."""
+        value is checked first: a refused claim takes nothing and makes no group, nor does
+        one by a ``token`` that does not see the group's default dead-letter session
+        (``sees_dead_letter``)."""
         check_session_id(req.session)
         ClaimFiring(req.group, 0, req.lease_ms, req.match, req.from_now).check()
         if req.timeout_ms is not None and req.timeout_ms < 0:
             raise BadRequest(f"timeout_ms {req.timeout_ms} is negative")
         if isinstance(committer, Scoped) and committer.hides(req.session):
             raise no_session(req.session)
-        return Outcome.of(ClaimWait(self.waits, req, self.clock.now_ms, self._pass_on))
+        sees = sees_dead_letter(token, req.session)
+        return Outcome.of(ClaimWait(self.waits, req, self.clock.now_ms, self._pass_on, sees))
 
 
 def _unknown(req: Never) -> NoReturn:

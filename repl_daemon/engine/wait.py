@@ -38,14 +38,34 @@ import anyio
 from repl_daemon import protocol as p
 from repl_daemon.engine.committer import Committer
 from repl_daemon.engine.outcome import Done, Job, Outcome, Settled
-from session.errors import NoSuchSession, SessionStopped, ShuttingDown, StoreFailed
+from session.errors import BadRequest, NoSuchSession, SessionStopped, ShuttingDown, StoreFailed
 from session.firing import Batch, Firing
+from session.names import check_session_id
 from session.ops import AckRead, ReadAfter, ReadCursor
 from session.ring import look_heard
+from session.rules import MAX_WAIT_SESSIONS
 
 log = logging.getLogger("repl.daemon")
 
 T = TypeVar("T")
+
+
+def wait_ids(sessions: list[str]) -> list[str]:
+    """The sessions a wait names, each once, in the order each was first named (rule 14);
+    ``bad_request`` for none, or for more names than ``MAX_WAIT_SESSIONS`` (counted as
+    given: one session named 100,000 times is no wait on one), ``bad_session_id`` for a
+    name no session could have."""
+    if not sessions:
+        raise BadRequest("wait needs at least one session")
+    if len(sessions) > MAX_WAIT_SESSIONS:
+        raise BadRequest(
+            f"wait names {len(sessions):,} sessions, more than the {MAX_WAIT_SESSIONS:,} one "
+            "wait may name (a session named twice counts twice): wait on fewer"
+        )
+    ids = list(dict.fromkeys(sessions))
+    for session_id in ids:
+        check_session_id(session_id)
+    return ids
 
 
 class Waiters:

@@ -164,8 +164,10 @@ class AckBody(msgspec.Struct, kw_only=True):
     seq: int
 
 
-class GroupBody(msgspec.Struct, kw_only=True):
-    """``POST``/``PUT /sessions/{id}/groups/{name}``'s body, every field optional."""
+class GroupBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``POST``/``PUT /sessions/{id}/groups/{name}``'s body, every field optional; a field
+    it does not know is refused, naming it: ``max_attempt`` ignored would leave a group
+    with attempts its maker did not ask for, and nobody told."""
 
     max_attempts: int | None = None
     dead_letter: str | None = None
@@ -173,6 +175,8 @@ class GroupBody(msgspec.Struct, kw_only=True):
 
 
 Body = TypeVar("Body", StartBody, AckBody, GroupBody)
+#: what msgspec says of a field a body that forbids unknown ones does not have
+UNKNOWN_FIELD = re.compile(r"Object contains unknown field `(.*)`")
 
 
 def decode(body: bytes, kind: type[Body], shape: str) -> Body:
@@ -183,6 +187,9 @@ def decode(body: bytes, kind: type[Body], shape: str) -> Body:
     try:
         return msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as exc:
+        unknown = UNKNOWN_FIELD.match(str(exc))
+        if unknown is not None:  # a misspelt field, most likely: named, with the right ones
+            raise BadRequest(f"the body has no field {unknown[1]!r}: send {shape}") from None
         raise BadRequest(f"bad body: {exc}; send {shape}") from None
     except msgspec.DecodeError as exc:
         raise BadRequest(f"the body is not JSON ({exc}): send {shape}") from None

@@ -133,7 +133,16 @@ def test_a_claimer_that_cannot_write_gives_the_job_back(repl: Repl, s: str) -> N
 
 def test_a_bad_claim_or_token_is_refused_and_changes_nothing(repl: Repl, s: str) -> None:
     assert "--lease" in repl.fails(64, "claim", s, "--lease", "soon")
-    assert "1 s" in repl.fails(64, "claim", s, "--lease", "500ms")
+    assert "lease 0.5 s is not between 1 s and 24 h" in repl.fails(
+        64, "claim", s, "--lease", "500ms"
+    )
+    bad_name = "repl: group name 'a b' is not 1-64 printable characters without whitespace\n"
+    for args in (
+        ["claim", s, "--group", "a b", "--timeout", "0"],
+        ["group", s, "a b"],
+        ["claims", s, "--group", "a b"],
+    ):
+        assert repl.fails(64, *args) == bad_name, args
     assert "not a claim token" in repl.fails(64, "done", s, "nonsense")
     assert "no group" in repl.fails(1, "done", s, "nobody:1:1")
     assert "no session" in repl.fails(1, "claim", "no-such-session-here", "--timeout", "0")
@@ -143,9 +152,15 @@ def test_a_bad_claim_or_token_is_refused_and_changes_nothing(repl: Repl, s: str)
 
 
 def test_a_read_token_claims_and_finishes_but_makes_no_group(repl: Repl, s: str) -> None:
+    """A worker's token that sees its session alone claims from a group made for it; its
+    first claim makes none (the group's dead letters would go to s.dead, which it does
+    not see: tests/e2e/test_tokens.py), and `repl group` needs admin."""
     token = repl.ok("token", "add", f"worker-{s}", "--sessions", s, "--can", "read").strip()
     env = {**repl.env, "REPL_TOKEN": token}
     repl.ok("send", s, "job")
+    refused = repl.run("claim", s, "--timeout", "30", env=env)
+    assert refused.returncode == 77 and "make the group first" in refused.stderr
+    repl.ok("group", s, "work")  # by the root, who sees s.dead
     out = repl.run("claim", s, "--timeout", "30", env=env)
     assert out.returncode == 0, out.stderr
     assert repl.run("done", s, out.stdout.splitlines()[0], env=env).returncode == 0

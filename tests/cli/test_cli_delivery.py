@@ -169,6 +169,16 @@ def test_wait_on_several_into_head_leaves_the_untaken_session_alone(repl: Repl, 
     assert repl.ok("wait", s, t, "--timeout", "5") == f"{t} on-message: for t\n"
 
 
+def test_a_wait_names_each_session_once_and_at_most_1024(repl: Repl, s: str) -> None:
+    t = repl.session("t", "for t")
+    repl.send(s, "for s")
+    err = repl.fails(64, "wait", *[s] * 1_025, "--timeout", "5")
+    assert "1,025 sessions named: one wait takes at most 1,024" in err
+    assert repl.cursor(s, "wait") is None
+    out = repl.ok("wait", t, s, t, s, "--timeout", "5")
+    assert out == f"{t} on-message: for t\n{s} on-message: for s\n"  # each once, as named
+
+
 def test_peek_acknowledges_nothing_and_wait_stays_ready(repl: Repl, s: str) -> None:
     repl.send(s, "one")
     assert repl.ok("wait", s, "--peek", "--timeout", "5") == "on-message: one\n"

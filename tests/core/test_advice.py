@@ -12,6 +12,7 @@ import pytest
 
 from session.advice import HINTS, PHRASES, advised, in_words
 from session.errors import Code, no_such_session
+from session.groups import unseen_dead_letter
 from session.scopes import make_scope, missing_session
 from session.session import session_exists
 
@@ -89,7 +90,21 @@ def test_protocol_md_lists_every_interfaces_advice() -> None:
     for _phrase, http, mcp in PHRASES:
         cells = [(words.strip() or "(left out)") for words in (http, mcp)]
         said = f"| {cells[0]} | {cells[1]} |".replace("\\g<id>", "ID").replace("\\1", "N")
+        said = said.replace("\\g<name>", "NAME")
         assert said.replace("\\g<right>", "RIGHT") in table, said
+
+
+def test_a_group_a_token_may_not_make_is_made_by_each_interfaces_own_means() -> None:
+    message = unseen_dead_letter("jobs", "work").message
+    assert advised(Code.FORBIDDEN, message, "http").endswith(
+        "make the group first with a dead-letter session the token sees (PUT "
+        '/sessions/jobs/groups/work with the body {"dead_letter": SESSION}), or with a token '
+        "that sees 'jobs.dead'"
+    )
+    assert advised(Code.FORBIDDEN, message, "mcp").endswith(
+        "make the group first with a dead-letter session the token sees (no tool makes a "
+        "group: ask whoever runs the daemon), or with a token that sees 'jobs.dead'"
+    )
 
 
 def test_a_ring_limit_is_the_body_field_buffer_over_http() -> None:

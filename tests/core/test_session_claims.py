@@ -25,11 +25,12 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from session.claims import DEAD_TAGS, DeadLetter, Taken
 from session.errors import (
     BadClaim,
-    BadCursorName,
+    BadGroupName,
     BadMax,
     BadSessionId,
     BadTag,
     BadTime,
+    Forbidden,
     LeaseLost,
     TooMany,
 )
@@ -517,9 +518,9 @@ def test_infos_and_leases_list_every_group_by_name() -> None:
     ]
     assert leases(s) == [Lease("alpha", 2, 1, NOW + LEASE), Lease("zeta", 1, 1, NOW + LEASE)]
     assert leases(s, "zeta") == [Lease("zeta", 1, 1, NOW + LEASE)]
-    with pytest.raises(BadCursorName):
+    with pytest.raises(BadGroupName, match=r"^group name 'bad name' is not 1-64 printable"):
         ClaimTable("bad name").check()
-    with pytest.raises(BadCursorName):
+    with pytest.raises(BadGroupName):
         s.groups.leases("bad name")
     assert ClaimTable.durable is False
     assert [op.durable for op in (ClaimFiring, Finish, Release, Extend, ExpireGroups)] == [True] * 5
@@ -532,7 +533,7 @@ def test_configure_creates_or_sets_and_refuses_without_creating() -> None:
         (BadMax, ConfigureGroup("work", NOW, max_attempts=0)),
         (BadMax, ConfigureGroup("work", NOW, max_attempts=1_001)),
         (BadSessionId, ConfigureGroup("work", NOW, dead_letter="bad id")),
-        (BadCursorName, ConfigureGroup("bad name", NOW)),
+        (BadGroupName, ConfigureGroup("bad name", NOW)),
     ]
     for error, op in refusals:
         with pytest.raises(error):
@@ -556,9 +557,42 @@ def test_configure_creates_or_sets_and_refuses_without_creating() -> None:
     assert [i.name for i in infos(s)] == ["early", "late", "work"]
 
 
+def test_whoever_does_not_see_the_default_dead_letter_makes_no_group() -> None:
+    """A scoped token that does not see ``ID.dead`` (``sees_default_dead_letter`` False)
+    makes no group by its claim, nor by ``group`` without a dead-letter session of its own:
+    forbidden, nothing changed. A group that exists (made by whoever sees its dead
+    letters) is claimed and configured as ever, and one made naming its own dead-letter
+    session is made."""
+    s = Session("jobs", 8)
+    send(s)
+    before, changes = s.snapshot(), s.changes
+    refused = [
+        ClaimFiring("work", NOW, LEASE, sees_default_dead_letter=False),
+        ConfigureGroup("work", NOW, max_attempts=2, sees_default_dead_letter=False),
+    ]
+    for op in refused:
+        op.check()
+        with pytest.raises(Forbidden) as caught:
+            op.run(s, None)
+        assert caught.value.message == (
+            "session 'jobs' has no group 'work', and a new group would send its dead letters "
+            "to 'jobs.dead', which this token does not see: make the group first with a "
+            "dead-letter session the token sees (`repl group jobs work --dead-letter "
+            "SESSION`), or with a token that sees 'jobs.dead'"
+        )
+        assert (s.snapshot(), s.changes) == (before, changes)
+    own = ConfigureGroup("mine", NOW, dead_letter="jobs.mine", sees_default_dead_letter=False)
+    assert own.run(s, None).dead_letter == "jobs.mine"
+    configure(s)  # made by whoever sees jobs.dead
+    for op in refused:
+        op.run(s, None)  # the group is there: claimed, configured
+    assert leases(s) == [Lease("work", 1, 1, NOW + LEASE)]
+    assert info(s).max_attempts == 2
+
+
 def test_a_group_is_made_once_and_found_after() -> None:
     s = Session("jobs", 8)
-    with pytest.raises(BadCursorName):
+    with pytest.raises(BadGroupName):
         s.groups.group("", s.ring, None)
     made = s.groups.group("work", s.ring, None)
     assert s.groups.group("work", s.ring, None) is made
@@ -648,7 +682,7 @@ def test_restore_gives_back_the_very_same_groups() -> None:
 def test_the_group_ops_check_their_own_values() -> None:
     with pytest.raises(BadTime):
         ClaimFiring("work", NOW, MIN_LEASE_MS - 1).check()
-    with pytest.raises(BadCursorName):
+    with pytest.raises(BadGroupName):
         ClaimFiring("bad name", NOW, LEASE).check()
     with pytest.raises(BadTag):
         ClaimFiring("work", NOW, LEASE, Match()).check()

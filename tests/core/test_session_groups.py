@@ -10,6 +10,8 @@ and that a refused step changed nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 import pytest
 from hypothesis import settings
@@ -35,6 +37,8 @@ from session.groups import (
     GroupInfo,
     GroupSnapshot,
     Lease,
+    check_delay,
+    check_lease,
     claim_token,
     parse_token,
 )
@@ -240,6 +244,30 @@ def test_a_token_names_group_seq_and_attempt_and_a_malformed_one_is_refused() ->
         group.done("work:1:7", NOW)  # a forged later attempt is no more live than a stale one
 
 
+@pytest.mark.parametrize(
+    ("check", "ms", "says"),
+    [
+        (check_lease, 100_000_000, "lease 100,000 s is not between 1 s and 24 h"),
+        (check_lease, 999, "lease 0.999 s is not between 1 s and 24 h"),
+        (check_lease, 500, "lease 0.5 s is not between 1 s and 24 h"),
+        (check_lease, MAX_LEASE_MS + 1, "lease 86,400.001 s is not between 1 s and 24 h"),
+        (check_lease, -5_000, "lease -5 s is not between 1 s and 24 h"),
+        (check_delay, -1, "delay -0.001 s is not between 0 and 24 h"),
+        (check_delay, 90_000_000, "delay 90,000 s is not between 0 and 24 h"),
+    ],
+)
+def test_a_lease_or_a_delay_out_of_bounds_is_told_in_seconds(
+    check: Callable[[int], int], ms: int, says: str
+) -> None:
+    """``?lease=100000`` (seconds) was told "lease 100000000 ms": a unit the client never
+    used. Every client gives a lease or a delay in seconds or a duration but the line
+    protocol, and the bounds are told in seconds and hours: so is the value, exactly."""
+    with pytest.raises(BadTime) as refused:
+        check(ms)
+    assert refused.value.message == says
+    assert check(MIN_LEASE_MS) == MIN_LEASE_MS
+
+
 def test_every_argument_is_checked_before_anything_changes() -> None:
     group = Group.create("jobs", "work", 1, 3)
     claim = taken(group.claim(NOW, LEASE, 1, 3))
@@ -270,7 +298,7 @@ def test_every_argument_is_checked_before_anything_changes() -> None:
 def test_a_group_is_made_only_with_good_names_and_bounds() -> None:
     with pytest.raises(BadSessionId):
         Group("no good", "work")
-    with pytest.raises(ReplError, match="cursor name"):
+    with pytest.raises(ReplError, match=r"^group name 'two words'"):
         Group("jobs", "two words")
     with pytest.raises(BadSeq):
         Group("jobs", "work", -1)

@@ -227,6 +227,30 @@ def test_a_wait_on_two_sessions_returns_the_one_that_fired(inproc: InProcDaemon)
     assert cursor_of(sender, "a", "wait") is None, "the daemon acknowledges nothing itself"
 
 
+def test_a_wait_names_each_session_once_in_the_order_first_named_and_at_most_1024(
+    inproc: InProcDaemon,
+) -> None:
+    """A wait that names one session 100,000 times is refused (``bad_request`` naming the
+    bound), acknowledging nothing and keeping the connection; at the bound it is taken, and
+    a session named twice is waited on once, its batch where it was first named."""
+    c = inproc.client()
+    for s in ("a", "b"):
+        c.ok({"op": "start", "session": s})
+        c.ok({"op": "send", "session": s, "text": f"for {s}"})
+    many = {"op": "wait", "sessions": ["a"] * 100_000, "ack": {"a": 1}, "timeout_ms": 0}
+    assert c.call(many) == {
+        "ok": False,
+        "code": "bad_request",
+        "message": "wait names 100,000 sessions, more than the 1,024 one wait may name "
+        "(a session named twice counts twice): wait on fewer",
+    }
+    assert c.call({**many, "sessions": ["a", "b"] * 513})["code"] == "bad_request"  # 1,026
+    assert cursor_of(c, "a", "wait") is None  # its ack was not made
+    answer = c.ok({"op": "wait", "sessions": ["b", "a"] * 512, "timeout_ms": 0})
+    assert [b["session"] for b in answer["batches"]] == ["b", "a"]
+    assert texts(answer) == ["for b", "for a"]
+
+
 def test_a_wait_carries_the_previous_batchs_ack(inproc: InProcDaemon) -> None:
     c = inproc.client()
     c.ok({"op": "start", "session": "a"})

@@ -11,6 +11,7 @@ one with a replica each (through ``?replicas=1``): ``redis_any``.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -266,6 +267,45 @@ async def test_a_redis_that_stops_answering_fails_the_pipeline_and_the_next_one_
     assert isinstance(read, p.Firings)
     assert [f.result for f in read.firings] == ["before", "after"]
     await committer.close()
+
+
+async def test_a_redis_that_stops_answering_leaves_no_answer_unread_in_the_timer_task(
+    redis_single: RedisProc, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Redis paused past the pipeline's timeout when a timer comes due: the timer task's
+    claim fails, and then its read of every partition's earliest due time (one pipeline of
+    8 calls, each failed); it used to await them one by one and stop at the first failure,
+    and the 7 others were logged as "Future exception was never retrieved" (a failover,
+    several). Now every failure is taken, none is logged, and the timer fires once Redis
+    answers again."""
+    redis_single.flush()
+    monkeypatch.setattr(redis_store, "PIPELINE_TIMEOUT", 0.3)
+    clock = WatchedClock()
+    engine, committer = await opened(redis_single.url, clock=clock)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.run)
+        await committer.shared_timers.ready.wait()
+        await call(engine, p.Start(session="a"))
+        await call(engine, p.Schedule(session="a", text="due", in_="1s"))
+        await _asleep_until(clock.ms + 1000, committer)
+        with redis_single.admin() as admin:
+            admin.execute_command("CLIENT", "PAUSE", 5000, "ALL")
+            try:
+                clock.advance(1000)
+                # the claim failed (trying again in 0.1 s), then the read of the partitions
+                with anyio.fail_after(10):
+                    while "trying again in 0.2 s" not in caplog.text:  # noqa: ASYNC110 - the log is the event
+                        await anyio.sleep(0.01)
+            finally:
+                admin.execute_command("CLIENT", "UNPAUSE")
+        woken = await call(engine, p.Wait(sessions=["a"], cursor="c", timeout_ms=10_000))
+        assert isinstance(woken, p.Woken) and [f.result for f in woken.batches[0].firings] == [
+            "due"
+        ]
+        tg.cancel_scope.cancel()
+    await committer.close()
+    gc.collect()  # an unread failure is logged when its future goes
+    assert "never retrieved" not in caplog.text, caplog.text
 
 
 async def test_closing_the_store_answers_every_operation_still_on_its_way(
@@ -542,6 +582,35 @@ async def test_a_cluster_node_that_stops_answering_fails_only_its_own_calls(
         again = await call(engine, p.Read(session=slow, after=0))
         assert isinstance(again, p.Firings)
         assert [f.result for f in again.firings] == ["one", "two"]
+    finally:
+        await committer.close()
+
+
+async def test_a_replicated_change_on_a_node_that_stops_answering_fails_as_a_pipeline_would(
+    redis_cluster_replicated: RedisClusterProcs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``?replicas=1`` on a cluster a change goes on a connection of its own (its
+    script, then WAIT), bounded as a whole by the pipeline's timeout and the replicas'
+    wait: a primary that stops answering (paused here; frozen, or in DEBUG SLEEP, in a
+    failover) fails it with ``store_failed`` while it is still away, and the next change
+    there is answered once it is back."""
+    cluster = redis_cluster_replicated
+    cluster.flush()
+    monkeypatch.setattr(redis_store, "PIPELINE_TIMEOUT", 0.3)
+    spread = cluster.by_primary(["a", "b", "c", "d", "e", "f"])
+    paused, (session, *_) = next(iter(spread.items()))
+    engine, committer = await opened(store_url(cluster))  # ?replicas=1
+    try:
+        await call(engine, p.Start(session=session))
+        with cluster.node(paused).admin() as admin:
+            admin.execute_command("CLIENT", "PAUSE", 10_000, "ALL")
+            try:
+                with pytest.raises(StoreFailed, match="failed: "):
+                    await call(engine, p.Send(session=session, text="while paused"))
+            finally:
+                admin.execute_command("CLIENT", "UNPAUSE")
+        sent = await call(engine, p.Send(session=session, text="after"))
+        assert isinstance(sent, p.Sent) and sent.seq in (1, 2)  # the first may have run
     finally:
         await committer.close()
 

@@ -22,10 +22,18 @@ a model of scopes made of two more daemons, which only the root talks to:
   op finds a missing session before it looks into any other.
 
 The rights are the model's own table (``NEEDS``): a request needing a right
-the token lacks, a root-only op, or a ``start`` outside the patterns (or
-without an id) is ``forbidden``, with the engine's message. A refused or
-hidden request changes no session; any request by a token changes no
-session outside its patterns.
+the token lacks, a root-only op, a ``start`` outside the patterns (or
+without an id), or a ``group`` naming a dead-letter session outside them is
+``forbidden``, with the engine's message. The group ops (claim, done,
+release, extend, group, groups, claims) run like the rest; a claim or a
+``group`` that would make a group whose default dead-letter session
+(``ID.dead``) the token does not see is ``forbidden`` too, once its values
+and its session passed: the root's answer on the ghost (where the session
+exists) must be a success for that, and is the token's answer otherwise. A
+refused or hidden request changes no session; any request by a token
+changes no session outside its patterns, save the dead letter its release
+of a last attempt records in the dead-letter session the group's maker (who
+saw it) named.
 
 Waits also block: a principal's blocked wait (no timeout) is mirrored on
 ``B``; a firing or a stop in one of its sessions must answer it (on both,
@@ -64,6 +72,7 @@ from repl_daemon.backends.local.store import Store
 from repl_daemon.config import Config, Limits
 from repl_daemon.daemon import ensure_token, serve_engine
 from repl_daemon.engine import Engine
+from session.groups import default_dead_letter, unseen_dead_letter
 from session.scopes import Scope, missing_session
 from tests.helpers import Client, eventually, examples
 
@@ -168,6 +177,13 @@ NEEDS: dict[str, str | None] = {
     "timers": "admin",
     "cancel": "admin",
     "webhook": "admin",
+    "claim": "read",
+    "done": "read",
+    "release": "read",
+    "extend": "read",
+    "groups": "read",
+    "claims": "read",
+    "group": "admin",
     "token": ROOT_ONLY,
     "shutdown": ROOT_ONLY,
 }
@@ -180,6 +196,8 @@ IDS = ["team-a.1", "team-a.2", "team-b.1", "solo", "team-a.9", "team-c.1", "ghos
 INITIAL = IDS[:4]
 PATTERNS = ["team-a.*", "team-?.1", "solo", "*", "nomatch*", "team-[ab].2", "ghost", "team-a.1"]
 CURSORS = ["read", "wait", "c1", "poll"]
+GROUPS = ["work", "other"]
+GROUP_OPS = ("claim", "done", "release", "extend", "group", "groups", "claims")
 
 
 def covers(patterns: tuple[str, ...], session_id: str) -> bool:
@@ -255,11 +273,16 @@ def verdict(token: Principal, req: Json) -> tuple[str, str | None]:
         return "forbidden", (
             f"this token has no {need} right{where}: it needs a token with --can {need}"
         )
+    globs = ", ".join(dict.fromkeys(token.patterns))
     if op == "start" and (req.get("session") is None or not token.sees(req["session"])):
-        globs = ", ".join(dict.fromkeys(token.patterns))
         return "forbidden", (
             "a scoped token starts only sessions its patterns cover: give an id that "
             f"matches {globs}"
+        )
+    if op == "group" and req.get("dead_letter") is not None and not token.sees(req["dead_letter"]):
+        return "forbidden", (
+            "a scoped token names as a group's dead-letter session only a session its "
+            f"patterns cover: give one that matches {globs}"
         )
     if any(not token.sees(session_id) for session_id in named(req)):
         return "hidden", None
@@ -275,7 +298,8 @@ def verdict(token: Principal, req: Json) -> tuple[str, str | None]:
 # -- comparing the daemons ----------------------------------------------------------
 
 #: an answer's fields that differ between two daemons however alike their sessions are
-VOLATILE = ("ts", "due", "due_ms", "uptime_s", "pid", "store")  # each has a file of its own
+#: (each has a file of its own; a lease's end is on each daemon's clock)
+VOLATILE = ("ts", "due", "due_ms", "uptime_s", "pid", "store", "lease_until", "lease_until_ms")
 
 
 def norm(value: Any, ids: dict[str, str]) -> Any:
@@ -311,8 +335,39 @@ def norm_state(state: dict[str, tuple[Json, int]], ids: dict[str, str]) -> Json:
         timers = [{**t, "id": ids.get(t["id"], t["id"]), "due_ms": "*"} for t in snapshot["timers"]]
         firings = [norm({**f, "ts": "*"}, {}) for f in snapshot["firings"]]
         timers.sort(key=lambda t: str(t["id"]))
-        out[sid] = ({**snapshot, "timers": timers, "firings": firings}, evaluations)
+        groups = [
+            {
+                **g,
+                "leases": [[seq, attempt, "*"] for seq, attempt, _ in g["leases"]],
+                "delays": [[seq, "*", attempts] for seq, _, attempts in g["delays"]],
+            }
+            for g in snapshot["groups"]
+        ]
+        out[sid] = (
+            {**snapshot, "timers": timers, "firings": firings, "groups": groups},
+            evaluations,
+        )
     return out
+
+
+def dead_letter_of(state: dict[str, tuple[Json, int]], session_id: str, claim: Any) -> str:
+    """The dead-letter session of the group ``claim`` names, as ``state`` holds it."""
+    name = str(claim).rsplit(":", 2)[0]
+    for group in state[session_id][0]["groups"] if session_id in state else []:
+        if group["name"] == name and group["dead_letter"] is not None:
+            return str(group["dead_letter"])
+    return default_dead_letter(session_id)
+
+
+def makes_a_group(state: dict[str, tuple[Json, int]], req: Json) -> bool:
+    """Whether ``req`` (a claim, or a ``group`` with no dead-letter session) would make a
+    group of a session that exists: its group is not there yet."""
+    if req["op"] not in ("claim", "group") or req["session"] not in state:
+        return False
+    if req["op"] == "group" and req.get("dead_letter") is not None:
+        return False
+    names = {g["name"] for g in state[req["session"]][0]["groups"]}
+    return req.get("group", "work") not in names
 
 
 # -- a run: the principals, the requests, the checks ---------------------------------
@@ -463,18 +518,44 @@ class Run:
                 return
             if kind == "free":
                 assert a["ok"] is True and a["id"] == req["id"], (req, a)
+            elif makes_a_group(before, req) and not who.sees(default_dead_letter(req["session"])):
+                # refused once its values and its session passed (as the root's on the ghost)
+                g = as_told(who, self.ghost_answer(who, req, set(before)))
+                if g["ok"]:
+                    event("a token's group refused: it does not see its dead-letter session")
+                    g = {
+                        "id": req["id"],
+                        "ok": False,
+                        "code": "forbidden",
+                        "message": unseen_dead_letter(
+                            req["session"], req.get("group", "work")
+                        ).message,
+                    }
+                assert a == g, (req, a, g)
+                assert w.a.state() == before, (req, a)
+                return
             else:
                 b = who.b.call(self.twin(req))
                 self.learn(req, a, b)
                 expected = self.expected(who, req, norm(as_told(who, b), self.b_to_a))
                 assert norm(a, {}) == expected, (req, a, b)
-        woken = self.wake(req, a)
+        if req["op"] in GROUP_OPS:
+            event(f"{req['op']} by {'the root' if who.root else 'a token'}: {a.get('code', 'ok')}")
+        dead = died(req, a, before)
+        woken = self.wake(req, a, dead)
         after = self.same_state()
         for session_id in set(before) | set(after):
             if who.sees(session_id):
                 continue
             was, now = before.get(session_id), after.get(session_id)
-            if session_id in woken and was is not None and now is not None:
+            if session_id == dead:
+                # the group's maker named it, seeing it: the dead letter of the token's release
+                event("a token's release wrote a dead letter outside its patterns")
+                assert now is not None
+                last = now[0]["firings"][-1]
+                assert last["tags"]["dead.session"] == req["session"], (req, last)
+                assert now[0]["head"] == (0 if was is None else was[0]["head"]) + 1
+            elif session_id in woken and was is not None and now is not None:
                 # another's wait that this request woke read it (an evaluation): it is that
                 # wait's doing, and nothing in the session changed
                 assert now[0] == was[0], (req, session_id)
@@ -553,14 +634,20 @@ class Run:
             s: before[s] for s in before if not who.sees(s)
         }
 
-    def wake(self, req: Json, answer: Json) -> set[str]:
-        """The blocked waits that ``req`` must have answered: a new firing or a stop in one
-        of their sessions. They answer on ``A`` as on ``B``. The sessions they read."""
+    def wake(self, req: Json, answer: Json, dead: str | None = None) -> set[str]:
+        """The blocked waits that ``req`` must have answered: a new firing (a send's, or
+        the dead letter ``dead`` of a release) or a stop in one of their sessions. They
+        answer on ``A`` as on ``B``. The sessions they read."""
         woken: set[str] = set()
         op = req["op"]
+        changed = None
         if answer.get("ok") and ((op == "send" and not answer["duplicate"]) or op == "stop"):
+            changed = req["session"]
+        if dead is not None:
+            changed = dead
+        if changed is not None:
             for who in self.principals:
-                if who.pending is not None and req["session"] in who.pending:
+                if who.pending is not None and changed in who.pending:
                     woken.update(who.pending)
                     self.answered(who)
         return woken
@@ -606,6 +693,14 @@ class Run:
             self.ghost_root.close()
 
 
+def died(req: Json, answer: Json, before: dict[str, tuple[Json, int]]) -> str | None:
+    """The dead-letter session a release answered ``dead`` wrote its firing's dead letter
+    to (None: no dead letter)."""
+    if req["op"] != "release" or not answer.get("ok") or not answer["dead"]:
+        return None
+    return dead_letter_of(before, req["session"], req["claim"])
+
+
 def poll(check: Callable[[], bool]) -> None:
     """``eventually``, in smaller steps: the daemons answer in well under a millisecond."""
     deadline = time.monotonic() + 10
@@ -649,9 +744,12 @@ cursors = st.sampled_from(CURSORS) | st.just("two words")
 
 
 @st.composite
-def requests(draw: st.DrawFn, timers: list[str], mine: list[str]) -> Json:
+def requests(
+    draw: st.DrawFn, timers: list[str], mine: list[str], claims: list[tuple[str, str]]
+) -> Json:
     """A request of any op; its sessions are mostly ``mine`` (the ones its token sees that
-    exist), so that most requests get past the scope."""
+    exist), so that most requests get past the scope; a claim's token is mostly one of
+    ``claims`` (session, token: the leases held now)."""
     ids = st.sampled_from(mine) | any_id if mine else any_id
     some_ids = st.lists(ids, min_size=1, max_size=3)
     op = draw(
@@ -660,10 +758,14 @@ def requests(draw: st.DrawFn, timers: list[str], mine: list[str]) -> Json:
                 *("send", "send", "send", "read", "read", "wait", "wait", "ack", "cursors"),
                 *("poll", "buffer", "start", "stop", "stats", "sessions", "schedule"),
                 *("timers", "cancel", "webhook", "ping", "token", "shutdown", "auth"),
+                *("claim", "claim", "claim", "done", "release", "release", "extend"),
+                *("group", "group", "groups", "claims"),
             ]
         )
     )
     sid = draw(ids)
+    if op in ("claim", "done", "release", "extend", "group", "groups", "claims"):
+        return draw(group_requests(op, sid, claims))
     if op == "send":
         req: Json = {"op": op, "session": sid, "text": draw(st.sampled_from(["x", "y", ""]))}
         if draw(st.booleans()):
@@ -739,6 +841,54 @@ def requests(draw: st.DrawFn, timers: list[str], mine: list[str]) -> Json:
     return {"op": op}  # ping, shutdown
 
 
+@st.composite
+def group_requests(draw: st.DrawFn, op: str, sid: str, claims: list[tuple[str, str]]) -> Json:
+    """A request of a group op on ``sid``. Leases are long (a minute or more: none runs
+    out while an example runs, which would fire on A and B at different times), as are
+    delays; a lease under a second and a negative delay are refused."""
+    group = draw(st.sampled_from([*GROUPS, *GROUPS, *GROUPS, "two words"]))
+    if op == "claim":
+        req: Json = {"op": op, "session": sid, "group": group, "timeout_ms": 0}
+        if draw(st.integers(0, 9)) == 0:
+            req["timeout_ms"] = -5
+        if draw(st.booleans()):
+            req["lease_ms"] = draw(st.sampled_from([60_000, 3_600_000, 3_600_000, 999]))
+        if draw(st.integers(0, 3)) == 0:
+            req["from_now"] = True
+        return req
+    if op in ("done", "release", "extend"):
+        held = [c for c in claims if c[0] == sid]
+        made_up = st.sampled_from(["work:1:1", "other:2:1", "work:1:9", "not a claim"])
+        live = st.sampled_from(held).map(lambda c: c[1])
+        chosen = st.one_of(live, live, live, made_up) if held else made_up
+        req = {"op": op, "session": sid, "claim": draw(chosen)}
+        if op == "release" and draw(st.integers(0, 3)) == 0:
+            req["delay_ms"] = draw(st.sampled_from([3_600_000, -1]))
+        if op == "extend" and draw(st.booleans()):
+            req["lease_ms"] = draw(st.sampled_from([120_000, 999]))
+        return req
+    if op == "group":
+        req = {"op": op, "session": sid, "group": group}
+        if draw(st.booleans()):
+            req["max_attempts"] = draw(st.sampled_from([1, 1, 2, 0]))
+        if draw(st.booleans()):
+            req["dead_letter"] = draw(st.sampled_from([*IDS, "team-a.dlq", "bad id"]))
+        return req
+    if op == "claims" and draw(st.booleans()):
+        return {"op": op, "session": sid, "group": group}
+    return {"op": op, "session": sid}
+
+
+def held_claims(state: dict[str, tuple[Json, int]], sessions: list[str]) -> list[tuple[str, str]]:
+    """The leases held now in ``sessions``: (session, claim token)."""
+    return [
+        (sid, f"{group['name']}:{seq}:{attempt}")
+        for sid in sessions
+        for group in state[sid][0]["groups"]
+        for seq, attempt, _ in group["leases"]
+    ]
+
+
 patterns = st.lists(st.sampled_from(PATTERNS), min_size=1, max_size=2)
 rights = st.lists(st.sampled_from(RIGHTS), min_size=1, max_size=3, unique=True)
 
@@ -777,7 +927,7 @@ def play(run: Run, data: st.DataObject) -> None:
                 wait["ack"] = heads
             run.block(who, wait)
             continue
-        req = data.draw(requests(run.timers(), mine))
+        req = data.draw(requests(run.timers(), mine, held_claims(run.last, mine)))
         if who.root and req["op"] in ("token", "shutdown", "auth"):
             continue  # the root's token steps are above; it never shuts the daemon down
         if req["op"] == "auth":  # a second auth is refused, even with the root's token
@@ -907,3 +1057,87 @@ def test_a_token_cannot_shut_the_daemon_down(daemon: InProcess) -> None:
     assert root.ok({"op": "ping"})["version"]
     root.close()
     token.close()
+
+
+#: a request of every group op on session ``{}`` (a claim answers at once)
+GROUP_REQUESTS: list[Json] = [
+    {"op": "claim", "session": "{}", "timeout_ms": 0},
+    {"op": "claim", "session": "{}", "group": "other", "timeout_ms": 0},
+    {"op": "done", "session": "{}", "claim": "work:1:1"},
+    {"op": "release", "session": "{}", "claim": "work:1:1"},
+    {"op": "release", "session": "{}", "claim": "work:1:1", "delay_ms": 5000},
+    {"op": "extend", "session": "{}", "claim": "work:1:1", "lease_ms": 120_000},
+    {"op": "group", "session": "{}", "group": "work", "max_attempts": 1},
+    {"op": "group", "session": "{}", "group": "new", "dead_letter": "team-a.dlq"},
+    {"op": "groups", "session": "{}"},
+    {"op": "claims", "session": "{}"},
+    {"op": "claims", "session": "{}", "group": "work"},
+]
+
+
+def on(req: Json, session_id: str) -> Json:
+    return {k: session_id if v == "{}" else v for k, v in req.items()}
+
+
+def test_every_group_op_answers_a_hidden_session_as_a_missing_one(daemon: InProcess) -> None:
+    """Claim, done, release, extend, group, groups and claims by a token on another
+    tenant's session (with a group and a held claim) answer exactly as on a session never
+    started, and change nothing there: its claim stays held, its group as it was."""
+    root = daemon.root()
+    root.ok({"op": "start", "session": "team-b.1"})
+    root.ok({"op": "send", "session": "team-b.1", "text": "b's job"})
+    held = root.ok({"op": "claim", "session": "team-b.1", "timeout_ms": 0})
+    assert held["claim"] == "work:1:1"
+    before = daemon.state()
+    token = scoped(daemon, root, ["team-a.*"], ["read", "send", "admin"])
+    for req in GROUP_REQUESTS:
+        hidden = token.call(on(req, "team-b.1"))
+        missing = token.call(on(req, "team-b.404"))
+        assert hidden == json_replace(missing, "team-b.404", "team-b.1"), (req, hidden)
+        assert hidden["code"] == "no_such_session", (req, hidden)
+        assert hidden["message"] == (
+            "no session 'team-b.1': this token sees only team-a.*: check the id"
+        )
+    assert daemon.state() == before
+    root.close()
+    token.close()
+
+
+def json_replace(value: Json, old: str, new: str) -> Json:
+    encoded = msgspec.json.encode(value).replace(old.encode(), new.encode())
+    loaded: Json = msgspec.json.decode(encoded)
+    return loaded
+
+
+def test_a_token_points_no_group_at_a_session_it_does_not_see(daemon: InProcess) -> None:
+    """The issue's probe over the line protocol: an admin of team-a.* configured its group's
+    dead letters into team-b.secret (or a new id, then started) and wrote there; a read
+    token on exactly team-c.inbox started team-c.inbox.dead by its first claim. Each is
+    forbidden now, and nothing is configured, made or started."""
+    root = daemon.root()
+    for session_id in ("team-a.x", "team-b.secret", "team-c.inbox"):
+        root.ok({"op": "start", "session": session_id})
+        root.ok({"op": "send", "session": session_id, "text": "job"})
+    before = daemon.state()
+    admin = scoped(daemon, root, ["team-a.*"], ["read", "send", "admin"])
+    for elsewhere in ("team-b.secret", "team-b.new"):
+        req = {"op": "group", "session": "team-a.x", "group": "work", "dead_letter": elsewhere}
+        answer = admin.call({**req, "max_attempts": 1})
+        assert answer == {
+            "ok": False,
+            "code": "forbidden",
+            "message": "a scoped token names as a group's dead-letter session only a session "
+            "its patterns cover: give one that matches team-a.*",
+        }
+    root.ok({"op": "token", "action": "revoke", "name": "t"})
+    worker = scoped(daemon, root, ["team-c.inbox"], ["read"])
+    answer = worker.call({"op": "claim", "session": "team-c.inbox", "timeout_ms": 0})
+    assert answer == {
+        "ok": False,
+        "code": "forbidden",
+        "message": unseen_dead_letter("team-c.inbox", "work").message,
+    }
+    assert daemon.state() == before  # no group, no session started, no firing anywhere
+    root.close()
+    admin.close()
+    worker.close()

@@ -236,6 +236,21 @@ async def test_a_missing_session_is_a_tool_error_in_the_tools_words(
     assert (await call(session, "sessions"))["sessions"] is not None  # still up
 
 
+async def test_a_wait_names_each_session_once_and_at_most_1024(
+    daemon: DaemonProc, shared: ClientSession
+) -> None:
+    """The wait tool's sessions are the daemon's (rule 14): over the bound, one plain line
+    naming it, and nothing waited on; a session named twice is waited on once, its batch
+    where it was first named."""
+    repl = Repl(daemon)
+    first, second = repl.session("m-twice", "one"), repl.session("m-twice", "two")
+    text = await refused(shared, "wait", sessions=[first] * 1_025, timeout_s=0)
+    assert text == "repl: sessions names 1,025: one wait takes at most 1,024"
+    got = await call(shared, "wait", sessions=[second, first, second], timeout_s=0)
+    assert [b["session"] for b in got["batches"]] == [second, first]
+    assert [f["result"] for b in got["batches"] for f in b["firings"]] == ["two", "one"]
+
+
 async def test_every_error_speaks_of_tools_and_arguments_never_commands_or_upgrades(
     daemon: DaemonProc, shared: ClientSession
 ) -> None:

@@ -7,7 +7,8 @@ different firings and each is finished with ``done``; a stale ``done`` (its firi
 given back and claimed again) is a tool error naming ``lease_lost`` and changes
 nothing; a claim that times out says so and takes nothing (the next one gets the firing,
 attempt 1); one the client gave up on takes nothing either; ``release`` with a delay
-holds the job back, and ``extend`` moves the lease on.
+holds the job back, and ``extend`` moves the lease on; a scoped worker's tools see only
+its own sessions, and it makes no group whose dead-letter session it does not see.
 """
 
 from __future__ import annotations
@@ -44,10 +45,12 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProc]:
 
 
 @asynccontextmanager
-async def agent(d: DaemonProc) -> AsyncIterator[ClientSession]:
+async def agent(d: DaemonProc, token: str | None = None) -> AsyncIterator[ClientSession]:
     """``repl mcp`` for daemon ``d``, as a harness starts it (``tests/e2e/test_mcp.py``'s
-    ``agent``), and the SDK's session with it."""
+    ``agent``), and the SDK's session with it; with ``token`` (REPL_TOKEN), a scoped one's."""
     environment = {"REPL_ADDR": d.addr, "REPL_HOME": str(d.home)}
+    if token is not None:
+        environment["REPL_TOKEN"] = token
     environment.update({k: v for k, v in os.environ.items() if k.startswith("COVERAGE_")})
     params = StdioServerParameters(
         command=sys.executable,
@@ -125,6 +128,20 @@ async def test_the_claim_tools_are_listed_with_what_a_worker_needs(
     )
     assert {"session", "claim", "delay_s"} <= set(listed["release"].input_schema["properties"])
     assert {"session", "claim", "lease_s"} <= set(listed["extend"].input_schema["properties"])
+    # what a harness may call without asking: done and release change nothing more when
+    # called again (the second is lease_lost); claim takes another job, and extend moves
+    # the lease on again from now, so neither is idempotent; none destroys anything
+    hints = {
+        name: (listed[name].annotations.idempotent_hint, listed[name].annotations.read_only_hint)
+        for name in ("claim", "done", "release", "extend")
+        if listed[name].annotations is not None
+    }
+    assert hints == {
+        "claim": (False, False),
+        "done": (True, False),
+        "release": (True, False),
+        "extend": (False, False),
+    }
     assert "lease_lost" in (listed["done"].description or "")
 
 
@@ -233,3 +250,44 @@ async def test_release_with_a_delay_and_extend(daemon: DaemonProc, worker: Clien
     assert (await call(worker, "claim", session=s, timeout_s=0))["timed_out"] is True
     assert "lease_s" in await refused(worker, "extend", session=s, claim=long["claim"], lease_s=0)
     assert await call(worker, "done", session=s, claim=long["claim"]) == {"seq": 1}
+
+
+async def test_a_scoped_worker_claims_only_inside_its_patterns(daemon: DaemonProc) -> None:
+    """A worker agent's token on exactly its inbox: every claim tool on another tenant's
+    session (a held job there) is a tool error as for a session that does not exist, and
+    changes nothing; its first claim would make a group whose dead letters go to
+    mc-inbox.dead, which it does not see: refused, in the tools' words, making nothing.
+    Once the group is made for it, it claims, and a job's last attempt goes there."""
+    repl = Repl(daemon)
+    mine, theirs = repl.session("mc-inbox", "job"), repl.session("mc-theirs", "their job")
+    (held_there,) = repl.ask({"op": "claim", "session": theirs, "timeout_ms": 0})
+    before = (held(repl, theirs), counts(repl, theirs))
+    (made,) = repl.ask(
+        {"op": "token", "action": "add", "name": "mc-worker", "sessions": [mine], "can": ["read"]}
+    )
+    async with agent(daemon, made["token"]) as session:
+        for tool, arguments in (
+            ("claim", {"timeout_s": 0}),
+            ("done", {"claim": held_there["claim"]}),
+            ("release", {"claim": held_there["claim"]}),
+            ("extend", {"claim": held_there["claim"]}),
+        ):
+            text = await refused(session, tool, session=theirs, **arguments)
+            assert text == (
+                f"repl: no session '{theirs}': this token sees only {mine}: check the id "
+                "(code no_such_session)"
+            ), tool
+        assert (held(repl, theirs), counts(repl, theirs)) == before
+        text = await refused(session, "claim", session=mine, timeout_s=0)
+        assert text == (
+            f"repl: session '{mine}' has no group 'work', and a new group would send its dead "
+            f"letters to '{mine}.dead', which this token does not see: make the group first "
+            "with a dead-letter session the token sees (no tool makes a group: ask whoever "
+            f"runs the daemon), or with a token that sees '{mine}.dead' (code forbidden)"
+        )
+        assert counts(repl, mine) == []
+        repl.ask({"op": "group", "session": mine, "group": "work", "max_attempts": 1})
+        taken = await call(session, "claim", session=mine, timeout_s=5)
+        assert await call(session, "release", session=mine, claim=taken["claim"]) == {"dead": True}
+    # recorded in the step that made it dead (a local store: tests/daemon/ for Redis)
+    assert repl.ok("read", f"{mine}.dead", "--after", "0") == "on-message: job\n"

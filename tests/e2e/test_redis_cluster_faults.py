@@ -36,6 +36,7 @@ from tests.helpers import (
     Client,
     DaemonProc,
     RedisClusterProcs,
+    RedisProc,
     SharedDaemons,
     answered,
     eventually,
@@ -59,6 +60,8 @@ class Senders:
         self.sessions = sessions
         self.answered: list[list[tuple[str, int, str]]] = [[] for _ in range(count)]
         self.failed = [0] * count
+        #: the message of every ``store_failed`` answer
+        self.refusals: list[str] = []
         self.broken: list[BaseException] = []
         self.stopping = threading.Event()
         self.threads = [threading.Thread(target=self._send, args=(n,)) for n in range(count)]
@@ -86,6 +89,7 @@ class Senders:
                     self.answered[n].append((session, answer["seq"], text))
                 elif answer["code"] == "store_failed":
                     self.failed[n] += 1
+                    self.refusals.append(answer["message"])
                     time.sleep(0.02)
                 else:
                     raise AssertionError(answer)
@@ -336,6 +340,53 @@ def test_a_primary_killed_under_senders_with_replicas_loses_nothing_answered(
     for d in f.group.daemons:  # nothing answered was lost, so no head went back
         assert "went back" not in d.log.read_text()
     f.waits_resume()
+
+
+def role(node: RedisProc) -> str:
+    """``master`` or ``slave``, as the node says of itself."""
+    with node.admin() as admin:
+        return str(admin.info("replication")["role"])
+
+
+def test_a_primary_that_froze_past_the_node_timeout_comes_back_a_replica_cleanly(
+    failover_replicated: Failover,
+) -> None:
+    """The issue's probe (``DEBUG SLEEP`` of a primary; here SIGSTOP, the same freeze) under
+    four senders with ``?replicas=1``: its replica is promoted while it is frozen, and when
+    it wakes it is made a replica, which answers the WAITs it had blocked with an error
+    (UNBLOCKED). That error is read as one: a ``store_failed`` saying WAIT did not confirm
+    the change, never ``int() argument must be ... not 'ResponseError'``; the daemons read
+    the cluster's table again and find the new primary (sends to the frozen node's sessions
+    are answered again through every daemon); nothing answered is lost; and no daemon logs
+    a "Future exception was never retrieved" (several a failover were)."""
+    f = failover_replicated
+    victim, promoted = f.cluster.node(f.victim), f.cluster.node(f.replica)
+    senders = Senders(f.group, SESSIONS, 4)
+    try:
+        eventually(lambda: senders.count() > 300, 30, "sends before the freeze")
+        assert victim.proc is not None
+        victim.proc.send_signal(signal.SIGSTOP)
+        try:
+            eventually(lambda: role(promoted) == "master", 30, "the replica's promotion")
+            mark = senders.marks()
+        finally:
+            victim.proc.send_signal(signal.SIGCONT)
+        eventually(lambda: role(victim) == "slave", 30, "the frozen primary to be a replica")
+        eventually(
+            lambda: min(senders.answered_since(mark, f.victim_sessions)) > 30,
+            30,
+            "sends to the promoted replica through every daemon",
+        )
+    finally:
+        senders.stop()
+    assert senders.missing(f.stored()) == []
+    print("INT", len([m for m in senders.refusals if "int()" in m]))
+    for d in f.group.daemons:
+        log = d.log.read_text()
+        assert "never retrieved" not in log, log
+        assert "Traceback" not in log, log
+    told = [m for m in senders.refusals if "WAIT answered" in m]
+    print(f"{len(senders.refusals)} store_failed answers, {len(told)} of a WAIT refused")
 
 
 def test_a_primary_killed_without_replicas_loses_at_most_its_newest_firings(

@@ -137,12 +137,15 @@ def assert_hidden_like_missing(
 
 
 def state_of(repl: Repl, session: str) -> dict[str, Any]:
-    """All a root sees of a session: its row, its ring, its cursors, its timers."""
-    (listed, ring, cursors, timers) = repl.ask(
+    """All a root sees of a session: its row, its ring, its cursors, its timers, its groups
+    and the claims held."""
+    (listed, ring, cursors, timers, groups, claims) = repl.ask(
         {"op": "sessions"},
         {"op": "read", "session": session, "after": 0},
         {"op": "cursors", "session": session},
         {"op": "timers", "session": session},
+        {"op": "groups", "session": session},
+        {"op": "claims", "session": session},
     )
     (row,) = [r for r in listed["sessions"] if r["id"] == session]
     return {
@@ -150,6 +153,8 @@ def state_of(repl: Repl, session: str) -> dict[str, Any]:
         "firings": [(f["seq"], f["result"]) for f in ring["firings"]],
         "cursors": cursors["cursors"],
         "timers": timers["timers"],
+        "groups": groups["groups"],
+        "claims": claims["claims"],
     }
 
 
@@ -168,6 +173,14 @@ A_COMMANDS: list[tuple[int, list[str]]] = [
     (1, ["send", "{}", "later", "--in", "1h"]),
     (1, ["stats", "{}"]),
     (77, ["stop", "{}"]),
+    (1, ["claim", "{}", "--timeout", "10"]),
+    (1, ["claim", "{}", "--group", "other", "--json", "--timeout", "10"]),
+    (1, ["done", "{}", "work:1:1"]),
+    (1, ["release", "{}", "work:1:1"]),
+    (1, ["extend", "{}", "work:1:1"]),
+    (1, ["groups", "{}"]),
+    (1, ["claims", "{}", "--json"]),
+    (77, ["group", "{}", "work"]),  # needs admin: refused the same for either
 ]
 
 #: what the agent on team-b.* (read, send, admin) is answered as for a missing session: the
@@ -181,6 +194,8 @@ B_COMMANDS: list[tuple[int, list[str]]] = [
     (1, ["cancel", "{}", "t-0123456789ab"]),
     (1, ["webhook", "{}", "--remove"]),
     (77, ["start", "{}"]),
+    (1, ["group", "{}", "work", "--max-attempts", "1"]),
+    (1, ["group", "{}", "work", "--dead-letter", "team-b.dlq"]),
 ]
 
 
@@ -191,6 +206,7 @@ def test_two_agents_each_see_only_their_own_sessions(repl: Repl) -> None:
             {"op": "send", "session": session, "text": f"first of {session}"},
             {"op": "ack", "session": session, "cursor": "seen", "seq": 1},
             {"op": "schedule", "session": session, "text": "later", "in": "1h"},
+            {"op": "claim", "session": session, "timeout_ms": 0},  # work:1:1, held
         )
     a = Agent(repl, add_token(repl, "agent-a", "team-a.*", "read,send"))
     b = Agent(repl, add_token(repl, "agent-b", "team-b.*", "read,send,admin"))
@@ -233,6 +249,68 @@ def test_two_agents_each_see_only_their_own_sessions(repl: Repl) -> None:
     assert a.json("stats", "team-a.1")["sessions"][0]["head"] == 2
     assert b.ok("buffer", "team-b.1", "9") == ""
     assert [t["session"] for t in b.json("timers", "team-b.1")] == ["team-b.1"]
+
+
+def ids(repl: Repl) -> list[str]:
+    (listed,) = repl.ask({"op": "sessions"})
+    return sorted(row["id"] for row in listed["sessions"])
+
+
+def test_a_token_writes_into_no_other_tenants_session_through_a_group(repl: Repl) -> None:
+    """The issue's probe, as a user runs it: an admin of dl-a.* pointed its group's dead
+    letters at dl-b.secret (or a new id, which was then started), then released its job's
+    last attempt: its text landed in the other tenant's session. Now each `repl group` is
+    refused (77, one line) and configures nothing; its own dead-letter session works."""
+    repl.ask({"op": "start", "session": "dl-b.secret"})
+    agent = Agent(repl, add_token(repl, "dl-agent-a", "dl-a.*", "read,send,admin"))
+    assert agent.ok("start", "dl-a.x") == "dl-a.x\n"
+    for elsewhere in ("dl-b.secret", "dl-b.new"):
+        says = agent.fails(
+            77, "group", "dl-a.x", "work", "--max-attempts", "1", "--dead-letter", elsewhere
+        )
+        assert "dead-letter session only a session its patterns cover" in says
+        assert "give one that matches dl-a.*" in says
+    assert agent.json("groups", "dl-a.x") == []
+    agent.ok("group", "dl-a.x", "work", "--max-attempts", "1", "--dead-letter", "dl-a.dlq")
+    assert agent.ok("send", "dl-a.x", "into B") == "1\n"
+    claim = agent.ok("claim", "dl-a.x", "--timeout", "10").splitlines()[0]
+    released = agent.run("release", "dl-a.x", claim)
+    assert released.returncode == 0
+    assert "goes to the dead-letter session dl-a.dlq" in released.stderr
+    eventually(lambda: "dl-a.dlq" in ids(repl), what="the dead letter")
+    assert "dl-b.new" not in ids(repl)
+    assert repl.ok("read", "dl-b.secret", "--after", "0") == ""
+    assert repl.ok("read", "dl-a.dlq", "--after", "0") == "on-message: into B\n"
+
+
+def test_a_worker_that_cannot_see_the_default_dead_letter_session_makes_no_group(
+    repl: Repl,
+) -> None:
+    """A read token on exactly dl-c.inbox started dl-c.inbox.dead, outside its patterns, by
+    exhausting a job's attempts: its first claim made the group. Now that claim is refused
+    (77, one line saying what to do) and starts nothing; once an admin who sees
+    dl-c.inbox.dead made the group, the worker claims from it, and a job's last attempt
+    goes where that admin said."""
+    repl.ask(
+        {"op": "start", "session": "dl-c.inbox"},
+        {"op": "send", "session": "dl-c.inbox", "text": "job"},
+    )
+    worker = Agent(repl, add_token(repl, "dl-worker-c", "dl-c.inbox", "read"))
+    says = worker.fails(77, "claim", "dl-c.inbox", "--timeout", "10")
+    assert says == (
+        "repl: session 'dl-c.inbox' has no group 'work', and a new group would send its dead "
+        "letters to 'dl-c.inbox.dead', which this token does not see: make the group first "
+        "with a dead-letter session the token sees (`repl group dl-c.inbox work "
+        "--dead-letter SESSION`), or with a token that sees 'dl-c.inbox.dead'\n"
+    )
+    assert repl.ok("groups", "dl-c.inbox", "--json") == "[]\n"
+    assert "dl-c.inbox.dead" not in ids(repl)
+    repl.ok("group", "dl-c.inbox", "work", "--max-attempts", "1")  # the root sees it
+    claim = worker.ok("claim", "dl-c.inbox", "--timeout", "10").splitlines()[0]
+    assert claim == "work:1:1"
+    assert worker.run("release", "dl-c.inbox", claim).returncode == 0
+    eventually(lambda: "dl-c.inbox.dead" in ids(repl), what="the dead letter")
+    assert repl.ok("read", "dl-c.inbox.dead", "--after", "0") == "on-message: job\n"
 
 
 def test_a_right_the_token_lacks_is_77_in_one_line(repl: Repl) -> None:

@@ -249,9 +249,17 @@ def test_extend_moves_the_lease_on(web_api: Web) -> None:
 
 
 def test_a_read_only_token_claims_and_finishes_but_makes_no_group(web_api: Web) -> None:
+    """A worker's token that sees its session alone claims from a group made for it: its
+    own first claim would make one whose dead letters go to a session it does not see
+    (403, nothing made), and making a group needs admin."""
     s = web_api.session()
     web_api.send(s, "job")
     worker = scoped(web_api, "worker-claims", [s], ["read"])
+    status, refused = call(worker, "POST", f"/sessions/{s}/groups/work/claim?timeout=0")
+    assert (status, refused["code"]) == (403, "forbidden")
+    assert refused["message"].startswith(f"session '{s}' has no group 'work', and a new group")
+    assert groups(web_api, s) == []
+    assert call(web_api, "PUT", f"/sessions/{s}/groups/work", {})[0] == 200  # the root's
     taken = claim(worker, s)
     assert taken["claim"] == "work:1:1"
     assert step(worker, s, taken["claim"], "extend")[0] == 200
@@ -289,6 +297,44 @@ def test_a_client_that_hangs_up_mid_poll_takes_nothing(web_api: Web) -> None:
     assert web_api.request("GET", "/healthz", token=None)[0] == 200
 
 
+def test_a_groups_body_with_a_field_it_does_not_know_is_refused_naming_it(web_api: Web) -> None:
+    """A misspelt field (``max_attempt``) was ignored: the group made with 5 attempts, 200.
+    Now 400, naming it and the fields there are, and no group is made; a bad group name is
+    told as a group's, not a cursor's."""
+    s = web_api.session()
+    for method in ("PUT", "POST"):
+        status, refused = call(web_api, method, f"/sessions/{s}/groups/e", {"max_attempt": 9})
+        assert (status, refused) == (
+            400,
+            {
+                "code": "bad_request",
+                "message": "the body has no field 'max_attempt': send {\"max_attempts\": N, "
+                '"dead_letter": SESSION, "from_now": true}',
+            },
+        )
+    status, refused = call(web_api, "PUT", f"/sessions/{s}/groups/a%20b", {})
+    assert (status, refused) == (
+        400,
+        {
+            "code": "bad_group_name",
+            "message": "group name 'a b' is not 1-64 printable characters without whitespace",
+        },
+    )
+    assert groups(web_api, s) == []
+
+
+def test_a_lease_out_of_bounds_is_told_in_the_seconds_it_was_given_in(web_api: Web) -> None:
+    s = web_api.session()
+    for query, says in (
+        ("lease=100000", "lease 100,000 s is not between 1 s and 24 h"),
+        ("lease=0.5", "lease 0.5 s is not between 1 s and 24 h"),
+        ("lease=25h", "lease 90,000 s is not between 1 s and 24 h"),
+    ):
+        status, refused = call(web_api, "POST", f"/sessions/{s}/groups/work/claim?{query}")
+        assert (status, refused) == (400, {"code": "bad_time", "message": says}), query
+    assert groups(web_api, s) == []
+
+
 @pytest.mark.parametrize(
     ("method", "path", "body", "status", "code"),
     [
@@ -299,7 +345,11 @@ def test_a_client_that_hangs_up_mid_poll_takes_nothing(web_api: Web) -> None:
         ("POST", "/sessions/S/groups/work/claim?timeout=3601", None, 400, "bad_request"),
         ("POST", "/sessions/S/groups/work/claim?from_now=maybe", None, 400, "bad_request"),
         ("POST", "/sessions/S/groups/work/claim?match=Bad", None, 400, "bad_tag"),
-        ("POST", "/sessions/S/groups/a%20b/claim", None, 400, "bad_cursor_name"),
+        ("POST", "/sessions/S/groups/a%20b/claim", None, 400, "bad_group_name"),
+        ("GET", "/sessions/S/claims?group=a%20b", None, 400, "bad_group_name"),
+        ("PUT", "/sessions/S/groups/a%20b", b"{}", 400, "bad_group_name"),
+        ("PUT", "/sessions/S/groups/work", b'{"max_attempt": 9}', 400, "bad_request"),
+        ("POST", "/sessions/S/groups/work", b'{"from-now": true}', 400, "bad_request"),
         ("POST", "/sessions/nosuch/groups/work/claim", None, 404, "no_such_session"),
         ("GET", "/sessions/S/groups/work/claim", None, 405, "unknown_op"),
         ("POST", "/sessions/S/claims/bogus/done", None, 400, "bad_claim"),

@@ -143,6 +143,59 @@ async def test_a_scoped_token_has_its_rights_and_no_more(mcpd: DaemonProc) -> No
         assert "no_such_session" in refused.content[0].text  # type: ignore[union-attr]
 
 
+async def test_a_scoped_tokens_claim_tools_stay_inside_its_patterns(mcpd: DaemonProc) -> None:
+    """The claim tools of /mcp with a worker's token on exactly h-jobs: on another tenant's
+    session each is a tool error as for a missing session (its held job stays held); a
+    first claim that would make a group whose dead letters go to h-jobs.dead (which the
+    token does not see) is refused and makes nothing; a group made for it is claimed."""
+    root = mcpd.client()
+    for session in ("h-jobs", "h-theirs"):
+        root.ok({"op": "start", "session": session})
+        root.ok({"op": "send", "session": session, "text": f"job of {session}"})
+    held = root.ok({"op": "claim", "session": "h-theirs", "timeout_ms": 0})["claim"]
+    add = {"op": "token", "action": "add", "name": "h-worker", "sessions": ["h-jobs"]}
+    made = root.ok({**add, "can": ["read"]})
+    async with agent(mcpd, made["token"]) as session:
+        for tool, arguments in (
+            ("claim", {"timeout_s": 0}),
+            ("done", {"claim": held}),
+            ("release", {"claim": held}),
+            ("extend", {"claim": held}),
+        ):
+            refused = await session.call_tool(tool, {"session": "h-theirs", **arguments})
+            assert refused.is_error, tool
+            assert refused.content[0].text == (  # type: ignore[union-attr]
+                "repl: no session 'h-theirs': this token sees only h-jobs: check the id "
+                "(code no_such_session)"
+            )
+        refused = await session.call_tool("claim", {"session": "h-jobs", "timeout_s": 0})
+        assert refused.is_error
+        text = refused.content[0].text  # type: ignore[union-attr]
+        assert "'h-jobs.dead', which this token does not see" in text, text
+        assert text.endswith("(code forbidden)") and "`repl" not in text
+        assert root.ok({"op": "groups", "session": "h-jobs"})["groups"] == []
+        root.ok({"op": "group", "session": "h-jobs", "group": "work"})
+        taken = await call(session, "claim", session="h-jobs", timeout_s=5)
+        assert taken["claim"] == "work:1:1"
+        assert await call(session, "done", session="h-jobs", claim="work:1:1") == {"seq": 1}
+    claims = root.ok({"op": "claims", "session": "h-theirs"})["claims"]
+    assert [(c["seq"], c["attempt"]) for c in claims] == [(1, 1)]
+
+
+async def test_a_wait_names_each_session_once_and_at_most_1024(mcpd: DaemonProc) -> None:
+    root = mcpd.client()
+    root.ok({"op": "start", "session": "h-w1"})
+    root.ok({"op": "send", "session": "h-w1", "text": "one"})
+    async with agent(mcpd, mcpd.token) as session:
+        refused = await session.call_tool("wait", {"sessions": ["h-w1"] * 1_025, "timeout_s": 0})
+        assert refused.is_error
+        assert refused.content[0].text == (  # type: ignore[union-attr]
+            "repl: sessions names 1,025: one wait takes at most 1,024"
+        )
+        got = await call(session, "wait", sessions=["h-w1"] * 1_024, timeout_s=0)
+        assert [b["session"] for b in got["batches"]] == ["h-w1"]
+
+
 def test_no_token_or_a_wrong_one_is_401(mcpd: DaemonProc) -> None:
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic x"}):
         status, answer, body = post(mcpd, headers)

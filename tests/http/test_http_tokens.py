@@ -69,6 +69,29 @@ ROUTES: list[tuple[str, str, bytes | None, int]] = [
     ("GET", "/sessions/{}/events", None, 404),
     ("GET", "/sessions/{}/events?after=0", None, 404),
     ("GET", "/sessions/{}/events?after=5", None, 404),
+    # every route of groups and claims (SPEC §16)
+    ("POST", "/sessions/{}/groups/work/claim?timeout=0", None, 404),
+    ("POST", "/sessions/{}/groups/other/claim?timeout=5&lease=120&match=k", None, 404),
+    ("POST", "/sessions/{}/groups/work/claim?timeout=0&lease=0.5", None, 400),
+    ("POST", "/sessions/{}/claims/work:1:1/done", None, 404),
+    ("POST", "/sessions/{}/claims/work:1:1/release", None, 404),
+    ("POST", "/sessions/{}/claims/work:1:1/release?delay=5", None, 404),
+    ("POST", "/sessions/{}/claims/work:1:1/extend", None, 404),
+    ("POST", "/sessions/{}/claims/work:1:1/extend?lease=120", None, 404),
+    ("POST", "/sessions/{}/claims/nonsense/done", None, 400),
+    ("GET", "/sessions/{}/groups", None, 404),
+    ("GET", "/sessions/{}/claims", None, 404),
+    ("GET", "/sessions/{}/claims?group=work", None, 404),
+    # a group is made with admin, which this token lacks: refused the same either way
+    ("PUT", "/sessions/{}/groups/work", b'{"max_attempts": 1}', 403),
+    ("POST", "/sessions/{}/groups/work", b"{}", 403),
+]
+
+#: the routes of groups an admin token uses, with the status for a missing session
+ADMIN_ROUTES: list[tuple[str, str, bytes | None, int]] = [
+    ("PUT", "/sessions/{}/groups/work", b'{"max_attempts": 1}', 404),
+    ("POST", "/sessions/{}/groups/new", b'{"dead_letter": "mine.dlq"}', 404),
+    ("PUT", "/sessions/{}/groups/work", b'{"max_attempts": 0}', 400),
 ]
 
 
@@ -89,11 +112,36 @@ def test_a_scoped_token_sends_and_reads_its_own_sessions(web_api: Web) -> None:
     assert ring(web_api, "own-a.1") == [(1, "one")]
 
 
+def held_there(web_api: Web, session: str) -> tuple[Any, Any]:
+    """The groups and the held claims of ``session``, as the root sees them."""
+    client = web_api.daemon.client()
+    groups = client.ok({"op": "groups", "session": session})["groups"]
+    return groups, client.ok({"op": "claims", "session": session})["claims"]
+
+
 def test_out_of_scope_is_404_exactly_as_a_missing_session(web_api: Web) -> None:
     start(web_api, "mine.1", "theirs.1")
     web_api.send("theirs.1", "secret")
+    taken = web_api.daemon.client().ok({"op": "claim", "session": "theirs.1", "timeout_ms": 0})
+    assert taken["claim"] == "work:1:1"  # theirs: held, its group made
+    before = held_there(web_api, "theirs.1")
     agent = scoped(web_api, "http-scope", ["mine.*"], ["read", "send"])
-    for method, route, body, expected in ROUTES:
+    assert_hidden_like_missing(agent, ROUTES)
+    admin = scoped(web_api, "http-scope-admin", ["mine.*"], ["read", "send", "admin"])
+    assert_hidden_like_missing(admin, ADMIN_ROUTES, starts=True)
+    assert ring(web_api, "theirs.1") == [(1, "secret")]  # nothing recorded there
+    assert held_there(web_api, "theirs.1") == before  # still held, the group as it was
+    # the root sees it
+    assert web_api.request("GET", "/sessions/theirs.1/firings?after=0")[0] == 200
+
+
+def assert_hidden_like_missing(
+    agent: Web, routes: list[tuple[str, str, bytes | None, int]], starts: bool = False
+) -> None:
+    """Each route on theirs.1 (hidden from ``agent``: mine.* only) answers as on a session
+    never started, outside the patterns or inside them (less the advice: ``starts``, the
+    token may start an id of its patterns)."""
+    for method, route, body, expected in routes:
         status, _, hidden = agent.request(method, route.format("theirs.1"), body)
         assert status == expected, (route, hidden)
         if status == 404:
@@ -111,10 +159,8 @@ def test_out_of_scope_is_404_exactly_as_a_missing_session(web_api: Web) -> None:
         got, _, answer = agent.request(method, route.format("mine.404"), body)
         assert got == status and answer["code"] == hidden["code"], route
         if status == 404:
-            assert "this token cannot start it" in answer["message"]
-    assert ring(web_api, "theirs.1") == [(1, "secret")]  # nothing recorded there
-    # the root sees it
-    assert web_api.request("GET", "/sessions/theirs.1/firings?after=0")[0] == 200
+            advice = "start it with POST /sessions" if starts else "this token cannot start it"
+            assert advice in answer["message"], route
 
 
 def test_a_right_the_token_lacks_is_403_and_records_nothing(web_api: Web) -> None:
@@ -124,17 +170,71 @@ def test_a_right_the_token_lacks_is_403_and_records_nothing(web_api: Web) -> Non
     sender = scoped(web_api, "http-sender", ["rights.*"], ["send"])
     status, _, body = reader.request("POST", "/sessions/rights.1/firings", b"refused")
     assert (status, body["code"]) == (403, "forbidden") and "send" in body["message"]
-    for route in (
-        "/sessions/rights.1/firings",
-        "/sessions/rights.1/events?after=0",
-        "/sessions/rights.1/events",  # from the head: refused at once too, not in the stream
+    for method, route in (
+        ("GET", "/sessions/rights.1/firings"),
+        ("GET", "/sessions/rights.1/events?after=0"),
+        ("GET", "/sessions/rights.1/events"),  # from the head: refused at once, not in a stream
+        ("POST", "/sessions/rights.1/groups/work/claim?timeout=0"),
+        ("POST", "/sessions/rights.1/claims/work:1:1/done"),
+        ("POST", "/sessions/rights.1/claims/work:1:1/release"),
+        ("POST", "/sessions/rights.1/claims/work:1:1/extend"),
+        ("GET", "/sessions/rights.1/groups"),
+        ("GET", "/sessions/rights.1/claims"),
     ):
-        status, _, body = sender.request("GET", route)
+        status, _, body = sender.request(method, route)
         assert (status, body["code"]) == (403, "forbidden"), route
         assert "read" in body["message"]
+    status, _, body = reader.request("PUT", "/sessions/rights.1/groups/work", b"{}")
+    assert (status, body["code"]) == (403, "forbidden") and "admin right" in body["message"]
+    assert web_api.daemon.client().ok({"op": "groups", "session": "rights.1"})["groups"] == []
     assert ring(web_api, "rights.1") == [(1, "there")]
     assert reader.request("GET", "/sessions/rights.1/firings")[0] == 200
     assert sender.send("rights.1", "sent")[0] == 201
+
+
+def test_a_group_writes_into_no_session_outside_the_patterns(web_api: Web) -> None:
+    """The issue's probe over HTTP: an admin of group-a.* set its group's dead letters to
+    group-b.secret (or a new id, then started) with PUT, and its job's last attempt wrote
+    there. Refused now (403, nothing configured, nothing started); and a read token on
+    exactly group-c.inbox, whose first claim made a group whose dead letters went to
+    group-c.inbox.dead, is refused that claim in HTTP's words."""
+    start(web_api, "group-a.x", "group-b.secret", "group-c.inbox")
+    admin = scoped(web_api, "http-group-a", ["group-a.*"], ["read", "send", "admin"])
+    for elsewhere in ("group-b.secret", "group-b.new"):
+        for method in ("PUT", "POST"):
+            body = json.dumps({"max_attempts": 1, "dead_letter": elsewhere}).encode()
+            status, _, refused = admin.request(method, "/sessions/group-a.x/groups/work", body)
+            assert (status, refused) == (
+                403,
+                {
+                    "code": "forbidden",
+                    "message": "a scoped token names as a group's dead-letter session only a "
+                    "session its patterns cover: give one that matches group-a.*",
+                },
+            )
+    root = web_api.daemon.client()
+    assert root.ok({"op": "groups", "session": "group-a.x"})["groups"] == []
+    body = json.dumps({"max_attempts": 1, "dead_letter": "group-a.dlq"}).encode()
+    status, _, made = admin.request("PUT", "/sessions/group-a.x/groups/work", body)
+    assert status == 200 and made["dead_letter"] == "group-a.dlq"
+    worker = scoped(web_api, "http-group-c", ["group-c.inbox"], ["read"])
+    route = "/sessions/group-c.inbox/groups/work/claim?timeout=0"
+    status, _, refused = worker.request("POST", route)
+    assert (status, refused) == (
+        403,
+        {
+            "code": "forbidden",
+            "message": "session 'group-c.inbox' has no group 'work', and a new group would "
+            "send its dead letters to 'group-c.inbox.dead', which this token does not see: "
+            "make the group first with a dead-letter session the token sees (PUT "
+            '/sessions/group-c.inbox/groups/work with the body {"dead_letter": SESSION}), or '
+            "with a token that sees 'group-c.inbox.dead'",
+        },
+    )
+    assert root.ok({"op": "groups", "session": "group-c.inbox"})["groups"] == []
+    listed = {row["id"] for row in root.ok({"op": "sessions"})["sessions"]}
+    assert not {"group-b.new", "group-c.inbox.dead"} & listed
+    assert ring(web_api, "group-b.secret") == []
 
 
 def test_metrics_are_the_roots_and_sessions_lists_only_the_tokens_own(web_api: Web) -> None:

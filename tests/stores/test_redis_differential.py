@@ -515,6 +515,9 @@ class GroupStep(msgspec.Struct, frozen=True):
     pick: int | None = None
     max_attempts: int | None = None
     dead_letter: str | None = None
+    #: whether whoever asks sees the default dead-letter session (False: a scoped token
+    #: that does not, whose claim or configure must make no group)
+    sees: bool = True
 
 
 class Clock:
@@ -533,7 +536,7 @@ class Clock:
         now = self.now
         match step.kind:
             case "claim":
-                return ClaimFiring(step.group, now, step.ms, step.match, step.from_now)
+                return ClaimFiring(step.group, now, step.ms, step.match, step.from_now, step.sees)
             case "done":
                 return Finish(self.token(step), now)
             case "release":
@@ -544,7 +547,7 @@ class Clock:
                 return ExpireGroups(now)
             case "configure":
                 return ConfigureGroup(
-                    step.group, now, step.max_attempts, step.dead_letter, step.from_now
+                    step.group, now, step.max_attempts, step.dead_letter, step.from_now, step.sees
                 )
             case "groups":
                 return GroupTable(now)
@@ -555,6 +558,7 @@ group_names = st.sampled_from(["work", "work", "work", "other", "a b"])
 #: mostly a claim answered before (its token live or stale by now), at times a made-up one
 picks = st.one_of(st.integers(0, 9), st.integers(0, 9), st.integers(0, 9), st.none())
 leases = st.sampled_from([1000] * 6 + [3000] * 2 + [999, 86_400_001])
+sees = st.sampled_from([True, True, True, False])
 group_kinds = {
     "record": tag_kinds["record"],
     "limit": st.builds(SetLimit, limit=st.sampled_from([0, 2, 5, 12])),
@@ -566,6 +570,7 @@ group_kinds = {
         ms=leases,
         match=st.none() | st.none() | pool_matches,
         from_now=st.booleans(),
+        sees=sees,
     ),
     "done": st.builds(GroupStep, kind=st.just("done"), pick=picks),
     "release": st.builds(
@@ -583,6 +588,7 @@ group_kinds = {
         max_attempts=st.sampled_from([None, 1, 1, 2, 2, 0]),
         dead_letter=st.sampled_from([None, "dead", "a", "b", "c", "bad id"]),
         from_now=st.booleans(),
+        sees=sees,
     ),
     "groups": st.just(GroupStep(kind="groups")),
     "claims": st.builds(GroupStep, kind=st.just("claims"), group=st.sampled_from(["*", "work"])),

@@ -33,6 +33,7 @@ from session.groups import (
     lease_lost,
     parse_token,
     too_many_groups,
+    unseen_dead_letter,
 )
 from session.ops import ClaimFiring, ConfigureGroup, Extend, Finish, Release
 from session.rules import DEFAULT_MAX_ATTEMPTS, MAX_GROUPS
@@ -70,6 +71,8 @@ def _refusal(session_id: str, token: str) -> Callable[[str, str], ReplError | No
             return lease_lost(token, why, session_id)
         if code == "too_many":
             return too_many_groups(session_id)
+        if code == "forbidden":
+            return unseen_dead_letter(session_id, parse_token(token)[0])
         return None
 
     return worded
@@ -118,6 +121,7 @@ class GroupCalls:
             MAX_GROUPS,
             DEFAULT_MAX_ATTEMPTS,
             self.store.origin,
+            "1" if op.sees_default_dead_letter else "0",
         )
 
         def claimed(answer: list[Any]) -> tuple[Taken | None, Stepped]:
@@ -188,6 +192,7 @@ class GroupCalls:
             "1" if op.from_now else "0",
             MAX_GROUPS,
             DEFAULT_MAX_ATTEMPTS,
+            "1" if op.sees_default_dead_letter else "0",
         )
         return self.store._script(
             "CONFIGURE_GROUP",

@@ -45,7 +45,7 @@ from msgspec.structs import replace
 
 from repl_daemon.backends.redis.claims import GroupCalls, Stepped
 from repl_daemon.backends.redis.keys import AUTH, is_partition, partition_of
-from repl_daemon.backends.redis.store import RedisStore
+from repl_daemon.backends.redis.store import RedisStore, let_go
 from repl_daemon.backends.redis.timers import SharedTimers
 from repl_daemon.backends.redis.wakes import Wakes, heard
 from repl_daemon.engine.clock import REAL, Clock
@@ -637,7 +637,7 @@ class SharedCommitter:
         ids = [session_id] if session_id is not None else await self.store.ids()
         asked = [self.store.summary(one) for one in ids]  # one pipeline for them all
         rows = []
-        try:
+        with let_go(asked):  # after a failure: the rest are not wanted
             for future in asked:
                 try:
                     rows.append(self._with_owed(await future))
@@ -645,10 +645,6 @@ class SharedCommitter:
                     if session_id is not None:
                         raise
                     # stopped between the scan and its look: not there, so not listed
-        finally:
-            for future in asked:  # after a failure: the rest are not wanted
-                if not future.cancel() and not future.cancelled():
-                    future.exception()
         return rows
 
     def timers(self, session_id: str | None) -> Outcome[list[Timer]]:
@@ -659,12 +655,13 @@ class SharedCommitter:
             ids = [session_id] if session_id is not None else await self.store.ids()
             asked = [self.store.timer_list(one) for one in ids]  # one pipeline for them all
             timers: list[Timer] = []
-            for future in asked:
-                try:
-                    timers += await future
-                except NoSuchSession:
-                    if session_id is not None:
-                        raise
+            with let_go(asked):  # after a failure: the rest are not wanted
+                for future in asked:
+                    try:
+                        timers += await future
+                    except NoSuchSession:
+                        if session_id is not None:
+                            raise
             timers.sort(key=timer_order)
             return timers
 
@@ -712,16 +709,21 @@ def _then(future: asyncio.Future[A], step: Callable[[A], B]) -> asyncio.Future[B
     mapped: asyncio.Future[B] = future.get_loop().create_future()
 
     def done(answered: asyncio.Future[A]) -> None:
-        if mapped.done():
-            return
         if answered.cancelled():
             mapped.cancel()
             return
-        error = answered.exception()
+        error = answered.exception()  # taken even when nobody wants it any more
+        if mapped.done():
+            return
         if error is not None:
             mapped.set_exception(error)
             return
         mapped.set_result(step(answered.result()))
 
+    def given_up(mapped: asyncio.Future[B]) -> None:
+        if mapped.cancelled():  # nobody wants the answer: a call not sent yet is not sent
+            future.cancel()
+
     future.add_done_callback(done)
+    mapped.add_done_callback(given_up)
     return mapped

@@ -169,13 +169,15 @@ local function group_deadline()
   return soonest or -1
 end
 -- the group ``name``, or a new one (from the oldest firing, or after the head with
--- from_now) unless the session has max_groups: then the refusal
-local function group_or_new(name, first, head, from_now, max_groups, max_attempts)
+-- from_now) unless the session has max_groups, or whoever asks does not see the dead-letter
+-- session the new group would have (sees ~= '1'): then the refusal
+local function group_or_new(name, first, head, from_now, max_groups, max_attempts, sees)
   local g = load_group(name)
   if g ~= nil then return g, nil end
   if redis.call('HLEN', groups) >= tonumber(max_groups) then
     return nil, {'err', 'too_many', 'groups'}
   end
+  if sees ~= '1' then return nil, {'err', 'forbidden', 'dead_letter'} end
   local start = first - 1
   if from_now then start = head end
   return {name = name, t = start, x = 0, o = 0, m = tonumber(max_attempts), q = '',
@@ -202,8 +204,10 @@ end
 _GROUP = _PRELUDE + _GROUPS
 
 #: ARGV: group, now, lease (ms), match (JSON, '' for none), from_now ('1'), max_groups,
-#: max_attempts (a new group's), origin. Expires the group's leases that ran out, then
-#: takes its oldest claimable firing that the match holds for (``Groups.claim``).
+#: max_attempts (a new group's), origin, whether the claimer sees the default dead-letter
+#: session ('1'; else a group this claim would make is refused). Expires the group's
+#: leases that ran out, then takes its oldest claimable firing that the match holds for
+#: (``Groups.claim``).
 #: Answers {'ok', seq (0: none), attempt, lease_until, lost, entry, outbox length,
 #: the session's next group deadline (-1: none), claimable again (1 or 0)}.
 CLAIM_GROUP = (
@@ -214,7 +218,7 @@ if not m[1] then return missing() end
 local name, now, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local head = tonumber(m[1])
 local first = math.min(ring_first(head), head + 1)
-local g, refused = group_or_new(name, first, head, ARGV[5] == '1', ARGV[6], ARGV[7])
+local g, refused = group_or_new(name, first, head, ARGV[5] == '1', ARGV[6], ARGV[7], ARGV[9])
 if refused then return refused end
 local again = expire(g, now, first)
 trim(g, first)
@@ -344,9 +348,10 @@ return {'ok', again, redis.call('LLEN', outbox), group_deadline()}
 )
 
 #: ARGV: group, now, max_attempts ('' to keep), dead_letter ('' to keep), from_now ('1'),
-#: max_groups, max_attempts (a new group's). Creates the group (``repl group``) or sets
-#: what is given. Answers {'ok', its counts: name, done, ready, held, delayed, dead,
-#: max_attempts, dead_letter ('' for the default)}.
+#: max_groups, max_attempts (a new group's), whether whoever asks sees the default
+#: dead-letter session ('1'; else a group made without dead_letter is refused). Creates
+#: the group (``repl group``) or sets what is given. Answers {'ok', its counts: name,
+#: done, ready, held, delayed, dead, max_attempts, dead_letter ('' for the default)}.
 CONFIGURE_GROUP = (
     _GROUP
     + """
@@ -354,7 +359,9 @@ local m = redis.call('HMGET', meta, 'head', 'evals')
 if not m[1] then return missing() end
 local name, now, head = ARGV[1], tonumber(ARGV[2]), tonumber(m[1])
 local first = math.min(ring_first(head), head + 1)
-local g, refused = group_or_new(name, first, head, ARGV[5] == '1', ARGV[6], ARGV[7])
+local sees = ARGV[8]
+if ARGV[4] ~= '' then sees = '1' end  -- a dead-letter session of its own: checked before
+local g, refused = group_or_new(name, first, head, ARGV[5] == '1', ARGV[6], ARGV[7], sees)
 if refused then return refused end
 if ARGV[3] ~= '' then g.m = tonumber(ARGV[3]) end
 if ARGV[4] ~= '' then g.q = ARGV[4] end

@@ -48,7 +48,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar, cast
 
 import anyio
@@ -513,17 +513,10 @@ class RedisStore:
                 call.finish(error=failure)
             return
         self.counts.commits.observe(time.perf_counter() - began)
-        if waits:
-            acked = results[len(batch)]
-            if isinstance(acked, Exception) or int(acked) < self.target.replicas:
-                replicas = self.target.replicas
-                failure = StoreFailed(
-                    f"only {acked} of {replicas} replicas confirmed the change within "
-                    f"{REPLICA_TIMEOUT_MS} ms: it may be lost in a failover (?replicas={replicas})"
-                )
-                for call in batch:
-                    if call.change:
-                        call.finish(error=failure)
+        if waits and (lost := unreplicated(self.target, results[len(batch)])) is not None:
+            for call in batch:
+                if call.change:
+                    call.finish(error=lost)
         for call, result in zip(batch, results, strict=False):
             if isinstance(result, Exception):
                 call.finish(error=failed(self.target, result))
@@ -707,17 +700,14 @@ class RedisStore:
         replica has no scripts: Redis does not replicate its script cache).
         One Redis takes the pipeline's path instead, with one WAIT a batch.
         """
-        replicas = self.target.replicas
         # each change takes a connection of its own here (WAIT counts its writes): at most
         # REPLICATED_IN_FLIGHT at once, so a burst waits for one rather than being refused
         assert self._replicated is not None, "open() makes it"
         async with self._replicated:
             answer, acked = await self._on_primary(self._scripts[script], keys, args)
-        if answer[0] == b"ok" and int(acked) < replicas:
-            raise StoreFailed(
-                f"only {acked} of {replicas} replicas confirmed the change within "
-                f"{REPLICA_TIMEOUT_MS} ms: it may be lost in a failover (?replicas={replicas})"
-            )
+        failure = unreplicated(self.target, acked) if answer[0] == b"ok" else None
+        if failure is not None:
+            raise failure
         return answer
 
     async def _on_primary(
@@ -742,7 +732,17 @@ class RedisStore:
         for attempt in (1, 2):
             try:
                 node = self.client.get_node_from_key(keys[0])
-                return await _on_node(node, script, keys, args, self.target.replicas)
+                # a node that stops answering (frozen, DEBUG SLEEP) fails the change as a
+                # pipeline's would, rather than holding it until the node is back
+                with anyio.fail_after(PIPELINE_TIMEOUT + REPLICA_TIMEOUT_MS / 1000):
+                    replies = await _on_node(node, script, keys, args, self.target.replicas)
+                answer, acked = replies
+                if isinstance(acked, Exception):
+                    # WAIT refused (UNBLOCKED: the node was made a replica while it waited, a
+                    # failover): the change is answered as not replicated, and the next one
+                    # goes where the cluster's table says now
+                    await self._refresh()
+                return answer, acked
             except MovedError:
                 await self._refresh()
                 if attempt == 2:
@@ -1119,6 +1119,39 @@ async def _on_node(
         return answer, acked
     finally:
         node.release(connection)
+
+
+@contextlib.contextmanager
+def let_go(futures: Iterable[asyncio.Future[Any]]) -> Iterator[None]:
+    """Await ``futures`` one by one in the block; on the way out (a failure that ended it
+    early, most often), each one still unanswered is cancelled (a call not sent yet is
+    dropped from its pipeline) and each answered one's error is taken, so that an answer
+    nobody wanted any more is never logged as "Future exception was never retrieved"
+    (a failover used to log several)."""
+    try:
+        yield
+    finally:
+        for future in futures:
+            if not future.cancel() and not future.cancelled():
+                future.exception()
+
+
+def unreplicated(target: Target, acked: Any) -> StoreFailed | None:
+    """What ``WAIT``'s reply makes of the changes before it: None when enough replicas
+    have them; else their answer, ``store_failed`` (they are in Redis, perhaps on no
+    replica). An error reply is read as one, never as a count."""
+    replicas = target.replicas
+    if isinstance(acked, Exception):
+        return StoreFailed(
+            f"redis at {target.name} did not confirm that {_replicas(replicas)} "
+            f"have the change (WAIT answered: {reason(acked)}): it may be lost in a failover"
+        )
+    if int(acked) < replicas:
+        return StoreFailed(
+            f"only {int(acked)} of {replicas} replicas confirmed the change within "
+            f"{REPLICA_TIMEOUT_MS} ms: it may be lost in a failover (?replicas={replicas})"
+        )
+    return None
 
 
 def _firing(entry: Any) -> Firing:

@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable, Iterable
 import anyio
 
 from repl_daemon.backends.redis.keys import PARTITION_IDS, partition_of
-from repl_daemon.backends.redis.store import RedisStore
+from repl_daemon.backends.redis.store import RedisStore, let_go
 from repl_daemon.backends.redis.wakes import Wakes
 from repl_daemon.engine.clock import REAL, Clock
 from repl_daemon.engine.committer import Listener
@@ -182,8 +182,9 @@ class SharedTimers:
                 await self.wakes.subscribe(partition)
         self._asking(PARTITION_IDS)
         asked = [self.store.index(partition) for partition in PARTITION_IDS]
-        for partition, earliest in zip(PARTITION_IDS, asked, strict=True):
-            self._answered(partition, await earliest)
+        with let_go(asked):  # one failed (its node is away): read again, the rest unwanted
+            for partition, earliest in zip(PARTITION_IDS, asked, strict=True):
+                self._answered(partition, await earliest)
         self.ready.set()
 
     async def _turn(self) -> None:
@@ -226,20 +227,40 @@ class SharedTimers:
         claims = [self.store.claim(p, now, lease, CLAIM_MAX) for p in partitions]
         by_session: dict[str, list[str]] = {}
         failure: StoreFailed | None = None  # one partition's failure does not stop the others
-        for partition, claim in zip(partitions, claims, strict=True):
-            try:
-                pairs, earliest = await claim
-            except StoreFailed as exc:
-                failure = exc
-                continue
-            self._answered(partition, now if len(pairs) == CLAIM_MAX else earliest)
-            for session_id, timer_id in pairs:
-                by_session.setdefault(session_id, []).append(timer_id)
+        with let_go(claims):
+            for partition, claim in zip(partitions, claims, strict=True):
+                try:
+                    pairs, earliest = await claim
+                except StoreFailed as exc:
+                    failure = exc
+                    continue
+                self._answered(partition, now if len(pairs) == CLAIM_MAX else earliest)
+                for session_id, timer_id in pairs:
+                    by_session.setdefault(session_id, []).append(timer_id)
         expiring = self._expiring(by_session, now)
         fires = {
             session_id: self.store.fire_timers(session_id, ids, now, ts)
             for session_id, ids in by_session.items()
         }
+        with let_go([*fires.values(), *expiring.values()]):  # an error not foreseen below
+            count, failure = await self._fired(by_session, fires, expiring, now, lease, failure)
+        if count:
+            self.listener.fired(count)
+        if failure is not None:
+            raise failure
+        return count
+
+    async def _fired(
+        self,
+        by_session: dict[str, list[str]],
+        fires: dict[str, asyncio.Future[list[Fired]]],
+        expiring: dict[str, asyncio.Task[int | None]],
+        now: int,
+        lease: int,
+        failure: StoreFailed | None,
+    ) -> tuple[int, StoreFailed | None]:
+        """What the fires and the expiries answered, into the index: the count fired, and
+        the last failure (None: none)."""
         # every entry claimed is at ``lease`` now: it is set or taken out only while it
         # still is, so an entry a schedule lowered meanwhile (a timer just made) stays
         due: dict[str, list[tuple[str, str, int | None, int]]] = {}
@@ -282,13 +303,10 @@ class SharedTimers:
         updates = {
             p: self.store.index(p, due=due.get(p, ()), gone=gone.get(p, ())) for p in touched
         }
-        for partition, update in updates.items():
-            try:
-                self._answered(partition, await update)
-            except StoreFailed as exc:  # its claimed entries come due again after the lease
-                failure = exc
-        if count:
-            self.listener.fired(count)
-        if failure is not None:
-            raise failure
-        return count
+        with let_go(updates.values()):
+            for partition, update in updates.items():
+                try:
+                    self._answered(partition, await update)
+                except StoreFailed as exc:  # its claimed entries come due again after the lease
+                    failure = exc
+        return count, failure
