@@ -124,9 +124,11 @@ class Pipe(anyio.AsyncFile[str]):
                 self.sink.write(line)
             else:
                 await anyio.to_thread.run_sync(self.sink.write, line)
-        except CliError as exc:  # the reader is gone, or stdout failed (a full disk)
-            if not isinstance(exc, ReaderGone):
-                log.error("%s", exc.message)
+        except ReaderGone:  # the reader is gone: nothing more can reach it
+            self.gone = True
+            return False
+        except CliError as exc:  # stdout failed (a full disk)
+            log.error("%s", exc.message)
             self.gone = True
             return False
         return True

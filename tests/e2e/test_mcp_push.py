@@ -418,6 +418,26 @@ def test_a_reader_that_leaves_before_taking_a_push_leaves_it_unacknowledged(
         assert h.close() == ""  # it goes on until its stdin closes, then exits 0
 
 
+def test_a_push_written_after_the_reader_left_ends_the_follow_quietly(
+    daemon: DaemonProc,
+) -> None:
+    """The reader closed its end before anything was pushed: the push's write fails
+    (EPIPE), the follow ends, and the server goes on until its stdin closes."""
+    repl = Repl(daemon)
+    s = repl.session("gone-first")
+    with harness(daemon, "--follow", s, "--ack", "pipe") as h:
+        h.initialize()
+        eventually(lambda: repl.waiters(s) == 1, what="the follow to block in its wait")
+        assert h.proc.stdout is not None
+        h.proc.stdout.close()
+        h.proc.stdout = None
+        repl.send(s, "into a closed pipe")
+        eventually(lambda: repl.waiters(s) == 0, what="the follow to take it and end")
+        assert h.proc.poll() is None  # still serving: its stdin is open
+        assert h.close() == ""
+    assert repl.cursor(s, "mcp") is None
+
+
 def test_a_push_into_a_socket_is_acknowledged_once_read(daemon: DaemonProc) -> None:
     repl = Repl(daemon)
     s = repl.session("socket", "hello")
