@@ -1,0 +1,275 @@
+"""Every op's answer, byte for byte, as it was before the verbs became one table (issue 47).
+
+A fresh daemon (``--memory``, ``--http``, settle 0) is asked the same requests in the
+same order: every op of the line protocol with its common shapes and refusals, then
+every route of HTTP that is one request of the protocol, then ``tools/list`` of
+``repl mcp`` (each tool's name, description, annotations and schemas). What it
+answers is compared with ``transcripts/``, recorded from the code before the table:
+each answer line exactly as written, but for what no two runs share (a time, an
+uptime, a pid, a token's secret, a made-up session id, a timer's random id), written
+over by ``Steady``.
+
+``REPL_RECORD_TRANSCRIPT=1`` writes the files again, from the code as it is: only on
+purpose, when an answer is meant to change (and the diff is then the change).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.helpers import Client, DaemonProc
+
+HERE = Path(__file__).parent / "transcripts"
+RECORD = os.environ.get("REPL_RECORD_TRANSCRIPT") == "1"
+
+#: what differs from run to run, each written over with one steady value
+_VOLATILE = (
+    (re.compile(rb'"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"'), b'"TS"'),
+    (re.compile(rb'"(uptime_s|pid|due_ms|lease_until_ms)":[0-9.e+-]+'), rb'"\1":0'),
+    (re.compile(rb"repl_[A-Za-z0-9_-]{20,}"), b"repl_TOKEN"),
+    (re.compile(rb'"s-[0-9a-f]{8}"'), b'"s-MADE-UP"'),  # an id the daemon made up
+)
+_TIMER = re.compile(rb"t-[0-9a-f]{12}")
+
+
+class Steady:
+    """Writes over what no two runs share; a timer's id becomes ``t-N`` by first sight."""
+
+    def __init__(self) -> None:
+        self.timers: dict[bytes, bytes] = {}
+
+    def __call__(self, data: bytes) -> bytes:
+        for pattern, steady in _VOLATILE:
+            data = pattern.sub(steady, data)
+        return _TIMER.sub(self._timer, data)
+
+    def _timer(self, found: re.Match[bytes]) -> bytes:
+        return self.timers.setdefault(found[0], b"t-%d" % (len(self.timers) + 1))
+
+
+# -- the line protocol ------------------------------------------------------------------
+
+S, T, J = "tx-s", "tx-t", "tx-jobs"
+
+#: every op, in an order whose answers depend on nothing but the order
+LINE: list[dict[str, Any]] = [
+    {"op": "ping", "id": 1},
+    {"op": "start", "session": S, "buffer": 4},
+    {"op": "start", "session": S},
+    {"op": "start", "session": S, "exist_ok": True, "id": "again"},
+    {"op": "start", "session": T},
+    {"op": "start", "session": J},
+    {"op": "start", "session": "bad id"},
+    {"op": "send", "session": S, "text": "one"},
+    {"op": "send", "session": S, "text": "two", "key": "k2", "tags": {"reply-to": T, "corr": "c"}},
+    {"op": "send", "session": S, "text": "two", "key": "k2"},
+    {"op": "send", "session": S, "text": "raw", "handler": "on-nothing"},
+    {"op": "send", "session": S, "text": "x", "tags": {"by": "me"}},
+    {"op": "send", "session": "tx-none", "text": "x"},
+    {"op": "read", "session": S, "after": 0},
+    {"op": "read", "session": S, "after": 1, "max": 1},
+    {"op": "read", "session": S},
+    {"op": "read", "session": S, "cursor": "mine", "peek": True},
+    {"op": "read", "session": S, "last": 2},
+    {"op": "read", "session": S, "seq": 2},
+    {"op": "read", "session": S, "match": {"corr": "c"}},
+    {"op": "read", "session": S, "after": 99},
+    {"op": "read", "session": S, "after": 0, "cursor": "x"},
+    {"op": "wait", "sessions": [S], "timeout_ms": 0},
+    {"op": "wait", "sessions": [S, T], "cursor": "w2", "ack": {S: 1}, "timeout_ms": 0},
+    {"op": "wait", "sessions": [T], "timeout_ms": 0},
+    {"op": "wait", "sessions": [S], "after": 3, "timeout_ms": 0},
+    {"op": "ack", "session": S, "seq": 2, "cursor": "read"},
+    {"op": "ack", "session": S, "seq": 1, "cursor": "read"},
+    {"op": "ack", "session": S, "seq": 99},
+    {"op": "cursors", "session": S},
+    {"op": "poll", "session": S, "max": 1},
+    {"op": "poll", "session": S},
+    {"op": "buffer", "session": S, "limit": 2},
+    {"op": "buffer", "session": S, "limit": 10**6},
+    {"op": "read", "session": S, "after": 0},
+    {"op": "sessions"},
+    {"op": "stats", "session": S},
+    {"op": "schedule", "session": T, "text": "later", "in": "1h", "key": "once"},
+    {"op": "schedule", "session": T, "text": "later", "in": "1h", "key": "once"},
+    {"op": "schedule", "session": T, "every": "1h", "tags": {"kind": "tick"}},
+    {"op": "schedule", "session": T, "in": "soon"},
+    {"op": "timers", "session": T},
+    {"op": "timers"},
+    {"op": "webhook", "session": T, "secret": "s3cret"},
+    {"op": "webhook", "session": T, "secret": None},
+    {"op": "token", "action": "add", "name": "tx-agent", "sessions": ["tx-*"], "can": ["read"]},
+    {"op": "token", "action": "list"},
+    {"op": "token", "action": "add", "name": "root", "sessions": ["*"], "can": ["read"]},
+    {"op": "send", "session": J, "text": "job 1"},
+    {"op": "send", "session": J, "text": "job 2", "tags": {"kind": "b"}},
+    {"op": "group", "session": J, "group": "work", "max_attempts": 2},
+    {"op": "group", "session": J, "group": "bad name!"},
+    {"op": "claim", "session": J, "lease_ms": 60000},
+    {"op": "claims", "session": J},
+    {"op": "groups", "session": J},
+    {"op": "extend", "session": J, "claim": "work:1:1", "lease_ms": 30000},
+    {"op": "release", "session": J, "claim": "work:1:1", "delay_ms": 0},
+    {"op": "done", "session": J, "claim": "work:1:1"},
+    {"op": "claim", "session": J, "match": {"kind": "b"}},
+    {"op": "done", "session": J, "claim": "work:2:1"},
+    {"op": "claim", "session": J, "timeout_ms": 0},
+    {"op": "claim", "session": J, "group": "other", "from_now": True, "timeout_ms": 0},
+    {"op": "done", "session": J, "claim": "nonsense"},
+    {"op": "token", "action": "revoke", "name": "tx-agent"},
+    {"op": "stop", "session": T},
+    {"op": "stop", "session": T},
+    {"op": "nonsense"},
+    {"op": "read"},
+    {"op": "auth", "token": "x"},
+]
+
+#: what a line of no request is answered (not JSON, not an object)
+RAW = [b"not json", b"[1, 2]", b"{}"]
+
+
+def line_transcript(d: DaemonProc) -> list[str]:
+    steady = Steady()
+    client = Client(d.port, d.token)
+    try:
+        lines = []
+        for request in LINE:
+            client.send(request)
+            lines.append(steady(client.readline()).decode())
+        for raw in RAW:
+            client.send_raw(raw + b"\n")
+            lines.append(steady(client.readline()).decode())
+        return lines
+    finally:
+        client.close()
+
+
+# -- HTTP ---------------------------------------------------------------------------
+
+H, HJ = "tx-h", "tx-hjobs"
+
+#: method, path and query, body (None: none; a str: the text), and the headers beyond the
+#: token's
+ROUTES: list[tuple[str, str, Any, dict[str, str]]] = [
+    ("POST", "/sessions", {"id": H, "buffer": 8}, {}),
+    ("POST", "/sessions", {"id": H, "exist_ok": True}, {}),
+    ("POST", "/sessions", {"id": HJ}, {}),
+    ("POST", "/sessions", {"idd": "x"}, {}),
+    ("POST", f"/sessions/{H}/firings?handler=on-message&tag=corr%3Dc", "hello", {}),
+    ("POST", f"/sessions/{H}/firings", "again", {"Idempotency-Key": "k"}),
+    ("POST", f"/sessions/{H}/firings", "again", {"Idempotency-Key": "k"}),
+    ("GET", f"/sessions/{H}/firings?after=0", None, {}),
+    ("GET", f"/sessions/{H}/firings?last=1", None, {}),
+    ("GET", f"/sessions/{H}/firings?after=99", None, {}),
+    ("GET", "/sessions/tx-none/firings", None, {}),
+    ("GET", f"/sessions/{H}/wait?timeout=0", None, {}),
+    ("GET", f"/sessions/{H}/wait?timeout=0&ack=2", None, {}),
+    ("POST", f"/sessions/{H}/cursors/mine", {"seq": 1}, {}),
+    ("POST", f"/sessions/{H}/cursors/mine", {"sq": 1}, {}),
+    ("POST", f"/sessions/{HJ}/firings", "a job", {}),
+    ("PUT", f"/sessions/{HJ}/groups/g", {"max_attempts": 3}, {}),
+    ("POST", f"/sessions/{HJ}/groups/g/claim?lease=60&timeout=0", None, {}),
+    ("GET", f"/sessions/{HJ}/claims", None, {}),
+    ("GET", f"/sessions/{HJ}/groups", None, {}),
+    ("POST", f"/sessions/{HJ}/claims/g:1:1/extend?lease=30", None, {}),
+    ("POST", f"/sessions/{HJ}/claims/g:1:1/release?delay=0", None, {}),
+    ("POST", f"/sessions/{HJ}/groups/g/claim?timeout=0", None, {}),
+    ("POST", f"/sessions/{HJ}/claims/g:1:2/done", None, {}),
+    ("POST", f"/sessions/{HJ}/claims/g:1:2/done", None, {}),
+    ("POST", f"/sessions/{HJ}/groups/g/claim?timeout=0", None, {}),
+    ("GET", "/nowhere", None, {}),
+    ("DELETE", f"/sessions/{H}", None, {}),
+    ("DELETE", f"/sessions/{H}", None, {}),
+]
+
+
+def http_transcript(d: DaemonProc) -> list[str]:
+    steady = Steady()
+    assert d.http_port is not None
+    lines = []
+    for method, path, body, headers in ROUTES:
+        conn = http.client.HTTPConnection("127.0.0.1", d.http_port, timeout=30)
+        try:
+            sent = {"Authorization": f"Bearer {d.token}", **headers}
+            data = None
+            if isinstance(body, str):
+                data = body.encode()
+            elif body is not None:
+                data, sent["Content-Type"] = json.dumps(body).encode(), "application/json"
+            conn.request(method, path, body=data, headers=sent)
+            response = conn.getresponse()
+            answer = steady(response.read()).decode()
+            kind = response.getheader("content-type") or ""
+            lines.append(f"{method} {path} -> {response.status} {kind} {answer}")
+        finally:
+            conn.close()
+    return lines
+
+
+# -- MCP ----------------------------------------------------------------------------
+
+
+async def mcp_tools(d: DaemonProc) -> list[str]:
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    env = {**os.environ, "REPL_ADDR": d.addr, "REPL_HOME": str(d.home)}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "repl_cli", "mcp"], env=env)
+    with open(d.home.parent / "mcp-transcript.log", "a") as errlog:  # noqa: ASYNC230
+        async with (
+            stdio_client(params, errlog=errlog) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            listed = await session.list_tools()
+    return [
+        json.dumps(tool.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=True)
+        for tool in listed.tools
+    ]
+
+
+# -- the comparison ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProc]:
+    home = tmp_path_factory.mktemp("transcript") / "home"
+    d = DaemonProc(home, "--memory", "--http", "127.0.0.1:0", "--settle-ms", "0")
+    yield d
+    d.close_clients()
+    d.stop()
+
+
+def same_as_recorded(name: str, lines: list[str]) -> None:
+    path = HERE / name
+    if RECORD:
+        HERE.mkdir(exist_ok=True)
+        path.write_text("".join(line.rstrip("\n") + "\n" for line in lines))
+        return
+    recorded = path.read_text().splitlines()
+    got = [line.rstrip("\n") for line in lines]
+    for i, (before, now) in enumerate(zip(recorded, got, strict=False)):
+        assert now == before, f"{name} line {i + 1} differs:\nwas {before}\nnow {now}"
+    assert len(got) == len(recorded), f"{name}: {len(got)} lines, {len(recorded)} recorded"
+
+
+def test_every_op_answers_over_the_line_protocol_as_before(fresh: DaemonProc) -> None:
+    same_as_recorded("line.jsonl", line_transcript(fresh))
+
+
+def test_every_route_answers_over_http_as_before(fresh: DaemonProc) -> None:
+    same_as_recorded("http.txt", http_transcript(fresh))
+
+
+def test_the_mcp_tools_are_listed_as_before(fresh: DaemonProc) -> None:
+    same_as_recorded("mcp-tools.jsonl", anyio.run(mcp_tools, fresh))
