@@ -95,7 +95,7 @@ class Pipe(anyio.AsyncFile[str]):
     async def flush(self) -> None:
         """Each write went to the pipe whole: nothing is buffered here."""
 
-    def there(self) -> bool:
+    async def there(self) -> bool:
         """Whether the reader is still there, as far as the writes have told."""
         return not self.gone
 

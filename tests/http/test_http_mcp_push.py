@@ -321,9 +321,9 @@ async def test_a_health_check_over_http_consumes_nothing(mcpd: DaemonProc, mode:
             with anyio.fail_after(BOUND):
                 async with http.stream("GET", url, headers=sid) as stream:
                     async for line in stream.aiter_lines():
-                        if line.startswith("data:"):
+                        if line.startswith("data:") and line.removeprefix("data:").strip():
                             assert json.loads(line.removeprefix("data:"))["params"]["content"]
-                            break
+                            break  # (the first, with no data, primes the stream: its id)
                     listed = await http.post(
                         url, headers=sid, json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
                     )
