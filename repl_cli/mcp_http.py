@@ -61,6 +61,7 @@ refused with a JSON 400 (``Gone``), never an empty stream. In ``ack=pipe`` a
 push's receipt (``Receipt``) holds across a resume: the client had it, or got
 it in the replay, on a stream that stayed open 2 s; a GET opened afresh is no
 resume, and stops the session's acknowledgements as a client that left does.
+Every refusal is the daemon's JSON (``repl_cli.mcp_refusals``).
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ from starlette.responses import JSONResponse
 
 from repl_cli.mcp_events import EVENTS, RETRY_MS, Event, Events, Gone, Store, dumped
 from repl_cli.mcp_push import CHANNEL, MCP_CURSOR, Ack, Held, Push
+from repl_cli.mcp_refusals import refusing
 from repl_cli.mcp_server import Server, Settings, build, push_for
 from repl_cli.mcp_stdio import DISCOVER, REFUSED
 
@@ -509,6 +511,7 @@ class Served:
         self.lock = anyio.Lock()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        send = refusing(scope, send)  # every refusal in the daemon's JSON
         try:
             spec = spec_of(scope)
         except BadQuery as exc:
@@ -659,7 +662,7 @@ class Served:
 
 def refused(status: int, code: str, message: str) -> JSONResponse:
     """A refusal of /mcp as every refusal of the daemon's HTTP is: JSON, with its code."""
-    return JSONResponse({"code": code, "message": f"repl: {message}"}, status_code=status)
+    return JSONResponse({"code": code, "message": message}, status_code=status)
 
 
 async def run(
