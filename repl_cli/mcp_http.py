@@ -95,6 +95,7 @@ from mcp.types import (
 from starlette.responses import JSONResponse
 
 from repl_cli.mcp_events import EVENTS, RETRY_MS, Event, Events, Gone, Store, dumped
+from repl_cli.mcp_log import CLIENT, Lines
 from repl_cli.mcp_push import CHANNEL, MCP_CURSOR, Ack, Held, Push
 from repl_cli.mcp_refusals import refusing
 from repl_cli.mcp_server import Server, Settings, build, push_for
@@ -333,6 +334,7 @@ class Slot:
         self.changed = anyio.Event()
         self.generation = 0
         self.push: Push | None = None
+        self.lines = Lines()  # its log lines, once it asks (repl_cli.mcp_log)
         self.scope = anyio.CancelScope()  # its follow's
         self.idle = anyio.CancelScope()
         self.in_flight = 0
@@ -533,6 +535,7 @@ class Served:
             await served.app(scope, receive, send)
             return
         EVENTS.set(slot.events)  # what the SDK stores as it answers this request
+        CLIENT.set(slot.lines)  # and the lines this request's work writes
         status = 0
 
         async def sent(message: Message) -> None:
@@ -555,6 +558,7 @@ class Served:
         their events in its ``Events``: ``EVENTS``, inherited) and kept under its id."""
         slot = Slot(served.hold)
         EVENTS.set(slot.events)
+        CLIENT.set(slot.lines)
 
         async def sent(message: Message) -> None:
             if message["type"] == "http.response.start" and message["status"] < 400:
@@ -569,9 +573,13 @@ class Served:
 
     async def expire(self, served: App, session: str, slot: Slot) -> None:
         """An MCP session's own goes once none of its requests has been in flight for
-        ``IDLE_AFTER_S`` more than the SDK gives it (``IDLE_S``): the SDK ended it by then."""
-        with slot.idle:
-            await anyio.sleep_forever()
+        ``IDLE_AFTER_S`` more than the SDK gives it (``IDLE_S``): the SDK ended it by then.
+        Till then its log lines go out on its GET stream (none open: they are dropped)."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(slot.lines.run, slot.write)
+            with slot.idle:
+                await anyio.sleep_forever()
+            tg.cancel_scope.cancel()
         served.end(session)
 
     async def era(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:

@@ -24,6 +24,7 @@ import httpx2
 import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
+from mcp.types import PromptReference
 
 from repl_cli.mcp_http import security
 from repl_daemon.http.mcp import Listener, connect_host
@@ -108,7 +109,7 @@ async def test_tools_and_resources_with_the_root_token(mcpd: DaemonProc) -> None
         assert init is not None
         caps = init.capabilities
         assert caps.tools is not None and caps.resources is not None
-        assert caps.prompts is None  # declares only what it serves
+        assert caps.prompts and caps.completions and caps.logging  # as on stdio
         names = {tool.name for tool in (await session.list_tools()).tools}
         assert {"send", "read", "wait", "sessions", "start"} <= names
         assert (await call(session, "start", session="h-mcp"))["created"] is True
@@ -290,3 +291,20 @@ async def test_two_clients_of_one_token_at_once(mcpd: DaemonProc) -> None:
     async with anyio.create_task_group() as tg:
         for i in range(3):
             tg.start_soon(one, i)
+
+
+async def test_prompts_and_completion_over_http(mcpd: DaemonProc) -> None:
+    """The stdio server's prompts and completion (tests/e2e/test_mcp_prompts.py), the same
+    over /mcp, scoped by the token: a scoped token is offered its sessions only."""
+    root = mcpd.client()
+    root.ok({"op": "start", "session": "hp-own-prompt"})
+    root.ok({"op": "start", "session": "hp-else-prompt"})
+    root.ok({"op": "send", "session": "hp-own-prompt", "text": "look at this"})
+    add = {"op": "token", "action": "add", "name": "prompter", "sessions": ["hp-own*"]}
+    made = root.ok({**add, "can": ["read"]})
+    inbox = PromptReference(type="ref/prompt", name="inbox")
+    async with agent(mcpd, made["token"]) as session:
+        got = await session.get_prompt("inbox", {"session": "hp-own-prompt"})
+        assert '"result": "look at this"' in got.messages[0].content.text  # type: ignore[union-attr]
+        offered = await session.complete(inbox, {"name": "session", "value": "hp-"})
+        assert offered.completion.values == ["hp-own-prompt"]

@@ -42,6 +42,9 @@ APPLICABLE = (
     "tools-call-error",
     "resources-list",
     "server-sse-multiple-streams",
+    "logging-set-level",
+    "completion-complete",
+    "prompts-list",
 )
 
 _NOT_SERVED = "repl does not serve it (the method is not found)"
@@ -49,19 +52,16 @@ _FIXTURE = "needs the suite's reference server's fixtures (its named tools or re
 
 #: the suite's other server scenarios, each with why it does not apply to repl
 NOT_APPLICABLE: dict[str, str] = {
-    "logging-set-level": f"logging/setLevel: {_NOT_SERVED}",
-    "completion-complete": f"completion/complete: {_NOT_SERVED}",
-    "tools-call-with-logging": f"{_FIXTURE}, and logging: {_NOT_SERVED}",
+    "tools-call-with-logging": f"{_FIXTURE}: the tool test_tool_with_logging",
     "resources-subscribe": (
         f"resources/subscribe over HTTP: {_NOT_SERVED}; subscriptions are the stdio "
         "server's, with `repl mcp --follow` pushes"
     ),
     "resources-unsubscribe": f"resources/unsubscribe over HTTP: {_NOT_SERVED}",
-    "prompts-list": f"prompts/list: {_NOT_SERVED}",
-    "prompts-get-simple": f"prompts/get: {_NOT_SERVED}",
-    "prompts-get-with-args": f"prompts/get: {_NOT_SERVED}",
-    "prompts-get-embedded-resource": f"prompts/get: {_NOT_SERVED}",
-    "prompts-get-with-image": f"prompts/get: {_NOT_SERVED}",
+    "prompts-get-simple": f"{_FIXTURE}: the prompt test_simple_prompt",
+    "prompts-get-with-args": f"{_FIXTURE}: the prompt test_prompt_with_arguments",
+    "prompts-get-embedded-resource": f"{_FIXTURE}: the prompt test_prompt_with_embedded_resource",
+    "prompts-get-with-image": f"{_FIXTURE}: the prompt test_prompt_with_image",
     "tools-call-image": _FIXTURE,
     "tools-call-audio": _FIXTURE,
     "tools-call-embedded-resource": _FIXTURE,
