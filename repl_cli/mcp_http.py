@@ -219,8 +219,9 @@ class Stream:
         #: the GET streams of one client that resume each other share one (a fresh GET,
         #: without Last-Event-ID, is a new one: what the last one wrote is not written again)
         self.generation = 0
-        #: set when a newer stream of the session resumes this one: this one is ended
-        self.superseded = anyio.Event()
+        #: a newer stream of the session resumed this one: this one is ended
+        self.superseded = False
+        self.listening: anyio.CancelScope | None = None  # the SDK's wait for the client
         self.closed = anyio.Event()
 
     def still_open(self) -> bool:
@@ -230,28 +231,18 @@ class Stream:
     async def received(self) -> Message:
         """What the client sends (a GET sends only its end: ``http.disconnect``), or its
         end once a newer stream of the session superseded this one, so the SDK ends it."""
-        if self.superseded.is_set():
-            return {"type": "http.disconnect"}
-        got: Message = {"type": "http.disconnect"}
-        async with anyio.create_task_group() as tg:
+        with anyio.CancelScope() as self.listening:
+            if not self.superseded:
+                return await self.receive()
+        return {"type": "http.disconnect"}
 
-            async def client() -> None:
-                nonlocal got
-                got = await self.receive()
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(client)
-            await self.superseded.wait()
-            tg.cancel_scope.cancel()
-        return got
-
-    async def supersede(self) -> None:
-        """End this stream for a newer one of its session, and wait until the SDK let it go
-        (it serves one GET stream a session); a few seconds at most."""
+    def supersede(self) -> None:
+        """End this stream for a newer one of its session (the SDK serves one GET stream a
+        session, and lets this one go once it hears its end)."""
         self.open = False
-        self.superseded.set()
-        with anyio.move_on_after(SUPERSEDE_S):
-            await self.closed.wait()
+        self.superseded = True
+        if self.listening is not None:
+            self.listening.cancel()
 
     async def sent(self, message: Message) -> None:
         async with self.slot.lock:
@@ -271,8 +262,8 @@ class Stream:
         slot, events = self.slot, self.slot.events
         missed: list[Event] = []
         if self.after is not None:
-            if events.dropped.get(0, 0) > self.after:  # dropped since it was asked: ended at
-                self.superseded.set()  # once, and asked again it is refused
+            if events.dropped.get(0, 0) > self.after:  # pragma: no cover - a race: dropped
+                self.supersede()  # since it was asked; ended at once, asked again refused
                 return
             missed = [e for e in events.kept if not e.stream and e.n > self.after and e.data]
             self.generation = slot.generation
@@ -563,7 +554,7 @@ class Served:
         async def sent(message: Message) -> None:
             if message["type"] == "http.response.start" and message["status"] < 400:
                 made = header(message, SESSION_HEADER)
-                if made is not None and made not in served.sessions:
+                if made is not None:  # a new session's id, never given before
                     served.sessions[made] = slot
                     self.tg.start_soon(self.expire, served, made, slot)
             await send(message)
@@ -632,8 +623,11 @@ class Served:
                 await served.app(scope, receive, send)
                 return
             scope = dropped_header(scope, LAST_EVENT_HEADER)
-            if slot.stream is not None:
-                await slot.stream.supersede()
+            old = slot.stream
+            if old is not None:  # the daemon holds it still: a path gone without a word
+                old.supersede()
+                with anyio.move_on_after(SUPERSEDE_S):
+                    await old.closed.wait()
         version = header(scope, VERSION_HEADER) or ""
         prime = version >= PRIMED_SINCE  # dates, compared as strings
         stream = Stream(slot, send, receive, scope.get(LINE), after, prime)

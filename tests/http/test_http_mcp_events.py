@@ -109,6 +109,11 @@ async def test_the_sdks_store_replays_a_requests_stream_up_to_its_answer() -> No
         assert await store.replay_events_after(prime, send) is None  # it ended
         assert [m.message for m in sent] == [progress, answer]
         assert await store.replay_events_after("gone", send) is None
+        sent.clear()
+        first = await store.store_event("4", progress)
+        await store.store_event("4", None)  # a priming event (a resumed stream's): no data
+        assert await store.replay_events_after(first, send) == "4"
+        assert sent == []
     finally:
         EVENTS.reset(token)
 
