@@ -29,28 +29,47 @@ token's, with its own session manager. Subscribing to
 ``repl://sessions/{id}`` still adds ``notifications/resources/updated`` for a
 followed session, as on stdio.
 
-Each MCP session (not each token) follows from its handshake (``notifications/initialized``) as
-``repl_cli.mcp_push.Push`` does, and stops when the session ends: a DELETE
-of it, a request that finds it gone (404), or the daemon's stop. A push goes
-out on the session's GET stream (the SSE response of its ``GET /mcp``): it is
-written there as one SSE event through that response's ASGI ``send``, under
-one lock with the SDK's own writes, and "handed" means that ``send``
-returned: uvicorn took the bytes for the socket (waiting while its buffer is
-full), as a pipe's reader took the line on stdio. Only then is the batch
-acknowledged. While the session has no GET stream open the batch is held,
-unacknowledged, until one opens (a stream that closes under a push gets it
-again on the next); so a client that goes away before its stream had it gets
-it again from its next session: duplicates, never loss. The sessions of one URL
-share its cursor, as two ``repl follow`` of one cursor do: one reader, whose
+Each MCP session (not each token) has its own (``Slot``), made with it: its
+recent events (``repl_cli.mcp_events``), its GET stream when one is open, and
+on a following URL its pushes: it follows from its handshake
+(``notifications/initialized``) as ``repl_cli.mcp_push.Push`` does, and stops
+when the session ends: a DELETE of it, a request that finds it gone (404), the
+SDK's end of it when idle (``IDLE_S``, and ``IDLE_AFTER_S`` more here), or the
+daemon's stop. A push goes out on the session's GET stream (the SSE response of
+its ``GET /mcp``): it is written there as one SSE event, with its id, through
+that response's ASGI ``send``, under the session's lock with the SDK's own
+writes, and "handed" means that ``send`` returned: uvicorn took the bytes for
+the socket (waiting while its buffer is full), as a pipe's reader took the line
+on stdio. While the session has no GET stream open a push is held until one
+opens; so a client that goes away before its stream had it gets it again from
+its next session: duplicates, never loss. The sessions of one URL share its
+cursor, as two ``repl follow`` of one cursor do: one reader, whose
 acknowledgements move them all; clients that must each get every push give
 each its own ``cursor``.
+
+Resuming (SPEC §17, rule M7): every event of every stream carries an ``id:``
+(a GET stream opens with a priming event, its id and ``retry:``, for a client
+of 2025-11-25 or later), and the session keeps its newest events
+(``repl_cli.mcp_events``). ``GET /mcp`` with ``Last-Event-ID`` resumes the
+stream that event was on: a request's POST stream by the SDK (from the
+session's ``Events``, through ``Store``); a GET stream here, because the
+session's own events go on it: the SDK is asked for a GET stream as any other,
+and it opens with what came after that event, in order, before anything else,
+superseding the session's old stream if the daemon still holds it (a path that
+went away without a word). An id the session cannot resume after whole is
+refused with a JSON 400 (``Gone``), never an empty stream. In ``ack=pipe`` a
+push's receipt (``Receipt``) holds across a resume: the client had it, or got
+it in the replay, on a stream that stayed open 2 s; a GET opened afresh is no
+resume, and stops the session's acknowledgements as a client that left does.
+Every refusal is the daemon's JSON (``repl_cli.mcp_refusals``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import math
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import parse_qs
 
@@ -58,6 +77,7 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from mcp.server.context import ServerRequestContext
 from mcp.server.mcpserver import Context
+from mcp.server.streamable_http import GET_STREAM_KEY
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import (
     DEFAULT_MAX_REQUEST_BODY_SIZE,
@@ -74,7 +94,10 @@ from mcp.types import (
 )
 from starlette.responses import JSONResponse
 
+from repl_cli.mcp_events import EVENTS, RETRY_MS, Event, Events, Gone, Store, dumped
+from repl_cli.mcp_log import CLIENT, Lines
 from repl_cli.mcp_push import CHANNEL, MCP_CURSOR, Ack, Held, Push
+from repl_cli.mcp_refusals import refusing
 from repl_cli.mcp_server import Server, Settings, build, push_for
 from repl_cli.mcp_stdio import DISCOVER, REFUSED
 
@@ -89,6 +112,21 @@ TOKEN = "repl.token"
 #: ``gone`` is True once the client's connection was lost before the response ended
 LINE = "repl.line"
 SESSION_HEADER = b"mcp-session-id"
+LAST_EVENT_HEADER = b"last-event-id"
+VERSION_HEADER = b"mcp-protocol-version"
+#: the protocol from which a client takes a priming event (an id with no data)
+PRIMED_SINCE = "2025-11-25"
+
+#: how long an MCP session may have no request in flight (an open GET stream is one)
+#: before the SDK ends it: 30 minutes, the SDK's default, said here so repl's own goes too
+IDLE_S = 30 * 60.0
+#: and how much longer repl keeps what it holds for the session (its events, its follow)
+IDLE_AFTER_S = 60.0
+#: how long a push's receipt waits for a client to resume a GET stream cut under it: the
+#: SDK's client asks again after ``RETRY_MS``
+RESUME_S = 10.0
+#: how long a resumed stream waits for the one it supersedes to be let go
+SUPERSEDE_S = 5.0
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -132,77 +170,218 @@ def spec_of(scope: Scope) -> Spec:
     return Spec(follow, cursors[-1] if cursors else MCP_CURSOR, allow, ack)
 
 
-def header(scope: Scope, name: bytes) -> str | None:
+def header(scope: Scope | Message, name: bytes) -> str | None:
+    """A request's (or a response's start's) header ``name``, None when it has none."""
     return next((v.decode("latin-1") for k, v in scope["headers"] if k == name), None)
 
 
-class Stream:
-    """A session's GET stream: the ASGI ``send`` of its SSE response, which the SDK
-    writes through ``sent`` and a push through ``write``, one whole event at a time."""
+def dropped_header(scope: Scope, name: bytes) -> Scope:
+    """``scope`` without the header ``name``."""
+    return {**scope, "headers": [(k, v) for k, v in scope["headers"] if k != name]}
 
-    def __init__(self, send: Send, opened: Any, line: Any) -> None:
+
+def sse(event: Event, events: Events) -> bytes:
+    """One event of a GET stream as its SSE frame: its id, and its message (or the priming
+    event's ``retry:``, how long to wait before asking again for a cut stream)."""
+    head = f"id: {events.id_of(event)}\r\n".encode()
+    if event.data is None:
+        return head + f"retry: {RETRY_MS}\r\ndata: \r\n\r\n".encode()
+    return head + b"event: message\r\ndata: " + event.data + b"\r\n\r\n"
+
+
+def body(chunk: bytes) -> Message:
+    return {"type": "http.response.body", "body": chunk, "more_body": True}
+
+
+class Stream:
+    """One GET stream of an MCP session: the ASGI ``send`` of its SSE response.
+
+    The SDK writes it through ``sent``, and the session's own events (pushes, log lines)
+    go through ``Slot.write``, one whole event at a time under the session's lock, each
+    recorded in the session's ``Events`` as it is written (so the order recorded is the
+    order written, and a resume gives exactly what came after what the client saw). It
+    opens with what the client missed, when it resumes with ``Last-Event-ID`` one of the
+    session's GET streams (``after``), and a priming event (its id, for a client of
+    2025-11-25 or later), before anything else is written on it."""
+
+    def __init__(
+        self, slot: Slot, send: Send, receive: Receive, line: Any, after: int | None, prime: bool
+    ) -> None:
+        self.slot = slot
         self.send = send
-        self.opened = opened
+        self.receive = receive
         self.line = line
-        self.lock = anyio.Lock()
+        self.after = after
+        self.prime = prime
         self.open = False
         self.status = 0
+        self.opened_at = math.inf
+        #: the GET streams of one client that resume each other share one (a fresh GET,
+        #: without Last-Event-ID, is a new one: what the last one wrote is not written again)
+        self.generation = 0
+        #: a newer stream of the session resumed this one: this one is ended
+        self.superseded = False
+        self.listening: anyio.CancelScope | None = None  # the SDK's wait for the client
+        self.closed = anyio.Event()
 
     def still_open(self) -> bool:
         """Whether the response goes on and its client is still connected."""
         return self.open and not getattr(self.line, "gone", False)
 
+    async def received(self) -> Message:
+        """What the client sends (a GET sends only its end: ``http.disconnect``), or its
+        end once a newer stream of the session superseded this one, so the SDK ends it."""
+        with anyio.CancelScope() as self.listening:
+            if not self.superseded:
+                return await self.receive()
+        return {"type": "http.disconnect"}
+
+    def supersede(self) -> None:
+        """End this stream for a newer one of its session (the SDK serves one GET stream a
+        session, and lets this one go once it hears its end)."""
+        self.open = False
+        self.superseded = True
+        if self.listening is not None:
+            self.listening.cancel()
+
     async def sent(self, message: Message) -> None:
-        async with self.lock:
+        async with self.slot.lock:
             if message["type"] == "http.response.start":
                 self.status = message["status"]
-                self.open = self.status == 200
-                if self.open:
-                    self.opened(self)
-            else:  # a body: the last one ends the response
-                self.open = self.open and bool(message.get("more_body", False))
+                await self.send(message)
+                if self.status == 200:
+                    await self._start()
+                return
+            # a body: the last one ends the response
+            self.open = self.open and bool(message.get("more_body", False))
             await self.send(message)
 
-    async def write(self, event: bytes) -> bool:
-        """True once ``event`` was handed to the open response (its ``send`` returned)."""
-        async with self.lock:
-            if not self.open:  # pragma: no cover - it ended while the push waited for the lock
+    async def _start(self) -> None:
+        """What the client missed, and the priming event; then the session's events come
+        here (called under the session's lock)."""
+        slot, events = self.slot, self.slot.events
+        missed: list[Event] = []
+        if self.after is not None:
+            if events.dropped.get(0, 0) > self.after:  # pragma: no cover - a race: dropped
+                self.supersede()  # since it was asked; ended at once, asked again refused
+                return
+            missed = [e for e in events.kept if not e.stream and e.n > self.after and e.data]
+            self.generation = slot.generation
+        else:
+            self.generation = slot.generation = slot.generation + 1
+        self.open = True
+        self.opened_at = anyio.current_time()
+        for event in missed:
+            await self.send(body(sse(event, events)))
+        if self.prime:
+            await self.send(body(sse(events.record(GET_STREAM_KEY, None), events)))
+        slot.set(self)
+
+
+class Receipt:
+    """Whether a client still has a push written on one of its MCP session's GET streams,
+    asked ``hold`` seconds after it was written (``--ack pipe``, rule M6): yes when that
+    stream, or one that resumed it, is open and has been for ``hold``; no when the session
+    ended, or a fresh GET stream took its place. A stream cut under it is waited for
+    ``RESUME_S`` seconds: a client that resumes it with ``Last-Event-ID`` is given what it
+    missed (the push too, when it had not seen it), so it has the push after all."""
+
+    def __init__(self, slot: Slot, generation: int, hold: float) -> None:
+        self.slot = slot
+        self.generation = generation
+        self.hold = hold
+
+    async def __call__(self) -> bool:
+        slot = self.slot
+        while not slot.ended:
+            stream = slot.stream
+            if stream is not None and stream.still_open():
+                if stream.generation != self.generation:
+                    return False
+                rest = stream.opened_at + self.hold - anyio.current_time()
+                if rest <= 0:
+                    return True
+                await anyio.sleep(rest)  # a resumed stream, open for less than the hold
+                continue
+            changed = slot.changed  # cut, and not resumed yet
+            with anyio.move_on_after(RESUME_S) as waited:
+                await changed.wait()
+            if waited.cancelled_caught:
                 return False
-            try:
-                await self.send({"type": "http.response.body", "body": event, "more_body": True})
-            except OSError:  # pragma: no cover - the connection failed under the write
-                self.open = False
-                return False
-            return True
+        return False
 
 
 class Slot:
-    """One MCP session's pushes: its ``Push`` (from its handshake on), its GET stream
-    when one is open, and the scope its follow runs in; the ``Outlet`` of its ``Push``."""
+    """One MCP session's own: its recent events (``Events``), its GET stream when one is
+    open, its pushes (from its handshake on, on a following URL), and the requests it has
+    in flight (when none has been for ``IDLE_S`` and ``IDLE_AFTER_S`` more, after the SDK
+    ended the session for it, this goes too); the ``Outlet`` of its ``Push``."""
 
-    def __init__(self) -> None:
-        self.push: Push | None = None
+    def __init__(self, hold: float) -> None:
+        self.hold = hold
+        self.events = Events()
+        self.lock = anyio.Lock()
         self.stream: Stream | None = None
         self.changed = anyio.Event()
-        self.scope = anyio.CancelScope()
+        self.generation = 0
+        self.push: Push | None = None
+        self.lines = Lines()  # its log lines, once it asks (repl_cli.mcp_log)
+        self.scope = anyio.CancelScope()  # its follow's
+        self.idle = anyio.CancelScope()
+        self.in_flight = 0
+        self.ended = False
 
     def set(self, stream: Stream | None) -> None:
         self.stream = stream
         self.changed.set()
         self.changed = anyio.Event()
 
-    async def notify(self, method: str, params: dict[str, Any]) -> Held | None:
-        """Written to the session's open GET stream (held until one is open); what it
-        went on: that stream, open or not by the time it is asked."""
-        message = JSONRPCNotification(jsonrpc="2.0", method=method, params=params)
-        data = message.model_dump_json(by_alias=True, exclude_unset=True)
-        event = f"event: message\r\ndata: {data}\r\n\r\n".encode()
-        while True:
-            changed = self.changed
+    @contextmanager
+    def busy(self) -> Iterator[None]:
+        """A request of the session in flight (an open GET stream is one): the session is
+        not idle while it is."""
+        self.in_flight += 1
+        self.idle.deadline = math.inf
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            if not self.in_flight:
+                self.idle.deadline = anyio.current_time() + IDLE_S + IDLE_AFTER_S
+
+    def end(self) -> None:
+        """The MCP session ended: its follow stops (what it held stays unacknowledged)."""
+        self.ended = True
+        self.scope.cancel()
+        self.idle.cancel()
+        self.set(None)
+
+    async def write(self, data: bytes) -> Held | None:
+        """One message (its JSON) written on the open GET stream as an event with its id,
+        and recorded; None when none is open."""
+        async with self.lock:
             stream = self.stream
-            if stream is not None and await stream.write(event):
-                return stream.still_open
+            if stream is None or not stream.open:
+                return None
+            event = self.events.record(GET_STREAM_KEY, data)
+            try:
+                await stream.send(body(sse(event, self.events)))
+            except OSError:  # pragma: no cover - the connection failed under the write
+                stream.open = False
+                return None
+            return Receipt(self, stream.generation, self.hold)
+
+    async def notify(self, method: str, params: dict[str, Any]) -> Held | None:
+        """Written on the session's open GET stream (held until one is open); what says,
+        after the hold, whether the client still has it; None once the session ended."""
+        data = dumped(JSONRPCNotification(jsonrpc="2.0", method=method, params=params))
+        while not self.ended:
+            changed = self.changed
+            written = await self.write(data)
+            if written is not None:
+                return written
             await changed.wait()
+        return None
 
 
 class Pushes:
@@ -210,11 +389,10 @@ class Pushes:
     ``initialize`` era (the 2026-07-28 era has no session over HTTP to push to: a
     client of it gets the tools, and nothing is pushed or acknowledged for it)."""
 
-    def __init__(self, server: Server, spec: Spec, tg: TaskGroup) -> None:
+    def __init__(self, server: Server, sessions: dict[str, Slot], tg: TaskGroup) -> None:
         self.server = server
-        self.spec = spec
         self.tg = tg
-        self.slots: dict[str, Slot] = {}
+        self.slots = sessions
         low = server.lowlevel
         # the session manager asks the low-level server for what to declare; the channel
         # is declared by ``Server.initialization_options``, which it does not call
@@ -233,13 +411,6 @@ class Pushes:
         )
         server.pushes_of = self.push_of
 
-    def slot(self, session: str) -> Slot:
-        return self.slots.setdefault(session, Slot())
-
-    def end(self, session: str) -> None:
-        """The MCP session ended: its follow stops (what it held stays unacknowledged)."""
-        self.slots.pop(session, Slot()).scope.cancel()
-
     def _slot_of(self, request: ServerRequestContext[Any]) -> Slot | None:
         session = header(request.request.scope, SESSION_HEADER) if request.request else None
         return self.slots.get(session) if session else None
@@ -257,11 +428,8 @@ class Pushes:
         return None if slot is None else slot.push
 
     async def _initialized(self, ctx: ServerRequestContext[Any], params: Any) -> None:
-        session = header(ctx.request.scope, SESSION_HEADER) if ctx.request else None
-        if session is None:  # pragma: no cover - a stateful session always has its id
-            return
-        slot = self.slot(session)
-        if slot.push is not None:
+        slot = self._slot_of(ctx)
+        if slot is None or slot.push is not None:
             return
         push = slot.push = push_for(self.server.tools.settings, self.server.tools)
         push.opened()
@@ -300,14 +468,33 @@ def security(listener: Listener) -> TransportSecuritySettings | None:
     )
 
 
-class App(NamedTuple):
-    app: StreamableHTTPASGIApp
-    pushes: Pushes | None
+class App:
+    """One server (one token and one query): its session manager's app, its pushes (a
+    following URL), and its MCP sessions' own (``Slot``), by session id."""
+
+    def __init__(self, server: Server, spec: Spec, security: Any, tg: TaskGroup) -> None:
+        self.sessions: dict[str, Slot] = {}
+        self.hold = server.tools.settings.hold
+        self.pushes = Pushes(server, self.sessions, tg) if spec.follow else None
+        self.manager = StreamableHTTPSessionManager(
+            app=server.lowlevel,
+            event_store=Store(),
+            security_settings=security,
+            retry_interval=RETRY_MS,
+            session_idle_timeout=IDLE_S,
+        )
+        self.app = StreamableHTTPASGIApp(self.manager)
+
+    def end(self, session: str) -> None:
+        """The MCP session ended (a DELETE, a request the SDK no longer knew, idle)."""
+        slot = self.sessions.pop(session, None)
+        if slot is not None:
+            slot.end()
 
 
 class Served:
     """The ASGI app the daemon hands /mcp's requests to: the server of the request's token
-    and query, and the GET streams its pushes go out on."""
+    and query, and each MCP session's own (its events, its GET streams, its pushes)."""
 
     def __init__(self, listener: Listener, tg: TaskGroup) -> None:
         self.listener = listener
@@ -317,6 +504,7 @@ class Served:
         self.lock = anyio.Lock()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        send = refusing(scope, send)  # every refusal in the daemon's JSON
         try:
             spec = spec_of(scope)
         except BadQuery as exc:
@@ -324,28 +512,66 @@ class Served:
             return
         key = (scope[TOKEN], spec)
         served = self.apps.get(key) or await self.start(*key)
-        session = header(scope, SESSION_HEADER)
         if served.pushes is not None and scope["method"] == "POST":
             replayed = await self.era(scope, receive, send)
             if replayed is None:
                 return
             receive = replayed
-        if served.pushes is None or session is None:
+        session = header(scope, SESSION_HEADER)
+        if session is None:
+            await self.opening(served, scope, receive, send)
+            return
+        slot = served.sessions.get(session)
+        if slot is None:  # none of this server's: the SDK says so (404)
             await served.app(scope, receive, send)
-        elif scope["method"] == "GET":
-            await self.listened(served.app, served.pushes, session, scope, receive, send)
-        else:
-            status = 0
+            return
+        EVENTS.set(slot.events)  # what the SDK stores as it answers this request
+        CLIENT.set(slot.lines)  # and the lines this request's work writes
+        status = 0
 
-            async def sent(message: Message) -> None:
-                nonlocal status
-                if message["type"] == "http.response.start":
-                    status = message["status"]
-                await send(message)
+        async def sent(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
 
+        with slot.busy():
+            if scope["method"] == "GET":
+                await self.listened(served, slot, scope, receive, sent)
+            else:
+                await served.app(scope, receive, sent)
+        if status == 404 or (scope["method"] == "DELETE" and status < 300):
+            served.end(session)
+
+    async def opening(self, served: App, scope: Scope, receive: Receive, send: Send) -> None:
+        """A request with no MCP session: the SDK makes one when it is an ``initialize``
+        it answers, whose own is made here first (the tasks the SDK starts for it store
+        their events in its ``Events``: ``EVENTS``, inherited) and kept under its id."""
+        slot = Slot(served.hold)
+        EVENTS.set(slot.events)
+        CLIENT.set(slot.lines)
+
+        async def sent(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] < 400:
+                made = header(message, SESSION_HEADER)
+                if made is not None:  # a new session's id, never given before
+                    served.sessions[made] = slot
+                    self.tg.start_soon(self.expire, served, made, slot)
+            await send(message)
+
+        with slot.busy():
             await served.app(scope, receive, sent)
-            if status == 404 or (scope["method"] == "DELETE" and status < 300):
-                served.pushes.end(session)
+
+    async def expire(self, served: App, session: str, slot: Slot) -> None:
+        """An MCP session's own goes once none of its requests has been in flight for
+        ``IDLE_AFTER_S`` more than the SDK gives it (``IDLE_S``): the SDK ended it by then.
+        Till then its log lines go out on its GET stream (none open: they are dropped)."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(slot.lines.run, slot.write)
+            with slot.idle:
+                await anyio.sleep_forever()
+            tg.cancel_scope.cancel()
+        served.end(session)
 
     async def era(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
         """A following URL speaks the ``initialize`` era (``repl_cli.mcp_stdio`` says why):
@@ -379,25 +605,39 @@ class Served:
         return replay
 
     async def listened(
-        self,
-        app: StreamableHTTPASGIApp,
-        pushes: Pushes,
-        session: str,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
+        self, served: App, slot: Slot, scope: Scope, receive: Receive, send: Send
     ) -> None:
-        """A session's GET stream: open for its pushes from its 200 to its end."""
-        slot = pushes.slot(session)
-        stream = Stream(send, slot.set, scope.get(LINE))
+        """A GET of an MCP session: its GET stream, open for the session's events from its
+        200 to its end; with ``Last-Event-ID``, resumed: a GET stream's by us (what it
+        missed is written first), a request's by the SDK (from ``Store``), or refused as
+        JSON when the session cannot give all it missed (``Gone``)."""
+        after: int | None = None
+        last = header(scope, LAST_EVENT_HEADER)
+        if last is not None:
+            try:
+                stream_id, _, after = slot.events.where(last)
+            except Gone as exc:
+                await refused(400, "bad_request", str(exc))(scope, receive, send)
+                return
+            if stream_id != GET_STREAM_KEY:
+                await served.app(scope, receive, send)
+                return
+            scope = dropped_header(scope, LAST_EVENT_HEADER)
+            old = slot.stream
+            if old is not None:  # the daemon holds it still: a path gone without a word
+                old.supersede()
+                with anyio.move_on_after(SUPERSEDE_S):
+                    await old.closed.wait()
+        version = header(scope, VERSION_HEADER) or ""
+        prime = version >= PRIMED_SINCE  # dates, compared as strings
+        stream = Stream(slot, send, receive, scope.get(LINE), after, prime)
         try:
-            await app(scope, receive, stream.sent)
+            await served.app(scope, stream.received, stream.sent)
         finally:
             stream.open = False
+            stream.closed.set()
             if slot.stream is stream:
                 slot.set(None)
-            if stream.status == 404:
-                pushes.end(session)
 
     async def start(self, token: str, spec: Spec) -> App:
         """The server of ``token`` and ``spec`` and its session manager, running from now on."""
@@ -416,18 +656,15 @@ class Served:
                 ack=spec.ack,
             )
             server = build(settings, per_session=True)
-            pushes = Pushes(server, spec, self.tg) if spec.follow else None
-            manager = StreamableHTTPSessionManager(
-                app=server.lowlevel, security_settings=self.security
-            )
-            await self.tg.start(run, manager)
-            served = self.apps[token, spec] = App(StreamableHTTPASGIApp(manager), pushes)
+            served = App(server, spec, self.security, self.tg)
+            await self.tg.start(run, served.manager)
+            self.apps[token, spec] = served
             return served
 
 
 def refused(status: int, code: str, message: str) -> JSONResponse:
     """A refusal of /mcp as every refusal of the daemon's HTTP is: JSON, with its code."""
-    return JSONResponse({"code": code, "message": f"repl: {message}"}, status_code=status)
+    return JSONResponse({"code": code, "message": message}, status_code=status)
 
 
 async def run(

@@ -208,8 +208,10 @@ def lost_params(session: str, lost: int, upto: int) -> dict[str, Any]:
 
 # -- where notifications go ------------------------------------------------------
 
-#: a path a notification was written on, asked later whether it is still open
-Held = Callable[[], bool]
+#: a path a notification was written on, asked after the hold whether the client still
+#: has it (awaited: an HTTP GET stream cut under it is waited for a while, in case the
+#: client resumes it)
+Held = Callable[[], Awaitable[bool]]
 
 
 class Outlet(Protocol):
@@ -218,8 +220,8 @@ class Outlet(Protocol):
 
     async def notify(self, method: str, params: dict[str, Any]) -> Held | None:
         """Send one notification; once the client has it, as far as the transport can
-        tell, whether the path it went on is still open; None when the client is gone
-        (it may not have it)."""
+        tell, what says later whether the path it went on stayed open; None when the
+        client is gone (it may not have it)."""
         ...
 
 
@@ -316,7 +318,10 @@ class Listen:
 
 
 def _open_flag(flag: list[bool]) -> Held:
-    return lambda: flag[0]
+    async def held() -> bool:
+        return flag[0]
+
+    return held
 
 
 # -- acknowledging ---------------------------------------------------------------
@@ -360,7 +365,7 @@ class _PipeAcks:
             first = self.due[0]
             await anyio.sleep_until(first.at)
             self.due.popleft()
-            if not all(held() for held in first.held):
+            if not all([await held() for held in first.held]):
                 log.warning(
                     "following %s: the client left within %g s of a push: nothing more is "
                     "acknowledged by this server",

@@ -40,9 +40,11 @@ reads a session's newest firings as JSON, and the listing is the sessions the
 token sees. With ``--follow`` the server pushes what arrives in those sessions
 (``repl_cli.mcp_push``: the channel notification, and updates to the clients
 subscribed to a session's resource). The server declares only what it serves:
-tools, resources (subscribe only when following), the experimental
-``claude/channel`` when following, and no prompts. ``build`` makes the server
-for any transport; ``repl_cli.mcp_stdio.serve`` runs it on stdio.
+tools, resources (subscribe only when following), prompts and completion
+(``repl_cli.mcp_prompts``), logging (its own lines, to a client that asks:
+``repl_cli.mcp_log``), and the experimental ``claude/channel`` when following.
+``build`` makes the server for any transport; ``repl_cli.mcp_stdio.serve`` runs
+it on stdio.
 """
 
 from __future__ import annotations
@@ -57,14 +59,16 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
 from mcp.server.models import InitializationOptions
 from mcp.shared.exceptions import MCPError
-from mcp.types import INTERNAL_ERROR
+from mcp.types import INTERNAL_ERROR, INVALID_PARAMS
 from mcp.types import Resource as MCPResource
 from pydantic import Field, ValidationError
 from typing_extensions import TypedDict
 
 from repl_cli import aio
+from repl_cli import mcp_prompts as prompts
 from repl_cli.errors import CliError
 from repl_cli.mcp_claims import CLAIM_TOOLS
+from repl_cli.mcp_log import serve_levels
 from repl_cli.mcp_push import (
     CHANNEL,
     MCP_CURSOR,
@@ -268,15 +272,12 @@ class Server(MCPServer):
         #: ``pushes_of`` finds
         self.push: Push | None = None
         self.pushes_of: Callable[[Context], Push | None] | None = None
-        # MCPServer always serves prompts; we have none, and declare only what we serve
-        for method in ("prompts/list", "prompts/get"):
-            self.lowlevel._request_handlers.pop(method, None)
 
     @property
     def lowlevel(self) -> LowLevelServer[Any]:
         """The SDK's low-level server inside: MCPServer keeps it to itself and has no way
-        to serve ``resources/subscribe``, to drop its prompts, or to declare an
-        experimental capability, so this module reaches into it here, and in ``__init__``."""
+        to serve ``resources/subscribe`` or ``logging/setLevel``, or to declare an
+        experimental capability, so this module reaches into it here."""
         return self._lowlevel_server
 
     def push_of(self, ctx: Context) -> Push | None:
@@ -303,6 +304,26 @@ class Server(MCPServer):
             )
             for row in rows
         ]
+
+    async def get_prompt(
+        self, name: str, arguments: dict[str, Any] | None = None, context: Any = None
+    ) -> Any:
+        """A prompt, or its failure as one line (the SDK's answer is an internal error, and a
+        traceback on stderr): an unknown prompt or a missing argument is a bad parameter,
+        and so is what the daemon refused; the daemon away is an internal error."""
+        try:
+            return await super().get_prompt(name, arguments, context)
+        except ValueError as exc:
+            cause: BaseException | None = exc
+            while cause is not None and not isinstance(cause, ToolError):
+                cause = cause.__cause__  # the SDK wraps a prompt's failure twice
+            if cause is not None:  # what the daemon said, in MCP's words
+                code = INVALID_PARAMS if "(code " in str(cause) else INTERNAL_ERROR
+                raise MCPError(code, str(cause)) from None
+            said = str(exc)
+            if said.startswith("Unknown prompt"):
+                said = f"no prompt {name!r}: the prompts are inbox and work"
+            raise MCPError(INVALID_PARAMS, f"repl: the {name} prompt: {said}") from None
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
         try:
@@ -644,6 +665,8 @@ def build(settings: Settings, *, per_session: bool = False) -> Server:
         "as the read tool gives them.",
         mime_type=JSON,
     )(session_resource)
+    prompts.install(server, tools)
+    serve_levels(server.lowlevel)
     if settings.follow and not per_session:
         server.push = push_for(settings, tools)
         server.push.install(server.lowlevel)

@@ -42,6 +42,7 @@ from mcp.shared.message import SessionMessage
 from mcp.types import METHOD_NOT_FOUND, ErrorData, JSONRPCError, JSONRPCRequest
 
 from repl_cli.errors import CliError, ReaderGone
+from repl_cli.mcp_log import CLIENT, Lines
 from repl_cli.mcp_push import Held
 from repl_cli.mcp_server import Server, Settings, build
 from repl_cli.sink import Sink, pauses
@@ -95,7 +96,7 @@ class Pipe(anyio.AsyncFile[str]):
     async def flush(self) -> None:
         """Each write went to the pipe whole: nothing is buffered here."""
 
-    def there(self) -> bool:
+    async def there(self) -> bool:
         """Whether the reader is still there: no write found it gone, and the pipe (or
         socket) still has its reader."""
         return not self.gone and self.sink.reader_there()
@@ -178,21 +179,30 @@ def serve(settings: Settings) -> None:
 def plain_log() -> None:
     """Our own lines on stderr as the CLI writes its, ``repl: ...`` one a line (a daemon
     away, a session that cannot be followed), not through the SDK's handler, which
-    wraps them at 80 columns."""
+    wraps them at 80 columns; warnings and worse there, and from ``info`` on to a
+    client that asks for them (``repl_cli.mcp_log``)."""
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("repl: %(message)s"))
+    handler.setLevel(logging.WARNING)
     logger = logging.getLogger("repl")
     logger.addHandler(handler)
     logger.propagate = False
-    logger.setLevel(logging.WARNING)
+    logger.setLevel(logging.INFO)
 
 
 async def run_stdio(server: Server) -> None:
     """Serve one client on stdin/stdout (the SDK's transport, writing through our
     ``Pipe``), pushing to it while it is there: a following server in the ``initialize``
-    era only."""
+    era only; its own lines as log messages to a client that asks (``CLIENT``)."""
+    lines = Lines()
+    CLIENT.set(lines)
     with claimed_stdout() as pipe:
+
+        async def written(data: bytes) -> None:
+            await pipe.write(data.decode() + "\n")
+
         async with stdio_server(stdout=pipe) as (read, write), anyio.create_task_group() as tg:
+            tg.start_soon(lines.run, written)
             options = server.initialization_options()
             if server.push is None:
                 await server.lowlevel.run(read, write, options)

@@ -229,7 +229,7 @@ def test_each_firing_is_pushed_with_its_own_meta_and_waits_for_the_agents_ack(
         hello = h.initialize()
         assert hello["capabilities"]["experimental"] == {"claude/channel": {}}
         assert hello["capabilities"]["resources"]["subscribe"] is True
-        assert "prompts" not in hello["capabilities"]
+        assert {"prompts", "completions", "logging"} <= set(hello["capabilities"])
         words = hello["instructions"]
         assert '<channel source="repl"' in words and f"sessions {s} is pushed" in words
         assert "call `ack` with its session and seq" in words and "allowed" not in words
@@ -262,7 +262,10 @@ def test_each_firing_is_pushed_with_its_own_meta_and_waits_for_the_agents_ack(
         assert h.call("ack", session=s, seq=1) == {"cursor": "mcp", "seq": 1}
         assert repl.cursor(s, "mcp") == 1  # the follow cursor: the ack's default here
         unknown = h.request("prompts/get", {"name": "x"})
-        assert unknown["error"]["code"] == -32601  # no prompts: not served, not declared
+        assert unknown["error"] == {
+            "code": -32602,
+            "message": "repl: the x prompt: no prompt 'x': the prompts are inbox and work",
+        }
         assert h.close() == ""
     # a new MCP session (a harness restarted): what was not acknowledged comes again
     with harness(daemon, "--follow", s) as again:
@@ -721,7 +724,7 @@ async def test_without_follow_the_sessions_are_resources_and_nothing_is_pushed(
         with anyio.fail_after(20):
             hello = await client.initialize()
             caps = hello.capabilities
-            assert caps.experimental is None and caps.prompts is None and caps.tools
+            assert caps.experimental is None and caps.prompts and caps.tools
             assert caps.resources is not None and not caps.resources.subscribe
             assert "pushed" not in (hello.instructions or "")
             names = [r.name for r in (await client.list_resources()).resources]

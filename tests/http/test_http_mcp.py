@@ -24,6 +24,7 @@ import httpx2
 import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
+from mcp.types import PromptReference
 
 from repl_cli.mcp_http import security
 from repl_daemon.http.mcp import Listener, connect_host
@@ -108,7 +109,7 @@ async def test_tools_and_resources_with_the_root_token(mcpd: DaemonProc) -> None
         assert init is not None
         caps = init.capabilities
         assert caps.tools is not None and caps.resources is not None
-        assert caps.prompts is None  # declares only what it serves
+        assert caps.prompts and caps.completions and caps.logging  # as on stdio
         names = {tool.name for tool in (await session.list_tools()).tools}
         assert {"send", "read", "wait", "sessions", "start"} <= names
         assert (await call(session, "start", session="h-mcp"))["created"] is True
@@ -204,14 +205,108 @@ def test_no_token_or_a_wrong_one_is_401(mcpd: DaemonProc) -> None:
         assert json.loads(body)["code"] == "unauthorized"
 
 
-def test_a_host_not_the_listeners_is_refused(mcpd: DaemonProc) -> None:
-    bearer = {"Authorization": f"Bearer {mcpd.token}"}
-    status, _, _ = post(mcpd, {**bearer, "Host": "evil.example:80"})
-    assert status == 421
-    status, _, _ = post(mcpd, {**bearer, "Origin": "http://evil.example"})
-    assert status == 403
-    status, _, _ = post(mcpd, bearer)
-    assert status == 200
+INIT = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"},
+    },
+}
+LIST = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+
+#: each refusal of /mcp: what is asked (method, query, headers over the right ones, body),
+#: and the status, the code and words of the answer
+REFUSALS = {
+    "no token": ("POST", "", {"Authorization": ""}, INIT, 401, "unauthorized", "no token"),
+    "a wrong token": ("POST", "", {"Authorization": "Bearer x"}, INIT, 401, "unauthorized", ""),
+    "a foreign Host": (
+        "POST", "", {"Host": "evil.example:80"}, INIT, 421, "bad_request", "(DNS rebinding)"
+    ),
+    "a foreign Origin": (
+        "POST", "", {"Origin": "http://evil.example"}, INIT, 403, "forbidden", "DNS rebinding"
+    ),
+    "no such MCP session": (
+        "POST", "", {"Mcp-Session-Id": "0" * 32}, LIST, 404, "no_such_session",
+        "initialize a new one",
+    ),
+    "no MCP session named": ("GET", "", {}, None, 400, "bad_request", "Mcp-Session-Id header"),
+    "a method it does not take": (
+        "PUT", "", {}, INIT, 405, "unknown_op", "PUT is not served on /mcp"
+    ),
+    "an Accept it cannot meet": (
+        "POST", "", {"Accept": "text/plain"}, INIT, 406, "bad_request", "give Accept"
+    ),
+    "a body that is not JSON": (
+        "POST", "", {"Content-Type": "text/plain"}, INIT, 400, "bad_request", "Content-Type"
+    ),
+    "a bad ack": ("POST", "follow=x&ack=never", {}, INIT, 400, "bad_request", "ack='never'"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("what", REFUSALS)
+def test_every_refusal_of_mcp_is_the_daemons_json(mcpd: DaemonProc, what: str) -> None:
+    """As every refusal of the daemon's HTTP: JSON with the code its status has, and a
+    message that says what to do; the SDK's own plain-text and JSON-RPC refusals too."""
+    method, query, given, body, status, code, words = REFUSALS[what]
+    headers = {
+        "Authorization": f"Bearer {mcpd.token}",
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        **given,
+    }
+    headers = {k: v for k, v in headers.items() if v}
+    with httpx2.Client(timeout=30) as http:
+        answer = http.request(method, f"{url(mcpd)}?{query}", headers=headers, json=body)
+    assert answer.status_code == status, answer.text
+    assert answer.headers["content-type"] == "application/json"
+    refusal = answer.json()
+    assert set(refusal) == {"code", "message"} and refusal["code"] == code
+    assert words in refusal["message"]
+    if status == 405:
+        assert answer.headers["allow"] == "GET, POST, DELETE"
+
+
+def test_a_second_get_stream_of_a_session_is_refused_as_json(mcpd: DaemonProc) -> None:
+    headers = {
+        "Authorization": f"Bearer {mcpd.token}",
+        "Accept": "application/json, text/event-stream",
+    }
+    with httpx2.Client(headers=headers, timeout=30) as http:
+        opened = http.post(url(mcpd), json=INIT)
+        sid = {"Mcp-Session-Id": opened.headers["mcp-session-id"]}
+        with http.stream("GET", url(mcpd), headers=sid) as first:
+            assert first.status_code == 200
+            second = http.get(url(mcpd), headers=sid)
+            assert second.status_code == 409
+            assert second.json()["code"] == "bad_request"
+            assert "one at a time" in second.json()["message"]
+        http.delete(url(mcpd), headers=sid)
+
+
+def test_a_json_rpc_error_answering_a_message_is_mcps_own(mcpd: DaemonProc) -> None:
+    """Left as the SDK wrote it: a client of the 2026-07-28 protocol reads it (an unknown
+    method is 404 with -32601), as does one whose message could not be parsed."""
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    headers = {
+        "Authorization": f"Bearer {mcpd.token}",
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+        "MCP-Protocol-Version": "2026-07-28",
+    }
+    asked = {"jsonrpc": "2.0", "id": 6, "method": "no/such", "params": {"_meta": meta}}
+    with httpx2.Client(headers=headers, timeout=30) as http:
+        unknown = http.post(url(mcpd), headers={"Mcp-Method": "no/such"}, json=asked)
+        garbled = http.post(url(mcpd), content=b"{not json")
+    assert unknown.status_code == 404
+    assert (unknown.json()["id"], unknown.json()["error"]["code"]) == (6, -32601)
+    assert garbled.status_code == 400 and garbled.json()["error"]["code"] == -32700
 
 
 def test_a_daemon_without_the_mcp_server_says_how_to_get_it(tmp_path: Path) -> None:
@@ -249,3 +344,20 @@ async def test_two_clients_of_one_token_at_once(mcpd: DaemonProc) -> None:
     async with anyio.create_task_group() as tg:
         for i in range(3):
             tg.start_soon(one, i)
+
+
+async def test_prompts_and_completion_over_http(mcpd: DaemonProc) -> None:
+    """The stdio server's prompts and completion (tests/e2e/test_mcp_prompts.py), the same
+    over /mcp, scoped by the token: a scoped token is offered its sessions only."""
+    root = mcpd.client()
+    root.ok({"op": "start", "session": "hp-own-prompt"})
+    root.ok({"op": "start", "session": "hp-else-prompt"})
+    root.ok({"op": "send", "session": "hp-own-prompt", "text": "look at this"})
+    add = {"op": "token", "action": "add", "name": "prompter", "sessions": ["hp-own*"]}
+    made = root.ok({**add, "can": ["read"]})
+    inbox = PromptReference(type="ref/prompt", name="inbox")
+    async with agent(mcpd, made["token"]) as session:
+        got = await session.get_prompt("inbox", {"session": "hp-own-prompt"})
+        assert '"result": "look at this"' in got.messages[0].content.text  # type: ignore[union-attr]
+        offered = await session.complete(inbox, {"name": "session", "value": "hp-"})
+        assert offered.completion.values == ["hp-own-prompt"]

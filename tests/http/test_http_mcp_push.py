@@ -28,7 +28,11 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._context_streams import create_context_streams
 from mcp.shared.exceptions import MCPDeprecationWarning
-from mcp.types import JSONRPCNotification, ResourceUpdatedNotification
+from mcp.types import (
+    JSONRPCNotification,
+    LoggingMessageNotificationParams,
+    ResourceUpdatedNotification,
+)
 
 from repl_cli.mcp_http import BadQuery, Spec, spec_of
 from repl_cli.mcp_push import CHANNEL, CHANNEL_METHOD, UPDATED_METHOD, Ack
@@ -321,12 +325,51 @@ async def test_a_health_check_over_http_consumes_nothing(mcpd: DaemonProc, mode:
             with anyio.fail_after(BOUND):
                 async with http.stream("GET", url, headers=sid) as stream:
                     async for line in stream.aiter_lines():
-                        if line.startswith("data:"):
+                        if line.startswith("data:") and line.removeprefix("data:").strip():
                             assert json.loads(line.removeprefix("data:"))["params"]["content"]
-                            break
+                            break  # (the first, with no data, primes the stream: its id)
                     listed = await http.post(
                         url, headers=sid, json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
                     )
                     assert listed.status_code == 200
                     await http.delete(url, headers=sid)
         assert cursor_of(mcpd, name, "mcp") == 0
+
+
+@pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
+async def test_a_sessions_own_lines_go_to_its_client_only(mcpd: DaemonProc) -> None:
+    """One daemon serves every client of /mcp in one process: a line the follow of one MCP
+    session writes (its session stopped) goes to that session's client, if it set a level,
+    on its GET stream, and to no other."""
+    root = mcpd.client()
+    heard: dict[str, list[str]] = {"a": [], "b": []}
+    arrived = anyio.Event()
+
+    @asynccontextmanager
+    async def logged(name: str) -> AsyncIterator[ClientSession]:
+        async def told(params: LoggingMessageNotificationParams) -> None:
+            heard[name].append(f"{params.level}: {params.data}")
+            arrived.set()
+
+        root.ok({"op": "start", "session": f"hp-log-{name}"})
+        url = f"http://127.0.0.1:{mcpd.http_port}/mcp?follow=hp-log-{name}"
+        headers = {"Authorization": f"Bearer {mcpd.token}"}
+        async with (
+            httpx2.AsyncClient(headers=headers, timeout=30) as http,
+            streamable_http_client(url, http_client=http) as (read, write),
+            ClientSession(read, write, logging_callback=told) as session,
+        ):
+            await session.initialize()
+            await session.set_logging_level("info")
+            yield session
+
+    async with logged("a"), logged("b"):
+        for name in ("a", "b"):
+            root.ok({"op": "stop", "session": f"hp-log-{name}"})
+            with anyio.fail_after(BOUND):
+                while not heard[name]:
+                    await arrived.wait()
+                    arrived = anyio.Event()
+        for name, lines in heard.items():
+            assert len(lines) == 1, heard
+            assert lines[0].startswith(f"error: following hp-log-{name} stopped: session ")
