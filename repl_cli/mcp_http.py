@@ -106,6 +106,8 @@ if TYPE_CHECKING:
 
     from repl_daemon.http.mcp import Listener
 
+#: the notification that ends a client's handshake
+INITIALIZED = "notifications/initialized"
 #: the scope's key the daemon puts the presented token under (``repl_daemon.http.mcp.TOKEN``)
 TOKEN = "repl.token"
 #: the scope's key of the request's ``Line`` (``repl_daemon.http.streams.LINE``): its
@@ -429,7 +431,15 @@ class Pushes:
 
     async def _initialized(self, ctx: ServerRequestContext[Any], params: Any) -> None:
         slot = self._slot_of(ctx)
-        if slot is None or slot.push is not None:
+        if slot is not None:
+            self.handshake(slot)
+
+    def handshake(self, slot: Slot) -> None:
+        """The MCP session made its handshake: it is pushed to from now on (once). Called
+        as its ``notifications/initialized`` arrives (``Served.__call__``), before the SDK
+        runs the notification's handler in a task of its own: a request the client sends
+        next (a subscription) must find it made, however late that task runs."""
+        if slot.push is not None:
             return
         push = slot.push = push_for(self.server.tools.settings, self.server.tools)
         push.opened()
@@ -512,11 +522,12 @@ class Served:
             return
         key = (scope[TOKEN], spec)
         served = self.apps.get(key) or await self.start(*key)
+        method = None
         if served.pushes is not None and scope["method"] == "POST":
             replayed = await self.era(scope, receive, send)
             if replayed is None:
                 return
-            receive = replayed
+            receive, method = replayed
         session = header(scope, SESSION_HEADER)
         if session is None:
             await self.opening(served, scope, receive, send)
@@ -527,6 +538,10 @@ class Served:
             return
         EVENTS.set(slot.events)  # what the SDK stores as it answers this request
         CLIENT.set(slot.lines)  # and the lines this request's work writes
+        if method == INITIALIZED and served.pushes is not None:
+            # before the SDK runs the notification's handler in a task of its own: a
+            # request the client sends next (a subscription) must find the pushes made
+            served.pushes.handshake(slot)
         status = 0
 
         async def sent(message: Message) -> None:
@@ -573,10 +588,13 @@ class Served:
             tg.cancel_scope.cancel()
         served.end(session)
 
-    async def era(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
+    async def era(
+        self, scope: Scope, receive: Receive, send: Send
+    ) -> tuple[Receive, str | None] | None:
         """A following URL speaks the ``initialize`` era (``repl_cli.mcp_stdio`` says why):
         a POSTed ``server/discover`` is answered -32601 here (None: answered), anything
-        else goes on to the SDK with its body as it came (what ``receive`` then gives)."""
+        else goes on to the SDK with its body as it came (what the ``receive`` returned
+        then gives), with the method it names (a single message's; None for a batch)."""
         body, more = b"", True
         while more and len(body) <= DEFAULT_MAX_REQUEST_BODY_SIZE:
             message = await receive()
@@ -593,6 +611,7 @@ class Served:
             refusal = {"jsonrpc": "2.0", "id": asked["id"], "error": REFUSED.model_dump()}
             await JSONResponse(refusal)(scope, receive, send)
             return None
+        method = asked.get("method") if isinstance(asked, dict) else None
         replayed = False
 
         async def replay() -> Message:
@@ -602,7 +621,7 @@ class Served:
                 return {"type": "http.request", "body": body, "more_body": more}
             return await receive()
 
-        return replay
+        return replay, method if isinstance(method, str) else None
 
     async def listened(
         self, served: App, slot: Slot, scope: Scope, receive: Receive, send: Send

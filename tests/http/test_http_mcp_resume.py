@@ -311,7 +311,7 @@ async def test_a_fresh_get_stream_is_no_resume_and_acknowledges_nothing(mcpd: Da
         assert event_id and pushed["params"]["content"] == "one"
         with anyio.fail_after(BOUND):
             async with http.stream("GET", url, headers=sid) as stream:
-                left = "the client left within 2 s of a push: acknowledging no more"
+                left = "the client left within 2 s of a push: nothing more is acknowledged"
                 await until("the receipt refused", lambda: left in mcpd.log.read_text())
         assert cursor_of(mcpd, "rs-fresh", "fresh") == 0
         await http.delete(url, headers=sid)
