@@ -9,7 +9,8 @@ See docs/protocol.md for every op and error code.
 
 from __future__ import annotations
 
-from typing import Literal
+import enum
+from typing import Annotated, Any, Literal, NamedTuple, Union
 
 import msgspec
 
@@ -21,9 +22,13 @@ from session.rules import (
     DEFAULT_GROUP,
     DEFAULT_HANDLER,
     DEFAULT_LEASE_MS,
+    MAX_DELAY_MS,
+    MAX_LEASE_MS,
+    MIN_LEASE_MS,
     WAIT_CURSOR,
     WEBHOOK_HANDLER,
 )
+from session.scopes import ADMIN, READ, SEND
 from session.tags import Match
 
 VERSION = "0.1.0"
@@ -58,13 +63,20 @@ class Sessions(Request, tag="sessions"):
     pass
 
 
+#: a session's id, as every request that names one takes it
+SessionId = Annotated[str, msgspec.Meta(description="The session's id.")]
+
+
 class Send(Request, tag="send"):
-    session: str
-    text: str
-    handler: str = DEFAULT_HANDLER
-    key: str | None = None
+    session: SessionId
+    text: Annotated[str, msgspec.Meta(description="The message.")]
+    handler: Annotated[str, msgspec.Meta(description="What produced it.")] = DEFAULT_HANDLER
+    key: Annotated[str | None, msgspec.Meta(description="A dedup key.")] = None
     #: what the firing carries: up to 16 ``KEY: VALUE`` (rules R1)
-    tags: dict[str, str] = {}
+    tags: Annotated[
+        dict[str, str],
+        msgspec.Meta(description="Tags the firing carries, KEY: VALUE (at most 16)."),
+    ] = {}
 
 
 class Read(Request, tag="read"):
@@ -117,7 +129,7 @@ class Ack(Request, tag="ack"):
 
 
 class Cursors(Request, tag="cursors"):
-    session: str
+    session: SessionId
 
 
 class Buffer(Request, tag="buffer"):
@@ -193,27 +205,46 @@ class Claim(Request, tag="claim"):
     from_now: bool = False
 
 
+#: the claim token a claim answered, as done, release and extend take it
+ClaimToken = Annotated[str, msgspec.Meta(description="The claim token that claim returned.")]
+#: a lease, as claim and extend take it (its bounds shown, not checked here: the core's)
+LeaseMs = Annotated[
+    int,
+    msgspec.Meta(
+        description="How long the job is yours; then it is offered to another worker "
+        "unless you extend it.",
+        extra_json_schema={"minimum": MIN_LEASE_MS, "maximum": MAX_LEASE_MS},
+    ),
+]
+
+
 class Finish(Request, tag="done"):
     """The claim's work is finished: its firing is never offered to its group again."""
 
-    session: str
-    claim: str
+    session: SessionId
+    claim: ClaimToken
 
 
 class Release(Request, tag="release"):
     """Give the claim's firing back: claimable again at once, or after ``delay_ms``."""
 
-    session: str
-    claim: str
-    delay_ms: int = 0
+    session: SessionId
+    claim: ClaimToken
+    delay_ms: Annotated[
+        int,
+        msgspec.Meta(
+            description="Claimable again only after this long (0: at once).",
+            extra_json_schema={"minimum": 0, "maximum": MAX_DELAY_MS},
+        ),
+    ] = 0
 
 
 class Extend(Request, tag="extend"):
     """The holder keeps the claim's firing for ``lease_ms`` from now (a heartbeat)."""
 
-    session: str
-    claim: str
-    lease_ms: int = DEFAULT_LEASE_MS
+    session: SessionId
+    claim: ClaimToken
+    lease_ms: LeaseMs = DEFAULT_LEASE_MS
 
 
 class Group(Request, tag="group"):
@@ -241,17 +272,6 @@ class Claims(Request, tag="claims"):
 
 class Shutdown(Request, tag="shutdown"):
     """Stop the daemon as SIGTERM does: answered ``done``, then waiters are told and it exits."""
-
-
-AnyRequest = (
-    (Auth | Ping | Start | Stop | Sessions | Send | Read | Wait | Ack | Cursors | Buffer | Poll)
-    | (Stats | Shutdown | Schedule | Timers | Cancel | SetWebhook | Token)
-    | (Claim | Finish | Release | Extend | Group | Groups | Claims)
-)
-
-OPS: tuple[str, ...] = ("auth", "ping", "start", "stop", "sessions", "send", "read", "wait")
-OPS += ("ack", "cursors", "buffer", "poll", "stats", "shutdown", "schedule", "timers", "cancel")
-OPS += ("webhook", "token", "claim", "done", "release", "extend", "group", "groups", "claims")
 
 
 # -- responses -------------------------------------------------------------
@@ -484,6 +504,229 @@ class StatsReply(Response, kw_only=True):
     sessions: list[SessionStats]
 
 
+# -- the table of verbs -------------------------------------------------------------
+#
+# One row an op, from which every front end serves it: the line protocol's decoder and
+# its list of ops (here), the scope check (the engine's ``_scoped``), one generic HTTP
+# route for a plain verb (``repl_daemon.http.verbs``), one generic MCP tool
+# (``repl_cli.mcp_verbs``). What a front end serves by hand is marked ``HAND`` there,
+# and says why where it is written: the long polls (wait, claim), the streams, a send's
+# text body, a read's or a start's defaults that HTTP and MCP choose for themselves.
+
+
+class Changes(enum.Enum):
+    """What doing a verb changes, for a harness deciding whether to ask a person first."""
+
+    #: nothing: a look (MCP's readOnlyHint)
+    NOTHING = "nothing"
+    #: only what doing it again leaves as it is (a cursor set to max(seq), a done)
+    SETS = "sets"
+    #: something new each time unless a dedup key says otherwise (a firing, a timer)
+    RECORDS = "records"
+    #: something again each time (a lease moved to a time from now)
+    MOVES = "moves"
+
+
+#: served by a route or a tool written for it alone
+HAND: Literal["hand"] = "hand"
+
+
+class Http(NamedTuple):
+    """How the generic route serves a verb: its methods and path (the request's fields in
+    braces, as Starlette writes them: ``{claim:path}`` takes a slash too), the fields its
+    JSON body gives (``example`` shows that body in a refusal),
+    the status of a success (204: no body), and the field of the answer that is the whole
+    body (None: every field of the answer but ``id`` and ``ok``). The query gives the
+    other fields, a field ``X_ms`` given as ``?X=`` in seconds or as a duration."""
+
+    methods: tuple[str, ...]
+    path: str
+    body: tuple[str, ...] = ()
+    example: str = ""
+    status: int = 200
+    answer: str | None = None
+
+
+class Tool(NamedTuple):
+    """How the generic tool serves a verb: its description for a model and what it
+    changes. Its arguments are the request's fields (a field ``X_ms`` as ``X_s``, in
+    seconds), its result the answer's."""
+
+    description: str
+    changes: Changes
+
+
+class Verb(NamedTuple):
+    """One op: its request and answer, the right a scoped token needs for it on each
+    session it names ("": none, a listing its scope filters; None: the root token's
+    alone), whether its answer waits for the store, and how HTTP and MCP serve it
+    (None: they do not)."""
+
+    request: type[Request]
+    answer: type[Response]
+    right: str | None
+    durable: bool
+    http: Http | Literal["hand"] | None = None
+    tool: Tool | Literal["hand"] | None = None
+
+    @property
+    def op(self) -> str:
+        return str(self.request.__struct_config__.tag)
+
+
+#: a claim token, a cursor's or a group's name may hold a slash: ``:path`` takes it whole
+_CLAIM_PATH = "/sessions/{session}/claims/{claim:path}"
+
+VERBS: list[Verb] = [
+    Verb(Auth, Done, "", False),
+    Verb(Ping, Pong, "", False),
+    Verb(Start, Started, ADMIN, True, HAND, HAND),
+    Verb(Stop, Done, ADMIN, True, Http(("DELETE",), "/sessions/{session}", status=204)),
+    Verb(
+        Sessions,
+        SessionList,
+        "",
+        False,
+        HAND,
+        Tool("List the sessions: id, head, retained, limit, cursors, waiters.", Changes.NOTHING),
+    ),
+    Verb(
+        Send,
+        Sent,
+        SEND,
+        True,
+        HAND,
+        Tool(
+            "Send a message to a session; it is recorded as the next firing. "
+            "Give a key to make a retry safe (a second send with it records nothing).",
+            Changes.RECORDS,
+        ),
+    ),
+    Verb(Read, Firings, READ, False, HAND, HAND),
+    Verb(Wait, Woken, READ, False, HAND, HAND),
+    Verb(
+        Ack,
+        Acked,
+        READ,
+        True,
+        Http(("POST",), "/sessions/{session}/cursors/{cursor:path}", ("seq",), '{"seq": N}'),
+        HAND,
+    ),
+    Verb(
+        Cursors,
+        CursorList,
+        READ,
+        False,
+        Http(("GET",), "/sessions/{session}/cursors", answer="cursors"),
+        Tool("List a session's cursors: name, seq, and lag behind the head.", Changes.NOTHING),
+    ),
+    Verb(Buffer, Buffered, ADMIN, True),
+    Verb(Poll, Firings, READ, True),
+    Verb(Stats, StatsReply, "", False),
+    Verb(Shutdown, Done, None, False),
+    Verb(Schedule, TimerSet, SEND, True, None, HAND),
+    Verb(Timers, TimerList, ADMIN, False),
+    Verb(Cancel, Cancelled, ADMIN, True),
+    Verb(SetWebhook, Done, ADMIN, True),
+    Verb(Token, Response, None, True),
+    Verb(Claim, Claimed, READ, True, HAND, HAND),
+    Verb(
+        Finish,
+        Finished,
+        READ,
+        True,
+        Http(("POST",), _CLAIM_PATH + "/done"),
+        Tool(
+            "Finish a claimed job: it is never offered to the group again. An error naming "
+            "lease_lost means the claim is no longer yours (its lease ran out and another "
+            "worker may have it, or it is done): nothing changed.",
+            Changes.SETS,
+        ),
+    ),
+    Verb(
+        Release,
+        Released,
+        READ,
+        True,
+        Http(("POST",), _CLAIM_PATH + "/release"),
+        Tool(
+            "Give a claimed job back to its group, claimable again at once or after delay_s. "
+            "dead true: that was its last attempt, and it went to the dead-letter session. "
+            "lease_lost: the claim is no longer yours.",
+            Changes.SETS,
+        ),
+    ),
+    Verb(
+        Extend,
+        Extended,
+        READ,
+        True,
+        Http(("POST",), _CLAIM_PATH + "/extend"),
+        Tool(
+            "Keep a claimed job lease_s longer from now: a heartbeat for long work, before "
+            "lease_until passes. Returns the new lease_until. lease_lost: the claim is no "
+            "longer yours; stop working on it.",
+            Changes.MOVES,
+        ),
+    ),
+    Verb(
+        Group,
+        GroupRow,
+        ADMIN,
+        True,
+        Http(
+            ("POST", "PUT"),
+            "/sessions/{session}/groups/{group:path}",
+            ("max_attempts", "dead_letter", "from_now"),
+            '{"max_attempts": N, "dead_letter": SESSION, "from_now": true}',
+            answer="group",
+        ),
+    ),
+    Verb(
+        Groups,
+        GroupList,
+        READ,
+        False,
+        Http(("GET",), "/sessions/{session}/groups", answer="groups"),
+    ),
+    Verb(
+        Claims,
+        ClaimList,
+        READ,
+        False,
+        Http(("GET",), "/sessions/{session}/claims", answer="claims"),
+    ),
+]
+
+#: the verbs by op, and by their request's class
+VERB: dict[str, Verb] = {}
+VERB_OF: dict[type[Request], Verb] = {}
+#: every op, in the table's order (the refusal of an unknown op lists them so)
+OPS: tuple[str, ...] = ()
+
+
+def register(verb: Verb) -> None:
+    """Add ``verb`` to the table (a new row of ``VERBS`` is registered at import; a test's
+    throwaway verb here), and make the decoder again to take it."""
+    global OPS, _request_decoder
+    if verb not in VERBS:
+        VERBS.append(verb)
+    VERB[verb.op] = verb
+    VERB_OF[verb.request] = verb
+    OPS = tuple(VERB)
+    _request_decoder = msgspec.json.Decoder(Union[tuple(VERB_OF)])  # noqa: UP007
+
+
+def unregister(op: str) -> None:
+    """Take ``op`` out of the table again (a test's throwaway verb)."""
+    global OPS, _request_decoder
+    verb = VERB.pop(op)
+    VERBS.remove(verb)
+    del VERB_OF[verb.request]
+    OPS = tuple(VERB)
+    _request_decoder = msgspec.json.Decoder(Union[tuple(VERB_OF)])  # noqa: UP007
+
+
 # -- codecs -----------------------------------------------------------------
 
 
@@ -491,17 +734,21 @@ class _IdOnly(msgspec.Struct):
     id: RequestId = msgspec.UNSET
 
 
-_request_decoder = msgspec.json.Decoder(AnyRequest)
+_request_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(Auth)
 _id_decoder = msgspec.json.Decoder(_IdOnly)
 _encoder = msgspec.json.Encoder()
 
+for _verb in list(VERBS):
+    register(_verb)
 
-def decode_request(line: bytes) -> AnyRequest:
+
+def decode_request(line: bytes) -> Request:
     """Decode one request line; a bad one raises ``BadRequest`` or ``UnknownOp``."""
     if not line.strip():
         raise BadRequest("empty line: send one JSON object a line")
     try:
-        return _request_decoder.decode(line)
+        request: Request = _request_decoder.decode(line)
+        return request
     except msgspec.ValidationError as exc:
         text = str(exc)
         if text.startswith("Invalid value") and text.endswith("at `$.op`"):

@@ -551,7 +551,7 @@ class Connection(asyncio.Protocol):
             self._leave_idle_clock()  # a blocked wait exempts its connection
         return True
 
-    def _auth(self, req: p.AnyRequest) -> bool:
+    def _auth(self, req: p.Request) -> bool:
         """The first request: an ``auth`` with a token the daemon knows, or the end."""
         if not isinstance(req, p.Auth):
             first = Unauthorized("the first request must be auth with the daemon's token")

@@ -44,38 +44,6 @@ from session.tags import ROOT, TIMER, WEBHOOK
 READ, SEND, ADMIN = "read", "send", "admin"
 RIGHTS = frozenset({READ, SEND, ADMIN})
 
-#: the right each op of the protocol needs on each session it names; None: the root's only
-#: (managing tokens, stopping the daemon); "" needs none (auth, ping, listings, which a scope
-#: filters instead)
-OP_RIGHTS: dict[str, str | None] = {
-    "auth": "",
-    "ping": "",
-    "sessions": "",
-    "stats": "",
-    "read": READ,
-    "wait": READ,
-    "ack": READ,
-    "cursors": READ,
-    "poll": READ,
-    "claim": READ,  # a group is a reader's lane: claiming is reading (SPEC §16)
-    "done": READ,
-    "release": READ,
-    "extend": READ,
-    "groups": READ,
-    "claims": READ,
-    "send": SEND,
-    "schedule": SEND,  # a one-shot; ``every`` needs admin (``schedule_right``)
-    "start": ADMIN,
-    "stop": ADMIN,
-    "buffer": ADMIN,
-    "timers": ADMIN,
-    "cancel": ADMIN,
-    "webhook": ADMIN,
-    "group": ADMIN,
-    "shutdown": None,
-    "token": None,
-}
-
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 MAX_PATTERNS = 64
 #: the most scoped tokens a store keeps (each daemon holds all of them in memory)

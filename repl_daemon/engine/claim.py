@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from repl_daemon import protocol as p
 from repl_daemon.engine.committer import Sessions
 from repl_daemon.engine.outcome import Outcome
+from repl_daemon.engine.steps import step
 from repl_daemon.engine.wait import Wait, Waiters, _State
 from session.claims import Taken
 from session.errors import NoSuchSession, ReplError
@@ -161,41 +163,48 @@ def sees_dead_letter(token: TokenRecord | None, session_id: str) -> bool:
     return token is None or token.scope.covers(default_dead_letter(session_id))
 
 
-def group_step(
-    req: p.Finish | p.Release | p.Extend | p.Group | p.Groups | p.Claims,
-    sessions: Sessions,
-    now: int,
-    token: TokenRecord | None = None,
-) -> Outcome[p.Response]:
-    """The answer to a request about groups that is no claim, made with ``token`` (None:
-    the root): one step of the core at ``now`` (done, release, extend, a group's settings)
-    or a look (groups, claims)."""
-    rid, c = req.id, sessions
-    match req:
-        case p.Finish():
-            done = c.execute(req.session, Finish(req.claim, now))
-            return done.then(lambda seq: p.Finished(id=rid, seq=seq))
-        case p.Release():
-            released = c.execute(req.session, Release(req.claim, now, req.delay_ms))
-            return released.then(lambda dead: p.Released(id=rid, dead=dead))
-        case p.Extend():
-            extended = c.execute(req.session, Extend(req.claim, now, req.lease_ms))
-            return extended.then(
-                lambda ms: p.Extended(id=rid, lease_until=ms_to_ts(ms), lease_until_ms=ms)
-            )
-        case p.Group():
-            sees = sees_dead_letter(token, req.session)  # for a group this makes
-            op = ConfigureGroup(
-                req.group, now, req.max_attempts, req.dead_letter, req.from_now, sees
-            )
-            made = c.execute(req.session, op)
-            return made.then(lambda info: p.GroupRow(id=rid, group=info))
-        case p.Groups():
-            table = c.execute(req.session, GroupTable(now))
-            return table.then(lambda rows: p.GroupList(id=rid, groups=rows))
-        case p.Claims():
-            held = c.execute(req.session, ClaimTable(req.group))
-            return held.then(lambda rows: p.ClaimList(id=rid, claims=[_lease(r) for r in rows]))
+# -- the steps of groups that are no claim (repl_daemon.engine.steps): each one step of
+# the core at the engine's ``now`` (done, release, extend, a group's settings), or a look
+
+
+@step(p.Finish)
+def _done(engine: Any, req: p.Finish, c: Sessions, token: TokenRecord | None) -> Any:
+    done = c.execute(req.session, Finish(req.claim, engine.clock.now_ms()))
+    return done.then(lambda seq: p.Finished(id=req.id, seq=seq))
+
+
+@step(p.Release)
+def _release(engine: Any, req: p.Release, c: Sessions, token: TokenRecord | None) -> Any:
+    released = c.execute(req.session, Release(req.claim, engine.clock.now_ms(), req.delay_ms))
+    return released.then(lambda dead: p.Released(id=req.id, dead=dead))
+
+
+@step(p.Extend)
+def _extend(engine: Any, req: p.Extend, c: Sessions, token: TokenRecord | None) -> Any:
+    extended = c.execute(req.session, Extend(req.claim, engine.clock.now_ms(), req.lease_ms))
+    return extended.then(
+        lambda ms: p.Extended(id=req.id, lease_until=ms_to_ts(ms), lease_until_ms=ms)
+    )
+
+
+@step(p.Group)
+def _group(engine: Any, req: p.Group, c: Sessions, token: TokenRecord | None) -> Any:
+    sees = sees_dead_letter(token, req.session)  # for a group this makes
+    now = engine.clock.now_ms()
+    op = ConfigureGroup(req.group, now, req.max_attempts, req.dead_letter, req.from_now, sees)
+    return c.execute(req.session, op).then(lambda info: p.GroupRow(id=req.id, group=info))
+
+
+@step(p.Groups)
+def _groups(engine: Any, req: p.Groups, c: Sessions, token: TokenRecord | None) -> Any:
+    table = c.execute(req.session, GroupTable(engine.clock.now_ms()))
+    return table.then(lambda rows: p.GroupList(id=req.id, groups=rows))
+
+
+@step(p.Claims)
+def _claims(engine: Any, req: p.Claims, c: Sessions, token: TokenRecord | None) -> Any:
+    held = c.execute(req.session, ClaimTable(req.group))
+    return held.then(lambda rows: p.ClaimList(id=req.id, claims=[_lease(r) for r in rows]))
 
 
 def _lease(lease: Lease) -> p.LeaseInfo:

@@ -34,17 +34,18 @@ import secrets
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, Never, NoReturn, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import anyio
 import msgspec
 
 from repl_daemon import protocol as p
-from repl_daemon.engine.claim import ClaimWait, group_step, sees_dead_letter
+from repl_daemon.engine.claim import ClaimWait, sees_dead_letter
 from repl_daemon.engine.clock import REAL, Clock, ms_to_utc
 from repl_daemon.engine.committer import Backend, Sessions, Totals
 from repl_daemon.engine.outcome import Outcome
 from repl_daemon.engine.scoped import Scoped
+from repl_daemon.engine.steps import STEPS, step
 from repl_daemon.engine.wait import Wait, Waiters, wait_ids
 from repl_daemon.metrics import Counts
 from session.delta import Webhook
@@ -81,7 +82,6 @@ from session.ops import (
 from session.rules import DEFAULT_HANDLER, DEFAULT_LIMIT, READ_CURSOR, TICK_HANDLER
 from session.schedule import MAX_DUE_MS, Timer, parse_duration, parse_every, parse_time
 from session.scopes import (
-    OP_RIGHTS,
     TokenRecord,
     check_new_token_name,
     check_token_name,
@@ -301,12 +301,12 @@ class Engine:
             raise Unauthorized(REVOKED)
         return Scoped(self.committer, token.scope)
 
-    def _scoped(self, req: p.AnyRequest, tag: str, token: TokenRecord) -> Sessions:
+    def _scoped(self, req: p.Request, tag: str, token: TokenRecord) -> Sessions:
         """The rights ``req`` needs, checked against the token; the sessions as it sees them."""
         view = self.view(token)
         self.token_requests[token.digest] += 1
         scope = token.scope
-        right = OP_RIGHTS[tag]
+        right = p.VERB[tag].right
         if right is None:
             raise forbidden("root")
         if isinstance(req, p.Schedule):
@@ -361,86 +361,19 @@ class Engine:
 
     # -- requests ----------------------------------------------------------
 
-    def handle(self, req: p.AnyRequest, token: TokenRecord | None = None) -> Outcome[p.Response]:
+    def handle(self, req: p.Request, token: TokenRecord | None = None) -> Outcome[p.Response]:
         """The answer to one request made with ``token`` (None: the root); raises a
         ``ReplError`` when it is refused at once."""
-        rid = req.id
         tag = str(req.__struct_config__.tag)
         self.requests += 1  # every request any front end hands over is counted here, once
         self.counts.requests[tag] += 1
         committer: Sessions = self.committer
         if token is not None:
             committer = self._scoped(req, tag, token)
-        match req:
-            case p.Send():
-                by = ROOT if token is None else token.name
-                op = Record(
-                    req.handler, req.text, self.clock.utc_now(), req.key, tags=req.tags, by=by
-                )
-                return committer.execute(req.session, op).then(self._sent(rid))
-            case p.Read():
-                return committer.execute(req.session, read_op(req)).then(_firings(rid))
-            case p.Wait():
-                return self.wait(req, committer)
-            case p.Ack():
-                acked = committer.execute(req.session, Ack(req.cursor, req.seq))
-                return acked.then(lambda seq: p.Acked(id=rid, cursor=req.cursor, seq=seq))
-            case p.Poll():
-                return committer.execute(req.session, Poll(req.max)).then(_firings(rid))
-            case p.Cursors():
-                table = committer.execute(req.session, CursorTable())
-                return table.then(lambda rows: p.CursorList(id=rid, cursors=rows))
-            case p.Buffer():
-                trimmed = committer.execute(req.session, SetLimit(req.limit))
-                return trimmed.then(lambda n: p.Buffered(id=rid, limit=req.limit, trimmed=n))
-            case p.Start():
-                limit = DEFAULT_LIMIT if req.buffer is None else req.buffer
-                started = committer.start(req.session, limit, req.exist_ok)
-                return started.then(lambda s: p.Started(id=rid, session=s[0], created=s[1]))
-            case p.Stop():
-                return committer.stop(req.session).then(lambda _: p.Done(id=rid))
-            case p.Sessions():
-                return committer.summaries(None).then(self._listing(rid))
-            case p.Stats():
-                return self._stats(req, committer, token)
-            case p.Schedule():
-                timer = self.timer_for(req)
-                scheduled = committer.execute(req.session, AddTimer(timer))
-                return scheduled.then(lambda s: _timer_set(rid, timer, s))
-            case p.Timers():
-                if req.session is not None:
-                    listed = committer.execute(req.session, TimerList())
-                else:
-                    listed = committer.timers(None)
-                return listed.then(lambda ts: p.TimerList(id=rid, timers=[_info(t) for t in ts]))
-            case p.Cancel():
-                cancelled = committer.execute(req.session, CancelTimer(req.timer))
-                return cancelled.then(lambda t: p.Cancelled(id=rid, timer=_info(t)))
-            case p.SetWebhook():
-                hook = None if req.secret is None else Webhook(req.secret, req.handler)
-                changed = committer.execute(req.session, SetWebhook(hook))
-                return changed.then(lambda _: p.Done(id=rid))
-            case p.Ping():
-                return Outcome.now(self.ping(req))
-            case p.Shutdown():
-                log.info("asked to shut down by a client")
-                self.shutdown_requested.set()
-                return Outcome.now(p.Done(id=rid))
-            case p.Token():
-                return self._token(req)
-            case p.Claim():
-                return self.claim(req, committer, token)
-            case p.Finish() | p.Release() | p.Extend() | p.Group() | p.Groups() | p.Claims():
-                return group_step(req, committer, self.clock.now_ms(), token)
-            case p.Auth():
-                # a connection authenticates once: a second auth would answer ok for a
-                # token nobody checked, or switch a connection's identity mid-stream
-                raise BadRequest(
-                    "this connection is authenticated already and keeps its token: "
-                    "open a new connection to use another"
-                )
-            case _:
-                _unknown(req)
+        run = STEPS.get(type(req))
+        if run is None:  # a request made outside the decoder, or a row without its step
+            raise UnknownOp(f"the daemon has no op {type(req).__name__!r}")
+        return run(self, req, committer, token)
 
     # -- what HTTP's own routes ask (each counted as the request it is) -------
 
@@ -696,15 +629,6 @@ class Engine:
         return Outcome.of(ClaimWait(self.waits, req, self.clock.now_ms, self._pass_on, sees))
 
 
-def _unknown(req: Never) -> NoReturn:
-    """A request the engine has no case for: refused, never answered "done".
-
-    The argument's type makes mypy prove that every request of the protocol
-    has its case above; the raise covers a request made outside the decoder.
-    """
-    raise UnknownOp(f"the daemon has no op {type(req).__name__!r}")
-
-
 def _token_info(record: TokenRecord) -> p.TokenInfo:
     scope = record.scope
     return p.TokenInfo(name=record.name, sessions=list(scope.patterns), can=sorted(scope.rights))
@@ -779,3 +703,138 @@ def _firings(rid: p.RequestId) -> Callable[[Batch], p.Firings]:
         return p.Firings(id=rid, next=batch.next, lost=batch.lost, firings=batch.firings)
 
     return firings
+
+
+# -- the steps: what the engine does with each request (repl_daemon.engine.steps) ------
+# (the steps of groups and claims are repl_daemon.engine.claim's)
+
+
+@step(p.Send)
+def _send(engine: Engine, req: p.Send, committer: Sessions, token: TokenRecord | None) -> Any:
+    by = ROOT if token is None else token.name
+    op = Record(req.handler, req.text, engine.clock.utc_now(), req.key, tags=req.tags, by=by)
+    return committer.execute(req.session, op).then(engine._sent(req.id))
+
+
+@step(p.Read)
+def _read(engine: Engine, req: p.Read, committer: Sessions, token: TokenRecord | None) -> Any:
+    return committer.execute(req.session, read_op(req)).then(_firings(req.id))
+
+
+@step(p.Wait)
+def _wait(engine: Engine, req: p.Wait, committer: Sessions, token: TokenRecord | None) -> Any:
+    return engine.wait(req, committer)
+
+
+@step(p.Ack)
+def _ack(engine: Engine, req: p.Ack, committer: Sessions, token: TokenRecord | None) -> Any:
+    acked = committer.execute(req.session, Ack(req.cursor, req.seq))
+    return acked.then(lambda seq: p.Acked(id=req.id, cursor=req.cursor, seq=seq))
+
+
+@step(p.Poll)
+def _poll(engine: Engine, req: p.Poll, committer: Sessions, token: TokenRecord | None) -> Any:
+    return committer.execute(req.session, Poll(req.max)).then(_firings(req.id))
+
+
+@step(p.Cursors)
+def _cursors(engine: Engine, req: p.Cursors, committer: Sessions, token: TokenRecord | None) -> Any:
+    table = committer.execute(req.session, CursorTable())
+    return table.then(lambda rows: p.CursorList(id=req.id, cursors=rows))
+
+
+@step(p.Buffer)
+def _buffer(engine: Engine, req: p.Buffer, committer: Sessions, token: TokenRecord | None) -> Any:
+    trimmed = committer.execute(req.session, SetLimit(req.limit))
+    return trimmed.then(lambda n: p.Buffered(id=req.id, limit=req.limit, trimmed=n))
+
+
+@step(p.Start)
+def _start(engine: Engine, req: p.Start, committer: Sessions, token: TokenRecord | None) -> Any:
+    limit = DEFAULT_LIMIT if req.buffer is None else req.buffer
+    started = committer.start(req.session, limit, req.exist_ok)
+    return started.then(lambda s: p.Started(id=req.id, session=s[0], created=s[1]))
+
+
+@step(p.Stop)
+def _stop(engine: Engine, req: p.Stop, committer: Sessions, token: TokenRecord | None) -> Any:
+    return committer.stop(req.session).then(lambda _: p.Done(id=req.id))
+
+
+@step(p.Sessions)
+def _sessions(
+    engine: Engine, req: p.Sessions, committer: Sessions, token: TokenRecord | None
+) -> Any:
+    return committer.summaries(None).then(engine._listing(req.id))
+
+
+@step(p.Stats)
+def _stats(engine: Engine, req: p.Stats, committer: Sessions, token: TokenRecord | None) -> Any:
+    return engine._stats(req, committer, token)
+
+
+@step(p.Schedule)
+def _schedule(
+    engine: Engine, req: p.Schedule, committer: Sessions, token: TokenRecord | None
+) -> Any:
+    timer = engine.timer_for(req)
+    scheduled = committer.execute(req.session, AddTimer(timer))
+    return scheduled.then(lambda s: _timer_set(req.id, timer, s))
+
+
+@step(p.Timers)
+def _timers(engine: Engine, req: p.Timers, committer: Sessions, token: TokenRecord | None) -> Any:
+    if req.session is not None:
+        listed = committer.execute(req.session, TimerList())
+    else:
+        listed = committer.timers(None)
+    return listed.then(lambda ts: p.TimerList(id=req.id, timers=[_info(t) for t in ts]))
+
+
+@step(p.Cancel)
+def _cancel(engine: Engine, req: p.Cancel, committer: Sessions, token: TokenRecord | None) -> Any:
+    cancelled = committer.execute(req.session, CancelTimer(req.timer))
+    return cancelled.then(lambda t: p.Cancelled(id=req.id, timer=_info(t)))
+
+
+@step(p.SetWebhook)
+def _webhook(
+    engine: Engine, req: p.SetWebhook, committer: Sessions, token: TokenRecord | None
+) -> Any:
+    hook = None if req.secret is None else Webhook(req.secret, req.handler)
+    changed = committer.execute(req.session, SetWebhook(hook))
+    return changed.then(lambda _: p.Done(id=req.id))
+
+
+@step(p.Ping)
+def _ping(engine: Engine, req: p.Ping, committer: Sessions, token: TokenRecord | None) -> Any:
+    return Outcome.now(engine.ping(req))
+
+
+@step(p.Shutdown)
+def _shutdown(
+    engine: Engine, req: p.Shutdown, committer: Sessions, token: TokenRecord | None
+) -> Any:
+    log.info("asked to shut down by a client")
+    engine.shutdown_requested.set()
+    return Outcome.now(p.Done(id=req.id))
+
+
+@step(p.Token)
+def _token(engine: Engine, req: p.Token, committer: Sessions, token: TokenRecord | None) -> Any:
+    return engine._token(req)
+
+
+@step(p.Claim)
+def _claim(engine: Engine, req: p.Claim, committer: Sessions, token: TokenRecord | None) -> Any:
+    return engine.claim(req, committer, token)
+
+
+@step(p.Auth)
+def _auth(engine: Engine, req: p.Auth, committer: Sessions, token: TokenRecord | None) -> Any:
+    # a connection authenticates once: a second auth would answer ok for a token nobody
+    # checked, or switch a connection's identity mid-stream
+    raise BadRequest(
+        "this connection is authenticated already and keeps its token: "
+        "open a new connection to use another"
+    )

@@ -158,23 +158,7 @@ class StartBody(msgspec.Struct, kw_only=True):
     exist_ok: bool = False
 
 
-class AckBody(msgspec.Struct, kw_only=True):
-    """``POST /sessions/{id}/cursors/{name}``'s body."""
-
-    seq: int
-
-
-class GroupBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """``POST``/``PUT /sessions/{id}/groups/{name}``'s body, every field optional; a field
-    it does not know is refused, naming it: ``max_attempt`` ignored would leave a group
-    with attempts its maker did not ask for, and nobody told."""
-
-    max_attempts: int | None = None
-    dead_letter: str | None = None
-    from_now: bool = False
-
-
-Body = TypeVar("Body", StartBody, AckBody, GroupBody)
+Body = TypeVar("Body", bound=msgspec.Struct)
 #: what msgspec says of a field a body that forbids unknown ones does not have
 UNKNOWN_FIELD = re.compile(r"Object contains unknown field `(.*)`")
 

@@ -30,8 +30,6 @@ from repl_daemon.http.consumer import Gone, Held, Poll, handed_class
 from repl_daemon.http.metrics import Collector
 from repl_daemon.http.query import (
     SEQ,
-    AckBody,
-    GroupBody,
     StartBody,
     decode,
     drain,
@@ -84,12 +82,12 @@ class Api:
             raise Unauthorized(NO_TOKEN)
         return await self.engine.authenticate(given.strip(), self._token).result()
 
-    async def call(self, req: p.AnyRequest, request: Request) -> p.Response:
+    async def call(self, req: p.Request, request: Request) -> p.Response:
         """``req`` handled by the engine with the request's token; a blocked one (a wait)
         holds the token, and its revocation answers it ``unauthorized``."""
         return await self.answer(self.handle(req, request), request)
 
-    def handle(self, req: p.AnyRequest, request: Request) -> Outcome[p.Response]:
+    def handle(self, req: p.Request, request: Request) -> Outcome[p.Response]:
         """``req`` given to the engine with the request's token: refused at once, or its
         outcome (for a wait, the job that blocks: ``answer`` awaits it)."""
         return self.engine.handle(req, request.state.token)
@@ -225,26 +223,6 @@ class Api:
             {"session": started.session, "created": started.created},
             201 if started.created else 200,
         )
-
-    async def stop(self, request: Request) -> Response:
-        """``DELETE /sessions/{id}``: stop it, as ``repl stop`` does; its waiters are told."""
-        from starlette.responses import Response
-
-        session_id = request.path_params["id"]
-        self.engine.check_right(request.state.token, ADMIN, session_id)
-        await self.call(p.Stop(session=session_id), request)
-        return Response(status_code=204)
-
-    async def ack(self, request: Request) -> Response:
-        """``POST /sessions/{id}/cursors/{name}`` with ``{"seq": N}``: acknowledge."""
-        session_id = request.path_params["id"]
-        self.engine.check_right(request.state.token, READ, session_id)
-        asked = decode(await read_body(request), AckBody, '{"seq": N}')
-        acked = await self.call(
-            p.Ack(session=session_id, seq=asked.seq, cursor=request.path_params["name"]), request
-        )
-        assert isinstance(acked, p.Acked)
-        return json_response({"cursor": acked.cursor, "seq": acked.seq})
 
     async def wait(self, request: Request) -> Response:
         """``GET /sessions/{id}/wait``: a long poll, the consumer's ``repl wait``.
@@ -384,83 +362,6 @@ class Api:
         except ReplError:
             return
         given.settle(lambda _, __: None)
-
-    async def finish(self, request: Request) -> Response:
-        """``POST /sessions/{id}/claims/{claim}/done``: ``repl done``; ``409 lease_lost``
-        when the claim is no longer the live lease, and nothing changes."""
-        session_id = request.path_params["id"]
-        self.engine.check_right(request.state.token, READ, session_id)
-        done = await self.call(
-            p.Finish(session=session_id, claim=request.path_params["claim"]), request
-        )
-        assert isinstance(done, p.Finished)
-        return json_response({"seq": done.seq})
-
-    async def release(self, request: Request) -> Response:
-        """``POST /sessions/{id}/claims/{claim}/release?delay=``: ``repl release``."""
-        session_id = request.path_params["id"]
-        self.engine.check_right(request.state.token, READ, session_id)
-        req = p.Release(
-            session=session_id,
-            claim=request.path_params["claim"],
-            delay_ms=query_duration(request, "delay", 0),
-        )
-        released = await self.call(req, request)
-        assert isinstance(released, p.Released)
-        return json_response({"dead": released.dead})
-
-    async def extend(self, request: Request) -> Response:
-        """``POST /sessions/{id}/claims/{claim}/extend?lease=``: ``repl extend``."""
-        session_id = request.path_params["id"]
-        self.engine.check_right(request.state.token, READ, session_id)
-        req = p.Extend(
-            session=session_id,
-            claim=request.path_params["claim"],
-            lease_ms=query_duration(request, "lease", DEFAULT_LEASE_MS),
-        )
-        extended = await self.call(req, request)
-        assert isinstance(extended, p.Extended)
-        return json_response(
-            {"lease_until": extended.lease_until, "lease_until_ms": extended.lease_until_ms}
-        )
-
-    async def group(self, request: Request) -> Response:
-        """``POST``/``PUT /sessions/{id}/groups/{name}``: ``repl group``, with the JSON body
-        ``{"max_attempts": N, "dead_letter": SESSION, "from_now": true}`` (each optional)."""
-        session_id = request.path_params["id"]
-        self.engine.check_right(request.state.token, ADMIN, session_id)
-        asked = decode(
-            await read_body(request),
-            GroupBody,
-            '{"max_attempts": N, "dead_letter": SESSION, "from_now": true}',
-        )
-        req = p.Group(
-            session=session_id,
-            group=request.path_params["name"],
-            max_attempts=asked.max_attempts,
-            dead_letter=asked.dead_letter,
-            from_now=asked.from_now,
-        )
-        made = await self.call(req, request)
-        assert isinstance(made, p.GroupRow)
-        return json_response(made.group)
-
-    async def groups(self, request: Request) -> Response:
-        """``GET /sessions/{id}/groups``: ``repl groups --json``."""
-        session_id = request.path_params["id"]
-        self.engine.check_right(request.state.token, READ, session_id)
-        listed = await self.call(p.Groups(session=session_id), request)
-        assert isinstance(listed, p.GroupList)
-        return json_response(listed.groups)
-
-    async def claims(self, request: Request) -> Response:
-        """``GET /sessions/{id}/claims?group=``: ``repl claims --json``."""
-        session_id = request.path_params["id"]
-        self.engine.check_right(request.state.token, READ, session_id)
-        group = request.query_params.get("group")
-        held = await self.call(p.Claims(session=session_id, group=group), request)
-        assert isinstance(held, p.ClaimList)
-        return json_response(held.claims)
 
     async def page(self, request: Request) -> Response:
         """The page (``GET /``): plain HTML shipped in the package; it holds no data until

@@ -17,6 +17,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from repl_daemon.config import DEFAULTS
+from repl_daemon.http import verbs
 from repl_daemon.http.answers import PAGE_HEADERS, WEB, error_body
 from repl_daemon.http.mcp import Gate, Listener, McpFactory
 from repl_daemon.http.routes import Api
@@ -126,18 +127,11 @@ def make_app(engine: Engine, token: str, mcp: ASGIApp | None = None) -> Any:
         Route("/sessions/{id}/firings", guarded(api.firings), methods=["GET", "POST"]),
         stream,
         Route("/sessions/{id}/wait", guarded(api.wait), methods=["GET"]),
-        # a cursor's name may hold a slash (any printable character but whitespace)
-        Route("/sessions/{id}/cursors/{name:path}", guarded(api.ack), methods=["POST"]),
-        # groups and claims (SPEC §16): a group's name may hold a slash as a cursor's may,
-        # and so may a claim token, which names its group
-        Route("/sessions/{id}/groups", guarded(api.groups), methods=["GET"]),
+        # a claim (SPEC §16), a long poll; before the group's own route, whose name (which
+        # may hold a slash, as a cursor's may) would take "/claim" too
         Route("/sessions/{id}/groups/{name:path}/claim", guarded(api.claim), methods=["POST"]),
-        Route("/sessions/{id}/groups/{name:path}", guarded(api.group), methods=["POST", "PUT"]),
-        Route("/sessions/{id}/claims", guarded(api.claims), methods=["GET"]),
-        Route("/sessions/{id}/claims/{claim:path}/done", guarded(api.finish), methods=["POST"]),
-        Route("/sessions/{id}/claims/{claim:path}/release", guarded(api.release), methods=["POST"]),
-        Route("/sessions/{id}/claims/{claim:path}/extend", guarded(api.extend), methods=["POST"]),
-        Route("/sessions/{id}", guarded(api.stop), methods=["DELETE"]),
+        # every verb the table serves by the one generic route (repl_daemon.http.verbs)
+        *verbs.routes(api),
         Route("/sessions", guarded(api.sessions_root), methods=["GET", "POST"]),
         Route("/metrics", guarded(api.metrics), methods=["GET"]),
         # the MCP server's own transport: every method it serves (POST, GET, DELETE)

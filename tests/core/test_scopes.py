@@ -18,7 +18,6 @@ from session.errors import BadRequest, Code, Forbidden, NoSuchSession, no_such_s
 from session.scopes import (
     ADMIN,
     MAX_TOKENS,
-    OP_RIGHTS,
     READ,
     SEND,
     Scope,
@@ -37,14 +36,15 @@ from session.scopes import (
 
 
 def test_every_op_of_the_protocol_has_its_right() -> None:
-    assert set(OP_RIGHTS) >= set(p.OPS)
-    assert {OP_RIGHTS[op] for op in ("read", "wait", "ack", "cursors", "poll")} == {READ}
-    assert OP_RIGHTS["send"] == SEND and schedule_right(False) == SEND
+    rights = {verb.op: verb.right for verb in p.VERBS}
+    assert set(rights) == set(p.OPS)
+    assert {rights[op] for op in ("read", "wait", "ack", "cursors", "poll")} == {READ}
+    assert rights["send"] == SEND and schedule_right(False) == SEND
     assert schedule_right(True) == ADMIN
-    assert {OP_RIGHTS[op] for op in ("start", "stop", "buffer", "timers", "cancel", "webhook")} == {
+    assert {rights[op] for op in ("start", "stop", "buffer", "timers", "cancel", "webhook")} == {
         ADMIN
     }
-    assert OP_RIGHTS["shutdown"] is None  # the root's only
+    assert rights["shutdown"] is None and rights["token"] is None  # the root's only
 
 
 def test_a_scope_covers_its_patterns_and_allows_its_rights() -> None:

@@ -37,7 +37,7 @@ from tests.helpers import WatchedClock
 pytestmark = pytest.mark.anyio
 
 
-async def call(engine: Engine, req: p.AnyRequest) -> p.Response:
+async def call(engine: Engine, req: p.Request) -> p.Response:
     return await engine.handle(req).result()
 
 

@@ -102,7 +102,7 @@ async def running(store: Flaky) -> AsyncIterator[Engine]:
         store.close()
 
 
-async def call(engine: Engine, req: p.AnyRequest) -> p.Response:
+async def call(engine: Engine, req: p.Request) -> p.Response:
     return await engine.handle(req).result()
 
 

@@ -46,7 +46,7 @@ TIMER_CHANNELS = {*redis_keys.PARTITION_IDS, redis_keys.AUTH}
 pytestmark = pytest.mark.anyio
 
 
-async def call(engine: Engine, req: p.AnyRequest) -> p.Response:
+async def call(engine: Engine, req: p.Request) -> p.Response:
     return await engine.handle(req).result()
 
 
@@ -441,7 +441,7 @@ def _subscribers(redis: AnyRedis, channel: str) -> int:
     return total
 
 
-async def _answer(into: list[p.Response], engine: Engine, req: p.AnyRequest) -> None:
+async def _answer(into: list[p.Response], engine: Engine, req: p.Request) -> None:
     into.append(await call(engine, req))
 
 

@@ -75,11 +75,11 @@ def token(name: str, patterns: list[str], rights: list[str]) -> TokenRecord:
     return TokenRecord(name, f"digest-of-{name}", make_scope(patterns, rights))
 
 
-async def ask(engine: Engine, req: p.AnyRequest, who: TokenRecord | None = None) -> p.Response:
+async def ask(engine: Engine, req: p.Request, who: TokenRecord | None = None) -> p.Response:
     return await engine.handle(req, who).result()
 
 
-async def refused(engine: Engine, req: p.AnyRequest, who: TokenRecord) -> ReplError:
+async def refused(engine: Engine, req: p.Request, who: TokenRecord) -> ReplError:
     try:
         answer = await ask(engine, req, who)
     except ReplError as exc:

@@ -465,7 +465,7 @@ def requests(draw: st.DrawFn) -> Req:
     if query is not None:
         path += "?" + query
     req = Req(method.encode(), path.encode("ascii"))
-    if route(req.path, method)[0] == "stop" and route(req.path, method)[2].get("id") in FIXED:
+    if route(req.path, method)[0] == "stop" and route(req.path, method)[2].get("session") in FIXED:
         req.method = b"GET"  # the fuzz keeps its sessions: a GET there is a 405
     for name, values in (
         (b"Authorization", st.just(b"Bearer " + TOKEN) if good else authorizations),
@@ -562,8 +562,8 @@ def _route_table() -> list[tuple[str, Any]]:
         ("/sessions/{id}/firings", "GET"): "read",
         ("/sessions/{id}/events", "GET"): "events",
         ("/sessions/{id}/wait", "GET"): "wait",
-        ("/sessions/{id}/cursors/{name:path}", "POST"): "ack",
-        ("/sessions/{id}", "DELETE"): "stop",
+        ("/sessions/{session}/cursors/{cursor:path}", "POST"): "ack",
+        ("/sessions/{session}", "DELETE"): "stop",
         ("/sessions", "POST"): "start",
         ("/metrics", "GET"): "metrics",
         ("/healthz", "GET"): "healthz",
@@ -633,7 +633,7 @@ def expect(req: Req, model: Model) -> Expect:
         if kind in ("sessions", "metrics") and not authorized(req, model.token):
             return Expect("refused", frozenset({"unauthorized"}))
         return Expect(kind)
-    session = params.get("id", "")
+    session = params.get("id", params.get("session", ""))
     if kind not in ("healthz", "page", "favicon", "hook") and not authorized(req, model.token):
         return Expect("refused", frozenset({"unauthorized"}))
     body = req.body or b""

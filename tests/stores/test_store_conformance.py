@@ -449,7 +449,7 @@ async def run_engine(store: Store, script: list[Op]) -> dict[str, Snapshot]:
     assert isinstance(committer, LocalCommitter)
     names = ["s0", "s1", "s2"]
 
-    async def call(req: p.AnyRequest) -> p.Response:
+    async def call(req: p.Request) -> p.Response:
         return await engine.handle(req).result()
 
     async with anyio.create_task_group() as tg:
@@ -469,7 +469,7 @@ async def run_engine(store: Store, script: list[Op]) -> dict[str, Snapshot]:
                 await call(p.Start(session=name, buffer=n % 7))
                 continue
             visible = committer.sessions[name].visible
-            req: p.AnyRequest
+            req: p.Request
             if op in ("send", "keyed"):
                 key = f"k{n % 9}" if op == "keyed" else None
                 req = p.Send(session=name, text=f"t{n}", key=key)
