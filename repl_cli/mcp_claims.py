@@ -21,13 +21,11 @@ from collections.abc import Awaitable
 from typing import Annotated
 
 from mcp.server.mcpserver import Context
-from mcp.types import ToolAnnotations
 from pydantic import Field
 from typing_extensions import TypedDict
 
 from repl_cli.mcp_tools import (
     RECORDS,
-    SETS,
     FiringOut,
     MatchArg,
     SessionArg,
@@ -38,7 +36,7 @@ from repl_cli.mcp_tools import (
     waited,
 )
 from repl_daemon import protocol as p
-from session.rules import DEFAULT_GROUP, DEFAULT_LEASE_MS, MAX_DELAY_MS, MAX_LEASE_MS, MIN_LEASE_MS
+from session.rules import DEFAULT_GROUP, DEFAULT_LEASE_MS, MAX_LEASE_MS, MIN_LEASE_MS
 
 # -- results, as their schemas are published -------------------------------------------
 
@@ -55,27 +53,6 @@ class ClaimOut(TypedDict):
     lost: int
     firing: FiringOut | None
     timed_out: bool
-
-
-class DoneOut(TypedDict):
-    seq: int
-
-
-class ReleasedOut(TypedDict):
-    #: that was its last attempt: it is in the group's dead-letter session now
-    dead: bool
-
-
-class ExtendedOut(TypedDict):
-    lease_until: str
-
-
-#: changes something again each time it is called: ``extend`` moves the lease to
-#: ``lease_s`` from now, so a second call moves it again (not idempotent, whatever the
-#: arguments); it destroys nothing
-MOVES = ToolAnnotations(
-    read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
-)
 
 
 # -- the arguments, described for a model ----------------------------------------------
@@ -133,38 +110,6 @@ async def claim(
     )
 
 
-async def done(ctx: Context, session: SessionArg, claim: ClaimArg) -> DoneOut:
-    seq = await tools_of(ctx).call(lambda r: r.done(session, claim))
-    return DoneOut(seq=seq)
-
-
-async def release(
-    ctx: Context,
-    session: SessionArg,
-    claim: ClaimArg,
-    delay_s: Annotated[
-        float,
-        Field(
-            ge=0,
-            le=MAX_DELAY_MS / 1000,
-            description="Claimable again only after this many seconds (0: at once).",
-        ),
-    ] = 0,
-) -> ReleasedOut:
-    dead = await tools_of(ctx).call(lambda r: r.release(session, claim, delay=delay_s))
-    return ReleasedOut(dead=dead)
-
-
-async def extend(
-    ctx: Context,
-    session: SessionArg,
-    claim: ClaimArg,
-    lease_s: LeaseSeconds = DEFAULT_LEASE_MS / 1000,
-) -> ExtendedOut:
-    extended = await tools_of(ctx).call(lambda r: r.extend(session, claim, lease=lease_s))
-    return ExtendedOut(lease_until=extended.lease_until)
-
-
 CLAIM_TOOLS = (
     Tool(
         claim,
@@ -172,26 +117,5 @@ CLAIM_TOOLS = (
         "Take the next job: the oldest firing of the session that no other worker of the "
         "group holds, yours for lease_s. Returns its claim token (for done, release, "
         "extend), attempt (above 1: a retry) and the firing; or timed_out, nothing taken.",
-    ),
-    Tool(
-        done,
-        SETS,
-        "Finish a claimed job: it is never offered to the group again. An error naming "
-        "lease_lost means the claim is no longer yours (its lease ran out and another "
-        "worker may have it, or it is done): nothing changed.",
-    ),
-    Tool(
-        release,
-        SETS,
-        "Give a claimed job back to its group, claimable again at once or after delay_s. "
-        "dead true: that was its last attempt, and it went to the dead-letter session. "
-        "lease_lost: the claim is no longer yours.",
-    ),
-    Tool(
-        extend,
-        MOVES,
-        "Keep a claimed job lease_s longer from now: a heartbeat for long work, before "
-        "lease_until passes. Returns the new lease_until. lease_lost: the claim is no "
-        "longer yours; stop working on it.",
     ),
 )

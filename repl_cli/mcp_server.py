@@ -61,6 +61,7 @@ from mcp.server.models import InitializationOptions
 from mcp.shared.exceptions import MCPError
 from mcp.types import INTERNAL_ERROR, INVALID_PARAMS
 from mcp.types import Resource as MCPResource
+from mcp.types import Tool as MCPTool
 from pydantic import Field, ValidationError
 from typing_extensions import TypedDict
 
@@ -96,10 +97,10 @@ from repl_cli.mcp_tools import (
     tools_of,
     waited,
 )
+from repl_cli.mcp_verbs import verb_tools
 from repl_daemon import protocol as p
 from session.errors import Code
 from session.rules import (
-    DEFAULT_HANDLER,
     DEFAULT_LIMIT,
     MAX_LIMIT,
     MAX_WAIT_SESSIONS,
@@ -184,19 +185,6 @@ class SentOut(TypedDict):
     duplicate: bool
 
 
-class SessionOut(TypedDict):
-    id: str
-    head: int
-    retained: int
-    limit: int
-    cursors: int
-    waiters: int
-
-
-class SessionsOut(TypedDict):
-    sessions: list[SessionOut]
-
-
 class StartedOut(TypedDict):
     session: str
     created: bool
@@ -205,16 +193,6 @@ class StartedOut(TypedDict):
 class AckedOut(TypedDict):
     cursor: str
     seq: int
-
-
-class CursorOut(TypedDict):
-    name: str
-    seq: int
-    lag: int
-
-
-class CursorsOut(TypedDict):
-    cursors: list[CursorOut]
 
 
 class ScheduledOut(TypedDict):
@@ -325,7 +303,23 @@ class Server(MCPServer):
                 said = f"no prompt {name!r}: the prompts are inbox and work"
             raise MCPError(INVALID_PARAMS, f"repl: the {name} prompt: {said}") from None
 
+    async def list_tools(self) -> list[MCPTool]:
+        """The tools in the table's order, the generic ones (``repl_cli.mcp_verbs``) with
+        those written by hand, then the hand-written ones that are no verb of it."""
+        hand = {tool.name: tool for tool in await super().list_tools()}
+        generic = verb_tools()
+        listed = []
+        for verb in p.VERBS:
+            if verb.op in generic:
+                listed.append(generic[verb.op].listed())
+            elif verb.op in hand:
+                listed.append(hand.pop(verb.op))
+        return listed + list(hand.values())
+
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        generic = verb_tools().get(name)
+        if generic is not None:
+            return await generic.call(self.tools, arguments)
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as exc:
@@ -338,20 +332,6 @@ class Server(MCPServer):
 
 
 # -- the tools: each one call of the async API, its answer as JSON --------------------
-
-
-async def send(
-    ctx: Context,
-    session: SessionArg,
-    text: Annotated[str, Field(description="The message.")],
-    handler: Annotated[str, Field(description="What produced it.")] = DEFAULT_HANDLER,
-    key: Annotated[str | None, Field(description="A dedup key.")] = None,
-    tags: TagsArg = None,
-) -> SentOut:
-    sent = await tools_of(ctx).call(
-        lambda r: r.send(session, text, handler=handler, key=key, tags=tags or {})
-    )
-    return SentOut(seq=sent.seq, duplicate=sent.duplicate)
 
 
 async def wait(
@@ -425,24 +405,6 @@ async def read(
     return ReadOut(next=got.next, lost=got.lost, firings=[firing_out(f) for f in got.firings])
 
 
-async def sessions(
-    ctx: Context,
-) -> SessionsOut:
-    listed = await tools_of(ctx).call(lambda r: r.sessions())
-    rows = [
-        SessionOut(
-            id=row.id,
-            head=row.head,
-            retained=row.retained,
-            limit=row.limit,
-            cursors=row.cursors,
-            waiters=row.waiters,
-        )
-        for row in listed
-    ]
-    return SessionsOut(sessions=rows)
-
-
 async def start(
     ctx: Context,
     session: Annotated[str | None, Field(description="The new session's id.")] = None,
@@ -483,11 +445,6 @@ async def ack(
     if push is not None and pushed and chosen == push.cursor:
         await push.agent_acknowledged(session, acked.seq)
     return AckedOut(cursor=acked.cursor, seq=acked.seq)
-
-
-async def cursors(ctx: Context, session: SessionArg) -> CursorsOut:
-    listed = await tools_of(ctx).call(lambda r: r.cursors(session))
-    return CursorsOut(cursors=[CursorOut(name=c.name, seq=c.seq, lag=c.lag) for c in listed])
 
 
 async def schedule(
@@ -575,12 +532,6 @@ async def session_resource(id: str, ctx: Context) -> str:
 
 TOOLS = (
     Tool(
-        send,
-        RECORDS,
-        "Send a message to a session; it is recorded as the next firing. "
-        "Give a key to make a retry safe (a second send with it records nothing).",
-    ),
-    Tool(
         wait,
         SETS,
         "Wait until firings exist after your cursor in one of the sessions, "
@@ -594,7 +545,6 @@ TOOLS = (
         "after a seq, the last N, after a cursor's position, or (none given) the whole ring. "
         "Give at most one of after, last and cursor.",
     ),
-    Tool(sessions, LOOKS, "List the sessions: id, head, retained, limit, cursors, waiters."),
     Tool(start, SETS, "Start a session (an id is made up when none is given)."),
     Tool(
         ack,
@@ -602,7 +552,6 @@ TOOLS = (
         "Acknowledge up to seq on a cursor, once those firings are handled; "
         "a cursor never moves back.",
     ),
-    Tool(cursors, LOOKS, "List a session's cursors: name, seq, and lag behind the head."),
     Tool(
         schedule,
         RECORDS,

@@ -124,6 +124,12 @@ class Operations(abc.ABC):
 
     # -- the daemon ----------------------------------------------------------
 
+    def op(self, request: p.Request, answer: type[R]) -> R:
+        """``request`` as it is, one op of the protocol, and its answer as ``answer``: for a
+        verb of the table that has no method of its own here (the MCP server's generic
+        tools, ``repl_cli.mcp_verbs``), through the one reconnect path all calls take."""
+        return self._call(request, answer)
+
     def ping(self) -> p.Pong:
         return self._call(p.Ping(), p.Pong)
 

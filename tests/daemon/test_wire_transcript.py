@@ -3,7 +3,8 @@
 A fresh daemon (``--memory``, ``--http``, settle 0) is asked the same requests in the
 same order: every op of the line protocol with its common shapes and refusals, then
 every route of HTTP that is one request of the protocol, then ``tools/list`` of
-``repl mcp`` (each tool's name, description, annotations and schemas). What it
+``repl mcp`` (each tool's name, description and annotations, and what its schemas
+promise: ``tool_shape``, whoever wrote them, pydantic or msgspec). What it
 answers is compared with ``transcripts/``, recorded from the code before the table:
 each answer line exactly as written, but for what no two runs share (a time, an
 uptime, a pid, a token's secret, a made-up session id, a timer's random id), written
@@ -232,10 +233,52 @@ async def mcp_tools(d: DaemonProc) -> list[str]:
         ):
             await session.initialize()
             listed = await session.list_tools()
-    return [
-        json.dumps(tool.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=True)
-        for tool in listed.tools
-    ]
+    return [json.dumps(tool_shape(tool), sort_keys=True) for tool in listed.tools]
+
+
+def tool_shape(tool: Any) -> dict[str, Any]:
+    """What an agent is promised by a tool, however its schema is written (by pydantic
+    from a function's signature, or by msgspec from the wire's Structs): its name, its
+    description and annotations, each argument's type, default and whether it is
+    required, and the fields of its result."""
+    listed = tool.model_dump(mode="json", by_alias=True, exclude_none=True)
+    inputs = listed["inputSchema"]
+    required = set(inputs.get("required", []))
+    arguments = {}
+    for name, field in inputs.get("properties", {}).items():
+        arguments[name] = {
+            "type": kind_of(field, inputs.get("$defs", {})),
+            "default": number(field.get("default")),
+            "required": name in required,
+        }
+    outputs = listed.get("outputSchema", {}).get("properties", {})
+    return {
+        "name": listed["name"],
+        "description": listed["description"],
+        "annotations": listed.get("annotations"),
+        "arguments": arguments,
+        "result": sorted(outputs),
+    }
+
+
+def kind_of(field: dict[str, Any], defs: dict[str, Any]) -> Any:
+    """A field's JSON type, whichever way the schema writes it (``anyOf`` with null, a
+    ``$ref``, an object of strings)."""
+    if "$ref" in field:
+        return kind_of(defs[field["$ref"].rsplit("/", 1)[1]], defs)
+    if "anyOf" in field:
+        return sorted(json.dumps(kind_of(f, defs), sort_keys=True) for f in field["anyOf"])
+    if field.get("type") == "object":
+        extra = field.get("additionalProperties")
+        return ["object", kind_of(extra, defs) if isinstance(extra, dict) else None]
+    if field.get("type") == "array":
+        return ["array", kind_of(field.get("items", {}), defs)]
+    return field.get("type")
+
+
+def number(value: Any) -> Any:
+    """60 and 60.0 alike (pydantic writes a float's default as it was given)."""
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
 # -- the comparison ---------------------------------------------------------------------
@@ -272,4 +315,4 @@ def test_every_route_answers_over_http_as_before(fresh: DaemonProc) -> None:
 
 
 def test_the_mcp_tools_are_listed_as_before(fresh: DaemonProc) -> None:
-    same_as_recorded("mcp-tools.jsonl", anyio.run(mcp_tools, fresh))
+    same_as_recorded("mcp-tools.jsonl", sorted(anyio.run(mcp_tools, fresh)))

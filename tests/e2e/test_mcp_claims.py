@@ -239,7 +239,8 @@ async def test_release_with_a_delay_and_extend(daemon: DaemonProc, worker: Clien
     s = repl.session("mc-later", "long job", "flaky job")
     long = await call(worker, "claim", session=s, lease_s=10, timeout_s=5)
     extended = await call(worker, "extend", session=s, claim=long["claim"], lease_s=600)
-    assert set(extended) == {"lease_until"} and extended["lease_until"] > long["lease_until"]
+    assert set(extended) == {"lease_until", "lease_until_ms"}
+    assert extended["lease_until"] > long["lease_until"]
     flaky = await call(worker, "claim", session=s, timeout_s=5)
     assert flaky["seq"] == 2
     assert await call(worker, "release", session=s, claim=flaky["claim"], delay_s=300) == {

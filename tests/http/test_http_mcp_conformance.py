@@ -128,6 +128,7 @@ class BearerProxy:
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
+        self._clients: set[asyncio.Task[None]] = set()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> BearerProxy:
@@ -151,6 +152,13 @@ class BearerProxy:
         self._ready.set()
         async with server:
             await self._stop.wait()
+        # the streams still piped (an SSE GET the suite left open) end with the proxy, here,
+        # not when this loop is gone: a task or a transport left for the collector would be
+        # found, and told as unraisable, by whatever test of this worker runs next
+        for task in list(self._clients):
+            task.cancel()
+        await asyncio.gather(*self._clients, return_exceptions=True)
+        await asyncio.sleep(0)  # the transports' closes, scheduled by those tasks, run
 
     def rewrite(self, head: bytes) -> bytes:
         """The request head as the daemon is sent it: the token, one request, and the proxy's
@@ -173,18 +181,27 @@ class BearerProxy:
         return b"\r\n".join([request_line, *kept, *added]) + b"\r\n\r\n"
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._clients.add(task)
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+                up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
+            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
+                return
+            try:
+                up_writer.write(self.rewrite(head))
+                await asyncio.gather(
+                    self._pipe(reader, up_writer),
+                    self._pipe(up_reader, writer),
+                    return_exceptions=True,
+                )
+            finally:
+                up_writer.close()
+        finally:
             writer.close()
-            return
-        up_writer.write(self.rewrite(head))
-        await asyncio.gather(
-            self._pipe(reader, up_writer),
-            self._pipe(up_reader, writer),
-            return_exceptions=True,
-        )
+            self._clients.discard(task)
 
     @staticmethod
     async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
