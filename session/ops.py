@@ -25,11 +25,10 @@ from typing import ClassVar, Protocol, TypeVar
 
 import msgspec
 
-from session.claims import Taken
 from session.delta import Webhook
 from session.errors import BadMax, BadSeq
 from session.firing import NO_TAGS, Batch, CursorInfo
-from session.groups import (
+from session.group import (
     GroupInfo,
     Lease,
     check_delay,
@@ -37,6 +36,7 @@ from session.groups import (
     check_max_attempts,
     parse_token,
 )
+from session.groups import Taken
 from session.names import check_cursor_name, check_group_name, check_handler, check_session_id
 from session.ring import check_last, check_limit
 from session.schedule import Timer
@@ -359,7 +359,7 @@ def ack_all(acks: Sequence[tuple[Session, int, int | None]], cursor: str) -> lis
 # -- groups and claims (SPEC §16): each a step of ``Session.groups`` --------------------
 #
 # ``now_ms`` is the engine's clock, passed in as a timer's firing is. A step that makes a
-# firing dead leaves its dead letter in the session's outbox (``session.claims``): the
+# firing dead leaves its dead letter in the session's outbox (``session.groups``): the
 # committer records it in the dead-letter session in the same write.
 
 

@@ -203,7 +203,7 @@ class Ring:
 
     def at(self, seq: int) -> Firing:
         """Firing ``seq``, which the ring holds: one item found by its index, not a slice of
-        the ring walked to it (what a claim hands out, ``session.claims``)."""
+        the ring walked to it (what a claim hands out, ``session.groups``)."""
         first = self.first
         if not first <= seq <= self._head:
             raise BadSeq(f"the ring holds firings {first} to {self._head}, not {seq}")

@@ -22,7 +22,6 @@ from collections import OrderedDict
 
 import msgspec
 
-from session.claims import Groups
 from session.delta import CursorState, Delta, Webhook
 from session.errors import (
     AckAfterHead,
@@ -39,7 +38,8 @@ from session.errors import (
     no_such_session,
 )
 from session.firing import NO_TAGS, Batch, CursorInfo, Firing
-from session.groups import GroupSnapshot
+from session.group import GroupSnapshot
+from session.groups import Groups
 from session.names import check_cursor_name, check_handler, check_session_id, is_name
 from session.ring import Fold, Image, Ring, check_last, only, since_of
 from session.rules import (
@@ -253,7 +253,7 @@ class Session:
         #: the session's webhook, if it has one (rules H1-H7)
         self.webhook: Webhook | None = None
         self._webhook_changed = False
-        #: the session's groups and their claims (SPEC §16), ``session.claims``
+        #: the session's groups and their claims (SPEC §16), ``session.groups``
         self.groups = Groups(self.id)
 
     # -- recording --------------------------------------------------------

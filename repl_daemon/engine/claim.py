@@ -28,10 +28,10 @@ from repl_daemon import protocol as p
 from repl_daemon.engine.committer import Sessions
 from repl_daemon.engine.outcome import Outcome
 from repl_daemon.engine.wait import Wait, Waiters, _State
-from session.claims import Taken
 from session.errors import NoSuchSession, ReplError
 from session.firing import Firing, ms_to_ts
-from session.groups import Lease, default_dead_letter
+from session.group import Lease, default_dead_letter
+from session.groups import Taken
 from session.ops import (
     ClaimFiring,
     ClaimTable,

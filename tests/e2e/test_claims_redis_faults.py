@@ -57,7 +57,7 @@ from repl_cli import api
 from repl_cli.errors import CliError
 from repl_daemon import protocol as p
 from repl_daemon.backends.redis.keys import partition_keys, partition_of, session_keys
-from session.groups import GroupInfo
+from session.group import GroupInfo
 from session.rules import GROUPS_TIMER
 from tests.e2e import test_claims_faults as faults
 from tests.e2e.test_claims_faults import check

@@ -42,10 +42,10 @@ from repl_daemon.backends.redis.keys import session_keys
 from repl_daemon.backends.redis.store import RedisStore
 from repl_daemon.metrics import Counts
 from session import session as core_session
-from session.claims import DeadLetter
 from session.delta import CursorState, Webhook
 from session.errors import ReplError, StoreFailed
 from session.firing import Firing
+from session.groups import DeadLetter
 from session.ops import (
     Ack,
     AckRead,

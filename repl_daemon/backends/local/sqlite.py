@@ -73,7 +73,7 @@ import msgspec
 from session.delta import CursorState, Delta, Webhook, gap
 from session.errors import BadSeq, ReplError, StoreFailed
 from session.firing import NO_TAGS, Firing
-from session.groups import GroupSnapshot
+from session.group import GroupSnapshot
 from session.names import check_session_id
 from session.ring import Fold, Image, Ring, check_limit, decode_image, encode_image
 from session.schedule import Timer
@@ -205,7 +205,7 @@ _SCHEMA_7 = """
 ALTER TABLE log ADD COLUMN sender TEXT;
 """
 # schema 8 adds the groups and their claims (SPEC §16): a group a row, its whole state
-# (``session.groups.GroupSnapshot``) one MessagePack blob, rewritten when it changes
+# (``session.group.GroupSnapshot``) one MessagePack blob, rewritten when it changes
 _SCHEMA_8 = """
 CREATE TABLE groups (
     session TEXT NOT NULL,

@@ -18,10 +18,9 @@ from typing import Any, NamedTuple
 import msgspec
 
 from repl_daemon.backends.redis.store import RedisStore, _firing
-from session.claims import DeadLetter, Taken, dead_letter
 from session.errors import ReplError
 from session.firing import Firing
-from session.groups import (
+from session.group import (
     Claim,
     Group,
     GroupInfo,
@@ -35,6 +34,7 @@ from session.groups import (
     too_many_groups,
     unseen_dead_letter,
 )
+from session.groups import DeadLetter, Taken, dead_letter
 from session.ops import ClaimFiring, ConfigureGroup, Extend, Finish, Release
 from session.rules import DEFAULT_MAX_ATTEMPTS, MAX_GROUPS
 
@@ -94,7 +94,7 @@ def _info(session_id: str, row: list[Any]) -> GroupInfo:
 
 
 def letter_of(session_id: str, raw: bytes) -> Letter:
-    """The dead letter an outbox entry stands for (``session.claims.dead_letter``)."""
+    """The dead letter an outbox entry stands for (``session.groups.dead_letter``)."""
     dead_letter_id, group, seq, attempts, fields = _unpack(raw)
     flat = [f.encode() if isinstance(f, str) else f for f in fields]  # as XRANGE gives them
     firing: Firing = _firing((f"{seq}-0".encode(), flat))

@@ -51,9 +51,9 @@ from repl_daemon.backends.redis.wakes import Wakes, heard
 from repl_daemon.engine.clock import REAL, Clock
 from repl_daemon.engine.committer import Listener, Totals, made_up_id
 from repl_daemon.engine.outcome import Outcome, Settled
-from session.claims import Taken
 from session.errors import NoSuchSession, ReplError, StoreFailed, no_such_session
 from session.firing import NO_TAGS, Firing
+from session.groups import Taken
 from session.names import check_cursor_name, check_session_id
 from session.ops import (
     Ack,
