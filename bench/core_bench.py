@@ -21,7 +21,9 @@ import tracemalloc
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from session import MAX_KEYS, MAX_LIMIT, Ring, Session
+from session.ring import Ring
+from session.rules import MAX_KEYS, MAX_LIMIT
+from session.session import Session
 
 REPEATS = 7
 MEMORY_SESSIONS = 1_000

@@ -15,12 +15,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from session import Ring, Session
 from session.errors import BadRequest, BadTag
 from session.firing import Firing
-from session.ring import Image, decode_image, encode_image
+from session.ring import Image, Ring, decode_image, encode_image
 from session.schedule import Timer
 from session.scopes import check_new_token_name, check_token_name
+from session.session import Session
 from session.tags import Match, check_tags, parse_match
 
 TS = "2026-12-04T07:00:00.000Z"

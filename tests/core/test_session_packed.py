@@ -17,9 +17,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from session import Ring, Session, packed
+from session import packed
 from session.errors import BadSeq
 from session.firing import Firing, ms_to_ts
+from session.ring import Ring
+from session.session import Session
 
 
 def append(ring: Ring, handler: str, result: str | None, event: str | None, ts: str) -> Firing:

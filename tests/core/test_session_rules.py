@@ -13,7 +13,6 @@ from collections.abc import Callable
 import msgspec
 import pytest
 
-from session import MAX_CURSORS, MAX_KEYS, Session, Snapshot
 from session.errors import (
     AckAfterHead,
     BadCursorName,
@@ -29,7 +28,8 @@ from session.errors import (
 )
 from session.firing import Batch, Firing
 from session.names import check_cursor_name, check_session_id
-from session.session import CursorInfo, CursorState, Recorded
+from session.rules import MAX_CURSORS, MAX_KEYS
+from session.session import CursorInfo, CursorState, Recorded, Session, Snapshot
 
 
 def position(session: Session, cursor: str) -> int | None:

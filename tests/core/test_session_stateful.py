@@ -22,7 +22,6 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from session import MAX_CURSORS, MAX_KEYS, Session, Snapshot
 from session.errors import (
     AckAfterHead,
     BadCursorName,
@@ -35,7 +34,8 @@ from session.errors import (
     ReplError,
 )
 from session.firing import Batch, Firing
-from session.session import Recorded
+from session.rules import MAX_CURSORS, MAX_KEYS
+from session.session import Recorded, Session, Snapshot
 from tests.helpers import examples
 
 T = TypeVar("T")

@@ -18,13 +18,12 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
-from session import Session
 from session.errors import BadKey, BadTag, CursorAfterHead
 from session.firing import Batch, Firing
 from session.ops import ReadAfter, ReadCursor, Record, check_match
 from session.ring import Ring
 from session.schedule import Timer
-from session.session import check_timer
+from session.session import Session, check_timer
 from session.tags import (
     MAX_TAG_VALUE,
     MAX_TAGS,
