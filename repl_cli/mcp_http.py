@@ -83,11 +83,10 @@ if TYPE_CHECKING:
 
     from repl_daemon.http.mcp import Listener
 
-#: the scope's key the daemon puts the presented token under (``repl_daemon.http.mcp.TOKEN``)
-TOKEN = "repl.token"
-#: the scope's key of the request's ``Line`` (``repl_daemon.http.streams.LINE``): its
-#: ``gone`` is True once the client's connection was lost before the response ended
-LINE = "repl.line"
+#: the scope's keys the daemon puts the presented token and the request's ``Line`` under
+from repl_daemon.locations import SCOPE_LINE as LINE
+from repl_daemon.locations import SCOPE_TOKEN as TOKEN
+
 SESSION_HEADER = b"mcp-session-id"
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
