@@ -94,7 +94,13 @@ class Record(msgspec.Struct, frozen=True):
 
     def run(self, session: Session, visible: int | None) -> Recorded:
         return session.record(
-            self.handler, self.text, self.ts, self.key, self.handled, self.tags or NO_TAGS, self.by
+            self.handler,
+            self.text,
+            self.ts,
+            key=self.key,
+            handled=self.handled,
+            tags=self.tags or NO_TAGS,
+            by=self.by,
         )
 
 
@@ -390,10 +396,10 @@ class ClaimFiring(msgspec.Struct, frozen=True):
                 visible,
                 self.group,
                 self.now_ms,
-                self.lease_ms,
-                self.match,
-                self.from_now,
-                self.sees_default_dead_letter,
+                lease_ms=self.lease_ms,
+                match=self.match,
+                from_now=self.from_now,
+                sees_default_dead_letter=self.sees_default_dead_letter,
             )
         finally:
             changed, groups.changed = groups.changed, earlier or groups.changed
@@ -499,10 +505,10 @@ class ConfigureGroup(msgspec.Struct, frozen=True):
             visible,
             self.group,
             self.now_ms,
-            self.max_attempts,
-            self.dead_letter,
-            self.from_now,
-            self.sees_default_dead_letter,
+            max_attempts=self.max_attempts,
+            dead_letter=self.dead_letter,
+            from_now=self.from_now,
+            sees_default_dead_letter=self.sees_default_dead_letter,
         )
         session.stepped(True)
         return info

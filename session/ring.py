@@ -148,7 +148,7 @@ class Ring:
         self._firings: deque[bytes | Firing] = deque(maxlen=limit)
         for f in kept:
             # Packing may rebuild the deque (``_compact_slots``): take it afresh.
-            item = self._pack(f.seq, f.handler, f.result, f.event, f.ts, f.tags, f.by)
+            item = self._pack(f.seq, f.handler, f.result, f.event, f.ts, tags=f.tags, by=f.by)
             self._firings.append(item)
 
     @property
@@ -227,6 +227,7 @@ class Ring:
         result: str | None,
         event: str | None,
         ts: str,
+        *,
         tags: dict[str, str] = NO_TAGS,
         by: str | None = None,
     ) -> int:
@@ -235,7 +236,9 @@ class Ring:
         ``append`` without building the ``Firing``: all that a send needs.
         """
         seq = self._head + 1
-        item = self._pack(seq, handler, result, event, ts, tags, by)  # may rebuild the deque
+        item = self._pack(
+            seq, handler, result, event, ts, tags=tags, by=by
+        )  # may rebuild the deque
         self._firings.append(item)
         self._head = seq
         return seq
@@ -247,6 +250,7 @@ class Ring:
         result: str | None,
         event: str | None,
         ts: str,
+        *,
         tags: dict[str, str] = NO_TAGS,
         by: str | None = None,
     ) -> bytes | Firing:
@@ -325,7 +329,7 @@ class Ring:
         for f in firings:
             if f.seq != ring._head + 1:
                 raise BadSeq(f"firing {f.seq} does not follow the image's seq {ring._head}")
-            ring.record(f.handler, f.result, f.event, f.ts, f.tags, f.by)
+            ring.record(f.handler, f.result, f.event, f.ts, tags=f.tags, by=f.by)
         if ring._head != head:
             raise BadSeq(f"the image and its firings end at {ring._head}, not at head {head}")
         return ring
@@ -460,11 +464,12 @@ class _Folded(Ring):
         result: str | None,
         event: str | None,
         ts: str,
+        *,
         tags: dict[str, str] = NO_TAGS,
         by: str | None = None,
     ) -> int:
         self.unfold()
-        return self.record(handler, result, event, ts, tags, by)
+        return self.record(handler, result, event, ts, tags=tags, by=by)
 
     def recorded_after(self, seq: int) -> list[Firing]:
         if seq >= self._head:  # nothing after it: a ring changed only in its cursors

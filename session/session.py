@@ -267,6 +267,7 @@ class Session:
         handler: str,
         text: str,
         ts: str,
+        *,
         key: str | None = None,
         handled: bool | None = None,
         tags: dict[str, str] = NO_TAGS,
@@ -290,9 +291,9 @@ class Session:
                 self.evaluations += 1
                 return Recorded(seq, duplicate=True)
         if handler in HANDLERS if handled is None else handled:
-            seq = self.ring.record(handler, text, None, ts, tags, by)
+            seq = self.ring.record(handler, text, None, ts, tags=tags, by=by)
         else:
-            seq = self.ring.record(handler, None, text, ts, tags, by)
+            seq = self.ring.record(handler, None, text, ts, tags=tags, by=by)
         if key is not None:
             self._keys[key] = seq
             self._new_keys.append((key, seq))
@@ -510,7 +511,7 @@ class Session:
                 continue
             key = timer.key if timer.every_ms is None else None
             recorded = self.record(
-                timer.handler, timer.text, ts, key, tags=timer.tags or NO_TAGS, by=TIMER
+                timer.handler, timer.text, ts, key=key, tags=timer.tags or NO_TAGS, by=TIMER
             )
             if left is None:
                 del self.timers[timer.id]

@@ -124,7 +124,7 @@ def test_any_senders_read_back_as_recorded_through_trims_and_images(
     ring = Ring(limit)
     for n, by in enumerate(senders):
         tags = {"n": str(n)} if n % 3 == 0 else {}
-        ring.record("on-message", f"m{n}", None, TS, tags, by)
+        ring.record("on-message", f"m{n}", None, TS, tags=tags, by=by)
     kept = senders[-limit:] if senders else []
     assert [f.by for f in ring.firings()] == kept
     again = Ring.from_image(limit, ring.head, decode_image(encode_image(ring.image())))

@@ -373,7 +373,7 @@ def test_a_ring_rebuilt_from_its_firings_holds_identical_firings(limit: int) -> 
 def test_a_session_restored_from_its_snapshot_has_an_identical_snapshot() -> None:
     session = Session("s", 64)
     for f in mixed_firings(200):
-        session.record(f.handler, f.result or f.event or "", f.ts, f"k{f.seq}")
+        session.record(f.handler, f.result or f.event or "", f.ts, key=f"k{f.seq}")
     session.read("c")
     session.ack("c", 150)
     snap = session.snapshot()

@@ -192,7 +192,7 @@ class SessionMachine(RuleBasedStateMachine):
         self.sends += 1
         text, ts = f"text {self.sends}", stamp(self.sends)
         error = BadHandler if " " in handler else BadKey if key == "" else None
-        got = self.attempt(error, lambda: self.session.record(handler, text, ts, key))
+        got = self.attempt(error, lambda: self.session.record(handler, text, ts, key=key))
         if got is not None:
             assert got == self.model.record(handler, text, ts, key)
 
@@ -212,7 +212,7 @@ class SessionMachine(RuleBasedStateMachine):
             ts = stamp(self.sends)
             handler = f"h{self.sends}" if new_handlers else "on-message"
             key = f"f{self.sends}" if keyed else None
-            got = self.session.record(handler, text(self.sends), ts, key)
+            got = self.session.record(handler, text(self.sends), ts, key=key)
             assert got == self.model.record(handler, text(self.sends), ts, key)
             self.model.evaluations += 1
 

@@ -315,7 +315,7 @@ async def test_closing_the_store_answers_every_operation_still_on_its_way(
     engine, committer = await opened(store_url(redis_any))
     await call(engine, p.Start(session="a"))
     store = committer.store
-    futures = [store.record("a", "on-message", f"m{n}", True, "t", None) for n in range(200)]
+    futures = [store.record("a", "on-message", f"m{n}", "t", handled=True) for n in range(200)]
     await anyio.lowlevel.checkpoint()  # the first pipeline leaves
     await committer.close()
     answered = failed = 0
@@ -328,7 +328,7 @@ async def test_closing_the_store_answers_every_operation_still_on_its_way(
                 failed += 1
     assert answered + failed == 200 and failed > 0
     with pytest.raises(StoreFailed, match="not connected"):
-        store.record("a", "on-message", "after", True, "t", None)
+        store.record("a", "on-message", "after", "t", handled=True)
 
 
 async def test_two_waiters_subscribing_to_one_session_at_once_both_get_its_wakes(

@@ -26,7 +26,7 @@ class Mirror:
         self.session = Session(session_id, limit)
 
     def record(self, text: str, key: str | None = None, handler: str = "on-message") -> int:
-        return self.session.record(handler, text, TS, key).seq
+        return self.session.record(handler, text, TS, key=key).seq
 
     def delta(self) -> Delta:
         return self.session.take_delta()

@@ -449,7 +449,12 @@ class LocalCommitter:
             session = hosted.session
             session.ring.unfold()
             session.record(
-                letter.handler, letter.text, ts, None, letter.handled, letter.tags, letter.by
+                letter.handler,
+                letter.text,
+                ts,
+                handled=letter.handled,
+                tags=letter.tags,
+                by=letter.by,
             )
             self._index(session)
             self._changed(hosted)
