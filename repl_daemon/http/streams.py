@@ -348,7 +348,7 @@ class Streams:
 
 class Line:
     """Whether a request's client is still there, kept in the request's ASGI scope
-    (``SCOPE_LINE``): the protocol (``protocol_class``) marks it gone when its connection
+    (``SCOPE_LINE``): the protocol (``uvicorn_glue.Connection``) marks it gone when its connection
     is lost before the response's end, and calls what the route left to be told.
 
     uvicorn tells an app so by answering ``receive`` with ``http.disconnect``, but
