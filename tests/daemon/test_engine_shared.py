@@ -25,7 +25,7 @@ from repl_daemon import protocol as p
 from repl_daemon.backends.redis import RedisBackend
 from repl_daemon.backends.redis import committer as redis_committer
 from repl_daemon.backends.redis import keys as redis_keys
-from repl_daemon.backends.redis import store as redis_store
+from repl_daemon.backends.redis import pipeline as redis_pipeline
 from repl_daemon.backends.redis import wakes as redis_wakes
 from repl_daemon.backends.redis.committer import SharedCommitter
 from repl_daemon.backends.redis.store import RedisStore
@@ -224,7 +224,7 @@ async def test_a_change_its_replicas_do_not_confirm_is_refused_and_a_read_is_not
 ) -> None:
     """``?replicas=N`` asks for more replicas than there are: no change is answered as stored
     (on one server through a pipeline, on a cluster on the session's primary's connection)."""
-    monkeypatch.setattr(redis_store, "REPLICA_TIMEOUT_MS", 50)
+    monkeypatch.setattr(redis_pipeline, "REPLICA_TIMEOUT_MS", 50)
     plain, plain_committer = await opened(redis_any.url)
     await call(plain, p.Start(session="a"))
     await plain_committer.close()
@@ -249,7 +249,7 @@ async def test_a_redis_that_stops_answering_fails_the_pipeline_and_the_next_one_
     goes out on a new connection and is answered.
     """
     redis_single.flush()
-    monkeypatch.setattr(redis_store, "PIPELINE_TIMEOUT", 0.3)
+    monkeypatch.setattr(redis_pipeline, "PIPELINE_TIMEOUT", 0.3)
     engine, committer = await opened(redis_single.url)
     await call(engine, p.Start(session="a"))
     await call(engine, p.Send(session="a", text="before"))
@@ -279,7 +279,7 @@ async def test_a_redis_that_stops_answering_leaves_no_answer_unread_in_the_timer
     several). Now every failure is taken, none is logged, and the timer fires once Redis
     answers again."""
     redis_single.flush()
-    monkeypatch.setattr(redis_store, "PIPELINE_TIMEOUT", 0.3)
+    monkeypatch.setattr(redis_pipeline, "PIPELINE_TIMEOUT", 0.3)
     clock = WatchedClock()
     engine, committer = await opened(redis_single.url, clock=clock)
     async with anyio.create_task_group() as tg:
@@ -550,7 +550,7 @@ async def test_a_cluster_node_that_stops_answering_fails_only_its_own_calls(
     call there is answered by its own reply."""
     cluster = redis_cluster
     cluster.flush()
-    monkeypatch.setattr(redis_store, "PIPELINE_TIMEOUT", 0.3)
+    monkeypatch.setattr(redis_pipeline, "PIPELINE_TIMEOUT", 0.3)
     spread = cluster.by_primary(["a", "b", "c", "d", "e", "f"])
     (paused, (slow, *_)), (_, (fast, *_)) = list(spread.items())[:2]
     engine, committer = await opened(store_url(cluster))
@@ -596,7 +596,7 @@ async def test_a_replicated_change_on_a_node_that_stops_answering_fails_as_a_pip
     there is answered once it is back."""
     cluster = redis_cluster_replicated
     cluster.flush()
-    monkeypatch.setattr(redis_store, "PIPELINE_TIMEOUT", 0.3)
+    monkeypatch.setattr(redis_pipeline, "PIPELINE_TIMEOUT", 0.3)
     spread = cluster.by_primary(["a", "b", "c", "d", "e", "f"])
     paused, (session, *_) = next(iter(spread.items()))
     engine, committer = await opened(store_url(cluster))  # ?replicas=1

@@ -45,7 +45,8 @@ from msgspec.structs import replace
 
 from repl_daemon.backends.redis.claims import GroupCalls, Stepped
 from repl_daemon.backends.redis.keys import AUTH, is_partition, partition_of
-from repl_daemon.backends.redis.store import RedisStore, let_go
+from repl_daemon.backends.redis.pipeline import let_go
+from repl_daemon.backends.redis.store import RedisStore
 from repl_daemon.backends.redis.timers import SharedTimers
 from repl_daemon.backends.redis.wakes import Wakes, heard
 from repl_daemon.engine.clock import REAL, Clock
