@@ -40,7 +40,7 @@ import sys
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -458,18 +458,9 @@ class _Folded(Ring):
         self.unfold()
         return self.at(seq)
 
-    def record(
-        self,
-        handler: str,
-        result: str | None,
-        event: str | None,
-        ts: str,
-        *,
-        tags: dict[str, str] = NO_TAGS,
-        by: str | None = None,
-    ) -> int:
+    def record(self, *args: Any, **kwargs: Any) -> int:  # Ring.record's, as they come
         self.unfold()
-        return self.record(handler, result, event, ts, tags=tags, by=by)
+        return self.record(*args, **kwargs)
 
     def recorded_after(self, seq: int) -> list[Firing]:
         if seq >= self._head:  # nothing after it: a ring changed only in its cursors

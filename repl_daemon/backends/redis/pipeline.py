@@ -19,7 +19,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any, TypeVar, cast
 
 import anyio
@@ -426,14 +426,7 @@ class Pipeline:
         where the cluster says, up to ``MAX_REDIRECTS`` times, after reading
         the table again (a MOVED, a failover) or with ASKING (a slot on the move).
         """
-        from redis.exceptions import (
-            AskError,
-            ClusterDownError,
-            MovedError,
-            ReadOnlyError,
-            ResponseError,
-            TryAgainError,
-        )
+        from redis import exceptions as rx
 
         results: list[Any] = [None] * len(batch)
         todo = list(range(len(batch)))
@@ -451,17 +444,17 @@ class Pipeline:
             todo, asking, refresh = [], {}, False
             for i, call in enumerate(batch):
                 result = results[i]
-                if isinstance(result, (MovedError, AskError, TryAgainError)):
+                if isinstance(result, (rx.MovedError, rx.AskError, rx.TryAgainError)):
                     call.redirects += 1
                     if call.redirects > MAX_REDIRECTS:
                         continue  # answered with the redirect, as a failure
                     todo.append(i)
-                    if isinstance(result, AskError):
+                    if isinstance(result, rx.AskError):
                         asking[i] = (result.host, result.port)
                     else:
                         refresh = True
-                elif isinstance(result, (ClusterDownError, ReadOnlyError)) or (
-                    isinstance(result, Exception) and not isinstance(result, ResponseError)
+                elif isinstance(result, (rx.ClusterDownError, rx.ReadOnlyError)) or (
+                    isinstance(result, Exception) and not isinstance(result, rx.ResponseError)
                 ):
                     refresh = True  # perhaps a failover: the next call goes to the new primary
             if refresh:
@@ -502,6 +495,24 @@ class Pipeline:
         deadline = anyio.current_time() + PIPELINE_TIMEOUT
         failure = TimeoutError(f"no answer within {PIPELINE_TIMEOUT} s")
         sent: list[tuple[Any, list[int], list[bytes]]] = []
+
+        async def by_deadline(
+            line: Any, indexes: list[int], work: Awaitable[T]
+        ) -> tuple[bool, T | None]:
+            """``work`` on ``line`` by the round trip's deadline: (True, what it gave); when
+            it fails or the deadline passes, the line is dropped and the calls ``indexes``
+            are answered with why: (False, None)."""
+            error: Exception | None = None
+            with anyio.move_on_after(deadline - anyio.current_time()):
+                try:
+                    return True, await work
+                except Exception as exc:
+                    error = exc
+            await line.disconnect(nowait=True)
+            for i in indexes:
+                results[i] = error or failure
+            return False, None
+
         for name, (node, indexes) in parts.items():
             line = self._lines.get(name)
             if line is None:
@@ -512,31 +523,15 @@ class Pipeline:
                 if i in asking:  # its reply is not the call's: skipped below
                     packed.append(asking_command)
                 packed.append(batch[i].command)
-            error: Exception | None = None
-            with anyio.move_on_after(deadline - anyio.current_time()) as scope:
-                try:
-                    await line.send_packed_command(packed, check_health=False)
-                except Exception as exc:
-                    error = exc
-            if scope.cancelled_caught or error is not None:
-                await line.disconnect(nowait=True)
-                for i in indexes:
-                    results[i] = error or failure
-                continue
-            sent.append((line, indexes, packed))
+            written = line.send_packed_command(packed, check_health=False)
+            if (await by_deadline(line, indexes, written))[0]:
+                sent.append((line, indexes, packed))
 
         async def read(line: Any, indexes: list[int], packed: list[bytes]) -> None:
-            error: Exception | None = None
-            with anyio.move_on_after(deadline - anyio.current_time()) as scope:
-                try:
-                    replies = await _read_replies(line, len(packed))
-                except Exception as exc:
-                    error = exc
-            if scope.cancelled_caught or error is not None:
-                await line.disconnect(nowait=True)
-                for i in indexes:
-                    results[i] = error or failure
+            done, replies = await by_deadline(line, indexes, _read_replies(line, len(packed)))
+            if not done:
                 return
+            assert replies is not None  # what _read_replies gave
             answers = iter(replies)
             for i in indexes:
                 if i in asking:
@@ -602,14 +597,7 @@ class Pipeline:
         the table is read again before the error is raised, so the next change goes
         to the new primary; a MOVED, which ran nothing, is tried once more at once.
         """
-        from redis.exceptions import (
-            AskError,
-            ClusterDownError,
-            MovedError,
-            ReadOnlyError,
-            ResponseError,
-            TryAgainError,
-        )
+        from redis import exceptions as rx
 
         for attempt in (1, 2):
             try:
@@ -625,14 +613,14 @@ class Pipeline:
                     # goes where the cluster's table says now
                     await self._refresh()
                 return answer, acked
-            except MovedError:
+            except rx.MovedError:
                 await self._refresh()
                 if attempt == 2:
                     raise
-            except (AskError, ClusterDownError, ReadOnlyError, TryAgainError):
+            except (rx.AskError, rx.ClusterDownError, rx.ReadOnlyError, rx.TryAgainError):
                 await self._refresh()
                 raise
-            except ResponseError:
+            except rx.ResponseError:
                 raise  # the script's own refusal (a missing permission, out of memory)
             except Exception:
                 await self._refresh()

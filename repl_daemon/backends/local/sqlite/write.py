@@ -5,6 +5,7 @@ log, and the log compacted as it goes (``write_batch``)."""
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 
 from repl_daemon.backends.local.sqlite.failures import Inconsistent
 from repl_daemon.backends.local.sqlite.schema import LIVE, group_bytes, tags_column
@@ -164,17 +165,9 @@ class _Tables:
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 self.firings,
             )
-        if self.cursors_replaced:
-            conn.executemany("DELETE FROM cursors WHERE session = ?", self.cursors_replaced)
-            conn.executemany(
-                "INSERT INTO cursors (session, name, seq, last_use) VALUES (?, ?, ?, ?)",
-                self.cursors,
-            )
-        if self.hooks_changed:
-            conn.executemany("DELETE FROM hooks WHERE session = ?", self.hooks_changed)
-            conn.executemany(
-                "INSERT INTO hooks (session, secret, handler) VALUES (?, ?, ?)", self.hooks
-            )
+        columns = "session, name, seq, last_use"
+        _replace(conn, "cursors", columns, self.cursors_replaced, self.cursors)
+        _replace(conn, "hooks", "session, secret, handler", self.hooks_changed, self.hooks)
         if self.timers_gone:
             conn.executemany("DELETE FROM timers WHERE session = ? AND id = ?", self.timers_gone)
         if self.timers:
@@ -184,12 +177,22 @@ class _Tables:
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 self.timers,
             )
-        if self.groups_replaced:
-            conn.executemany("DELETE FROM groups WHERE session = ?", self.groups_replaced)
-            conn.executemany(
-                "INSERT INTO groups (session, name, state) VALUES (?, ?, ?)", self.groups
-            )
+        _replace(conn, "groups", "session, name, state", self.groups_replaced, self.groups)
         return len(self.firings)
+
+
+def _replace(
+    conn: sqlite3.Connection,
+    table: str,
+    columns: str,
+    sessions: list[tuple[str]],
+    rows: Sequence[tuple[object, ...]],
+) -> None:
+    """Every row of ``table`` of these ``sessions`` replaced with ``rows`` (``columns``)."""
+    if sessions:
+        marks = ", ".join("?" * len(columns.split(",")))
+        conn.executemany(f"DELETE FROM {table} WHERE session = ?", sessions)
+        conn.executemany(f"INSERT INTO {table} ({columns}) VALUES ({marks})", rows)
 
 
 def _compact(conn: sqlite3.Connection, rows: int, budget: int) -> int:
