@@ -21,7 +21,9 @@ import tracemalloc
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from session import MAX_KEYS, MAX_LIMIT, Ring, Session
+from session.ring import Ring
+from session.rules import MAX_KEYS, MAX_LIMIT
+from session.session import Session
 
 REPEATS = 7
 MEMORY_SESSIONS = 1_000
@@ -183,18 +185,18 @@ def main() -> None:
 
     keyed = full_session(256)
     for n in range(MAX_KEYS):  # a full dedup window, so every new key also forgets one
-        keyed.record("on-message", "warm", TS, f"warm {n}")
+        keyed.record("on-message", "warm", TS, key=f"warm {n}")
     fresh = iter([f"key {n}" for n in range(number * REPEATS)])
     rows.append(
         (
             "keyed send, new key (full window of 1,024)",
-            best_ns(lambda: keyed.record("on-message", "hello", TS, next(fresh)), number),
+            best_ns(lambda: keyed.record("on-message", "hello", TS, key=next(fresh)), number),
         )
     )
     rows.append(
         (
             "keyed send, duplicate key",
-            best_ns(lambda: keyed.record("on-message", "hello", TS, "key 0"), number),
+            best_ns(lambda: keyed.record("on-message", "hello", TS, key="key 0"), number),
         )
     )
 

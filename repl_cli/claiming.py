@@ -19,7 +19,7 @@ from repl_cli.errors import CliError
 from repl_cli.output import JSON, FiringFormat, json_line, table
 from repl_cli.sink import Sink
 from repl_daemon import protocol as p
-from session.groups import GroupInfo
+from session.group import GroupInfo
 
 
 def deliver_claim(

@@ -106,13 +106,12 @@ if TYPE_CHECKING:
 
     from repl_daemon.http.mcp import Listener
 
+#: the scope's keys the daemon puts the presented token and the request's ``Line`` under
+from repl_daemon.locations import SCOPE_LINE as LINE
+from repl_daemon.locations import SCOPE_TOKEN as TOKEN
+
 #: the notification that ends a client's handshake
 INITIALIZED = "notifications/initialized"
-#: the scope's key the daemon puts the presented token under (``repl_daemon.http.mcp.TOKEN``)
-TOKEN = "repl.token"
-#: the scope's key of the request's ``Line`` (``repl_daemon.http.streams.LINE``): its
-#: ``gone`` is True once the client's connection was lost before the response ended
-LINE = "repl.line"
 SESSION_HEADER = b"mcp-session-id"
 LAST_EVENT_HEADER = b"last-event-id"
 VERSION_HEADER = b"mcp-protocol-version"

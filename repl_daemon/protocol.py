@@ -16,7 +16,7 @@ import msgspec
 
 from session.errors import BadRequest, ReplError, UnknownOp
 from session.firing import CursorInfo, Firing
-from session.groups import GroupInfo
+from session.group import GroupInfo
 from session.rules import (
     ACK_CURSOR,
     DEFAULT_GROUP,

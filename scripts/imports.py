@@ -38,7 +38,10 @@ BACKEND_ONLY = ("redis", "sqlite3")
 CLIENT_MAY_IMPORT = {
     "repl_daemon": "the package itself",
     "repl_daemon.protocol": "the wire's types",
-    "repl_daemon.locations": "where a daemon is: the default address and state directory",
+    "repl_daemon.locations": (
+        "where a daemon is: the default address and state directory, and the keys"
+        " of an /mcp request's scope"
+    ),
     "repl_daemon.config": "the daemon's options, which `repl daemon` takes as its own",
     "repl_daemon.__main__": "the daemon's entry point, which `repl daemon` runs",
     "repl_daemon.http.mcp": "what the daemon gives the MCP server it serves at /mcp",

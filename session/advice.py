@@ -57,7 +57,7 @@ PHRASES: tuple[tuple[re.Pattern[str], str, str], ...] = (
         r"it needs a token with the \g<right> right",
     ),
     (
-        # a group a scoped token may not make (``session.groups.unseen_dead_letter``); MCP has
+        # a group a scoped token may not make (``session.group.unseen_dead_letter``); MCP has
         # no tool that makes a group
         re.compile(r"\(`repl group (?P<id>\S+) (?P<name>\S+) --dead-letter SESSION`\)"),
         r'(PUT /sessions/\g<id>/groups/\g<name> with the body {"dead_letter": SESSION})',

@@ -12,7 +12,7 @@ from __future__ import annotations
 import msgspec
 
 from session.firing import Firing
-from session.groups import GroupSnapshot
+from session.group import GroupSnapshot
 from session.rules import MAX_KEYS, WEBHOOK_HANDLER
 from session.schedule import Timer
 

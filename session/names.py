@@ -1,7 +1,7 @@
 """The names a session's things have: a session's id, a cursor's, a group's, a handler's.
 
 Kept apart from ``session.session`` so that what a session holds (its groups,
-``session.groups``) can check its names without importing the session itself.
+``session.group``) can check its names without importing the session itself.
 """
 
 from __future__ import annotations

@@ -25,11 +25,10 @@ from typing import ClassVar, Protocol, TypeVar
 
 import msgspec
 
-from session.claims import Taken
 from session.delta import Webhook
 from session.errors import BadMax, BadSeq
 from session.firing import NO_TAGS, Batch, CursorInfo
-from session.groups import (
+from session.group import (
     GroupInfo,
     Lease,
     check_delay,
@@ -37,6 +36,7 @@ from session.groups import (
     check_max_attempts,
     parse_token,
 )
+from session.groups import Taken
 from session.names import check_cursor_name, check_group_name, check_handler, check_session_id
 from session.ring import check_last, check_limit
 from session.schedule import Timer
@@ -94,7 +94,13 @@ class Record(msgspec.Struct, frozen=True):
 
     def run(self, session: Session, visible: int | None) -> Recorded:
         return session.record(
-            self.handler, self.text, self.ts, self.key, self.handled, self.tags or NO_TAGS, self.by
+            self.handler,
+            self.text,
+            self.ts,
+            key=self.key,
+            handled=self.handled,
+            tags=self.tags or NO_TAGS,
+            by=self.by,
         )
 
 
@@ -359,7 +365,7 @@ def ack_all(acks: Sequence[tuple[Session, int, int | None]], cursor: str) -> lis
 # -- groups and claims (SPEC §16): each a step of ``Session.groups`` --------------------
 #
 # ``now_ms`` is the engine's clock, passed in as a timer's firing is. A step that makes a
-# firing dead leaves its dead letter in the session's outbox (``session.claims``): the
+# firing dead leaves its dead letter in the session's outbox (``session.groups``): the
 # committer records it in the dead-letter session in the same write.
 
 
@@ -390,10 +396,10 @@ class ClaimFiring(msgspec.Struct, frozen=True):
                 visible,
                 self.group,
                 self.now_ms,
-                self.lease_ms,
-                self.match,
-                self.from_now,
-                self.sees_default_dead_letter,
+                lease_ms=self.lease_ms,
+                match=self.match,
+                from_now=self.from_now,
+                sees_default_dead_letter=self.sees_default_dead_letter,
             )
         finally:
             changed, groups.changed = groups.changed, earlier or groups.changed
@@ -499,10 +505,10 @@ class ConfigureGroup(msgspec.Struct, frozen=True):
             visible,
             self.group,
             self.now_ms,
-            self.max_attempts,
-            self.dead_letter,
-            self.from_now,
-            self.sees_default_dead_letter,
+            max_attempts=self.max_attempts,
+            dead_letter=self.dead_letter,
+            from_now=self.from_now,
+            sees_default_dead_letter=self.sees_default_dead_letter,
         )
         session.stepped(True)
         return info

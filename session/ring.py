@@ -40,7 +40,7 @@ import sys
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -148,7 +148,7 @@ class Ring:
         self._firings: deque[bytes | Firing] = deque(maxlen=limit)
         for f in kept:
             # Packing may rebuild the deque (``_compact_slots``): take it afresh.
-            item = self._pack(f.seq, f.handler, f.result, f.event, f.ts, f.tags, f.by)
+            item = self._pack(f.seq, f.handler, f.result, f.event, f.ts, tags=f.tags, by=f.by)
             self._firings.append(item)
 
     @property
@@ -203,7 +203,7 @@ class Ring:
 
     def at(self, seq: int) -> Firing:
         """Firing ``seq``, which the ring holds: one item found by its index, not a slice of
-        the ring walked to it (what a claim hands out, ``session.claims``)."""
+        the ring walked to it (what a claim hands out, ``session.groups``)."""
         first = self.first
         if not first <= seq <= self._head:
             raise BadSeq(f"the ring holds firings {first} to {self._head}, not {seq}")
@@ -227,6 +227,7 @@ class Ring:
         result: str | None,
         event: str | None,
         ts: str,
+        *,
         tags: dict[str, str] = NO_TAGS,
         by: str | None = None,
     ) -> int:
@@ -235,7 +236,9 @@ class Ring:
         ``append`` without building the ``Firing``: all that a send needs.
         """
         seq = self._head + 1
-        item = self._pack(seq, handler, result, event, ts, tags, by)  # may rebuild the deque
+        item = self._pack(
+            seq, handler, result, event, ts, tags=tags, by=by
+        )  # may rebuild the deque
         self._firings.append(item)
         self._head = seq
         return seq
@@ -247,6 +250,7 @@ class Ring:
         result: str | None,
         event: str | None,
         ts: str,
+        *,
         tags: dict[str, str] = NO_TAGS,
         by: str | None = None,
     ) -> bytes | Firing:
@@ -325,7 +329,7 @@ class Ring:
         for f in firings:
             if f.seq != ring._head + 1:
                 raise BadSeq(f"firing {f.seq} does not follow the image's seq {ring._head}")
-            ring.record(f.handler, f.result, f.event, f.ts, f.tags, f.by)
+            ring.record(f.handler, f.result, f.event, f.ts, tags=f.tags, by=f.by)
         if ring._head != head:
             raise BadSeq(f"the image and its firings end at {ring._head}, not at head {head}")
         return ring
@@ -454,17 +458,9 @@ class _Folded(Ring):
         self.unfold()
         return self.at(seq)
 
-    def record(
-        self,
-        handler: str,
-        result: str | None,
-        event: str | None,
-        ts: str,
-        tags: dict[str, str] = NO_TAGS,
-        by: str | None = None,
-    ) -> int:
+    def record(self, *args: Any, **kwargs: Any) -> int:  # Ring.record's, as they come
         self.unfold()
-        return self.record(handler, result, event, ts, tags, by)
+        return self.record(*args, **kwargs)
 
     def recorded_after(self, seq: int) -> list[Firing]:
         if seq >= self._head:  # nothing after it: a ring changed only in its cursors

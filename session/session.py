@@ -22,7 +22,6 @@ from collections import OrderedDict
 
 import msgspec
 
-from session.claims import Groups
 from session.delta import CursorState, Delta, Webhook
 from session.errors import (
     AckAfterHead,
@@ -39,7 +38,8 @@ from session.errors import (
     no_such_session,
 )
 from session.firing import NO_TAGS, Batch, CursorInfo, Firing
-from session.groups import GroupSnapshot
+from session.group import GroupSnapshot
+from session.groups import Groups
 from session.names import check_cursor_name, check_handler, check_session_id, is_name
 from session.ring import Fold, Image, Ring, check_last, only, since_of
 from session.rules import (
@@ -253,7 +253,7 @@ class Session:
         #: the session's webhook, if it has one (rules H1-H7)
         self.webhook: Webhook | None = None
         self._webhook_changed = False
-        #: the session's groups and their claims (SPEC §16), ``session.claims``
+        #: the session's groups and their claims (SPEC §16), ``session.groups``
         self.groups = Groups(self.id)
 
     # -- recording --------------------------------------------------------
@@ -267,6 +267,7 @@ class Session:
         handler: str,
         text: str,
         ts: str,
+        *,
         key: str | None = None,
         handled: bool | None = None,
         tags: dict[str, str] = NO_TAGS,
@@ -290,9 +291,9 @@ class Session:
                 self.evaluations += 1
                 return Recorded(seq, duplicate=True)
         if handler in HANDLERS if handled is None else handled:
-            seq = self.ring.record(handler, text, None, ts, tags, by)
+            seq = self.ring.record(handler, text, None, ts, tags=tags, by=by)
         else:
-            seq = self.ring.record(handler, None, text, ts, tags, by)
+            seq = self.ring.record(handler, None, text, ts, tags=tags, by=by)
         if key is not None:
             self._keys[key] = seq
             self._new_keys.append((key, seq))
@@ -510,7 +511,7 @@ class Session:
                 continue
             key = timer.key if timer.every_ms is None else None
             recorded = self.record(
-                timer.handler, timer.text, ts, key, tags=timer.tags or NO_TAGS, by=TIMER
+                timer.handler, timer.text, ts, key=key, tags=timer.tags or NO_TAGS, by=TIMER
             )
             if left is None:
                 del self.timers[timer.id]

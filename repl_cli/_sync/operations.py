@@ -28,7 +28,7 @@ from repl_cli.reconnect import Outage
 from repl_daemon import protocol as p
 from session.errors import Code
 from session.firing import CursorInfo, Firing
-from session.groups import GroupInfo
+from session.group import GroupInfo
 from session.rules import (
     ACK_CURSOR,
     DEFAULT_GROUP,

@@ -29,11 +29,11 @@ from repl_daemon import protocol as p
 from repl_daemon.engine.committer import Sessions
 from repl_daemon.engine.outcome import Outcome
 from repl_daemon.engine.steps import step
-from repl_daemon.engine.wait import Wait, Waiters, _State
-from session.claims import Taken
+from repl_daemon.engine.wait import Wait, Waiters, WaitState
 from session.errors import NoSuchSession, ReplError
 from session.firing import Firing, ms_to_ts
-from session.groups import Lease, default_dead_letter
+from session.group import Lease, default_dead_letter
+from session.groups import Taken
 from session.ops import (
     ClaimFiring,
     ClaimTable,
@@ -84,11 +84,11 @@ class ClaimWait(Wait):
     @property
     def blocked(self) -> bool:
         """Whether it waits for a wake, no look on its way."""
-        return self.state is _State.BLOCKED
+        return self.state is WaitState.BLOCKED
 
     def cancel(self) -> None:
         taken, self.taken = self.taken, None
-        looking = self.state is _State.LOOKING
+        looking = self.state is WaitState.LOOKING
         super().cancel()
         if taken is not None:  # the client is gone before it was told: it takes nothing
             self._give_back(taken)
@@ -107,7 +107,7 @@ class ClaimWait(Wait):
 
     def _read(self) -> None:
         self._check_open()
-        self._move(_State.LOOKING)
+        self._move(WaitState.LOOKING)
         req, session_id = self.claim, self.claim.session
         op = ClaimFiring(
             req.group, self.now(), req.lease_ms, req.match, req.from_now, self.sees_dead_letter

@@ -122,7 +122,9 @@ class Waiters:
             self.none_left.set()
 
 
-class _State(Enum):
+class WaitState(Enum):
+    """Where a wait is in its life (a claim, ``engine.claim``, is a wait and moves the same)."""
+
     STARTING = "starting"  # the sessions are checked and the acks applied; not yet subscribed
     LOOKING = "looking"  # reading (a shared store's read is a round trip)
     BLOCKED = "blocked"  # nothing to return: waiting for a wake or the timeout
@@ -130,9 +132,9 @@ class _State(Enum):
     OVER = "over"  # answered, or cancelled
 
 
-_S = _State
+_S = WaitState
 #: the states a wait may go to from each: any other move is a bug, and raises
-_MOVES: dict[_State, frozenset[_State]] = {
+_MOVES: dict[WaitState, frozenset[WaitState]] = {
     _S.STARTING: frozenset({_S.LOOKING, _S.OVER}),  # subscribed; or refused, or cancelled
     _S.LOOKING: frozenset({_S.LOOKING, _S.BLOCKED, _S.SETTLING, _S.OVER}),
     _S.BLOCKED: frozenset({_S.LOOKING, _S.SETTLING, _S.OVER}),  # woken (settle 0 or not)
@@ -197,7 +199,7 @@ class Wait(Job[p.Response]):
         #: stands (its cursor's seq; for a matching one, the last seq it looked at)
         self.seen: dict[str, int] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.state = _State.STARTING
+        self.state = WaitState.STARTING
         self.done: Done[p.Response] | None = None
         #: loop time past which the wait no longer blocks (None: no timeout)
         self.deadline: float | None = None
@@ -216,7 +218,7 @@ class Wait(Job[p.Response]):
 
     def cancel(self) -> None:
         """The client went away: end without an answer, having moved no cursor."""
-        if self.state is not _State.OVER:
+        if self.state is not WaitState.OVER:
             self._end()
 
     def position(self, session_id: str) -> int | None:
@@ -230,16 +232,16 @@ class Wait(Job[p.Response]):
         """One of the wait's sessions changed (or stopped, or the daemon is closing);
         ``heard``: the new firing, when the committer knows it whole."""
         state = self.state
-        if state is _State.BLOCKED:
+        if state is WaitState.BLOCKED:
             try:
                 self._woken(heard)
             except Exception as exc:
                 self._finish(None, exc)
-        elif state is _State.SETTLING:  # its read after the settle time sees the firing
+        elif state is WaitState.SETTLING:  # its read after the settle time sees the firing
             self.heard = None  # a burst: the ring says which of it is still there
-        elif state is _State.LOOKING:  # a round trip's read may have missed it: once more
+        elif state is WaitState.LOOKING:  # a round trip's read may have missed it: once more
             self.again = True
-        elif state is _State.STARTING:  # not subscribed yet: nobody can know of it
+        elif state is WaitState.STARTING:  # not subscribed yet: nobody can know of it
             raise RuntimeError("a wait was woken before it subscribed")
         # OVER: it was answered in this same pass of the loop, by a wake that came first
 
@@ -274,7 +276,7 @@ class Wait(Job[p.Response]):
         self._read()
 
     def _subscribe(self) -> None:
-        self._move(_State.LOOKING)  # from here on, its end unsubscribes it
+        self._move(WaitState.LOOKING)  # from here on, its end unsubscribes it
         self.waiters.join(self)
         # the timeout bounds the blocking, not the reads: a wait whose firings
         # are there returns them even with timeout 0, even when reading them
@@ -290,7 +292,7 @@ class Wait(Job[p.Response]):
                 self._read()
             return
         self._check_open()
-        self._move(_State.SETTLING)
+        self._move(WaitState.SETTLING)
         self.heard = heard
         if self.timer is not None:
             self.timer.cancel()  # the timeout bounds only the blocking; it is checked after
@@ -323,7 +325,7 @@ class Wait(Job[p.Response]):
         if batch is None:  # a gap, or an older firing: the ring knows better
             return False
         self._check_open()
-        self._move(_State.LOOKING)
+        self._move(WaitState.LOOKING)
         self.waiters.committer.looked(session_id)
         batches: list[p.SessionBatch] = []
         self._looked(session_id, batch, batches)
@@ -333,7 +335,7 @@ class Wait(Job[p.Response]):
     def _read(self) -> None:
         """Read every session of the wait (a look moves no cursor); answer, or block again."""
         self._check_open()
-        self._move(_State.LOOKING)
+        self._move(WaitState.LOOKING)
         committer, looks = self.waiters.committer, self.looks
         batches: list[p.SessionBatch] = []
         for index, session_id in enumerate(self.ids):
@@ -402,13 +404,13 @@ class Wait(Job[p.Response]):
         if deadline is not None and self.loop.time() >= deadline:
             self._finish(self._nothing(), None)
             return
-        self._move(_State.BLOCKED)
+        self._move(WaitState.BLOCKED)
         if deadline is not None and self.timer is None:
             self.timer = self.loop.call_at(deadline, self._timed_out)
 
     def _timed_out(self) -> None:
         self.timer = None
-        if self.state is _State.BLOCKED:
+        if self.state is WaitState.BLOCKED:
             self._finish(self._nothing(), None)
 
     def _nothing(self) -> p.Response:
@@ -440,7 +442,7 @@ class Wait(Job[p.Response]):
         outcome.settle(answered)
 
     def _resume(self, then: Callable[[T], None], value: T | None, error: Exception | None) -> None:
-        if self.state is _State.OVER:
+        if self.state is WaitState.OVER:
             return  # cancelled while the step was on its way
         if error is not None:
             self._finish(None, error)
@@ -455,7 +457,7 @@ class Wait(Job[p.Response]):
             self._finish(None, exc)
 
     def _finish(self, value: p.Response | None, error: Exception | None) -> None:
-        if self.state is _State.OVER:
+        if self.state is WaitState.OVER:
             return
         self._end()
         assert self.done is not None
@@ -465,8 +467,8 @@ class Wait(Job[p.Response]):
             log.exception("a wait's answer could not be given")
 
     def _end(self) -> None:
-        subscribed = self.state is not _State.STARTING
-        self._move(_State.OVER)
+        subscribed = self.state is not WaitState.STARTING
+        self._move(WaitState.OVER)
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
@@ -477,7 +479,7 @@ class Wait(Job[p.Response]):
             return
         self.waiters.leave(self)
 
-    def _move(self, to: _State) -> None:
+    def _move(self, to: WaitState) -> None:
         """Go to state ``to``, one of the moves ``_MOVES`` allows from the state it is in."""
         if to not in _MOVES[self.state]:
             raise RuntimeError(f"a wait cannot go from {self.state.value} to {to.value}")

@@ -11,9 +11,10 @@ missing, or ``python -m repl_daemon``), ``/mcp`` is a JSON 501 that says so.
 The daemon keeps the door: a request to ``/mcp`` is authenticated as every
 data route is (``Api.authenticate``: 401 with ``WWW-Authenticate: Bearer``
 without a token, or with a wrong or revoked one), and only then handed to the
-factory's app with the token it presented in its scope (``TOKEN``), which the
+factory's app with the token it presented in its scope (``SCOPE_TOKEN``), which the
 server uses for every call it makes, so each tool has exactly that token's
-rights. It also puts there the request's ``Line`` (``repl_daemon.http.streams.LINE``),
+rights. It also puts there the request's ``Line`` (``SCOPE_LINE``, both keys in
+``repl_daemon.locations``, where the client finds them too),
 which the daemon's protocol marks ``gone`` when the client's connection is lost
 before the response ended: how a push server knows its client stayed on the GET
 stream it was told on (uvicorn's ``http.disconnect`` tells only a task blocked in
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from repl_daemon.http.streams import line_of
+from repl_daemon.locations import SCOPE_TOKEN
 from session.errors import Code, ReplError
 
 if TYPE_CHECKING:
@@ -35,8 +37,6 @@ if TYPE_CHECKING:
 
     from repl_daemon.http.routes import Api
 
-#: the scope's key for the token a request to /mcp presented (checked by then)
-TOKEN = "repl.token"
 
 NOT_SERVED = (
     "this daemon serves no MCP: /mcp is served by `repl daemon --http` with the [mcp] "
@@ -101,9 +101,9 @@ class Gate:
             )
             return
         _, _, given = request.headers["authorization"].partition(" ")
-        scope[TOKEN] = given.strip()
-        line_of(scope)  # whether its client is still there, told by the protocol (``LINE``)
+        scope[SCOPE_TOKEN] = given.strip()
+        line_of(scope)  # whether its client is still there, told by the protocol
         await self.served(scope, receive, send)
 
 
-__all__ = ["NOT_SERVED", "TOKEN", "Gate", "Listener", "McpFactory", "connect_host"]
+__all__ = ["NOT_SERVED", "Gate", "Listener", "McpFactory", "connect_host"]

@@ -1,30 +1,25 @@
 """Serving the app: Starlette's routes with event streams in front, the page's files,
-and uvicorn in the daemon's own loop, with the glue its public API cannot give."""
+and uvicorn in the daemon's own loop (its protocol and server as the daemon needs them,
+which its public API cannot give, are ``repl_daemon.http.uvicorn_glue``'s)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import socket
 import ssl
-from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import TaskStatus
 
 from repl_daemon.config import DEFAULTS
 from repl_daemon.http import verbs
-from repl_daemon.http.answers import PAGE_HEADERS, WEB, error_body
+from repl_daemon.http.answers import PAGE_HEADERS, WEB
 from repl_daemon.http.mcp import Gate, Listener, McpFactory
 from repl_daemon.http.routes import Api
-from repl_daemon.http.streams import line_of
-from session.errors import (
-    Code,
-)
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -33,8 +28,6 @@ if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
 
     from repl_daemon.engine import Engine
-
-log = logging.getLogger("repl.daemon")
 
 
 def static_files() -> Any:
@@ -217,6 +210,8 @@ async def _serve(
 ) -> None:
     import uvicorn
 
+    from repl_daemon.http.uvicorn_glue import Server, protocol_class
+
     config = uvicorn.Config(
         app,
         http=protocol_class(idle_timeout, max_connections, engine.counts.errors, slow_consumer_s),
@@ -237,7 +232,7 @@ async def _serve(
     if tls is not None:  # the daemon's own context (rules L1-L3), shared with the protocol's
         config.load()  # listener, so that a reload on SIGHUP serves both
         config.ssl = tls
-    server = server_class()(config)
+    server = Server(config)
     serving = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
     task_status.started(sock.getsockname()[1])
     try:
@@ -247,201 +242,3 @@ async def _serve(
         with anyio.CancelScope(shield=True), anyio.move_on_after(2):
             await serving
         sock.close()
-
-
-def json_headers(length: int, *, close: bool = False) -> list[tuple[bytes, bytes]]:
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % length)]
-    return [*headers, (b"connection", b"close")] if close else headers
-
-
-def protocol_class(
-    deadline: float, max_connections: int, errors: Counter[str], slow_consumer_s: float
-) -> Any:
-    """uvicorn's h11 protocol, with a deadline for each request's headers, the refusals
-    uvicorn makes itself in the daemon's JSON, and the close of a slow consumer.
-
-    uvicorn's flow control already bounds what a client that does not read
-    costs (a response's write waits while the transport is past its
-    high-water mark, and nothing more is read meanwhile), but not how long:
-    a stream or a response whose client never reads again would hold its
-    task and its connection for ever. Past the high-water mark for
-    ``slow_consumer_s`` without a resume, the connection is aborted, as the
-    line protocol closes one (code ``slow_consumer``, counted in
-    ``repl_errors_total``); its route is told as for a client that left.
-
-    uvicorn closes a connection idle between requests (its keep-alive
-    timeout), but not one whose request never finishes arriving: a client
-    that sends half a request line, or its headers a byte a minute, would
-    hold a connection for ever. This closes a connection that has no
-    request in progress ``deadline`` seconds after it opened or after its
-    last response, as the line protocol's idle timeout does; an event
-    stream, a request in progress, is never cut.
-
-    A request h11 cannot parse is 400 ``bad_request`` (uvicorn's own answer
-    is plain text), and one that arrives while the HTTP connections are
-    past ``max_connections`` 503 ``too_many`` (uvicorn's ``limit_concurrency``
-    with its plain text: the same count, this connection's included, taken
-    at the same moment), each with ``Connection: close``.
-
-    uvicorn's public API cannot serve these: its server takes a protocol
-    class and nothing smaller (no hook for a per-request header deadline, for
-    its own 400/503 bodies, or for its flow control's pause), so this
-    subclasses ``H11Protocol`` and reads its ``conn``, ``cycle`` and ``flow``.
-    Those are uvicorn's internals: pyproject.toml bounds uvicorn from above at
-    the newest release this was tested against (0.55), so neither a user's
-    install nor ``scripts/pin`` takes a newer one until the bound is moved by
-    hand, with the suite passing on it.
-    """
-    # Long (some 150 lines): one class, the subclass of uvicorn's protocol, whose methods
-    # share the deadline, the counts and the bodies built here once per server
-    import h11
-    from uvicorn.protocols.http.h11_impl import H11Protocol
-
-    busy_body = error_body(
-        Code.TOO_MANY,
-        f"over {max_connections:,} HTTP connections (--max-connections): "
-        "close one, or try again later",
-        own=True,
-    )
-
-    async def busy(scope: Any, receive: Any, send: Any) -> None:
-        errors[Code.TOO_MANY.value] += 1
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 503,
-                "headers": json_headers(len(busy_body), close=True),
-            }
-        )
-        await send({"type": "http.response.body", "body": busy_body})
-
-    unparsable = error_body(
-        Code.BAD_REQUEST,
-        "not a request of HTTP/1.1: see RFC 9112, or use an HTTP client",
-        own=True,
-    )
-
-    class Protocol(H11Protocol):
-        _deadline: asyncio.TimerHandle | None = None
-        _stalled: asyncio.TimerHandle | None = None
-
-        _unsent = 0
-
-        def pause_writing(self) -> None:
-            super().pause_writing()
-            if self._stalled is None:
-                self._unsent = self.transport.get_write_buffer_size()
-                self._stalled = self.loop.call_later(slow_consumer_s, self._slow)
-
-        def resume_writing(self) -> None:
-            super().resume_writing()
-            if self._stalled is not None:
-                self._stalled.cancel()
-                self._stalled = None
-
-        def _slow(self) -> None:
-            # a closing transport (``Connection: close``) still holds what it has not sent:
-            # it is aborted all the same; its loss cancels this timer
-            self._stalled = None
-            unsent = self.transport.get_write_buffer_size()
-            if unsent < self._unsent:  # it took some (a slow reader): it is given the time again
-                self._unsent = unsent
-                self._stalled = self.loop.call_later(slow_consumer_s, self._slow)
-                return
-            errors[Code.SLOW_CONSUMER.value] += 1
-            log.warning(
-                "closing a slow HTTP consumer: %d bytes untaken for %g s", unsent, slow_consumer_s
-            )
-            self.transport.abort()
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self._served = self.app
-
-        def send_400_response(self, msg: str) -> None:
-            """uvicorn's answer to what h11 cannot parse, in JSON; then the close."""
-            errors[Code.BAD_REQUEST.value] += 1
-            headers = json_headers(len(unparsable), close=True)
-            head = self.conn.send(h11.Response(status_code=400, headers=headers))
-            body = self.conn.send(h11.Data(data=unparsable))
-            end = self.conn.send(h11.EndOfMessage())
-            self.transport.write(b"".join(part or b"" for part in (head, body, end)))
-            self.transport.close()
-
-        def connection_made(self, transport: Any) -> None:
-            super().connection_made(transport)
-            self._arm()
-
-        def _arm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-            self._deadline = self.loop.call_later(deadline, self._too_slow)
-
-        def _busy(self) -> bool:
-            return self.cycle is not None and not self.cycle.response_complete
-
-        def handle_events(self) -> None:
-            over = len(self.connections) > max_connections or len(self.tasks) > max_connections
-            self.app = busy if over else self._served  # the app for requests taken now
-            super().handle_events()
-            cycle = self.cycle
-            if cycle is not None and not cycle.more_body and not self.conn.trailing_data[0]:
-                # the body is in, and nothing of a next request waits behind it: read on.
-                # uvicorn pauses reading when a body's part takes its buffer over 64 KiB,
-                # and only the route's next receive resumes it; after the last part there
-                # is none, so an open stream or long poll would never hear its client go
-                self.flow.resume_reading()
-            if self._busy() and self._deadline is not None:
-                self._deadline.cancel()  # its headers are in: the request runs as long as it must
-                self._deadline = None
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            self._arm()
-
-        def _too_slow(self) -> None:
-            self._deadline = None
-            if not self._busy() and not self.transport.is_closing():
-                self.transport.close()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
-            if self._stalled is not None:
-                self._stalled.cancel()
-                self._stalled = None
-            unfinished = self._busy()
-            super().connection_lost(exc)
-            if unfinished:  # an open stream, a long poll: the route is told (``Line``)
-                assert self.cycle is not None
-                scope = cast("MutableMapping[str, Any]", self.cycle.scope)  # a TypedDict
-                line_of(scope).lost()
-
-    return Protocol
-
-
-def server_class() -> Any:
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        """uvicorn's server, with no signal handlers of its own and no 0.1 s ticker:
-        it sleeps until it is told to stop."""
-
-        def __init__(self, config: Any) -> None:
-            super().__init__(config)
-            self._stop = asyncio.Event()
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            yield  # the daemon's own handlers stay: SIGTERM stops the whole daemon
-
-        async def main_loop(self) -> None:
-            await self.on_tick(0)  # the default headers, once
-            await self._stop.wait()
-
-        def stop(self) -> None:
-            self.should_exit = True
-            self._stop.set()
-
-    return Server

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from repl_daemon import protocol as p
 from repl_daemon.engine.wait import Wait
 from repl_daemon.http.answers import encoder, error_body
+from repl_daemon.locations import SCOPE_LINE
 from session.errors import (
     ReplError,
     Unauthorized,
@@ -347,7 +348,7 @@ class Streams:
 
 class Line:
     """Whether a request's client is still there, kept in the request's ASGI scope
-    (``LINE``): the protocol (``protocol_class``) marks it gone when its connection
+    (``SCOPE_LINE``): the protocol (``uvicorn_glue.Connection``) marks it gone when its connection
     is lost before the response's end, and calls what the route left to be told.
 
     uvicorn tells an app so by answering ``receive`` with ``http.disconnect``, but
@@ -380,15 +381,11 @@ class Line:
             then()
 
 
-#: the key of a request's ``Line`` in its ASGI scope
-LINE = "repl.line"
-
-
 def line_of(scope: MutableMapping[str, Any]) -> Line:
     """The request's ``Line``, made by whichever comes first: the route, or the loss."""
-    line = scope.get(LINE)
+    line = scope.get(SCOPE_LINE)
     if line is None:
-        line = scope[LINE] = Line()
+        line = scope[SCOPE_LINE] = Line()
     assert isinstance(line, Line)
     return line
 

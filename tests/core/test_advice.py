@@ -12,7 +12,7 @@ import pytest
 
 from session.advice import HINTS, PHRASES, advised, in_words
 from session.errors import Code, no_such_session
-from session.groups import unseen_dead_letter
+from session.group import unseen_dead_letter
 from session.scopes import make_scope, missing_session
 from session.session import session_exists
 

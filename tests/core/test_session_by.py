@@ -15,12 +15,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from session import Ring, Session
 from session.errors import BadRequest, BadTag
 from session.firing import Firing
-from session.ring import Image, decode_image, encode_image
+from session.ring import Image, Ring, decode_image, encode_image
 from session.schedule import Timer
 from session.scopes import check_new_token_name, check_token_name
+from session.session import Session
 from session.tags import Match, check_tags, parse_match
 
 TS = "2026-12-04T07:00:00.000Z"
@@ -124,7 +124,7 @@ def test_any_senders_read_back_as_recorded_through_trims_and_images(
     ring = Ring(limit)
     for n, by in enumerate(senders):
         tags = {"n": str(n)} if n % 3 == 0 else {}
-        ring.record("on-message", f"m{n}", None, TS, tags, by)
+        ring.record("on-message", f"m{n}", None, TS, tags=tags, by=by)
     kept = senders[-limit:] if senders else []
     assert [f.by for f in ring.firings()] == kept
     again = Ring.from_image(limit, ring.head, decode_image(encode_image(ring.image())))

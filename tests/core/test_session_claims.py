@@ -1,6 +1,6 @@
 """Groups and claims (SPEC §16) in a session: its table of groups over a real ring.
 
-``session.groups`` keeps one group's rules over bare seqs (tests/core/test_session_groups.py);
+``session.group`` keeps one group's rules over bare seqs (tests/core/test_session_group.py);
 here they run as a ``Session`` runs them, through the ops (``ClaimFiring``, ``Finish``,
 ``Release``, ``Extend``, ``ExpireGroups``, ``ConfigureGroup``, ``GroupTable``,
 ``ClaimTable``), over a ring small enough to drop firings. The examples name one
@@ -22,7 +22,6 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from session.claims import DEAD_TAGS, DeadLetter, Taken
 from session.errors import (
     BadClaim,
     BadGroupName,
@@ -35,7 +34,7 @@ from session.errors import (
     TooMany,
 )
 from session.firing import Firing, ms_to_ts
-from session.groups import (
+from session.group import (
     Claim,
     Group,
     GroupInfo,
@@ -43,6 +42,7 @@ from session.groups import (
     default_dead_letter,
     parse_token,
 )
+from session.groups import DEAD_TAGS, DeadLetter, Taken
 from session.ops import (
     ClaimFiring,
     ClaimTable,

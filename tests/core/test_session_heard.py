@@ -64,7 +64,7 @@ def test_a_look_at_heard_firings_is_the_rings_own(
     heard = []
     for n, tag in enumerate(tags):
         handler = "on-tick" if n % 3 == 2 else "on-message"
-        seq = ring.record(handler, f"h{n}", None, TS, tag)
+        seq = ring.record(handler, f"h{n}", None, TS, tags=tag)
         heard.append(Firing(seq, handler, f"h{n}", None, TS, tag))
     assert look_heard(before, heard, most, match) == ring.events_after(before, most, match=match)
 

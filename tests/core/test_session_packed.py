@@ -17,9 +17,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from session import Ring, Session, packed
+from session import packed
 from session.errors import BadSeq
 from session.firing import Firing, ms_to_ts
+from session.ring import Ring
+from session.session import Session
 
 
 def append(ring: Ring, handler: str, result: str | None, event: str | None, ts: str) -> Firing:
@@ -371,7 +373,7 @@ def test_a_ring_rebuilt_from_its_firings_holds_identical_firings(limit: int) -> 
 def test_a_session_restored_from_its_snapshot_has_an_identical_snapshot() -> None:
     session = Session("s", 64)
     for f in mixed_firings(200):
-        session.record(f.handler, f.result or f.event or "", f.ts, f"k{f.seq}")
+        session.record(f.handler, f.result or f.event or "", f.ts, key=f"k{f.seq}")
     session.read("c")
     session.ack("c", 150)
     snap = session.snapshot()

@@ -336,7 +336,9 @@ any_sends = sending([*TEXTS, "\ud800 lone"])
 def record(ring: Ring, send: tuple[str, bool, str, str, dict[str, str]]) -> Firing:
     handler, handled, text, ts, tags = send
     result, event = (text, None) if handled else (None, text)
-    return Firing(ring.record(handler, result, event, ts, tags), handler, result, event, ts, tags)
+    return Firing(
+        ring.record(handler, result, event, ts, tags=tags), handler, result, event, ts, tags
+    )
 
 
 @settings(max_examples=150, deadline=None)

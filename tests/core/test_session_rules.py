@@ -13,7 +13,6 @@ from collections.abc import Callable
 import msgspec
 import pytest
 
-from session import MAX_CURSORS, MAX_KEYS, Session, Snapshot
 from session.errors import (
     AckAfterHead,
     BadCursorName,
@@ -29,7 +28,8 @@ from session.errors import (
 )
 from session.firing import Batch, Firing
 from session.names import check_cursor_name, check_session_id
-from session.session import CursorInfo, CursorState, Recorded
+from session.rules import MAX_CURSORS, MAX_KEYS
+from session.session import CursorInfo, CursorState, Recorded, Session, Snapshot
 
 
 def position(session: Session, cursor: str) -> int | None:
@@ -45,7 +45,7 @@ def filled(count: int, limit: int = 256) -> Session:
 
 
 def send(session: Session, text: str = "", key: str | None = None) -> Recorded:
-    return session.record("on-message", text or f"m{session.head + 1}", "t", key)
+    return session.record("on-message", text or f"m{session.head + 1}", "t", key=key)
 
 
 def seqs(batch: Batch) -> list[int]:
@@ -644,7 +644,7 @@ def test_every_failing_operation_changes_nothing_and_counts_no_evaluation() -> N
     send(session, key="k")
     failures: list[tuple[type[ReplError], Callable[[Session], object]]] = [
         (BadHandler, lambda s: s.record("", "x", "t")),
-        (BadKey, lambda s: s.record("on-message", "x", "t", "")),
+        (BadKey, lambda s: s.record("on-message", "x", "t", key="")),
         (BadLimit, lambda s: s.set_limit(-1)),
         (BadSeq, lambda s: s.read_after(-1)),
         (CursorAfterHead, lambda s: s.read_after(7)),

@@ -22,7 +22,6 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from session import MAX_CURSORS, MAX_KEYS, Session, Snapshot
 from session.errors import (
     AckAfterHead,
     BadCursorName,
@@ -35,7 +34,8 @@ from session.errors import (
     ReplError,
 )
 from session.firing import Batch, Firing
-from session.session import Recorded
+from session.rules import MAX_CURSORS, MAX_KEYS
+from session.session import Recorded, Session, Snapshot
 from tests.helpers import examples
 
 T = TypeVar("T")
@@ -192,7 +192,7 @@ class SessionMachine(RuleBasedStateMachine):
         self.sends += 1
         text, ts = f"text {self.sends}", stamp(self.sends)
         error = BadHandler if " " in handler else BadKey if key == "" else None
-        got = self.attempt(error, lambda: self.session.record(handler, text, ts, key))
+        got = self.attempt(error, lambda: self.session.record(handler, text, ts, key=key))
         if got is not None:
             assert got == self.model.record(handler, text, ts, key)
 
@@ -212,7 +212,7 @@ class SessionMachine(RuleBasedStateMachine):
             ts = stamp(self.sends)
             handler = f"h{self.sends}" if new_handlers else "on-message"
             key = f"f{self.sends}" if keyed else None
-            got = self.session.record(handler, text(self.sends), ts, key)
+            got = self.session.record(handler, text(self.sends), ts, key=key)
             assert got == self.model.record(handler, text(self.sends), ts, key)
             self.model.evaluations += 1
 

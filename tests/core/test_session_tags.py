@@ -18,13 +18,12 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
-from session import Session
 from session.errors import BadKey, BadTag, CursorAfterHead
 from session.firing import Batch, Firing
 from session.ops import ReadAfter, ReadCursor, Record, check_match
 from session.ring import Ring
 from session.schedule import Timer
-from session.session import check_timer
+from session.session import Session, check_timer
 from session.tags import (
     MAX_TAG_VALUE,
     MAX_TAGS,
@@ -88,7 +87,7 @@ def test_a_key_and_a_tag_both_bad_are_refused_as_the_op_refuses_them() -> None:
         Record("on-message", "x", TS, delivery, tags={"delivery": delivery}).check()
     session = Session("s")
     with pytest.raises(BadKey):
-        session.record("on-message", "x", TS, delivery, tags={"delivery": delivery})
+        session.record("on-message", "x", TS, key=delivery, tags={"delivery": delivery})
     assert session.head == 0 and session.evaluations == 0
 
 
@@ -143,9 +142,9 @@ def test_correlation_ids_are_fresh() -> None:
 def test_the_ring_keeps_tags_and_a_matching_read_skips_the_rest() -> None:
     ring = Ring(limit=8)
     ring.record("on-message", "a", None, TS)  # packed: no tags
-    ring.record("on-message", "b", None, TS, {"corr": "1"})
+    ring.record("on-message", "b", None, TS, tags={"corr": "1"})
     ring.record("on-tick", "c", None, TS)
-    ring.record("on-message", None, "d", "not a ts", {"corr": "2"})  # unpacked anyway
+    ring.record("on-message", None, "d", "not a ts", tags={"corr": "2"})  # unpacked anyway
     assert [f.tags for f in ring.firings()] == [{}, {"corr": "1"}, {}, {"corr": "2"}]
     batch = ring.events_after(0, match=Match({"corr": None}))
     assert [f.seq for f in batch.firings] == [2, 4] and batch.next == 4
@@ -163,14 +162,14 @@ def test_the_ring_keeps_tags_and_a_matching_read_skips_the_rest() -> None:
 def test_the_whole_ring_loses_nothing_and_after_a_seq_loses_as_ever() -> None:
     ring = Ring(limit=2)
     for n in range(5):
-        ring.record("on-message", str(n), None, TS, {"n": str(n)})
+        ring.record("on-message", str(n), None, TS, tags={"n": str(n)})
     whole = ring.events_after(None, match=Match({"n": None}))
     assert whole.lost == 0 and [f.seq for f in whole.firings] == [4, 5]
     assert ring.events_after(0, match=Match({"n": "4"})) == Batch(
         5, 3, [Firing(5, "on-message", "4", None, TS, {"n": "4"})]
     )
     nothing = Ring(limit=0)
-    nothing.record("on-message", "x", None, TS, {"n": "1"})
+    nothing.record("on-message", "x", None, TS, tags={"n": "1"})
     assert nothing.events_after(None, match=Match({"n": None})) == Batch(1, 0, [])
     assert nothing.events_after(0, match=Match({"n": None})) == Batch(1, 1, [])
 

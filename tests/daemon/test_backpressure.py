@@ -213,7 +213,7 @@ def test_a_client_that_reads_slowly_but_steadily_is_not_a_slow_consumer(
         assert chunk, f"closed after {taken:,} bytes"
         got += chunk
         taken += len(chunk)
-        time.sleep(0.025)
+        time.sleep(0.025)  # the reader's pace is the behaviour under test
     assert got.count(TEXT.encode()) == 12 * 256
     assert "slow consumer" not in d.log.read_text()
     slow.close()

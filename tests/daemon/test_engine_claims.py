@@ -26,6 +26,7 @@ from repl_daemon.backends.redis import keys as redis_keys
 from repl_daemon.engine import Engine
 from repl_daemon.engine.claim import ClaimWait
 from repl_daemon.engine.outcome import Outcome
+from repl_daemon.engine.wait import WaitState
 from session.errors import NoSuchSession, StoreFailed, TooMany
 from session.rules import GROUPS_TIMER
 from tests.daemon.test_engine_shared import AnyRedis, call, two_daemons
@@ -222,7 +223,9 @@ async def test_a_firing_wakes_one_blocked_claimer_and_a_burst_hands_on_in_a_chai
     engine.handle(p.Send(session="jobs", text="one"))
     await _until(lambda: len(answers) == 1)
     await _until(lambda: session.evaluations >= before + 3)
-    await anyio.sleep(0.05)  # the chain has ended: no later look comes
+    # every claimer left is blocked, none looking: the chain has ended (a claimer hands the
+    # wake on as its look ends, so a fourth look would be under way or counted by now)
+    await _until(lambda: all(w.state is WaitState.BLOCKED for w in engine.waits.every()))
     assert session.evaluations == before + 3  # the send, the taker's look, the next one's
     assert answers[0].id == 0 and answers[0].seq == 1  # the oldest claimer took it
     for n in range(10):

@@ -25,7 +25,7 @@ from repl_daemon import protocol as p
 from repl_daemon.backends.redis import RedisBackend
 from repl_daemon.backends.redis import committer as redis_committer
 from repl_daemon.backends.redis import keys as redis_keys
-from repl_daemon.backends.redis import store as redis_store
+from repl_daemon.backends.redis import pipeline as redis_pipeline
 from repl_daemon.backends.redis import wakes as redis_wakes
 from repl_daemon.backends.redis.committer import SharedCommitter
 from repl_daemon.backends.redis.store import RedisStore
@@ -224,7 +224,7 @@ async def test_a_change_its_replicas_do_not_confirm_is_refused_and_a_read_is_not
 ) -> None:
     """``?replicas=N`` asks for more replicas than there are: no change is answered as stored
     (on one server through a pipeline, on a cluster on the session's primary's connection)."""
-    monkeypatch.setattr(redis_store, "REPLICA_TIMEOUT_MS", 50)
+    monkeypatch.setattr(redis_pipeline, "REPLICA_TIMEOUT_MS", 50)
     plain, plain_committer = await opened(redis_any.url)
     await call(plain, p.Start(session="a"))
     await plain_committer.close()
@@ -249,7 +249,7 @@ async def test_a_redis_that_stops_answering_fails_the_pipeline_and_the_next_one_
     goes out on a new connection and is answered.
     """
     redis_single.flush()
-    monkeypatch.setattr(redis_store, "PIPELINE_TIMEOUT", 0.3)
+    monkeypatch.setattr(redis_pipeline, "PIPELINE_TIMEOUT", 0.3)
     engine, committer = await opened(redis_single.url)
     await call(engine, p.Start(session="a"))
     await call(engine, p.Send(session="a", text="before"))
@@ -279,7 +279,7 @@ async def test_a_redis_that_stops_answering_leaves_no_answer_unread_in_the_timer
     several). Now every failure is taken, none is logged, and the timer fires once Redis
     answers again."""
     redis_single.flush()
-    monkeypatch.setattr(redis_store, "PIPELINE_TIMEOUT", 0.3)
+    monkeypatch.setattr(redis_pipeline, "PIPELINE_TIMEOUT", 0.3)
     clock = WatchedClock()
     engine, committer = await opened(redis_single.url, clock=clock)
     async with anyio.create_task_group() as tg:
@@ -315,7 +315,7 @@ async def test_closing_the_store_answers_every_operation_still_on_its_way(
     engine, committer = await opened(store_url(redis_any))
     await call(engine, p.Start(session="a"))
     store = committer.store
-    futures = [store.record("a", "on-message", f"m{n}", True, "t", None) for n in range(200)]
+    futures = [store.record("a", "on-message", f"m{n}", "t", handled=True) for n in range(200)]
     await anyio.lowlevel.checkpoint()  # the first pipeline leaves
     await committer.close()
     answered = failed = 0
@@ -328,7 +328,7 @@ async def test_closing_the_store_answers_every_operation_still_on_its_way(
                 failed += 1
     assert answered + failed == 200 and failed > 0
     with pytest.raises(StoreFailed, match="not connected"):
-        store.record("a", "on-message", "after", True, "t", None)
+        store.record("a", "on-message", "after", "t", handled=True)
 
 
 async def test_two_waiters_subscribing_to_one_session_at_once_both_get_its_wakes(
@@ -550,7 +550,7 @@ async def test_a_cluster_node_that_stops_answering_fails_only_its_own_calls(
     call there is answered by its own reply."""
     cluster = redis_cluster
     cluster.flush()
-    monkeypatch.setattr(redis_store, "PIPELINE_TIMEOUT", 0.3)
+    monkeypatch.setattr(redis_pipeline, "PIPELINE_TIMEOUT", 0.3)
     spread = cluster.by_primary(["a", "b", "c", "d", "e", "f"])
     (paused, (slow, *_)), (_, (fast, *_)) = list(spread.items())[:2]
     engine, committer = await opened(store_url(cluster))
@@ -596,7 +596,7 @@ async def test_a_replicated_change_on_a_node_that_stops_answering_fails_as_a_pip
     there is answered once it is back."""
     cluster = redis_cluster_replicated
     cluster.flush()
-    monkeypatch.setattr(redis_store, "PIPELINE_TIMEOUT", 0.3)
+    monkeypatch.setattr(redis_pipeline, "PIPELINE_TIMEOUT", 0.3)
     spread = cluster.by_primary(["a", "b", "c", "d", "e", "f"])
     paused, (session, *_) = next(iter(spread.items()))
     engine, committer = await opened(store_url(cluster))  # ?replicas=1
@@ -868,16 +868,18 @@ async def test_a_matching_wait_through_redis_stays_blocked_through_other_firings
             assert spent.get("evalsha", 0) + spent.get("eval", 0) == 1, spent
             assert spent.get("xrange", 0) == spent.get("xlen", 0) == 0, spent
             assert await _evaluations(b, "r") == before + 2 * n  # the send and the look
+        # idle, B asks Redis nothing: a later firing that B looks at (so the moment after its
+        # last look has passed) costs what each one before did, and no command more (that
+        # idle waits cost nothing over a stretch of time: tests/e2e/test_redis_cluster.py)
         idle = _commands(redis_any)
-        await anyio.sleep(0.5)
-        now = _commands(redis_any)
-        ours = ("info", "hello", "replconf", "ping")  # our looks; replication's own
-        assert {c: n - idle.get(c, 0) for c, n in now.items() if c not in ours} == {
-            c: 0 for c in now if c not in ours
-        }
+        later = await call(a, p.Send(session="r", text="later", tags={"corr": "c-3"}))
+        assert isinstance(later, p.Sent)
+        await _looked_at(b, "r", later.seq)
+        assert _spent(idle, _commands(redis_any)) == spent
+        looks = len(others) + 1
         assert not answer
-        assert await _evaluations(b, "r") == before + 2 * len(others)
-        assert await _evaluations(a, "r") == before + len(others)  # B's looks: not yet
+        assert await _evaluations(b, "r") == before + 2 * looks
+        assert await _evaluations(a, "r") == before + looks  # B's looks: not yet
         sent = await call(a, p.Send(session="r", text="reply", tags={"corr": "c-1"}))
         assert isinstance(sent, p.Sent)
         with anyio.fail_after(10):
@@ -888,7 +890,7 @@ async def test_a_matching_wait_through_redis_stays_blocked_through_other_firings
         (batch,) = woken.batches
         assert [(f.result, f.tags) for f in batch.firings] == [("reply", {"corr": "c-1"})]
         assert (batch.next, batch.lost) == (sent.seq, 0)
-        counted = before + 2 * len(others) + 2
+        counted = before + 2 * looks + 2
         assert await _evaluations(b, "r") == counted
         with anyio.fail_after(10):  # B's subscription ends after its linger: counted
             while await _evaluations(a, "r") != counted:  # noqa: ASYNC110 - a bounded look at the store

@@ -6,7 +6,6 @@ connection, and a rejected request changes nothing.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from hypothesis import strategies as st
 
 from repl_daemon.protocol import OPS
 from session.errors import Code
-from tests.helpers import Client, InProcDaemon, daemon_config
+from tests.helpers import Client, InProcDaemon, daemon_config, eventually
 
 CODES = {c.value for c in Code}
 FUZZ = settings(
@@ -195,16 +194,10 @@ def test_a_request_sent_byte_by_byte_is_answered(fuzzed: InProcDaemon) -> None:
 def test_no_connection_leaks_after_the_fuzzing(fuzzed: InProcDaemon) -> None:
     fuzzed.close_clients()  # the earlier tests' connections
     c = fuzzed.client()
-    deadline = time.monotonic() + 5
-    while c.ok({"op": "stats"})["daemon"]["connections"] != 1 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert c.ok({"op": "stats"})["daemon"]["connections"] == 1
+    eventually(lambda: c.ok({"op": "stats"})["daemon"]["connections"] == 1, 5, "one connection")
     for _ in range(50):
         extra = Client(fuzzed.port, fuzzed.token)
         extra.send_raw(b"\xff\n")
         extra.recv()
         extra.close()
-    deadline = time.monotonic() + 5
-    while c.ok({"op": "stats"})["daemon"]["connections"] != 1 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert c.ok({"op": "stats"})["daemon"]["connections"] == 1
+    eventually(lambda: c.ok({"op": "stats"})["daemon"]["connections"] == 1, 5, "one connection")

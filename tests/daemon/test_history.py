@@ -84,7 +84,7 @@ class Actor:
                 self.client = None
                 if time.monotonic() > self.deadline + 20:
                     raise
-                time.sleep(0.05)
+                time.sleep(0.05)  # the daemon is restarting: a pause before connecting again
 
     def call(self, request: dict[str, Any]) -> dict[str, Any] | None:
         """The answer, or None when the daemon went away mid-request (outcome unknown)."""

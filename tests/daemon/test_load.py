@@ -15,13 +15,22 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from repl_daemon.config import Limits
-from tests.helpers import Client, Daemon, DaemonProc, InProcDaemon, daemon_config, inproc_daemon
+from tests.helpers import (
+    Client,
+    Daemon,
+    DaemonProc,
+    InProcDaemon,
+    daemon_config,
+    eventually,
+    inproc_daemon,
+)
 
 
 async def _connect(port: int, token: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -148,11 +157,8 @@ def test_a_well_behaved_client_is_served_among_a_thousand_others(roomy: DaemonPr
     assert figures["waiters"] == sizes["waiters"]
     # and once they are all gone, the daemon holds nothing for them
     c = daemon.client()
-    deadline = time.monotonic() + 10
-    while c.ok({"op": "stats"})["daemon"]["connections"] > 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    stats = c.ok({"op": "stats"})["daemon"]
-    assert stats["connections"] == 1 and stats["waiters"] == 0
+    eventually(lambda: c.ok({"op": "stats"})["daemon"]["connections"] == 1, 10, "one connection")
+    assert c.ok({"op": "stats"})["daemon"]["waiters"] == 0
 
 
 @pytest.mark.slow
@@ -173,19 +179,18 @@ def test_the_connection_limit_gives_a_clear_error(tmp_path: Path) -> None:
         extra.close()
         held[0].close()
         d.clients.remove(held[0])
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:  # the freed place is usable again
-            again = Client(d.port, None)
-            try:
-                if again.call({"op": "auth", "token": d.token}).get("ok"):
-                    break
-            except ConnectionError:
-                pass
-            finally:
-                again.close()
-            time.sleep(0.05)
-        else:
-            pytest.fail("a freed connection place was not reusable")
+        eventually(partial(_admitted, d), 5, "the freed connection place taken again")
+
+
+def _admitted(d: Daemon) -> bool:
+    """Whether a new connection is let in (authenticated), not refused as one too many."""
+    again = Client(d.port, None)
+    try:
+        return bool(again.call({"op": "auth", "token": d.token}).get("ok"))
+    except ConnectionError:
+        return False
+    finally:
+        again.close()
 
 
 def test_the_session_limit_gives_a_clear_error(tmp_path: Path) -> None:

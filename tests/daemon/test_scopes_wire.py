@@ -72,7 +72,7 @@ from repl_daemon.backends.local.store import Store
 from repl_daemon.config import Config, Limits
 from repl_daemon.daemon import ensure_token, serve_engine
 from repl_daemon.engine import Engine
-from session.groups import default_dead_letter, unseen_dead_letter
+from session.group import default_dead_letter, unseen_dead_letter
 from session.scopes import Scope, missing_session
 from tests.helpers import Client, eventually, examples
 

@@ -57,7 +57,7 @@ from repl_cli import api
 from repl_cli.errors import CliError
 from repl_daemon import protocol as p
 from repl_daemon.backends.redis.keys import partition_keys, partition_of, session_keys
-from session.groups import GroupInfo
+from session.group import GroupInfo
 from session.rules import GROUPS_TIMER
 from tests.e2e import test_claims_faults as faults
 from tests.e2e.test_claims_faults import check
@@ -134,7 +134,7 @@ class Crew:
                 with ledger.lock:
                     ledger.outages[n] += 1
                 repl.close()  # the next call connects again
-                time.sleep(0.05)
+                time.sleep(0.05)  # a worker's pause before it asks again: it rides the outage
                 continue
             with ledger.lock:
                 ledger.dones.setdefault(seq, []).append(attempt)
@@ -170,16 +170,21 @@ def post(d: DaemonProc, session: str, jobs: int) -> dict[int, str]:
 
 def row(d: DaemonProc, session: str) -> GroupInfo:
     """The session's one group, as ``d`` counts it (store_failed meanwhile is retried)."""
+    found: list[GroupInfo] = []
     with api.connect(d.addr, d.home, reconnect=30) as repl:
-        for _ in range(300):
+
+        def counted() -> bool:
             try:
-                (group,) = repl.groups(session)
-                return group
+                found[:] = repl.groups(session)
             except CliError as exc:
-                if exc.status != 75:
+                if exc.status != 75:  # unavailable: its store failed, asked again
                     raise
-            time.sleep(0.1)
-    raise AssertionError(f"no group counts of {session}")
+                return False
+            return True
+
+        eventually(counted, 30, f"the group counts of {session}")
+    (group,) = found
+    return group
 
 
 def all_done(d: DaemonProc, session: str, jobs: int) -> bool:

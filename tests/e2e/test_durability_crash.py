@@ -84,6 +84,8 @@ def crash_round(daemon: DaemonProc, round_: int, kill_after: int, most: int) -> 
     for thread in threads:
         thread.start()
     deadline = time.monotonic() + 20
+    # a fine look at the senders' progress, not ``eventually``: the kill lands soon after the
+    # kill_after-th answer, with sends still on their way, and a slow machine kills all the same
     while sum(len(s.answered) for s in senders) < kill_after and time.monotonic() < deadline:
         time.sleep(0.002)
     daemon.kill()

@@ -9,15 +9,15 @@ daemons recover on their own.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from itertools import count
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.e2e import correlated
-from tests.helpers import Client, RedisProc, SharedDaemons, require_redis
+from tests.helpers import Client, RedisProc, SharedDaemons, eventually, require_redis
 
 
 class Cluster(SharedDaemons):
@@ -228,12 +228,13 @@ def test_redis_restarted_with_appendonly_loses_nothing_acknowledged(tmp_path: Pa
         redis.kill()  # SIGKILL: only what was fsynced survives
         redis.start()
         b = cluster.client(1)
-        deadline = time.monotonic() + 10
-        while True:
-            got = b.call({"op": "read", "session": "x", "after": 0})
-            if got["ok"] or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
+        got: dict[str, Any] = {}
+
+        def read() -> bool:  # store_failed until the daemon is back on the restarted Redis
+            got.update(b.call({"op": "read", "session": "x", "after": 0}))
+            return bool(got["ok"])
+
+        eventually(read, 10, "a read from the restarted Redis")
         assert [f["seq"] for f in got["firings"]] == told
         assert b.ok({"op": "cursors", "session": "x"})["cursors"][0]["seq"] == 77
     finally:
@@ -258,13 +259,11 @@ def test_redis_down_gives_store_failed_and_the_daemons_recover(cluster: Cluster)
     # once its subscription is back the waiter reads again: its session is gone
     answer = waiter.recv()
     assert answer["code"] == "no_such_session", answer
-    deadline = time.monotonic() + 15
-    while True:
-        answer = a.call({"op": "start", "session": "y"})
-        if answer["ok"] or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    assert answer["ok"], answer
+    eventually(
+        lambda: a.call({"op": "start", "session": "y"})["ok"],  # store_failed until it is back
+        15,
+        "a start on the daemon, back on the restarted Redis",
+    )
     for client in (a, waiter):  # no daemon lists what Redis no longer holds
         assert [s["id"] for s in client.ok({"op": "sessions"})["sessions"]] == ["y"]
     waiter.send({"op": "wait", "sessions": ["y"]})

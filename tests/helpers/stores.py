@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from repl_daemon.backends.local import sqlite as sqlite_store
+from repl_daemon.backends.local.sqlite import load as sqlite_load
 from session.delta import Delta
 from session.session import Session, Snapshot
 
@@ -16,7 +16,7 @@ TS = "2026-01-02T03:04:05.678Z"
 def counted(conn: Any) -> tuple[int, int]:
     """What the SQLite store's checks at open count: the log's rows and its live ones (what
     its compaction goes by), recounted on ``conn``."""
-    return sqlite_store._read_pages(conn), sqlite_store._check_sessions(conn)
+    return sqlite_load.read_pages(conn), sqlite_load.check_sessions(conn)
 
 
 class Mirror:
@@ -26,7 +26,7 @@ class Mirror:
         self.session = Session(session_id, limit)
 
     def record(self, text: str, key: str | None = None, handler: str = "on-message") -> int:
-        return self.session.record(handler, text, TS, key).seq
+        return self.session.record(handler, text, TS, key=key).seq
 
     def delta(self) -> Delta:
         return self.session.take_delta()

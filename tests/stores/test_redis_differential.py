@@ -35,6 +35,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from repl_daemon.backends.redis import entries as redis_entries
 from repl_daemon.backends.redis import store as redis_store
 from repl_daemon.backends.redis.claims import group_of, letter_of
 from repl_daemon.backends.redis.committer import SharedCommitter
@@ -42,10 +43,10 @@ from repl_daemon.backends.redis.keys import session_keys
 from repl_daemon.backends.redis.store import RedisStore
 from repl_daemon.metrics import Counts
 from session import session as core_session
-from session.claims import DeadLetter
 from session.delta import CursorState, Webhook
 from session.errors import ReplError, StoreFailed
 from session.firing import Firing
+from session.groups import DeadLetter
 from session.ops import (
     Ack,
     AckRead,
@@ -294,7 +295,7 @@ async def stored(store: RedisStore, session_id: str) -> tuple[Snapshot, int]:
     )
     meta = await client.hgetall(meta_key)
     entries = await client.xrange(ring_key)
-    firings = [redis_store._firing(entry) for entry in entries]
+    firings = [redis_entries.firing_of(entry) for entry in entries]
     cursors = []
     for name, value in (await client.hgetall(cursors_key)).items():
         seq, _, use = value.decode().partition(":")
@@ -304,7 +305,7 @@ async def stored(store: RedisStore, session_id: str) -> tuple[Snapshot, int]:
     keys = [(k.decode(), int(await client.hget(keys_key, k))) for k in order]
     definitions = await client.hgetall(timers_key)
     pending = [
-        redis_store._timer(session_id, timer_id.decode(), due, definitions[timer_id])
+        redis_entries.timer_of(session_id, timer_id.decode(), due, definitions[timer_id])
         for timer_id, due in await client.zrange(due_key, 0, -1, withscores=True)
     ]
     pending.sort(key=lambda t: (t.due_ms, t.id))

@@ -27,10 +27,10 @@ from hypothesis import strategies as st
 
 from repl_daemon import protocol as p
 from repl_daemon.backends.local import LocalBackend
-from repl_daemon.backends.local import sqlite as sqlite_store
 from repl_daemon.backends.local.committer import LocalCommitter
 from repl_daemon.backends.local.memory import MemoryStore
 from repl_daemon.backends.local.sqlite import SqliteStore
+from repl_daemon.backends.local.sqlite import write as sqlite_write
 from repl_daemon.backends.local.store import Store
 from repl_daemon.engine import Engine, Outcome
 from session.delta import Delta, Webhook
@@ -54,7 +54,7 @@ def compact_at_once() -> Iterator[None]:
     """The SQLite store compacts its log as soon as it holds more than twice its live
     rows, so every test here (and every example of the random ones) goes through it."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sqlite_store, "COMPACT_SLACK", 0)
+        patch.setattr(sqlite_write, "COMPACT_SLACK", 0)
         yield
 
 

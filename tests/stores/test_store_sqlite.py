@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from repl_daemon.backends.local import sqlite as sqlite_store
 from repl_daemon.backends.local.sqlite import SCHEMA_VERSION, SqliteStore
+from repl_daemon.backends.local.sqlite import write as sqlite_write
 from session.delta import Delta
 from session.errors import StoreFailed
 from session.firing import CursorInfo, Firing
@@ -503,7 +503,7 @@ def test_the_log_stays_within_twice_its_live_rows_and_loads_back_exactly(tmp_pat
         rows, live = recounted
         assert store._counts == recounted  # what compaction goes by is what the file holds
         assert live == sum(len(m.session.snapshot().firings) for m in mirrors.values())
-        assert rows <= 2 * live + sqlite_store.COMPACT_SLACK + 2 * len(mirrors) + 1
+        assert rows <= 2 * live + sqlite_write.COMPACT_SLACK + 2 * len(mirrors) + 1
         compacted += rows < most
         most = max(most, rows)
     store.close()
@@ -524,7 +524,7 @@ def test_compaction_keeps_every_live_row_whatever_the_slack(
 ) -> None:
     """With no slack at all the log is compacted in every batch once it holds more than
     twice its live rows: each load still gives exactly the core's sessions."""
-    monkeypatch.setattr(sqlite_store, "COMPACT_SLACK", 0)
+    monkeypatch.setattr(sqlite_write, "COMPACT_SLACK", 0)
     db = tmp_path / "repl.db"
     store = SqliteStore(db)
     mirrors = [Mirror(f"c{n}", limit=1 + n) for n in range(4)]
@@ -549,7 +549,7 @@ def test_a_log_emptied_by_compaction_never_gives_an_old_id_again(
     """A session whose ring is empty, every other session stopped, the log compacted to
     nothing: the next firing's row must still be live (log ids are never given twice,
     or it would be at or below the session's ``since``)."""
-    monkeypatch.setattr(sqlite_store, "COMPACT_SLACK", 0)
+    monkeypatch.setattr(sqlite_write, "COMPACT_SLACK", 0)
     db = tmp_path / "repl.db"
     store = SqliteStore(db)
     a, b = Mirror("a"), Mirror("b")
@@ -601,7 +601,7 @@ def test_the_rings_images_load_exactly_as_the_log_does(
     session stopped and started again, one stopped for good, tags and a ts that does not
     pack, compaction in every batch: after each batch the store loads, and after a restart
     of the store, exactly the sessions the core holds, firing by firing."""
-    monkeypatch.setattr(sqlite_store, "COMPACT_SLACK", 0)
+    monkeypatch.setattr(sqlite_write, "COMPACT_SLACK", 0)
     db = tmp_path / "repl.db"
     store = SqliteStore(db)
     mirrors = {f"s{n}": Mirror(f"s{n}", limit=limit) for n, limit in enumerate((0, 1, 3, 8, 20))}

@@ -47,7 +47,6 @@ from repl_daemon.backends.local.store import Store
 from repl_daemon.engine.clock import REAL, Clock
 from repl_daemon.engine.committer import Listener, Totals, made_up_id
 from repl_daemon.engine.outcome import Outcome, Ticket
-from session.claims import DeadLetter
 from session.delta import Delta
 from session.errors import (
     ReplError,
@@ -55,6 +54,7 @@ from session.errors import (
     StoreFailed,
     TooMany,
 )
+from session.groups import DeadLetter
 from session.names import check_session_id
 from session.ops import ExpireGroups, FireTimers, Op, ack_all
 from session.rules import DEFAULT_LIMIT, GROUPS_TIMER
@@ -449,7 +449,12 @@ class LocalCommitter:
             session = hosted.session
             session.ring.unfold()
             session.record(
-                letter.handler, letter.text, ts, None, letter.handled, letter.tags, letter.by
+                letter.handler,
+                letter.text,
+                ts,
+                handled=letter.handled,
+                tags=letter.tags,
+                by=letter.by,
             )
             self._index(session)
             self._changed(hosted)

@@ -1,7 +1,7 @@
 """Groups and claims on the Redis store (SPEC §16): the group scripts' calls and answers.
 
 Each call runs one script of ``group_scripts`` on the session's keys through the
-store's pipeline (``RedisStore._script``) and answers what the core's operation
+store's pipeline (``RedisStore.script``) and answers what the core's operation
 answers (``session.ops``: a ``Taken`` or None, a seq, whether it died, a lease's
 end, a group's counts), with what the committer must do next beside it
 (``Stepped``): record the dead letters the step left in the session's outbox,
@@ -17,11 +17,11 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from repl_daemon.backends.redis.store import RedisStore, _firing
-from session.claims import DeadLetter, Taken, dead_letter
+from repl_daemon.backends.redis.entries import firing_of
+from repl_daemon.backends.redis.store import RedisStore
 from session.errors import ReplError
 from session.firing import Firing
-from session.groups import (
+from session.group import (
     Claim,
     Group,
     GroupInfo,
@@ -35,6 +35,7 @@ from session.groups import (
     too_many_groups,
     unseen_dead_letter,
 )
+from session.groups import DeadLetter, Taken, dead_letter
 from session.ops import ClaimFiring, ConfigureGroup, Extend, Finish, Release
 from session.rules import DEFAULT_MAX_ATTEMPTS, MAX_GROUPS
 
@@ -94,10 +95,10 @@ def _info(session_id: str, row: list[Any]) -> GroupInfo:
 
 
 def letter_of(session_id: str, raw: bytes) -> Letter:
-    """The dead letter an outbox entry stands for (``session.claims.dead_letter``)."""
+    """The dead letter an outbox entry stands for (``session.groups.dead_letter``)."""
     dead_letter_id, group, seq, attempts, fields = _unpack(raw)
     flat = [f.encode() if isinstance(f, str) else f for f in fields]  # as XRANGE gives them
-    firing: Firing = _firing((f"{seq}-0".encode(), flat))
+    firing: Firing = firing_of((f"{seq}-0".encode(), flat))
     owner = Group(session_id, group, dead_letter=dead_letter_id or None)
     key = f"dead:{session_id}:{group}:{seq}:{attempts}"
     return Letter(dead_letter(owner, firing, attempts), key, raw)
@@ -131,9 +132,9 @@ class GroupCalls:
                 return None, stepped
             token = claim_token(op.group, int(seq), int(attempt))
             claim = Claim(token, int(seq), int(attempt), int(until), int(lost))
-            return Taken(claim, _firing(entry)), stepped
+            return Taken(claim, firing_of(entry)), stepped
 
-        return self.store._script(
+        return self.store.script(
             "CLAIM_GROUP",
             session_id,
             args,
@@ -163,7 +164,7 @@ class GroupCalls:
             result: int | bool = bool(int(value)) if name == "release" else int(value)
             return result, Stepped(int(outbox), _deadline(deadline), freed)
 
-        return self.store._script(
+        return self.store.script(
             "STEP_GROUP",
             session_id,
             (name, group, seq, attempt, op.now_ms, *extra),
@@ -179,7 +180,7 @@ class GroupCalls:
             return seqs, Stepped(int(outbox), _deadline(deadline), bool(seqs))
 
         args = (now_ms, self.store.origin)
-        return self.store._script("EXPIRE_GROUPS", session_id, args, change=True, then=expired)
+        return self.store.script("EXPIRE_GROUPS", session_id, args, change=True, then=expired)
 
     def configure(self, session_id: str, op: ConfigureGroup) -> asyncio.Future[GroupInfo]:
         if op.dead_letter is not None:
@@ -194,7 +195,7 @@ class GroupCalls:
             DEFAULT_MAX_ATTEMPTS,
             "1" if op.sees_default_dead_letter else "0",
         )
-        return self.store._script(
+        return self.store.script(
             "CONFIGURE_GROUP",
             session_id,
             args,
@@ -208,7 +209,7 @@ class GroupCalls:
             return [_info(session_id, row) for row in answer[0]]
 
         args = (now_ms, "groups", "")
-        return self.store._script("GROUP_TABLE", session_id, args, change=False, then=rows)
+        return self.store.script("GROUP_TABLE", session_id, args, change=False, then=rows)
 
     def leases(self, session_id: str, group: str | None) -> asyncio.Future[list[Lease]]:
         def rows(answer: list[Any]) -> list[Lease]:
@@ -218,16 +219,16 @@ class GroupCalls:
             ]
 
         args = (0, "claims", group or "")
-        return self.store._script("GROUP_TABLE", session_id, args, change=False, then=rows)
+        return self.store.script("GROUP_TABLE", session_id, args, change=False, then=rows)
 
     def outbox(self, session_id: str) -> asyncio.Future[list[Letter]]:
         def letters(answer: list[Any]) -> list[Letter]:
             return [letter_of(session_id, raw) for raw in answer[0]]
 
-        return self.store._script("OUTBOX", session_id, (), change=False, then=letters)
+        return self.store.script("OUTBOX", session_id, (), change=False, then=letters)
 
     def outbox_done(self, session_id: str, raw: bytes) -> asyncio.Future[int]:
-        return self.store._script(
+        return self.store.script(
             "OUTBOX_DONE", session_id, (raw,), change=True, then=lambda answer: int(answer[0])
         )
 

@@ -45,15 +45,16 @@ from msgspec.structs import replace
 
 from repl_daemon.backends.redis.claims import GroupCalls, Stepped
 from repl_daemon.backends.redis.keys import AUTH, is_partition, partition_of
-from repl_daemon.backends.redis.store import RedisStore, let_go
+from repl_daemon.backends.redis.pipeline import let_go
+from repl_daemon.backends.redis.store import RedisStore
 from repl_daemon.backends.redis.timers import SharedTimers
 from repl_daemon.backends.redis.wakes import Wakes, heard
 from repl_daemon.engine.clock import REAL, Clock
 from repl_daemon.engine.committer import Listener, Totals, made_up_id
 from repl_daemon.engine.outcome import Outcome, Settled
-from session.claims import Taken
 from session.errors import NoSuchSession, ReplError, StoreFailed, no_such_session
 from session.firing import NO_TAGS, Firing
+from session.groups import Taken
 from session.names import check_cursor_name, check_session_id
 from session.ops import (
     Ack,
@@ -462,11 +463,11 @@ class SharedCommitter:
                         letter.session,
                         letter.handler,
                         letter.text,
-                        letter.handled,
                         ts,
-                        item.key,
-                        letter.tags,
-                        letter.by,
+                        handled=letter.handled,
+                        key=item.key,
+                        tags=letter.tags,
+                        by=letter.by,
                     )
                     if not recorded.duplicate:
                         self.listener.changed(letter.session)
@@ -484,31 +485,11 @@ class SharedCommitter:
         owed = 0
         match op:
             case Record():
-                handled = op.handler in HANDLERS if op.handled is None else op.handled
-                by = op.by
-                future = store.record(
-                    session_id, op.handler, op.text, handled, op.ts, op.key, op.tags, by
-                )
-
-                def recorded(future: asyncio.Future[Recorded]) -> None:
-                    if future.cancelled() or future.exception() is not None:
-                        return
-                    done = future.result()
-                    if done.duplicate:
-                        return
-                    firing = None
-                    if done.retained:  # as the ring holds it, as a read would give it
-                        text = op.text
-                        result, event = (text, None) if handled else (None, text)
-                        tags = op.tags or NO_TAGS
-                        firing = Firing(done.seq, op.handler, result, event, op.ts, tags, by)
-                    self.listener.changed(session_id, firing)
-
-                future.add_done_callback(recorded)  # before the caller's: waiters first
+                future = self._record(session_id, op)
             case ReadAfter():
                 owed = self._owed.pop(session_id, 0)
                 future = store.read(
-                    session_id, "after", op.after, op.max, False, op.match, owed=owed
+                    session_id, "after", op.after, op.max, match=op.match, owed=owed
                 )
             case ReadRecent():
                 owed = self._owed.pop(session_id, 0)
@@ -516,31 +497,37 @@ class SharedCommitter:
                     assert op.last is not None  # a recent read names last, since or both
                     bound = op.last if op.max is None else min(op.last, op.max)
                     future = store.read(
-                        session_id, "last", op.last, bound, False, op.match, owed=owed
+                        session_id, "last", op.last, bound, match=op.match, owed=owed
                     )
                 else:  # the whole ring in one script, kept as the core keeps it
-                    whole = store.read(session_id, "after", 0, None, False, owed=owed)
+                    whole = store.read(session_id, "after", 0, None, owed=owed)
                     future = _then(
                         whole, lambda got: since_of(got, op.since, op.last, op.max, op.match)
                     )
             case ReadSeq():
                 owed = self._owed.pop(session_id, 0)
-                read = store.read(session_id, "seq", op.seq, 1, False, owed=owed)
+                read = store.read(session_id, "seq", op.seq, 1, owed=owed)
                 future = _then(read, lambda got: only(got, op.seq))
             case ReadCursor():
                 owed = self._owed.pop(session_id, 0)
                 future = store.read(
-                    session_id, "cursor", op.cursor, op.max, op.touch, op.match, owed=owed
+                    session_id,
+                    "cursor",
+                    op.cursor,
+                    op.max,
+                    touch=op.touch,
+                    match=op.match,
+                    owed=owed,
                 )
             case AckRead():
                 owed = self._owed.pop(session_id, 0)
                 future = store.read(
-                    session_id, "cursor", op.cursor, op.max, False, op.match, ack=op.seq, owed=owed
+                    session_id, "cursor", op.cursor, op.max, match=op.match, ack=op.seq, owed=owed
                 )
             case Ack():
                 future = store.ack(session_id, op.cursor, op.seq)
             case Poll():
-                future = store.read(session_id, "poll", POLL_CURSOR, op.max, True)
+                future = store.read(session_id, "poll", POLL_CURSOR, op.max, touch=True)
             case SetLimit():
                 future = store.set_limit(session_id, op.limit)
             case CursorTable():
@@ -558,6 +545,39 @@ class SharedCommitter:
         if owed:  # the looks it counts are owed again if Redis refused it before counting
             future.add_done_callback(self._unless_refused(session_id, owed))
         return cast("asyncio.Future[R]", future)
+
+    def _record(self, session_id: str, op: Record) -> asyncio.Future[Recorded]:
+        """Record a firing; the listener hears of it (with the firing, when the ring keeps
+        it, as a read would give it) before whoever awaits the answer."""
+        handled = op.handler in HANDLERS if op.handled is None else op.handled
+        by = op.by
+        future = self.store.record(
+            session_id,
+            op.handler,
+            op.text,
+            op.ts,
+            handled=handled,
+            key=op.key,
+            tags=op.tags,
+            by=by,
+        )
+
+        def recorded(future: asyncio.Future[Recorded]) -> None:
+            if future.cancelled() or future.exception() is not None:
+                return
+            done = future.result()
+            if done.duplicate:
+                return
+            firing = None
+            if done.retained:  # as the ring holds it, as a read would give it
+                text = op.text
+                result, event = (text, None) if handled else (None, text)
+                tags = op.tags or NO_TAGS
+                firing = Firing(done.seq, op.handler, result, event, op.ts, tags, by)
+            self.listener.changed(session_id, firing)
+
+        future.add_done_callback(recorded)  # before the caller's: waiters first
+        return future
 
     def ack_all(self, cursor: str, acks: list[tuple[str, int]]) -> Outcome[list[int]]:
         check_cursor_name(cursor)

@@ -1,11 +1,11 @@
 """The Lua scripts of groups and claims (SPEC §16) in the Redis store: one a step.
 
-Each step of ``session.groups`` (claim, done, release, extend, expire, a group's
+Each step of ``session.group`` (claim, done, release, extend, expire, a group's
 settings, its counts) is one script on the session's keys (``scripts``' order,
 with ``groups`` and ``outbox`` last), so it is one atomic step in Redis however
 many daemons claim: exactly one claimer gets a firing. The rules are the core's,
 restated because Redis must apply them itself; ``tests/stores/
-test_redis_differential.py`` holds these scripts to ``session.groups``.
+test_redis_differential.py`` holds these scripts to ``session.group``.
 
 A group is one field of the ``groups`` hash, its state one MessagePack array
 (``cmsgpack``, exact for integers): ``{done_through, dead, lost, max_attempts,
@@ -23,7 +23,7 @@ answers the outbox's length, so a dead letter a crash left there is recorded by
 the next daemon that steps the session's groups.
 
 A refusal of a stale claim is ``{'err', 'lease_lost', WHY ...}``: the daemon words
-it as the core does (``session.groups.lease_lost``).
+it as the core does (``session.group.lease_lost``).
 """
 
 from __future__ import annotations

@@ -38,7 +38,8 @@ from collections.abc import Awaitable, Callable, Iterable
 import anyio
 
 from repl_daemon.backends.redis.keys import PARTITION_IDS, partition_of
-from repl_daemon.backends.redis.store import RedisStore, let_go
+from repl_daemon.backends.redis.pipeline import let_go
+from repl_daemon.backends.redis.store import RedisStore
 from repl_daemon.backends.redis.wakes import Wakes
 from repl_daemon.engine.clock import REAL, Clock
 from repl_daemon.engine.committer import Listener

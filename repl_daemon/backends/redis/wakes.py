@@ -11,8 +11,9 @@ from typing import Any, NamedTuple
 import anyio
 import msgspec
 
+from repl_daemon.backends.redis.entries import sender
 from repl_daemon.backends.redis.keys import channel_session, wake_channel
-from repl_daemon.backends.redis.store import RedisStore, sender
+from repl_daemon.backends.redis.store import RedisStore
 from repl_daemon.backends.redis.target import reason
 from session.errors import StoreFailed
 from session.firing import NO_TAGS, Firing

@@ -29,7 +29,7 @@ from session.errors import (
     LeaseLost,
     ReplError,
 )
-from session.groups import (
+from session.group import (
     Claim,
     Dead,
     Expired,
