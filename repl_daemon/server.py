@@ -337,7 +337,7 @@ class Connection(asyncio.Protocol):
         self.answers.clear()
         self.transport = None
         if self.token is not None:
-            self.engine.release(self.token, self)
+            self.engine.unhold(self.token, self)
         if self.counted:
             self.counted = False
             self.engine.connections -= 1

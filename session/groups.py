@@ -27,6 +27,7 @@ import msgspec
 from session.firing import Firing
 from session.group import (
     Claim,
+    Dead,
     Group,
     GroupInfo,
     GroupSnapshot,
@@ -178,29 +179,29 @@ class Groups:
         firing = ring.at(taken.seq)  # a seq readers may see: claimed at or below the cap
         return Taken(taken, firing)
 
-    def done(self, ring: Ring, token: str, now_ms: int) -> int:
-        group = self._of(token, ring)
-        seq = group.done(token, now_ms)
-        self.changed = self.moved = True
-        return seq
+    def held(self, token: str, ring: Ring) -> Group:
+        """The group of the claim ``token`` names, for a step of its lease (done, extend:
+        ``moved`` once it ran); refused as ``lease_lost`` when there is no such group."""
+        return self._of(token, ring)
 
-    def release(self, ring: Ring, token: str, now_ms: int, delay_ms: int = 0) -> bool:
-        """Give the claim's firing back; True when that was its last attempt (it is dead)."""
-        group = self._of(token, ring)
-        firing = self._held_firing(group, ring, token, now_ms)
-        dead = group.release(token, now_ms, delay_ms)
+    def moved_by_step(self) -> None:
+        """A step of a lease ran: the table changed, and a lease or a done moved."""
+        self.changed = self.moved = True
+
+    def held_firing(self, group: Group, ring: Ring, token: str, now_ms: int) -> Firing:
+        """The firing the claim ``token`` holds in ``group``; ``lease_lost`` when the claim
+        is no longer the live lease (what a step that gives it back needs first)."""
+        seq, _ = group.live(token, now_ms)
+        return _firing_at(ring, seq)
+
+    def given_back(self, group: Group, firing: Firing, dead: Dead | None, delay_ms: int) -> None:
+        """A held firing was given back: its dead letter in the outbox when that was its
+        last attempt, else claimable again (now, or after ``delay_ms``)."""
         self.changed = self.moved = True
         if dead is not None:
             self.outbox.append(dead_letter(group, firing, dead.attempts))
         elif not delay_ms:
             self.freed += 1
-        return dead is not None
-
-    def extend(self, ring: Ring, token: str, now_ms: int, lease_ms: int) -> int:
-        group = self._of(token, ring)
-        until = group.extend(token, now_ms, lease_ms)
-        self.changed = self.moved = True
-        return until
 
     def expire(self, ring: Ring, now_ms: int) -> list[int]:
         """Expire every group's leases and delays that ended by ``now_ms``; the seqs that
@@ -266,10 +267,6 @@ class Groups:
         if group.done_through != through:
             self.changed = True
         return group
-
-    def _held_firing(self, group: Group, ring: Ring, token: str, now_ms: int) -> Firing:
-        seq, _ = group.live(token, now_ms)
-        return _firing_at(ring, seq)
 
     # -- what they show ------------------------------------------------------------
 

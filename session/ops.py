@@ -409,55 +409,102 @@ class ClaimFiring(msgspec.Struct, frozen=True):
         return taken
 
 
-class Finish(msgspec.Struct, frozen=True):
-    """``done``: the claim's firing is never offered to its group again; answers its seq."""
+class ClaimStep(msgspec.Struct, frozen=True):
+    """A step of the live lease a claim token names (``done``, ``release``, ``extend``):
+    refused with ``lease_lost``, changing nothing, when the token is no longer it.
+
+    ``step`` is its name, as the protocol and a store that runs it itself (Redis's
+    ``STEP_GROUP``) call it; ``param`` its one length (a delay, a lease; 0: none); the
+    rest is what such a store needs to tell from its answer: the step's own answer from
+    the script's number (``answered``), whether it frees the firing for a claimer now
+    (``frees``), and until when its group must be looked at again (``due``)."""
 
     durable: ClassVar[bool] = True
+    step: ClassVar[str]
     claim: str
     now_ms: int
+
+    @property
+    def param(self) -> int:
+        return 0
 
     def check(self) -> None:
         parse_token(self.claim)
 
+    def answered(self, value: int) -> int | bool:
+        return value
+
+    def frees(self, answer: int | bool) -> bool:
+        return False
+
+    def due(self) -> int | None:
+        return None
+
+
+class Finish(ClaimStep, frozen=True):
+    """``done``: the claim's firing is never offered to its group again; answers its seq."""
+
+    step: ClassVar[str] = "done"
+
     def run(self, session: Session, visible: int | None) -> int:
-        seq = session.groups.done(session.ring, self.claim, self.now_ms)
+        seq = session.groups.held(self.claim, session.ring).done(self.claim, self.now_ms)
+        session.groups.moved_by_step()
         session.stepped(True)
         return seq
 
 
-class Release(msgspec.Struct, frozen=True):
+class Release(ClaimStep, frozen=True):
     """Give the claim's firing back, at once or after ``delay_ms``; answers whether that
     was its last attempt (it is then dead, its dead letter in the outbox)."""
 
-    durable: ClassVar[bool] = True
-    claim: str
-    now_ms: int
+    step: ClassVar[str] = "release"
     delay_ms: int = 0
+
+    @property
+    def param(self) -> int:
+        return self.delay_ms
 
     def check(self) -> None:
         parse_token(self.claim)
         check_delay(self.delay_ms)
 
     def run(self, session: Session, visible: int | None) -> bool:
-        dead = session.groups.release(session.ring, self.claim, self.now_ms, self.delay_ms)
+        groups, ring = session.groups, session.ring
+        group = groups.held(self.claim, ring)
+        firing = groups.held_firing(group, ring, self.claim, self.now_ms)
+        dead = group.release(self.claim, self.now_ms, self.delay_ms)
+        groups.given_back(group, firing, dead, self.delay_ms)
         session.stepped(True)
-        return dead
+        return dead is not None
+
+    def answered(self, value: int) -> bool:
+        return bool(value)
+
+    def frees(self, answer: int | bool) -> bool:
+        return not answer and not self.delay_ms
+
+    def due(self) -> int | None:
+        return self.now_ms + self.delay_ms if self.delay_ms else None
 
 
-class Extend(msgspec.Struct, frozen=True):
+class Extend(ClaimStep, frozen=True):
     """The holder keeps the claim's firing until ``now_ms + lease_ms``; answers that."""
 
-    durable: ClassVar[bool] = True
-    claim: str
-    now_ms: int
+    step: ClassVar[str] = "extend"
     lease_ms: int
+
+    @property
+    def param(self) -> int:
+        return self.lease_ms
 
     def check(self) -> None:
         parse_token(self.claim)
         check_lease(self.lease_ms)
 
     def run(self, session: Session, visible: int | None) -> int:
-        until = session.groups.extend(session.ring, self.claim, self.now_ms, self.lease_ms)
+        group = session.groups.held(self.claim, session.ring)
+        until = group.extend(self.claim, self.now_ms, self.lease_ms)
+        session.groups.moved_by_step()
         session.stepped(True)
         return until
 

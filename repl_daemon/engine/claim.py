@@ -207,6 +207,17 @@ def _claims(engine: Any, req: p.Claims, c: Sessions, token: TokenRecord | None) 
     return held.then(lambda rows: p.ClaimList(id=req.id, claims=[_lease(r) for r in rows]))
 
 
+def give_back(engine: Any, session_id: str, claim: str, token: TokenRecord | None) -> None:
+    """A claim whose client is gone before it had its answer (HTTP's long poll, written
+    into a connection already lost): released, as its client would release it (its
+    refusal, a lease that ran out meanwhile, changes nothing)."""
+    try:
+        given = engine.handle(p.Release(session=session_id, claim=claim), token)
+    except ReplError:
+        return
+    given.settle(lambda _, __: None)
+
+
 def _lease(lease: Lease) -> p.LeaseInfo:
     return p.LeaseInfo(
         group=lease.group,

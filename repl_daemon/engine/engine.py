@@ -275,7 +275,7 @@ class Engine:
     def hold(self, token: TokenRecord, holder: Holder) -> None:
         self.holders.setdefault(token.digest, set()).add(holder)
 
-    def release(self, token: TokenRecord, holder: Holder) -> None:
+    def unhold(self, token: TokenRecord, holder: Holder) -> None:
         holders = self.holders.get(token.digest)
         if holders is not None:
             holders.discard(holder)

@@ -49,7 +49,7 @@ class Poll:
 
     def answered(self, value: p.Response | None, error: Exception | None) -> None:
         """The wait's callback (never called once the wait is cancelled)."""
-        self._release()
+        self._unhold()
         self.value, self.error = value, error
         self.over.set()
 
@@ -71,15 +71,15 @@ class Poll:
             await self.over.wait()
         finally:  # the answer is in, or this request ended first: the wait ends with it
             self.job.cancel()
-            self._release()
+            self._unhold()
         if self.error is not None:
             raise self.error
         assert self.value is not None
         return self.value
 
-    def _release(self) -> None:
+    def _unhold(self) -> None:
         if self.token is not None:
-            self.engine.release(self.token, self)
+            self.engine.unhold(self.token, self)
 
 
 class Held:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from repl_daemon import protocol as p
+from repl_daemon.engine.claim import give_back
 from repl_daemon.engine.engine import REVOKED
 from repl_daemon.engine.outcome import Outcome
 from repl_daemon.engine.wait import Wait
@@ -104,7 +105,7 @@ class Api:
             with anyio.CancelScope() as held.scope:
                 return await outcome.result()
         finally:
-            engine.release(token, held)
+            engine.unhold(token, held)
         raise held.error or Unauthorized(REVOKED)
 
     def guarded(
@@ -351,17 +352,10 @@ class Api:
                 "firing": claimed.firing,
             }
         )
-        response: Response = handed_class()(body, lambda: self._give_back(session_id, claim, token))
+        response: Response = handed_class()(
+            body, lambda: give_back(self.engine, session_id, claim, token)
+        )
         return response
-
-    def _give_back(self, session_id: str, claim: str, token: TokenRecord | None) -> None:
-        """A claim whose client is gone before it had its answer: released, as its client
-        would release it (its refusal, a lease that ran out meanwhile, changes nothing)."""
-        try:
-            given = self.engine.handle(p.Release(session=session_id, claim=claim), token)
-        except ReplError:
-            return
-        given.settle(lambda _, __: None)
 
     async def page(self, request: Request) -> Response:
         """The page (``GET /``): plain HTML shipped in the package; it holds no data until

@@ -203,7 +203,7 @@ class Follow:
             self.job = None
         self.streams.discard(self)
         if self.token is not None:
-            self.engine.release(self.token, self)
+            self.engine.unhold(self.token, self)
 
     # -- what wakes the stream's task ---------------------------------------------------
 

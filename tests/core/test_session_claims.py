@@ -1149,3 +1149,19 @@ LongClaimsMachine.TestCase.settings = settings(
 test_a_sessions_groups_keep_every_rule_under_a_long_search = pytest.mark.timeout(900)(
     pytest.mark.slow(LongClaimsMachine.TestCase)
 )
+
+
+def test_each_step_of_a_lease_says_what_a_store_running_it_itself_needs() -> None:
+    """``ClaimStep``: a store that runs a step in a script of its own (Redis) calls it by
+    its name with its one length, reads its answer from the script's number, and learns
+    whether the firing is claimable at once and when the group must be looked at again."""
+    done, extend = Finish("g:1:1", NOW), Extend("g:1:1", NOW, 5_000)
+    at_once, later = Release("g:1:1", NOW), Release("g:1:1", NOW, 2_000)
+    assert [op.step for op in (done, at_once, extend)] == ["done", "release", "extend"]
+    assert [op.param for op in (done, at_once, later, extend)] == [0, 0, 2_000, 5_000]
+    assert done.answered(7) == 7 and extend.answered(NOW + 5_000) == NOW + 5_000
+    assert at_once.answered(1) is True and at_once.answered(0) is False
+    assert at_once.frees(False) and not at_once.frees(True) and not later.frees(False)
+    assert not done.frees(7) and not extend.frees(NOW)
+    assert later.due() == NOW + 2_000 and at_once.due() is None
+    assert done.due() is None and extend.due() is None

@@ -36,7 +36,7 @@ from session.group import (
     unseen_dead_letter,
 )
 from session.groups import DeadLetter, Taken, dead_letter
-from session.ops import ClaimFiring, ConfigureGroup, Extend, Finish, Release
+from session.ops import ClaimFiring, ClaimStep, ConfigureGroup
 from session.rules import DEFAULT_MAX_ATTEMPTS, MAX_GROUPS
 
 _unpack = msgspec.msgpack.Decoder().decode
@@ -143,31 +143,21 @@ class GroupCalls:
             refusal=_refusal(session_id, claim_token(op.group, 1, 1)),
         )
 
-    def step(
-        self, session_id: str, op: Finish | Release | Extend
-    ) -> asyncio.Future[tuple[int | bool, Stepped]]:
+    def step(self, session_id: str, op: ClaimStep) -> asyncio.Future[tuple[int | bool, Stepped]]:
+        """A step of a lease (done, release, extend), by its name: ``STEP_GROUP`` takes the
+        step's one length and this daemon's origin (for the wake a freed firing sends),
+        whichever it is, and the step reads its own answer."""
         group, seq, attempt = parse_token(op.claim)
-        extra: tuple[object, ...]
-        delayed = False
-        match op:
-            case Finish():
-                name, extra = "done", ()
-            case Release():
-                name, extra = "release", (op.delay_ms, self.store.origin)
-                delayed = op.delay_ms > 0
-            case Extend():
-                name, extra = "extend", (op.lease_ms,)
 
         def stepped(answer: list[Any]) -> tuple[int | bool, Stepped]:
             value, outbox, deadline = answer
-            freed = name == "release" and not int(value) and not delayed
-            result: int | bool = bool(int(value)) if name == "release" else int(value)
-            return result, Stepped(int(outbox), _deadline(deadline), freed)
+            result = op.answered(int(value))
+            return result, Stepped(int(outbox), _deadline(deadline), op.frees(result))
 
         return self.store.script(
             "STEP_GROUP",
             session_id,
-            (name, group, seq, attempt, op.now_ms, *extra),
+            (op.step, group, seq, attempt, op.now_ms, op.param, self.store.origin),
             change=True,
             then=stepped,
             refusal=_refusal(session_id, op.claim),

@@ -62,13 +62,12 @@ from session.ops import (
     AddTimer,
     CancelTimer,
     ClaimFiring,
+    ClaimStep,
     ClaimTable,
     ConfigureGroup,
     CursorTable,
     Describe,
     ExpireGroups,
-    Extend,
-    Finish,
     FireTimers,
     GetWebhook,
     GroupTable,
@@ -109,9 +108,7 @@ MAX_OWED = 64
 #: the steps of groups and claims (SPEC §16): each one script of ``group_scripts``
 _GROUP_OPS = (
     ClaimFiring,
-    Finish,
-    Release,
-    Extend,
+    ClaimStep,
     ExpireGroups,
     ConfigureGroup,
     GroupTable,
@@ -343,10 +340,10 @@ class SharedCommitter:
             case ClaimFiring():
                 self._index_soon(session_id, op.now_ms + op.lease_ms)
                 return self._stepped(session_id, calls.claim(session_id, op))
-            case Release() if op.delay_ms:
-                self._index_soon(session_id, op.now_ms + op.delay_ms)
-                return self._stepped(session_id, calls.step(session_id, op))
-            case Finish() | Release() | Extend():
+            case ClaimStep():
+                due = op.due()  # a release with a delay makes one
+                if due is not None:
+                    self._index_soon(session_id, due)
                 return self._stepped(session_id, calls.step(session_id, op))
             case ExpireGroups():
                 return self._stepped(session_id, calls.expire(session_id, op.now_ms))
@@ -531,7 +528,7 @@ class SharedCommitter:
             case SetLimit():
                 future = store.set_limit(session_id, op.limit)
             case CursorTable():
-                future = store.cursors(session_id)
+                future = store.cursor_table(session_id)
             case TimerList():
                 future = store.timer_list(session_id)
             case SetWebhook():

@@ -273,8 +273,8 @@ return {'ok', seq, attempt, now + lease, lost, entry, redis.call('LLEN', outbox)
 """
 )
 
-#: ARGV: step ('done', 'release' or 'extend'), group, seq, attempt, now, then for
-#: 'release' the delay (ms) and origin, for 'extend' the lease (ms). A stale claim is
+#: ARGV: step ('done', 'release' or 'extend'), group, seq, attempt, now, the step's one
+#: length (ms: release's delay, extend's lease; done's 0), origin. A stale claim is
 #: refused and changes nothing. Answers {'ok', the step's answer (done: the seq; release:
 #: 1 when that was its last attempt; extend: the lease's end), outbox length, the
 #: session's next group deadline (-1: none)}.

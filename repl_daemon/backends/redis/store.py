@@ -334,13 +334,13 @@ class RedisStore:
 
         return self.script("DESCRIBE", session_id, (), change=False, then=summary)
 
-    def cursors(self, session_id: str) -> asyncio.Future[list[CursorInfo]]:
+    def cursor_table(self, session_id: str) -> asyncio.Future[list[CursorInfo]]:
         """The session's cursor table, most recently used first."""
 
-        def cursors(answer: list[Any]) -> list[CursorInfo]:
+        def table(answer: list[Any]) -> list[CursorInfo]:
             return description(session_id, answer)[1]
 
-        return self.script("DESCRIBE", session_id, (), change=False, then=cursors)
+        return self.script("DESCRIBE", session_id, (), change=False, then=table)
 
     def start(self, session_id: str, limit: int) -> asyncio.Future[bool]:
         """Create the session, a new incarnation of it; False when it exists already."""
