@@ -75,7 +75,7 @@ from bench.procs import HOST, BenchError, Daemon, raise_nofile, rss_bytes
 from bench.table import Goal, Row
 from bench.waiters import repl_rounds
 
-# what ``repl daemon --http`` imports (repl_daemon.http.check_installed)
+# what ``repl daemon --http`` imports (repl_daemon.http.extra.check_installed)
 HTTP_MODULES = ("starlette", "uvicorn", "sse_starlette", "prometheus_client")
 HTTP_HINT = (
     "the http rows need the http extra (Starlette, uvicorn, sse-starlette, prometheus_client): "

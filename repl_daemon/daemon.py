@@ -101,7 +101,7 @@ async def serve_daemon(
     ``clock`` (a test's own, which it moves by hand, or the real one)."""
     try:
         if config.http is not None:
-            from repl_daemon.http import check_installed
+            from repl_daemon.http.extra import check_installed
 
             check_installed()  # before anything is opened: the pip install to run, in one line
         certificate = certificate or open_certificate(config)
@@ -154,8 +154,8 @@ async def serve_engine(
         log.info("listening on %s%s:%d (home %s)", scheme, config.host, port, config.home)
         http_port = None
         if config.http is not None:
-            from repl_daemon.http import serve_http
             from repl_daemon.http.mcp import Listener, connect_host
+            from repl_daemon.http.server import serve_http
 
             host, wanted = config.http
             limits = config.limits

@@ -52,18 +52,7 @@ connection past ``--max-connections`` 503 ``too_many``; a failure of the
 daemon's own 500 ``internal``.
 
 The extra ``repl[http]`` brings Starlette, uvicorn and sse-starlette; without
-it ``--http`` stops the daemon at start with the ``pip install`` to run.
+it ``--http`` stops the daemon at start with the ``pip install`` to run
+(``extra``, the one module here that imports none of them: this package imports
+nothing of its own, so that asking is possible; ``server`` is what serves).
 """
-
-from repl_daemon.http.answers import INSTALL_HINT, MAX_BODY, WEB, check_installed, error_body
-from repl_daemon.http.server import make_app, serve_http
-
-__all__ = [
-    "INSTALL_HINT",
-    "MAX_BODY",
-    "WEB",
-    "check_installed",
-    "error_body",
-    "make_app",
-    "serve_http",
-]

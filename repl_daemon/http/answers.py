@@ -5,20 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
+from starlette.responses import Response
 
 from repl_daemon.protocol import MAX_LINE
 from session.advice import advised
-from session.errors import (
-    Code,
-    ConfigError,
-)
-
-if TYPE_CHECKING:
-    from starlette.responses import Response
-
+from session.errors import Code
 
 #: the largest body a request may have (as a line of the protocol)
 MAX_BODY = MAX_LINE
@@ -53,11 +47,6 @@ PAGE_HEADERS = {
     "Cache-Control": "no-cache",
 }
 
-INSTALL_HINT = (
-    "--http needs Starlette, uvicorn, sse-starlette and prometheus_client: "
-    "pip install 'repl-inbox[http]'"
-)
-
 # a wire code's HTTP status; every other refusal is 400
 STATUS: dict[str, int] = {
     Code.NO_SUCH_SESSION: 404,
@@ -86,17 +75,6 @@ NO_TOKEN = (
 encoder = msgspec.json.Encoder()
 
 
-def check_installed() -> None:
-    """``ConfigError`` with the ``pip install`` to run when the ``http`` extra is missing."""
-    try:
-        import prometheus_client  # noqa: F401
-        import sse_starlette  # noqa: F401
-        import starlette  # noqa: F401
-        import uvicorn  # noqa: F401
-    except ImportError:
-        raise ConfigError(INSTALL_HINT) from None
-
-
 def error_response(
     code: str,
     message: str,
@@ -105,8 +83,6 @@ def error_response(
     *,
     own: bool = False,
 ) -> Response:
-    from starlette.responses import Response
-
     status = STATUS.get(code, 400) if status is None else status
     body = error_body(code, message, own=own)
     return Response(body, status, headers=headers, media_type="application/json")
@@ -121,6 +97,4 @@ def error_body(code: str, message: str, *, own: bool = False) -> bytes:
 
 
 def json_response(value: Any, status: int = 200) -> Response:
-    from starlette.responses import Response
-
     return Response(encoder.encode(value), status, media_type="application/json")

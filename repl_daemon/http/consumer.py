@@ -5,11 +5,11 @@ the client gone); a claim's answer that its client left before it was written.""
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
+from starlette.responses import Response
 
 from repl_daemon import protocol as p
 from repl_daemon.engine.wait import Wait
@@ -95,27 +95,19 @@ class Held:
             self.scope.cancel()
 
 
-@functools.cache
-def handed_class() -> Any:
-    """The response of a claim that took a firing: Starlette's ``Response``, made on first
-    use (the module imports without the http extra)."""
-    from starlette.responses import Response
+class Handed(Response):
+    """A claim's answer, JSON; ``give_back`` called when the connection was lost
+    before the answer was written in full (the request's ``Line``), so that a client
+    gone holds nothing (SPEC §16: a claimer that cannot have what it took gives it
+    back at once). One lost after it was written is as one that read it."""
 
-    class Handed(Response):
-        """A claim's answer, JSON; ``give_back`` called when the connection was lost
-        before the answer was written in full (the request's ``Line``), so that a client
-        gone holds nothing (SPEC §16: a claimer that cannot have what it took gives it
-        back at once). One lost after it was written is as one that read it."""
+    media_type = "application/json"
 
-        media_type = "application/json"
+    def __init__(self, body: bytes, give_back: Callable[[], None]) -> None:
+        super().__init__(body, 200)
+        self.give_back = give_back
 
-        def __init__(self, body: bytes, give_back: Callable[[], None]) -> None:
-            super().__init__(body, 200)
-            self.give_back = give_back
-
-        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-            await super().__call__(scope, receive, send)
-            if line_of(scope).gone:
-                self.give_back()
-
-    return Handed
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await super().__call__(scope, receive, send)
+        if line_of(scope).gone:
+            self.give_back()

@@ -28,6 +28,9 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from starlette.requests import Request
+
+from repl_daemon.http.answers import error_response
 from repl_daemon.http.streams import line_of
 from repl_daemon.locations import SCOPE_TOKEN
 from session.errors import Code, ReplError
@@ -82,9 +85,6 @@ class Gate:
         self.served = served
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        from starlette.requests import Request
-
-        from repl_daemon.http.answers import error_response
 
         request = Request(scope, receive)
         try:

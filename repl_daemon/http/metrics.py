@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
 if TYPE_CHECKING:
     from repl_daemon.engine import Engine
     from repl_daemon.engine.committer import Totals
@@ -24,11 +26,6 @@ class Collector:
         self.totals = totals
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import (
-            CounterMetricFamily,
-            GaugeMetricFamily,
-            HistogramMetricFamily,
-        )
 
         engine, counts = self.engine, self.engine.counts
         yield CounterMetricFamily(

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 import msgspec
+from starlette.requests import ClientDisconnect
 
 from repl_daemon.http.answers import BODY_TIMEOUT, MAX_BODY, MAX_DRAIN, MAX_WAIT_TIMEOUT
 from session.errors import (
@@ -18,6 +19,7 @@ from session.errors import (
     ReplError,
 )
 from session.ops import check_match
+from session.schedule import parse_duration
 from session.tags import Match, parse_match, parse_tags
 
 if TYPE_CHECKING:
@@ -29,7 +31,6 @@ async def drain(request: Request) -> None:
     a GET's), at most ``MAX_DRAIN`` bytes for at most 2 s, before the answer: a connection
     closed with bytes unread is reset by the kernel, and the client, still sending, would
     lose the answer. Past those bounds it may (as with nginx's lingering close)."""
-    from starlette.requests import ClientDisconnect
 
     declared = request.headers.get("content-length", "") or request.headers.get(
         "transfer-encoding", ""
@@ -55,7 +56,6 @@ async def read_body(request: Request) -> bytes:
         raise too_large
     chunks = []
     size = 0
-    from starlette.requests import ClientDisconnect
 
     with anyio.move_on_after(BODY_TIMEOUT) as scope:
         try:
@@ -108,7 +108,6 @@ def query_duration(request: Request, name: str, default_ms: int) -> int:
     """A lease's or a delay's length in ms, as seconds (``90``, ``2.5``, as ``?timeout=``)
     or as a duration (``90s``, ``5m``, ``1h30m``, as the CLI's ``--lease``); its bounds
     are the core's to check. ``bad_time`` when it is neither."""
-    from session.schedule import parse_duration
 
     value = request.query_params.get(name)
     if value is None:

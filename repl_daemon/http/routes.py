@@ -10,6 +10,10 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import anyio
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import FileResponse, Response
 
 from repl_daemon import protocol as p
 from repl_daemon.engine.claim import give_back
@@ -27,7 +31,7 @@ from repl_daemon.http.answers import (
     error_response,
     json_response,
 )
-from repl_daemon.http.consumer import Gone, Held, Poll, handed_class
+from repl_daemon.http.consumer import Gone, Handed, Held, Poll
 from repl_daemon.http.metrics import Collector
 from repl_daemon.http.query import (
     SEQ,
@@ -43,7 +47,7 @@ from repl_daemon.http.query import (
     shown,
     tags_of,
 )
-from repl_daemon.http.streams import Follow, Streams, event_stream_class, line_of
+from repl_daemon.http.streams import EventStream, Follow, Streams, line_of
 from session.errors import (
     BadRequest,
     BadSessionId,
@@ -265,8 +269,6 @@ class Api:
         assert isinstance(job, Wait)  # a wait is the engine's job, started here
         waited = await self._unless_gone(job, request)
         if waited is None:  # nobody to answer: the wait is released, nothing moved
-            from starlette.responses import Response
-
             return Response(status_code=204)
         assert isinstance(waited, p.Woken)
         if waited.batches:
@@ -318,7 +320,6 @@ class Api:
         hangs up before its answer takes nothing, and one gone before the answer was
         written gives the firing back (``Handed``).
         """
-        from starlette.responses import Response
 
         session_id = request.path_params["id"]
         token = request.state.token
@@ -352,22 +353,18 @@ class Api:
                 "firing": claimed.firing,
             }
         )
-        response: Response = handed_class()(
-            body, lambda: give_back(self.engine, session_id, claim, token)
-        )
+        response: Response = Handed(body, lambda: give_back(self.engine, session_id, claim, token))
         return response
 
     async def page(self, request: Request) -> Response:
         """The page (``GET /``): plain HTML shipped in the package; it holds no data until
         the token is given."""
-        from starlette.responses import FileResponse
 
         return FileResponse(WEB / "index.html", headers=PAGE_HEADERS)
 
     async def favicon(self, request: Request) -> Response:
         """``/favicon.ico``, which a browser asks for by itself: the page's icon (an SVG, which
         a browser takes by its type whatever the name)."""
-        from starlette.responses import FileResponse
 
         return FileResponse(WEB / "favicon.svg", headers=PAGE_HEADERS, media_type=SVG)
 
@@ -376,7 +373,6 @@ class Api:
         route does not serve 405 (with ``Allow``), both ``unknown_op``, as an op the daemon
         does not know is over the line protocol; a page file that is not there is a 404 of
         the same kind."""
-        from starlette.exceptions import HTTPException
 
         assert isinstance(exc, HTTPException)
         path = shown(request.url.path)
@@ -457,8 +453,6 @@ class Api:
 
     async def metrics(self, request: Request) -> Response:
         """The daemon's counters in Prometheus's text format (prometheus_client renders them)."""
-        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-        from starlette.responses import Response
 
         if request.state.token is not None:
             raise forbidden("root")
@@ -486,7 +480,7 @@ class Api:
         else:  # refused now (a missing session, a seq after the head), not in the stream
             await self.call(p.Read(session=session_id, after=after, max=1), request)
         follow = Follow(self.engine, self.streams, request.state.token, session_id, after, match)
-        response: Response = event_stream_class()(follow)
+        response: Response = EventStream(follow)
         return response
 
     async def _head(self, session_id: str, request: Request) -> int:
@@ -511,7 +505,6 @@ class Endpoint:
         self.endpoint = endpoint
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        from starlette.requests import Request
 
         response = await self.endpoint(Request(scope, receive, send))
         await response(scope, receive, send)

@@ -9,17 +9,24 @@ import contextlib
 import socket
 import ssl
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import uvicorn
 from anyio.abc import TaskStatus
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.routing import Match, Mount, Route
+from starlette.staticfiles import StaticFiles
 
 from repl_daemon.config import DEFAULTS
 from repl_daemon.http import verbs
 from repl_daemon.http.answers import PAGE_HEADERS, WEB
 from repl_daemon.http.mcp import Gate, Listener, McpFactory
 from repl_daemon.http.routes import Api
+from repl_daemon.http.uvicorn_glue import Server, protocol_class
+from session.errors import CannotListen
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -30,22 +37,13 @@ if TYPE_CHECKING:
     from repl_daemon.engine import Engine
 
 
-def static_files() -> Any:
-    from starlette.staticfiles import StaticFiles
+class Static(StaticFiles):
+    """The page's files, with the page's headers."""
 
-    class Static(StaticFiles):
-        """The page's files, with the page's headers."""
-
-        async def get_response(self, path: str, scope: Any) -> Response:
-            response = await super().get_response(path, scope)
-            response.headers.update(PAGE_HEADERS)
-            return response
-
-    return Static
-
-
-def Static(directory: Path) -> Any:
-    return static_files()(directory=directory)
+    async def get_response(self, path: str, scope: Any) -> Response:
+        response = await super().get_response(path, scope)
+        response.headers.update(PAGE_HEADERS)
+        return response
 
 
 class Front:
@@ -76,7 +74,6 @@ class Front:
         self.failed = failed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        from starlette.routing import Match
 
         if scope["type"] == "http":
             matched, found = self.stream.matches(scope)
@@ -90,7 +87,6 @@ class Front:
     async def _answer(self, scope: Scope, receive: Receive, send: Send) -> Response:
         """The route's response, in a frame of its own, so that its ``Request`` (and the
         headers and query it parsed) is not held while the stream is open."""
-        from starlette.requests import Request
 
         request = Request(scope, receive, send)
         try:
@@ -103,9 +99,6 @@ class Front:
 def make_app(engine: Engine, token: str, mcp: ASGIApp | None = None) -> Any:
     """The ASGI app of the daemon's HTTP routes: Starlette's, streams in front (``Front``);
     ``mcp`` the MCP server's app at /mcp, behind the token (``repl_daemon.http.mcp``)."""
-    from starlette.applications import Starlette
-    from starlette.exceptions import HTTPException
-    from starlette.routing import Mount, Route
 
     api = Api(engine, token)
     guarded = api.guarded
@@ -163,8 +156,6 @@ async def serve_http(
     its app served at /mcp.
     """
 
-    from session.errors import CannotListen
-
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP, not the default 0: asyncio sets TCP_NODELAY on an accepted connection
     # only when its socket says TCP (uvloop always does). uvicorn writes an answer's head
@@ -208,9 +199,6 @@ async def _serve(
     slow_consumer_s: float,
     task_status: TaskStatus[int],
 ) -> None:
-    import uvicorn
-
-    from repl_daemon.http.uvicorn_glue import Server, protocol_class
 
     config = uvicorn.Config(
         app,

@@ -4,12 +4,14 @@ request's own task, one heartbeat for every stream, and each firing framed once.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 from collections.abc import Callable, MutableMapping
 from datetime import UTC, datetime
 from enum import Enum
 from typing import TYPE_CHECKING, Any
+
+from sse_starlette.event import ServerSentEvent
+from starlette.responses import Response
 
 from repl_daemon import protocol as p
 from repl_daemon.engine.wait import Wait
@@ -392,8 +394,6 @@ def line_of(scope: MutableMapping[str, Any]) -> Line:
 
 def frame(*, id: str | None = None, event: str | None = None, data: str | None = None) -> bytes:
     """One event as sse-starlette frames it."""
-    from sse_starlette.event import ServerSentEvent
-
     return ServerSentEvent(data, event=event, id=id, sep=SEP).encode()
 
 
@@ -407,54 +407,44 @@ def position(seq: int) -> bytes:
 
 def ping() -> bytes:
     """The heartbeat: sse-starlette's own ping comment (``: ping - TIME``)."""
-    from sse_starlette.event import ServerSentEvent
-
     return ServerSentEvent(comment=f"ping - {datetime.now(UTC)}", sep=SEP).encode()
 
 
-@functools.cache
-def event_stream_class() -> Any:
-    """The response of an event stream: Starlette's ``Response``, made on first use (the
-    module imports without the http extra)."""
-    from starlette.responses import Response
+class EventStream(Response):
+    """An open event stream: its head, then ``follow``'s chunks as they come, written
+    in the request's own task; its ``Line`` tells the hang-up."""
 
-    class EventStream(Response):
-        """An open event stream: its head, then ``follow``'s chunks as they come, written
-        in the request's own task; its ``Line`` tells the hang-up."""
+    media_type = "text/event-stream"
+    #: every stream's headers, one list (each response would make its own: 0.6 KB)
+    shared_headers: list[tuple[bytes, bytes]] | None = None
 
-        media_type = "text/event-stream"
-        #: every stream's headers, one list (each response would make its own: 0.6 KB)
-        shared_headers: list[tuple[bytes, bytes]] | None = None
+    def __init__(self, follow: Follow) -> None:
+        self.follow = follow
+        self.status_code = 200
+        self.background = None
+        if EventStream.shared_headers is None:
+            self.init_headers(STREAM_HEADERS)
+            EventStream.shared_headers = self.raw_headers
+        self.raw_headers = EventStream.shared_headers
 
-        def __init__(self, follow: Follow) -> None:
-            self.follow = follow
-            self.status_code = 200
-            self.background = None
-            if EventStream.shared_headers is None:
-                self.init_headers(STREAM_HEADERS)
-                EventStream.shared_headers = self.raw_headers
-            self.raw_headers = EventStream.shared_headers
-
-        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-            follow = self.follow
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        follow = self.follow
+        try:
+            start = {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
+            await send(start)
+            if scope["method"] == "HEAD":  # its head, and no stream (sse-starlette's too)
+                await send({"type": "http.response.body", "body": b""})
+                return
+            line = line_of(scope)
+            line.listen(follow.hung_up)
             try:
-                start = {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
-                await send(start)
-                if scope["method"] == "HEAD":  # its head, and no stream (sse-starlette's too)
+                chunk: bytes | None = follow.opening()
+                while chunk is not None:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    chunk = await follow.next()
+                if not follow.gone:
                     await send({"type": "http.response.body", "body": b""})
-                    return
-                line = line_of(scope)
-                line.listen(follow.hung_up)
-                try:
-                    chunk: bytes | None = follow.opening()
-                    while chunk is not None:
-                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                        chunk = await follow.next()
-                    if not follow.gone:
-                        await send({"type": "http.response.body", "body": b""})
-                finally:
-                    line.stop()
             finally:
-                follow.close()
-
-    return EventStream
+                line.stop()
+        finally:
+            follow.close()

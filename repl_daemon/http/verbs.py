@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+from starlette.responses import Response
+from starlette.routing import Route
 
 from repl_daemon import protocol as p
 from repl_daemon.http.answers import encoder
@@ -49,7 +51,6 @@ MS = "_ms"
 
 def routes(api: Api) -> Iterator[Route]:
     """A route for every verb of the table that HTTP serves by the generic route."""
-    from starlette.routing import Route
 
     for verb in p.VERBS:
         if isinstance(verb.http, p.Http):
@@ -70,7 +71,6 @@ class Served:
         self.body = body_struct(verb.request.__name__, self.fields, http.body)
 
     async def __call__(self, request: Request) -> Response:
-        from starlette.responses import Response
 
         token = request.state.token
         given: dict[str, Any] = dict(request.path_params)

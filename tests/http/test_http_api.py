@@ -591,7 +591,7 @@ def test_a_request_uvicorn_cannot_parse_is_a_json_400_and_the_connection_closed(
 def test_the_favicon_is_served_with_no_token_and_the_page_links_it(web_api: Web) -> None:
     """A browser asks for ``/favicon.ico`` by itself (a 404 in the page's console before);
     the page links its icon, a file shipped with it."""
-    from repl_daemon.http import WEB
+    from repl_daemon.http.answers import WEB
 
     shipped = (WEB / "favicon.svg").read_bytes()
     for path in ("/favicon.ico", "/static/favicon.svg"):

@@ -387,7 +387,7 @@ def test_a_claim_whose_client_left_before_its_answer_was_written_is_given_back(
     firing back then, and only then (a daemon cannot make that window on demand)."""
     import asyncio
 
-    from repl_daemon.http.consumer import handed_class
+    from repl_daemon.http.consumer import Handed
     from repl_daemon.http.streams import line_of
 
     given: list[str] = []
@@ -402,7 +402,7 @@ def test_a_claim_whose_client_left_before_its_answer_was_written_is_given_back(
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    response = handed_class()(b'{"claim": "work:1:1"}', lambda: given.append("work:1:1"))
+    response = Handed(b'{"claim": "work:1:1"}', lambda: given.append("work:1:1"))
     asyncio.run(response(scope, receive, send))
     assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
     assert given == (["work:1:1"] if lost else [])

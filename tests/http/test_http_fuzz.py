@@ -58,7 +58,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from repl_daemon.http import MAX_BODY, WEB, make_app
+from repl_daemon.http.answers import MAX_BODY, WEB
+from repl_daemon.http.server import make_app
 from session.errors import Code, ReplError
 from session.names import check_handler, check_session_id
 from session.rules import DEFAULT_HANDLER, MAX_KEYS, WEBHOOK_HANDLER

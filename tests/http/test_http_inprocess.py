@@ -21,11 +21,11 @@ import anyio
 import anyio.to_thread
 import pytest
 
-from repl_daemon import http
 from repl_daemon import protocol as p
 from repl_daemon.backends.local import LocalBackend
 from repl_daemon.backends.local.memory import MemoryStore
 from repl_daemon.engine import Engine
+from repl_daemon.http import server, streams
 
 pytestmark = pytest.mark.anyio
 
@@ -33,12 +33,12 @@ pytestmark = pytest.mark.anyio
 async def test_an_idle_stream_gets_heartbeats_and_costs_no_evaluation(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(http.streams, "HEARTBEAT", 0.2)
+    monkeypatch.setattr(streams, "HEARTBEAT", 0.2)
     engine = Engine(LocalBackend(MemoryStore()), settle=0)
     await engine.handle(p.Start(session="s")).result()
     async with anyio.create_task_group() as tg:
         tg.start_soon(engine.run)
-        port = await tg.start(http.serve_http, engine, "127.0.0.1", 0, "tok", 5.0)
+        port = await tg.start(server.serve_http, engine, "127.0.0.1", 0, "tok", 5.0)
         async with await anyio.connect_tcp("127.0.0.1", port) as conn:
             await conn.send(
                 b"GET /sessions/s/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer tok\r\n\r\n"
@@ -86,7 +86,7 @@ async def test_keep_alive_answers_are_not_held_back_by_nagle() -> None:
     engine = Engine(LocalBackend(MemoryStore()), settle=0)
     async with anyio.create_task_group() as tg:
         tg.start_soon(engine.run)
-        port = await tg.start(http.serve_http, engine, "127.0.0.1", 0, "tok", 5.0)
+        port = await tg.start(server.serve_http, engine, "127.0.0.1", 0, "tok", 5.0)
         conn = HTTPConnection("127.0.0.1", port, timeout=10)
 
         def two_requests() -> list[int]:
@@ -125,7 +125,7 @@ async def test_a_failure_of_the_daemons_own_is_a_json_500_and_the_daemon_serves_
     monkeypatch.setattr(engine, "health", broken)
     async with anyio.create_task_group() as tg:
         tg.start_soon(engine.run)
-        port = await tg.start(http.serve_http, engine, "127.0.0.1", 0, "tok", 5.0)
+        port = await tg.start(server.serve_http, engine, "127.0.0.1", 0, "tok", 5.0)
         conn = HTTPConnection("127.0.0.1", port, timeout=10)
 
         def healthz() -> tuple[int, str, bytes]:
@@ -162,7 +162,7 @@ async def test_a_long_poll_cut_off_by_the_server_stopping_releases_its_wait() ->
 
     async def serve(*, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
         with web:
-            await http.serve_http(engine, "127.0.0.1", 0, "tok", 5.0, task_status=task_status)
+            await server.serve_http(engine, "127.0.0.1", 0, "tok", 5.0, task_status=task_status)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(engine.run)

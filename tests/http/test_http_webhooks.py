@@ -18,7 +18,7 @@ import pytest
 
 from repl_cli import aio
 from repl_cli import api as python_api
-from repl_daemon.http import MAX_BODY
+from repl_daemon.http.answers import MAX_BODY
 from tests.helpers import DaemonProc, Repl
 from tests.http.test_http_api import Web
 
