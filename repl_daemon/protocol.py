@@ -120,6 +120,19 @@ class Wait(Request, tag="wait"):
     after: int | None = None
     #: return only the firings that match; a firing that does not leaves the wait blocked
     match: Match | None = None
+    #: join, not select (SPEC §18): return only once every session has a batch, all of
+    #: them together, in the order named
+    all: bool = False
+
+
+class Gather(Request, tag="gather"):
+    """Block until ``session`` holds, for each of ``corrs``, a firing tagged ``corr`` with
+    it (the whole ring looked at, so a reply that came first counts; the first by seq of
+    each), or ``timeout_ms`` passes; moves no cursor (SPEC §18)."""
+
+    session: str
+    corrs: list[str]
+    timeout_ms: int | None = None
 
 
 class Ack(Request, tag="ack"):
@@ -342,6 +355,15 @@ class Woken(Response, kw_only=True):
     """A wait's answer: the sessions that had firings, or ``timed_out``."""
 
     batches: list[SessionBatch]
+    timed_out: bool = False
+
+
+class Gathered(Response, kw_only=True):
+    """A gather's answer: for each corr asked that came, its first firing, in the order
+    asked; the corrs that did not come, and ``timed_out``, when the timeout passed first."""
+
+    firings: list[Firing]
+    missing: list[str] = []
     timed_out: bool = False
 
 
@@ -604,6 +626,7 @@ VERBS: list[Verb] = [
     ),
     Verb(Read, Firings, READ, False, HAND, HAND),
     Verb(Wait, Woken, READ, False, HAND, HAND),
+    Verb(Gather, Gathered, READ, False, HAND, HAND),
     Verb(
         Ack,
         Acked,

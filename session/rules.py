@@ -42,6 +42,8 @@ ACK_CURSOR = READ_CURSOR
 #: session named 100,000 times is refused, not read 100,000 times over; a session named
 #: twice is waited on once, where it was first named
 MAX_WAIT_SESSIONS = 1_024
+#: the most correlation ids one gather names (SPEC §18)
+MAX_CORRS = 1_024
 
 #: the most timers one session may have pending (rules T1-T6)
 MAX_TIMERS = 1024

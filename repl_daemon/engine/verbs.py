@@ -18,11 +18,14 @@ from typing import Any
 from repl_daemon import protocol as p
 from repl_daemon.engine.clock import ms_to_utc
 from repl_daemon.engine.committer import Sessions
+from repl_daemon.engine.gather import GatherWait, gather_corrs
 from repl_daemon.engine.outcome import Outcome
+from repl_daemon.engine.scoped import Scoped
 from repl_daemon.engine.steps import step
 from session.delta import Webhook
 from session.errors import BadRequest
 from session.firing import Batch, ms_to_ts
+from session.names import check_session_id
 from session.ops import (
     Ack,
     AddTimer,
@@ -41,7 +44,7 @@ from session.ops import (
 from session.rules import DEFAULT_LIMIT, READ_CURSOR
 from session.schedule import Timer, parse_time
 from session.scopes import TokenRecord
-from session.session import Scheduled
+from session.session import Scheduled, no_session
 from session.tags import ROOT
 
 log = logging.getLogger("repl.daemon")
@@ -242,3 +245,16 @@ def _auth(engine: Any, req: p.Auth, committer: Sessions, token: TokenRecord | No
         "this connection is authenticated already and keeps its token: "
         "open a new connection to use another"
     )
+
+
+@step(p.Gather)
+def _gather(engine: Any, req: p.Gather, committer: Sessions, token: TokenRecord | None) -> Any:
+    """A gather (SPEC §18): checked whole before it subscribes to anything (a session the
+    token cannot see is missing, as for a wait)."""
+    check_session_id(req.session)
+    corrs = gather_corrs(req.corrs)
+    if req.timeout_ms is not None and req.timeout_ms < 0:
+        raise BadRequest(f"timeout_ms {req.timeout_ms} is negative")
+    if isinstance(committer, Scoped) and committer.hides(req.session):
+        raise no_session(req.session)
+    return Outcome.of(GatherWait(engine.waits, req, corrs))

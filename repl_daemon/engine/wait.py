@@ -392,8 +392,8 @@ class Wait(Job[p.Response]):
         return len(self.ids) == 1 and session_id not in self.seen
 
     def _have_read(self, batches: list[p.SessionBatch]) -> None:
-        if batches:
-            self._finish(p.Woken(id=self.req.id, batches=batches), None)
+        if self._complete(batches):
+            self._finish(self._answer(batches), None)
             return
         if self.again:  # a firing came while the read was on its way
             self.again = False
@@ -407,6 +407,17 @@ class Wait(Job[p.Response]):
         self._move(WaitState.BLOCKED)
         if deadline is not None and self.timer is None:
             self.timer = self.loop.call_at(deadline, self._timed_out)
+
+    def _complete(self, batches: list[p.SessionBatch]) -> bool:
+        """Whether the looks just made answer the wait: a batch of one session (rule 14's
+        select); with ``all``, a batch of every session (SPEC §18's join, each session
+        looked at again from its position until then, so early arrivals count)."""
+        if self.req.all:
+            return len(batches) == len(self.ids)
+        return bool(batches)
+
+    def _answer(self, batches: list[p.SessionBatch]) -> p.Response:
+        return p.Woken(id=self.req.id, batches=batches)
 
     def _timed_out(self) -> None:
         self.timer = None

@@ -1,0 +1,158 @@
+"""Join over the wire (SPEC §18): a wait on every one of several sessions, and a gather of
+correlation ids, each decided by the record, against a daemon in this process.
+
+A blocked request is sent on a connection of its own and its answer read only after
+what should complete it was sent on another: every wait is for an answer, with the
+client's own timeout as the bound, never for time to pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import Client, InProcDaemon, daemon_config
+
+
+@pytest.fixture(scope="module")
+def d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcDaemon]:
+    home: Path = tmp_path_factory.mktemp("join") / "home"
+    daemon = InProcDaemon(daemon_config(home))
+    yield daemon
+    daemon.close_clients()
+    daemon.stop()
+
+
+def sessions(c: Client, *names: str) -> None:
+    for name in names:
+        c.ok({"op": "start", "session": name})
+
+
+def send(c: Client, session: str, text: str, **tags: str) -> int:
+    seq: int = c.ok({"op": "send", "session": session, "text": text, "tags": tags})["seq"]
+    return seq
+
+
+def cursor(c: Client, session: str, name: str) -> int | None:
+    for row in c.ok({"op": "cursors", "session": session})["cursors"]:
+        if row["name"] == name:
+            seq: int = row["seq"]
+            return seq
+    return None
+
+
+def evaluations(c: Client, session: str) -> int:
+    count: int = c.ok({"op": "stats", "session": session})["sessions"][0]["evaluations"]
+    return count
+
+
+def test_a_wait_on_all_answers_once_the_last_session_has_a_firing(d: InProcDaemon) -> None:
+    c, waiter = d.client(), d.client()
+    sessions(c, "ja", "jb", "jc")
+    send(c, "jb", "b first")
+    send(c, "ja", "a second")
+    waiter.send({"op": "wait", "sessions": ["ja", "jb", "jc"], "all": True, "id": 1})
+    assert not waiter.pending(0.2)  # two of three: still blocked (a bounded look, no sleep)
+    before = [evaluations(c, s) for s in ("ja", "jb", "jc")]
+    send(c, "ja", "a again")  # a session that has a batch already: still not all of them
+    assert not waiter.pending(0.2)
+    send(c, "jc", "c last")
+    woken = waiter.recv()
+    assert woken["id"] == 1 and not woken["timed_out"]
+    assert [b["session"] for b in woken["batches"]] == ["ja", "jb", "jc"]  # in the order named
+    texts = [[f["result"] for f in b["firings"]] for b in woken["batches"]]
+    assert texts == [["a second", "a again"], ["b first"], ["c last"]]
+    assert [cursor(c, s, "wait") for s in ("ja", "jb", "jc")] == [None, None, None]
+    # two wakes, each looking at every session once, and the two sends: nothing else
+    after = [evaluations(c, s) for s in ("ja", "jb", "jc")]
+    assert [a - b for a, b in zip(after, before, strict=True)] == [3, 2, 3]
+
+
+def test_early_arrivals_count_and_the_acks_go_together(d: InProcDaemon) -> None:
+    c = d.client()
+    sessions(c, "je1", "je2")
+    send(c, "je1", "x")
+    send(c, "je2", "y")
+    woken = c.ok({"op": "wait", "sessions": ["je1", "je2"], "all": True, "timeout_ms": 0})
+    acks = {b["session"]: b["next"] for b in woken["batches"]}
+    assert acks == {"je1": 1, "je2": 1}
+    again = c.ok(
+        {"op": "wait", "sessions": ["je1", "je2"], "all": True, "ack": acks, "timeout_ms": 0}
+    )
+    assert again == {"ok": True, "batches": [], "timed_out": True}
+    assert (cursor(c, "je1", "wait"), cursor(c, "je2", "wait")) == (1, 1)
+
+
+def test_a_wait_on_all_that_times_out_consumes_nothing(d: InProcDaemon) -> None:
+    c = d.client()
+    sessions(c, "jt1", "jt2")
+    send(c, "jt1", "only one")
+    timed = c.ok(
+        {"op": "wait", "sessions": ["jt1", "jt2"], "all": True, "cursor": "co", "timeout_ms": 50}
+    )
+    assert timed["timed_out"] and timed["batches"] == []
+    assert cursor(c, "jt1", "co") is None  # looked at, never acknowledged
+
+
+def test_a_stopped_session_ends_a_wait_on_all(d: InProcDaemon) -> None:
+    c, waiter = d.client(), d.client()
+    sessions(c, "js1", "js2")
+    waiter.send({"op": "wait", "sessions": ["js1", "js2"], "all": True})
+    assert not waiter.pending(0.2)
+    c.ok({"op": "stop", "session": "js2"})
+    refused = waiter.recv()
+    assert refused["code"] == "session_stopped" and "js2" in refused["message"]
+
+
+# -- gather ----------------------------------------------------------------------------
+
+
+def test_gather_answers_one_reply_a_corr_in_the_order_asked(d: InProcDaemon) -> None:
+    c, waiter = d.client(), d.client()
+    sessions(c, "jg")
+    send(c, "jg", "early reply from w2", corr="c-2")
+    send(c, "jg", "not a reply")
+    ask: dict[str, Any] = {"op": "gather", "session": "jg", "corrs": ["c-1", "c-2", "c-3"]}
+    waiter.send(ask)
+    assert not waiter.pending(0.2)
+    send(c, "jg", "reply from w3", corr="c-3")
+    send(c, "jg", "a retry's duplicate of w2's", corr="c-2")
+    assert not waiter.pending(0.2)
+    send(c, "jg", "reply from w1", corr="c-1")
+    got = waiter.recv()
+    assert [f["result"] for f in got["firings"]] == [
+        "reply from w1",
+        "early reply from w2",  # the first by seq of c-2, not the retry's
+        "reply from w3",
+    ]
+    assert got["missing"] == [] and got["timed_out"] is False
+    # it moved nothing: asked again, the same answer
+    again = c.ok(ask)
+    assert again["firings"] == got["firings"]
+    assert c.ok({"op": "cursors", "session": "jg"})["cursors"] == []
+
+
+def test_a_gather_that_times_out_says_what_came_and_what_did_not(d: InProcDaemon) -> None:
+    c = d.client()
+    sessions(c, "jgt")
+    send(c, "jgt", "b's", corr="b")
+    got = c.ok({"op": "gather", "session": "jgt", "corrs": ["a", "b", "a", "c"], "timeout_ms": 30})
+    assert [f["tags"]["corr"] for f in got["firings"]] == ["b"]
+    assert got["missing"] == ["a", "c"] and got["timed_out"] is True
+
+
+def test_gather_refuses_what_it_cannot_take(d: InProcDaemon) -> None:
+    c = d.client()
+    sessions(c, "jgr")
+    for request, code, words in (
+        ({"corrs": []}, "bad_request", "at least one corr"),
+        ({"corrs": [str(i) for i in range(1025)]}, "bad_request", "1,025 corrs"),
+        ({"corrs": ["x" * 1025]}, "bad_tag", "over 1,024 characters"),
+        ({"corrs": ["a"], "timeout_ms": -1}, "bad_request", "negative"),
+        ({"corrs": ["a"], "session": "jg-none"}, "no_such_session", "jg-none"),
+    ):
+        refused = c.call({"op": "gather", "session": "jgr", **request})
+        assert refused["code"] == code and words in refused["message"], refused
