@@ -283,6 +283,16 @@ class Claims(Request, tag="claims"):
     group: str | None = None
 
 
+class Join(Request, tag="join"):
+    """Block until every firing of ``session`` up to ``upto`` (None: the head when the join
+    began) is done or dead in ``group``, or ``timeout_ms``; moves nothing (SPEC §18)."""
+
+    session: str
+    group: str = DEFAULT_GROUP
+    upto: int | None = None
+    timeout_ms: int | None = None
+
+
 class Shutdown(Request, tag="shutdown"):
     """Stop the daemon as SIGTERM does: answered ``done``, then waiters are told and it exits."""
 
@@ -494,6 +504,21 @@ class LeaseInfo(msgspec.Struct, kw_only=True):
 
 class ClaimList(Response, kw_only=True):
     claims: list[LeaseInfo]
+
+
+class Joined(Response, kw_only=True):
+    """A join's answer: over the firings up to ``upto``, ``done`` finished (done, dead, or
+    dropped by the ring before they were), ``dead`` of them dead letters (of those the
+    ring holds), and what is left: ``ready``, ``held``, ``delayed``; ``timed_out`` when
+    the timeout passed first."""
+
+    upto: int
+    done: int
+    dead: int
+    ready: int
+    held: int
+    delayed: int
+    timed_out: bool = False
 
 
 class SessionStats(msgspec.Struct):
@@ -719,6 +744,7 @@ VERBS: list[Verb] = [
         False,
         Http(("GET",), "/sessions/{session}/claims", answer="claims"),
     ),
+    Verb(Join, Joined, READ, False, HAND, HAND),
 ]
 
 #: the verbs by op, and by their request's class

@@ -261,6 +261,27 @@ class GroupSnapshot(msgspec.Struct, frozen=True):
     lost: int = 0
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     dead_letter: str | None = None  # None: the default, SESSION.dead
+    #: the seqs that went dead, of those the ring holds (a join counts them)
+    dead_seqs: list[int] = []
+
+
+class Progress(msgspec.Struct, frozen=True):
+    """How far a group is with the firings up to ``upto`` (SPEC §18's join): ``done`` of
+    them finished (done, dead, or dropped by the ring before they were), ``dead`` of them
+    went to the dead-letter session (of those the ring still holds), and the others are
+    ``ready``, ``held`` or ``delayed``."""
+
+    upto: int
+    done: int
+    dead: int
+    ready: int
+    held: int
+    delayed: int
+
+    @property
+    def finished(self) -> bool:
+        """Every firing up to ``upto`` is done or dead: nothing is left to do."""
+        return not (self.ready or self.held or self.delayed)
 
 
 class Group:
@@ -290,6 +311,7 @@ class Group:
         self.delays: dict[int, tuple[int, int]] = {}  # seq: (ready at, attempts so far)
         self.tries: dict[int, int] = {}  # seq: attempts so far, of a ready seq
         self.dead = 0
+        self.dead_seqs: set[int] = set()  # of the seqs the ring holds
         self.lost = 0  # lost and not told yet
         self.max_attempts = max_attempts
         self._dead_letter = dead_letter
@@ -416,6 +438,7 @@ class Group:
     def trim(self, first: int) -> int:
         """The ring holds nothing below ``first`` now: every seq below it not done is lost
         (told by the next claim) and done; returns how many were lost this time."""
+        self.dead_seqs.difference_update([seq for seq in self.dead_seqs if seq < first])
         if first - 1 <= self.done_through:
             return 0
         below = [seq for seq in self.done_above if seq < first]
@@ -447,6 +470,7 @@ class Group:
     def _die(self, seq: int, attempts: int) -> Dead:
         self._mark_done(seq)
         self.dead += 1
+        self.dead_seqs.add(seq)
         return Dead(seq, attempts)
 
     def _mark_done(self, seq: int) -> None:
@@ -501,6 +525,28 @@ class Group:
             self.name, through, ready, held, delayed, self.dead, self.max_attempts, self.dead_letter
         )
 
+    def progress(self, first: int, head: int, upto: int, now_ms: int) -> Progress:
+        """How far the group is with the firings up to ``upto`` over the ring ``first`` to
+        ``head``; changes nothing. ``upto`` after the head is ``bad_seq``: those firings
+        are not there yet."""
+        _check_ring(first, head)
+        if upto < 0 or upto > head:
+            raise BadSeq(f"upto {upto} is not between 0 and the head, {head}")
+        through = max(self.done_through, first - 1)
+        while through + 1 in self.done_above:
+            through += 1
+
+        def left(seq: int) -> bool:  # not done below ``through``, and asked for
+            return through < seq <= upto
+
+        done_above = sum(1 for seq in self.done_above if left(seq))
+        held = sum(1 for seq in self.leases if left(seq))
+        delayed = sum(1 for seq, (ready, _) in self.delays.items() if left(seq) and ready > now_ms)
+        ready = max(0, upto - through) - done_above - held - delayed
+        dead = sum(1 for seq in self.dead_seqs if first <= seq <= upto)
+        done = upto - ready - held - delayed
+        return Progress(upto, done, dead, ready, held, delayed)
+
     def claims(self) -> list[Lease]:
         """The held seqs, oldest first (a lease that ran out stays until ``expire``)."""
         return [
@@ -523,6 +569,7 @@ class Group:
             lost=self.lost,
             max_attempts=self.max_attempts,
             dead_letter=self._dead_letter,
+            dead_seqs=sorted(self.dead_seqs),
         )
 
     @classmethod
@@ -539,5 +586,6 @@ class Group:
         group.delays = {seq: (ready, a) for seq, ready, a in snapshot.delays}
         group.tries = dict(snapshot.tries)
         group.dead = snapshot.dead
+        group.dead_seqs = set(snapshot.dead_seqs)
         group.lost = snapshot.lost
         return group

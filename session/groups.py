@@ -32,6 +32,7 @@ from session.group import (
     GroupInfo,
     GroupSnapshot,
     Lease,
+    Progress,
     check_lease,
     lease_lost,
     too_many_groups,
@@ -272,6 +273,17 @@ class Groups:
 
     def infos(self, ring: Ring, visible: int | None, now_ms: int) -> list[GroupInfo]:
         return [self._info(g, ring, visible, now_ms) for _, g in sorted(self.by_name.items())]
+
+    def progress(
+        self, ring: Ring, visible: int | None, name: str, upto: int | None, now_ms: int
+    ) -> Progress:
+        """How far group ``name`` is with the firings up to ``upto`` (None: the head); a
+        group not made yet is as its first claim would make it (from the oldest firing the
+        ring holds: every one of them ready)."""
+        head = ring.visible_head(visible)
+        first = min(ring.first, head + 1)
+        group = self.by_name.get(name) or Group.create(self.session_id, name, first, head)
+        return group.progress(first, head, head if upto is None else upto, now_ms)
 
     def _info(self, group: Group, ring: Ring, visible: int | None, now_ms: int) -> GroupInfo:
         head = ring.visible_head(visible)

@@ -31,6 +31,7 @@ from session.firing import NO_TAGS, Batch, CursorInfo
 from session.group import (
     GroupInfo,
     Lease,
+    Progress,
     check_delay,
     check_lease,
     check_max_attempts,
@@ -572,6 +573,30 @@ class GroupTable(msgspec.Struct, frozen=True):
 
     def run(self, session: Session, visible: int | None) -> list[GroupInfo]:
         return session.groups.infos(session.ring, visible, self.now_ms)
+
+
+class GroupProgress(msgspec.Struct, frozen=True):
+    """A join's look (SPEC §18): how far ``group`` is with the firings up to ``upto`` (None:
+    the head) at ``now_ms``; a group not made yet as its first claim would make it. Not an
+    evaluation, as ``GroupTable`` is none: a blocked join costs nothing while nothing moves,
+    and its look when something did is a listing's."""
+
+    durable: ClassVar[bool] = False
+    group: str
+    now_ms: int
+    upto: int | None = None
+
+    def check(self) -> None:
+        check_group_name(self.group)
+        if self.upto is not None:
+            check_seq(self.upto)
+
+    def run(self, session: Session, visible: int | None) -> Progress:
+        return session.groups.progress(session.ring, visible, self.group, self.upto, self.now_ms)
+
+
+#: the steps that move a group (what a blocked join looks again after, SPEC §18)
+GROUP_STEPS = (ClaimFiring, ClaimStep, ExpireGroups, ConfigureGroup)
 
 
 class ClaimTable(msgspec.Struct, frozen=True):

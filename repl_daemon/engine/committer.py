@@ -79,6 +79,10 @@ class Listener(Protocol):
         """A firing of ``session_id`` is claimable again (a release, a lease that ran out,
         a delay that ended): its blocked claimers look (SPEC §16)."""
 
+    def grouped(self, session_id: str) -> None:
+        """A group of ``session_id`` moved (a done, a release, an expiry, a dead letter, a
+        claim): its blocked joins look (SPEC §18)."""
+
     def stopped(self, session_id: str) -> None:
         """``session_id`` is gone (stopped here, elsewhere, or rolled back)."""
 

@@ -44,6 +44,7 @@ from repl_daemon.engine import verbs  # noqa: F401  (its steps register as it is
 from repl_daemon.engine.claim import ClaimWait, sees_dead_letter  # registers its steps
 from repl_daemon.engine.clock import REAL, Clock
 from repl_daemon.engine.committer import Backend, Sessions, Totals
+from repl_daemon.engine.join import JoinWait
 from repl_daemon.engine.outcome import Outcome
 from repl_daemon.engine.scoped import Scoped
 from repl_daemon.engine.steps import STEPS
@@ -203,6 +204,13 @@ class Engine:
         for waiter in self.waits.on(session_id):
             if isinstance(waiter, ClaimWait):
                 self._wake_claim(waiter, woken)
+            elif isinstance(waiter, JoinWait):  # a firing given back moves a join too
+                waiter.wake()
+
+    def grouped(self, session_id: str) -> None:
+        for waiter in self.waits.on(session_id):
+            if isinstance(waiter, JoinWait):
+                waiter.wake()
 
     @staticmethod
     def _wake_claim(waiter: ClaimWait, woken: set[str]) -> None:

@@ -19,13 +19,14 @@ from repl_daemon import protocol as p
 from repl_daemon.engine.clock import ms_to_utc
 from repl_daemon.engine.committer import Sessions
 from repl_daemon.engine.gather import GatherWait, gather_corrs
+from repl_daemon.engine.join import JoinWait
 from repl_daemon.engine.outcome import Outcome
 from repl_daemon.engine.scoped import Scoped
 from repl_daemon.engine.steps import step
 from session.delta import Webhook
 from session.errors import BadRequest
 from session.firing import Batch, ms_to_ts
-from session.names import check_session_id
+from session.names import check_group_name, check_session_id
 from session.ops import (
     Ack,
     AddTimer,
@@ -40,6 +41,7 @@ from session.ops import (
     SetLimit,
     SetWebhook,
     TimerList,
+    check_seq,
 )
 from session.rules import DEFAULT_LIMIT, READ_CURSOR
 from session.schedule import Timer, parse_time
@@ -245,6 +247,20 @@ def _auth(engine: Any, req: p.Auth, committer: Sessions, token: TokenRecord | No
         "this connection is authenticated already and keeps its token: "
         "open a new connection to use another"
     )
+
+
+@step(p.Join)
+def _join(engine: Any, req: p.Join, committer: Sessions, token: TokenRecord | None) -> Any:
+    """A join (SPEC §18): checked whole before it subscribes to anything."""
+    check_session_id(req.session)
+    check_group_name(req.group)
+    if req.upto is not None:
+        check_seq(req.upto)
+    if req.timeout_ms is not None and req.timeout_ms < 0:
+        raise BadRequest(f"timeout_ms {req.timeout_ms} is negative")
+    if isinstance(committer, Scoped) and committer.hides(req.session):
+        raise no_session(req.session)
+    return Outcome.of(JoinWait(engine.waits, req, engine.clock.now_ms))
 
 
 @step(p.Gather)

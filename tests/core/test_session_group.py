@@ -37,11 +37,14 @@ from session.group import (
     GroupInfo,
     GroupSnapshot,
     Lease,
+    Progress,
     check_delay,
     check_lease,
     claim_token,
     parse_token,
 )
+from session.groups import Groups
+from session.ring import Ring
 from session.rules import (
     DEFAULT_GROUP,
     DEFAULT_LEASE_MS,
@@ -327,6 +330,48 @@ def test_a_snapshot_round_trips_exactly() -> None:
     assert Group.restore(Group("jobs", "work").snapshot()).snapshot() == GroupSnapshot(
         "jobs", "work", 0
     )
+
+
+def test_progress_counts_the_firings_up_to_upto_and_says_when_they_are_finished() -> None:
+    """A join's look (SPEC §18): done (done, dead or lost), dead (of those the ring holds),
+    ready, held, delayed, over the firings up to ``upto``; ``finished`` when none is left."""
+    group = Group.create("jobs", "work", 1, 6, max_attempts=1)
+    one, two, three, four = (taken(group.claim(NOW, LEASE, 1, 6)) for _ in range(4))
+    group.done(one.token, NOW)
+    assert group.release(two.token, NOW) == Dead(2, 1)  # its last attempt: dead
+    group.done(four.token, NOW)  # out of order: 3 is still held
+    assert group.progress(1, 6, 6, NOW) == Progress(6, 3, 1, 2, 1, 0)
+    assert group.progress(1, 6, 2, NOW) == Progress(2, 2, 1, 0, 0, 0)
+    assert group.progress(1, 6, 2, NOW).finished and not group.progress(1, 6, 4, NOW).finished
+    assert group.progress(1, 6, 0, NOW) == Progress(0, 0, 0, 0, 0, 0)
+    # a delay that has not ended is delayed; one that has is ready
+    other = Group.create("jobs", "other", 1, 2)
+    other.release(taken(other.claim(NOW, LEASE, 1, 2)).token, NOW, delay_ms=1000)
+    assert other.progress(1, 2, 2, NOW) == Progress(2, 0, 0, 1, 0, 1)
+    assert other.progress(1, 2, 2, NOW + 1000) == Progress(2, 0, 0, 2, 0, 0)
+    # the ring drops 1 to 3: dropped firings are done (lost), and no dead seq of them kept
+    group.done(three.token, NOW)
+    assert group.progress(4, 6, 6, NOW) == Progress(6, 4, 0, 2, 0, 0)
+    group.trim(4)
+    assert group.dead_seqs == set() and group.snapshot().dead_seqs == []
+    for upto in (-1, 7):
+        with pytest.raises(BadSeq, match=f"upto {upto} is not between 0 and the head, 6"):
+            group.progress(4, 6, upto, NOW)
+
+
+def test_dead_seqs_round_trip_and_a_missing_group_is_as_its_first_claim_makes_it() -> None:
+    group = Group.create("jobs", "work", 1, 3, max_attempts=1)
+    group.release(taken(group.claim(NOW, LEASE, 1, 3)).token, NOW)
+    snapshot = group.snapshot()
+    assert snapshot.dead_seqs == [1]
+    assert Group.restore(snapshot).progress(1, 3, 3, NOW) == Progress(3, 1, 1, 2, 0, 0)
+    groups = Groups("jobs")
+    ring = Ring(8)
+    for i in range(3):
+        ring.record("on-message", f"job {i}", None, "T")
+    assert groups.progress(ring, None, "none", None, NOW) == Progress(3, 0, 0, 3, 0, 0)
+    assert groups.progress(ring, 2, "none", 1, NOW) == Progress(1, 0, 0, 1, 0, 0)
+    assert "none" not in groups.by_name  # a look makes no group
 
 
 # -- random steps against a model ------------------------------------------------

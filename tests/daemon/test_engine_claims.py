@@ -332,3 +332,33 @@ async def test_a_seventeenth_group_is_refused_on_redis_as_in_the_core(
                 await call(a, req)
         listed = await call(b, p.Groups(session="jobs"))
         assert isinstance(listed, p.GroupList) and len(listed.groups) == 16
+
+
+async def test_a_join_on_one_daemon_is_woken_by_the_group_moving_on_another(
+    redis_any: AnyRedis,
+) -> None:
+    """A join blocked on a hears b's dones and the dead letter an expiry made (the
+    ``grouped`` message on the session's channel), and answers with the counts."""
+    clock = MovedClock()
+    async with two_daemons(store_url(redis_any), clock=clock) as (a, _, b, _b, tg):
+        await call(a, p.Start(session="jobs"))
+        await call(a, p.Group(session="jobs", group="work", max_attempts=1))
+        for n in range(3):
+            await call(b, p.Send(session="jobs", text=f"job {n}"))
+        held = [await claimed(b, p.Claim(session="jobs", lease_ms=5000)) for _ in range(3)]
+        joined: list[p.Response] = []
+
+        async def join() -> None:
+            joined.append(await a.handle(p.Join(session="jobs", group="work")).result())
+
+        tg.start_soon(join)
+        await _blocked(a, 1)
+        for c in held[:2]:
+            assert c.claim is not None
+            await call(b, p.Finish(session="jobs", claim=c.claim))
+        await _until(lambda: a.waits.count == 1 and not joined)  # two of three: still blocked
+        clock.advance(5000)  # the third's lease runs out: its only attempt, a dead letter
+        await _until(lambda: bool(joined))
+        assert joined == [
+            p.Joined(upto=3, done=3, dead=1, ready=0, held=0, delayed=0, timed_out=False)
+        ]

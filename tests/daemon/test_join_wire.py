@@ -156,3 +156,115 @@ def test_gather_refuses_what_it_cannot_take(d: InProcDaemon) -> None:
     ):
         refused = c.call({"op": "gather", "session": "jgr", **request})
         assert refused["code"] == code and words in refused["message"], refused
+
+
+# -- join ------------------------------------------------------------------------------
+
+
+def claim(c: Client, session: str, group: str = "work") -> str:
+    token: str = c.ok({"op": "claim", "session": session, "group": group, "timeout_ms": 0})["claim"]
+    return token
+
+
+def test_a_join_answers_when_the_last_job_is_done(d: InProcDaemon) -> None:
+    c, waiter = d.client(), d.client()
+    sessions(c, "jj")
+    for n in range(3):
+        send(c, "jj", f"job {n}")
+    first, second = claim(c, "jj"), claim(c, "jj")
+    waiter.send({"op": "join", "session": "jj", "group": "work", "id": 7})
+    assert not waiter.pending(0.2)  # three jobs, none done
+    before = evaluations(c, "jj")
+    c.ok({"op": "done", "session": "jj", "claim": first})
+    send(c, "jj", "a job after the join began: not waited for")
+    third = claim(c, "jj")
+    c.ok({"op": "done", "session": "jj", "claim": second})
+    assert not waiter.pending(0.2)
+    c.ok({"op": "done", "session": "jj", "claim": third})
+    joined = waiter.recv()
+    assert joined == {
+        "ok": True,
+        "id": 7,
+        "upto": 3,
+        "done": 3,
+        "dead": 0,
+        "ready": 0,
+        "held": 0,
+        "delayed": 0,
+        "timed_out": False,
+    }
+    # it read nothing: a look a move of the group (three dones, one claim) and the send
+    assert evaluations(c, "jj") - before <= 5
+    # the fourth job is still there, claimable: a join takes nothing
+    assert c.ok({"op": "groups", "session": "jj"})["groups"][0]["ready"] == 1
+
+
+def test_a_dead_letter_finishes_a_job_and_is_counted(d: InProcDaemon) -> None:
+    c, waiter = d.client(), d.client()
+    sessions(c, "jd", "jd.dlq")
+    c.ok({"op": "group", "session": "jd", "group": "work", "max_attempts": 1})
+    c.ok({"op": "group", "session": "jd", "group": "work", "dead_letter": "jd.dlq"})
+    send(c, "jd", "fine")
+    send(c, "jd", "poison")
+    fine, poison = claim(c, "jd"), claim(c, "jd")
+    c.ok({"op": "done", "session": "jd", "claim": fine})
+    waiter.send({"op": "join", "session": "jd", "group": "work"})
+    assert not waiter.pending(0.2)
+    assert c.ok({"op": "release", "session": "jd", "claim": poison})["dead"] is True
+    joined = waiter.recv()
+    assert (joined["done"], joined["dead"], joined["timed_out"]) == (2, 1, False)
+
+
+def test_a_join_that_times_out_says_what_is_left(d: InProcDaemon) -> None:
+    c = d.client()
+    sessions(c, "jl")
+    for n in range(4):
+        send(c, "jl", f"job {n}")
+    held = claim(c, "jl")
+    c.ok({"op": "release", "session": "jl", "claim": claim(c, "jl"), "delay_ms": 60_000})
+    c.ok({"op": "done", "session": "jl", "claim": claim(c, "jl")})
+    joined = c.ok({"op": "join", "session": "jl", "group": "work", "timeout_ms": 20})
+    assert joined["timed_out"] is True
+    assert (joined["upto"], joined["done"], joined["ready"]) == (4, 1, 1)
+    assert (joined["held"], joined["delayed"]) == (1, 1)
+    c.ok({"op": "done", "session": "jl", "claim": held})
+    # up to a seq: only those are waited for
+    upto = c.ok({"op": "join", "session": "jl", "group": "work", "upto": 1, "timeout_ms": 0})
+    assert upto["timed_out"] is False and upto["done"] == 1
+
+
+def test_a_join_on_a_group_not_made_yet_counts_every_firing_as_ready(d: InProcDaemon) -> None:
+    c = d.client()
+    sessions(c, "jn")
+    empty = c.ok({"op": "join", "session": "jn", "group": "later", "timeout_ms": 0})
+    assert (empty["upto"], empty["timed_out"]) == (0, False)  # nothing to wait for
+    send(c, "jn", "x")
+    joined = c.ok({"op": "join", "session": "jn", "group": "later", "timeout_ms": 0})
+    assert (joined["ready"], joined["timed_out"]) == (1, True)
+    assert c.ok({"op": "groups", "session": "jn"})["groups"] == []  # a join makes no group
+
+
+def test_a_stopped_session_ends_a_join(d: InProcDaemon) -> None:
+    c, waiter = d.client(), d.client()
+    sessions(c, "jx")
+    send(c, "jx", "never done")
+    waiter.send({"op": "join", "session": "jx"})
+    assert not waiter.pending(0.2)
+    c.ok({"op": "stop", "session": "jx"})
+    assert waiter.recv()["code"] == "session_stopped"
+
+
+def test_join_refuses_what_it_cannot_take(d: InProcDaemon) -> None:
+    c = d.client()
+    sessions(c, "jr")
+    send(c, "jr", "one")
+    for request, code, words in (
+        ({"upto": 2}, "bad_seq", "upto 2"),
+        ({"upto": -1}, "bad_seq", "-1"),
+        ({"timeout_ms": -1}, "bad_request", "negative"),
+        ({"group": "bad name!"}, "bad_group_name", "bad name!"),
+        ({"session": "jr-none"}, "no_such_session", "jr-none"),
+    ):
+        refused = c.call({"op": "join", "session": "jr", "timeout_ms": 0, **request})
+        assert refused["code"] == code and words in refused["message"], refused
+    assert c.ok({"op": "groups", "session": "jr"})["groups"] == []

@@ -154,7 +154,7 @@ def test_a_new_verb_is_served_everywhere_from_its_row(
     # the line protocol: decoded, checked, stepped
     said = c.ok({"op": "echo", "session": "ec", "word": "hi", "id": 7})
     assert said == {"id": 7, "ok": True, "session": "ec", "word": "hi", "head": 1, "wait_ms": 0}
-    assert c.call({"op": "nonsense"})["message"].endswith(", claims, echo")
+    assert c.call({"op": "nonsense"})["message"].endswith(", join, echo")
     # HTTP: the generic route, its query typed by the Struct (a length in seconds)
     assert daemon.config.http is not None
     status, body = get(daemon, "/sessions/ec/echo?word=yo&wait=1.5")

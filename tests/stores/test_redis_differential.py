@@ -62,6 +62,7 @@ from session.ops import (
     Finish,
     FireTimers,
     GetWebhook,
+    GroupProgress,
     GroupTable,
     Op,
     Poll,
@@ -98,6 +99,9 @@ class Quiet:
         pass
 
     def claimable(self, session_id: str) -> None:
+        pass
+
+    def grouped(self, session_id: str) -> None:
         pass
 
     def revoked(self, digest: str) -> None:
@@ -505,8 +509,8 @@ class Tick(msgspec.Struct, frozen=True):
 
 class GroupStep(msgspec.Struct, frozen=True):
     """A step of the groups at the script's clock: ``kind`` claim, done, release, extend,
-    expire, configure, groups or claims; ``pick`` chooses among the claims answered so far
-    (None, or none answered: a made-up token)."""
+    expire, configure, groups, claims or progress; ``pick`` chooses among the claims
+    answered so far (None, or none answered: a made-up token), or is a join's upto."""
 
     kind: str
     group: str = "work"
@@ -552,6 +556,8 @@ class Clock:
                 )
             case "groups":
                 return GroupTable(now)
+            case "progress":
+                return GroupProgress(step.group, now, step.pick)
         return ClaimTable(None if step.group == "*" else step.group)
 
 
@@ -593,10 +599,17 @@ group_kinds = {
     ),
     "groups": st.just(GroupStep(kind="groups")),
     "claims": st.builds(GroupStep, kind=st.just("claims"), group=st.sampled_from(["*", "work"])),
+    # a join's look: up to the head (pick None), or up to a seq (one after the head too)
+    "progress": st.builds(
+        GroupStep,
+        kind=st.just("progress"),
+        group=st.sampled_from(["work", "other", "none"]),
+        pick=st.none() | st.integers(0, 9),
+    ),
 }
 group_weights = ["record"] * 4 + ["claim"] * 5 + ["tick"] * 3 + ["done"] * 2
 group_weights += ["release"] * 2 + ["configure"] * 2
-group_weights += ["extend", "expire", "groups", "claims", "limit"]
+group_weights += ["extend", "expire", "groups", "claims", "limit", "progress"]
 group_ops = st.sampled_from(group_weights).flatmap(lambda kind: group_kinds[kind])
 
 #: a script of sends and the steps of groups at a clock that moves on

@@ -56,7 +56,7 @@ from session.errors import (
 )
 from session.groups import DeadLetter
 from session.names import check_session_id
-from session.ops import ExpireGroups, FireTimers, Op, ack_all
+from session.ops import GROUP_STEPS, ExpireGroups, FireTimers, Op, ack_all
 from session.rules import DEFAULT_LIMIT, GROUPS_TIMER
 from session.schedule import Schedule, Timer, timer_order
 from session.scopes import MAX_TOKENS, TokenRecord, no_such_token, token_exists, too_many_tokens
@@ -433,6 +433,8 @@ class LocalCommitter:
         ticket = self._changed(hosted)
         if groups.freed != freed:  # a firing is claimable again: its claimers look
             self.listener.claimable(session_id)
+        if isinstance(op, GROUP_STEPS):  # a group moved: its joins look (SPEC §18)
+            self.listener.grouped(session_id)
         # a change that promises nothing (a read's touch) is written with the next batch
         return Outcome.after(ticket if op.durable else None, result)
 

@@ -27,6 +27,7 @@ from session.group import (
     GroupInfo,
     GroupSnapshot,
     Lease,
+    Progress,
     check_dead_letter,
     claim_token,
     default_dead_letter,
@@ -36,7 +37,7 @@ from session.group import (
     unseen_dead_letter,
 )
 from session.groups import DeadLetter, Taken, dead_letter
-from session.ops import ClaimFiring, ClaimStep, ConfigureGroup
+from session.ops import ClaimFiring, ClaimStep, ConfigureGroup, GroupProgress
 from session.rules import DEFAULT_MAX_ATTEMPTS, MAX_GROUPS
 
 _unpack = msgspec.msgpack.Decoder().decode
@@ -201,6 +202,21 @@ class GroupCalls:
         args = (now_ms, "groups", "")
         return self.store.script("GROUP_TABLE", session_id, args, change=False, then=rows)
 
+    def progress(self, session_id: str, op: GroupProgress) -> asyncio.Future[Progress]:
+        """A join's look: the group as Redis keeps it, counted by the core (one rule, not
+        restated in Lua: the count changes nothing)."""
+
+        def counted(answer: list[Any]) -> Progress:
+            head, first, raw = int(answer[0]), int(answer[1]), answer[2]
+            if raw:
+                group = Group.restore(group_of(session_id, op.group, raw))
+            else:  # not made yet: as its first claim would make it
+                group = Group.create(session_id, op.group, first, head)
+            upto = head if op.upto is None else op.upto
+            return group.progress(first, head, upto, op.now_ms)
+
+        return self.store.script("GROUP_STATE", session_id, (op.group,), change=False, then=counted)
+
     def leases(self, session_id: str, group: str | None) -> asyncio.Future[list[Lease]]:
         def rows(answer: list[Any]) -> list[Lease]:
             return [
@@ -225,7 +241,9 @@ class GroupCalls:
 
 def group_of(session_id: str, name: str, raw: bytes) -> GroupSnapshot:
     """A group as the ``groups`` hash keeps it, in the core's form (``Group.restore``)."""
-    t, dead, lost, max_attempts, dead_letter_id, done_above, leases, delays, tries = _unpack(raw)
+    unpacked = _unpack(raw)
+    t, dead, lost, max_attempts, dead_letter_id, done_above, leases, delays, tries = unpacked[:9]
+    dead_seqs = unpacked[9] if len(unpacked) > 9 else []  # none, in a group written before
 
     def triples(flat: list[int]) -> list[tuple[int, int, int]]:
         return [(flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
@@ -242,4 +260,5 @@ def group_of(session_id: str, name: str, raw: bytes) -> GroupSnapshot:
         lost=lost,
         max_attempts=max_attempts,
         dead_letter=dead_letter_id or None,
+        dead_seqs=list(dead_seqs),
     )

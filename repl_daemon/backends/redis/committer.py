@@ -70,6 +70,7 @@ from session.ops import (
     ExpireGroups,
     FireTimers,
     GetWebhook,
+    GroupProgress,
     GroupTable,
     Op,
     Poll,
@@ -109,6 +110,7 @@ MAX_OWED = 64
 _GROUP_OPS = (
     ClaimFiring,
     ClaimStep,
+    GroupProgress,
     ExpireGroups,
     ConfigureGroup,
     GroupTable,
@@ -187,6 +189,9 @@ class SharedCommitter:
             return  # this daemon told its waiters already
         if message.what == "claimable":  # a release or an expiry elsewhere (SPEC §16)
             self.listener.claimable(session_id)
+            return
+        if message.what == "grouped":  # a done or a dead letter elsewhere (SPEC §18)
+            self.listener.grouped(session_id)
             return
         if message.what == "stop":
             self._owed.pop(session_id, None)
@@ -353,6 +358,8 @@ class SharedCommitter:
                 return calls.table(session_id, op.now_ms)
             case ClaimTable():
                 return calls.leases(session_id, op.group)
+            case GroupProgress():
+                return calls.progress(session_id, op)
             case _:  # pragma: no cover
                 raise AssertionError(f"no group script for {op!r}")
 
@@ -430,11 +437,13 @@ class SharedCommitter:
 
     def _after_step(self, session_id: str, stepped: Stepped) -> None:
         """Record the dead letters the step left, and tell this daemon's claimers when a
-        firing is claimable again (the others hear it on the session's channel)."""
+        firing is claimable again, and its joins that a group moved (the other daemons
+        hear both on the session's channel)."""
         if stepped.outbox and self._tg is not None:
             self._tg.start_soon(self._drain, session_id)
         if stepped.freed:
             self.listener.claimable(session_id)
+        self.listener.grouped(session_id)
 
     async def _expire_groups(self, session_id: str, now_ms: int) -> int | None:
         """The timer index's entry for the session's groups came due: expire what ran out

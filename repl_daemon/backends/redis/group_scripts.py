@@ -10,8 +10,9 @@ test_redis_differential.py`` holds these scripts to ``session.group``.
 A group is one field of the ``groups`` hash, its state one MessagePack array
 (``cmsgpack``, exact for integers): ``{done_through, dead, lost, max_attempts,
 dead_letter ('' for the default), done_above, leases (seq, attempt, until, ...),
-delays (seq, ready_at, attempts, ...), tries (seq, attempts, ...)}``, each list
-sorted by seq (``GroupSnapshot``'s order: ``decode_group`` reads it).
+delays (seq, ready_at, attempts, ...), tries (seq, attempts, ...), dead_seqs}``,
+each list sorted by seq (``GroupSnapshot``'s order: ``decode_group`` reads it; a
+group written before ``dead_seqs`` has nine, and none).
 
 A firing whose last attempt dies is done for its group here, and its dead letter
 is pushed to the session's ``outbox`` in the same script: ``{dead_letter (''
@@ -34,8 +35,9 @@ _GROUPS = """
 local function decode_group(name, raw)
   local s = cmsgpack.unpack(raw)
   local g = {name = name, t = s[1], x = s[2], o = s[3], m = s[4], q = s[5],
-    a = {}, l = {}, d = {}, r = {}}
+    a = {}, l = {}, d = {}, r = {}, k = {}}
   for _, seq in ipairs(s[6]) do g.a[seq] = true end
+  for _, seq in ipairs(s[10] or {}) do g.k[seq] = true end
   local l, d, r = s[7], s[8], s[9]
   for i = 1, #l, 3 do g.l[l[i]] = {l[i + 1], l[i + 2]} end
   for i = 1, #d, 3 do g.d[d[i]] = {d[i + 1], d[i + 2]} end
@@ -64,7 +66,8 @@ local function save_group(g)
   for _, seq in ipairs(seqs_of(g.r)) do
     r[#r + 1] = seq; r[#r + 1] = g.r[seq]
   end
-  redis.call('HSET', groups, g.name, cmsgpack.pack({g.t, g.x, g.o, g.m, g.q, a, l, d, r}))
+  redis.call('HSET', groups, g.name, cmsgpack.pack({g.t, g.x, g.o, g.m, g.q, a, l, d, r,
+    seqs_of(g.k)}))
 end
 local function compact(g)
   while g.a[g.t + 1] do
@@ -75,6 +78,9 @@ end
 -- the ring holds nothing below first: what is not done there is lost (told by the next
 -- claim) and done (``Group.trim``)
 local function trim(g, first)
+  for _, seq in ipairs(seqs_of(g.k)) do
+    if seq < first then g.k[seq] = nil end
+  end
   if first - 1 <= g.t then return end
   local below = 0
   for _, t in ipairs({g.a, g.l, g.d, g.r}) do
@@ -106,6 +112,7 @@ local function die(g, seq, attempts)
   local entry = entry_at(seq)
   mark_done(g, seq)
   g.x = g.x + 1
+  g.k[seq] = true
   redis.call('RPUSH', outbox, cmsgpack.pack({g.q, g.name, seq, attempts, entry[2]}))
 end
 local function deadline(g)
@@ -181,7 +188,7 @@ local function group_or_new(name, first, head, from_now, max_groups, max_attempt
   local start = first - 1
   if from_now then start = head end
   return {name = name, t = start, x = 0, o = 0, m = tonumber(max_attempts), q = '',
-    a = {}, l = {}, d = {}, r = {}}, nil
+    a = {}, l = {}, d = {}, r = {}, k = {}}, nil
 end
 local function counts(g, first, head, now)
   local through = math.max(g.t, first - 1)
@@ -299,6 +306,7 @@ if step == 'done' then
   g.l[seq] = nil
   mark_done(g, seq)
   answer = seq
+  redis.call('SPUBLISH', wake, 'grouped ' .. ARGV[7])  -- its joins look (SPEC §18)
 elseif step == 'release' then
   g.l[seq] = nil
   local delay = tonumber(ARGV[6])
@@ -306,6 +314,7 @@ elseif step == 'release' then
   if attempt >= g.m then
     die(g, seq, attempt)
     answer = 1
+    redis.call('SPUBLISH', wake, 'grouped ' .. ARGV[7])
   elseif delay > 0 then
     g.d[seq] = {now + delay, attempt}
   else
@@ -333,6 +342,7 @@ if not m[1] then return missing() end
 local now, head = tonumber(ARGV[1]), tonumber(m[1])
 local first = math.min(ring_first(head), head + 1)
 local again = {}
+local letters = redis.call('LLEN', outbox)
 for _, name in ipairs(redis.call('HKEYS', groups)) do
   local g = load_group(name)
   local soonest = deadline(g)
@@ -343,6 +353,7 @@ for _, name in ipairs(redis.call('HKEYS', groups)) do
 end
 redis.call('HSET', meta, 'evals', tonumber(m[2]) + 1)
 if #again > 0 then redis.call('SPUBLISH', wake, 'claimable ' .. ARGV[2]) end
+if redis.call('LLEN', outbox) > letters then redis.call('SPUBLISH', wake, 'grouped ' .. ARGV[2]) end
 return {'ok', again, redis.call('LLEN', outbox), group_deadline()}
 """
 )
@@ -401,6 +412,20 @@ return {'ok', rows}
 """
 )
 
+#: ARGV: the group. What a join's look needs (``GroupProgress``): {'ok', the head, the
+#: oldest seq the ring holds, the group as it is kept (false when there is none)}, for
+#: the core to count (``Group.progress``); not an evaluation.
+GROUP_STATE = (
+    _GROUP
+    + """
+local m = redis.call('HMGET', meta, 'head')
+if not m[1] then return missing() end
+local head = tonumber(m[1])
+local raw = redis.call('HGET', groups, ARGV[1])
+return {'ok', head, math.min(ring_first(head), head + 1), raw}
+"""
+)
+
 #: no ARGV: {'ok', the outbox's entries}, oldest first; not an evaluation
 OUTBOX = (
     _PRELUDE
@@ -424,6 +449,7 @@ GROUP_SCRIPTS = (
     "EXPIRE_GROUPS",
     "CONFIGURE_GROUP",
     "GROUP_TABLE",
+    "GROUP_STATE",
     "OUTBOX",
     "OUTBOX_DONE",
 )
