@@ -112,8 +112,8 @@ def test_follow_with_count_rides_out_an_outage_for_its_last_ack() -> None:
     """``repl follow --count N`` acknowledges its last batch alone: a restart of the daemon
     just then is ridden out (the ack tried again), never an exit 0 with it unacknowledged.
     The operations run here over a link that fails that ack once, as a restart would."""
-    from repl_cli._common import R, Unavailable
-    from repl_cli._sync.operations import Operations
+    from repl_cli.api._common import R, Unavailable
+    from repl_cli.api._sync.operations import Operations
     from session.firing import NO_TAGS
 
     class Link(Operations):
@@ -213,7 +213,7 @@ async def test_the_async_api_answers_the_same(inproc: InProcDaemon) -> None:
 async def test_the_async_api_runs_every_operation_the_blocking_one_does(
     inproc: InProcDaemon,
 ) -> None:
-    """The same operations, written once (repl_cli/_async/operations.py), awaited: each
+    """The same operations, written once (repl_cli/api/_async/operations.py), awaited: each
     answers its struct, and the compound reads are one request each."""
     async with aio.connect(inproc.addr, inproc.home) as repl:
         await repl.start("aio-b", buffer=3)

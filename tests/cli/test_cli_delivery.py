@@ -227,8 +227,8 @@ def test_a_line_the_reader_took_just_before_it_left_counts_as_delivered() -> Non
     reader that left is not. Once failing under load: ``follow | head -n 2`` acknowledged 1."""
     import os
 
-    from repl_cli.errors import ReaderGone
-    from repl_cli.sink import Sink
+    from repl_cli.cli.errors import ReaderGone
+    from repl_cli.cli.sink import Sink
 
     read_end, write_end = os.pipe()
     try:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from repl_cli import client as cli_client
+from repl_cli.api import client as cli_client
 from tests.helpers import (
     InProcDaemon,
     Repl,
@@ -158,7 +158,7 @@ def test_read_loads_neither_anyio_nor_rich_nor_the_daemon(repl: Repl, s: str) ->
     repl.send(s, "one")
     probe = (
         "import sys\n"
-        "from repl_cli.main import main\n"
+        "from repl_cli.cli.main import main\n"
         f"status = main(['read', '{s}', '--full'])\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('anyio', 'rich')\n"
         "               or m in ('repl_daemon.hub', 'repl_daemon.server', 'repl_daemon.daemon',\n"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from repl_cli import aio, api
-from repl_cli.errors import CliError
+from repl_cli.cli.errors import CliError
 from tests.helpers import InProcDaemon, Repl
 
 _names = count()

@@ -78,7 +78,7 @@ def test_no_advice_over_http_or_mcp_names_a_command_a_flag_or_an_upgrade() -> No
 def test_protocol_md_lists_every_interfaces_advice() -> None:
     from pathlib import Path
 
-    from repl_cli.errors import WIRE
+    from repl_cli.cli.errors import WIRE
 
     table = Path(__file__).resolve().parents[2].joinpath("docs", "protocol.md").read_text()
     for code in Code:
@@ -125,8 +125,8 @@ def test_the_cli_words_that_leaked_to_http_and_mcp_are_put_their_way() -> None:
 def test_an_unavailable_error_keeps_the_daemons_own_words_for_mcp() -> None:
     """The APIs raise a 75 as ``Unavailable``; what MCP words its way is the daemon's own
     message, not the CLI's line with its hint."""
-    from repl_cli._common import Unavailable, typed
-    from repl_cli.errors import from_wire
+    from repl_cli.api._common import Unavailable, typed
+    from repl_cli.cli.errors import from_wire
 
     exc = typed(from_wire("store_failed", "the store failed (disk full)"))
     assert isinstance(exc, Unavailable) and exc.status == 75 and exc.code == "store_failed"

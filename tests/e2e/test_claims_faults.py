@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from repl_cli import api
-from repl_cli.errors import CliError
+from repl_cli.cli.errors import CliError
 from tests.helpers import DaemonProc, Repl, eventually
 
 WORKERS = 4

@@ -54,7 +54,7 @@ from pathlib import Path
 import pytest
 
 from repl_cli import api
-from repl_cli.errors import CliError
+from repl_cli.cli.errors import CliError
 from repl_daemon import protocol as p
 from repl_daemon.backends.redis.keys import partition_keys, partition_of, session_keys
 from session.group import GroupInfo

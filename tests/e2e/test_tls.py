@@ -49,10 +49,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from repl_cli import aio, api
-from repl_cli.client import Client
-from repl_cli.deliver import Printer, follow
-from repl_cli.errors import CliError
-from repl_cli.main import firing_format
+from repl_cli.api.client import Client
+from repl_cli.cli.deliver import Printer, follow
+from repl_cli.cli.errors import CliError
+from repl_cli.cli.main import firing_format
 from tests.helpers import (
     DaemonProc,
     Repl,

@@ -1,0 +1,54 @@
+"""repl from Python: the daemon's operations as methods, with typed answers.
+
+    from repl_cli import api
+
+    with api.connect() as repl:                 # REPL_ADDR / REPL_HOME, or addr=, home=
+        repl.start("inbox", exist_ok=True)
+        repl.send("inbox", "hello").seq          # 1
+        for batch in repl.follow("inbox"):       # blocks; rides out a daemon restart
+            for firing in batch.firings:
+                print(firing.seq, firing.result)
+            # asking for the next batch acknowledges this one
+
+Every answer is the protocol's own msgspec Struct (``repl_daemon.protocol``:
+``Sent``, ``Firings``, ``Woken``, ``SessionBatch``, ``Pong``...; a firing is
+``session.firing.Firing``). Every failure is an ``Error`` whose ``status`` is
+the exit status ``repl`` would end with: ``Unavailable`` (75: no daemon, it
+went away or is shutting down, its store failed; try again), ``TimedOut``
+is not an error (``wait`` answers ``timed_out``), and the rest (1, 64) are
+errors that trying again will not mend; ``code`` is the daemon's wire code
+when it came from the daemon. ``wait`` and ``follow`` reconnect as ``repl
+wait`` and ``repl follow`` do (``reconnect`` seconds, 300 by default), and
+log the outage on the ``repl`` logger instead of stderr.
+
+A ``Repl`` may sit idle as long as its program likes: a connection the
+daemon closed meanwhile (its ``--idle-timeout``, or a restart between two
+calls) is replaced by the next call, which is answered with no error; a
+request the daemon answered ``idle_timeout`` is sent once more, and one whose
+answer was lost is sent again only when a repeat cannot change what it did
+(``repl_cli/api/_async/operations.py`` states the rules: a keyless send is never
+sent twice behind the caller's back).
+
+The asynchronous twin is ``repl_cli.api.aio``. Both are one body of operations
+(``repl_cli/api/_async/operations.py``, hand-written, and its blocking rewrite
+``repl_cli/api/_sync/operations.py``) over each side's own I/O: here a blocking
+socket (``repl_cli.api.blocking``), or an anyio stream (``repl_cli.api.aio``). The
+``repl`` command is made of this API, and so is ``repl mcp`` (of the async one).
+"""
+
+from repl_cli.api._common import Error, MatchLike, Unavailable, as_match
+from repl_cli.api.blocking import Repl, connect
+from session.firing import CursorInfo, Firing
+from session.tags import Match
+
+__all__ = [
+    "CursorInfo",
+    "Error",
+    "Firing",
+    "Match",
+    "MatchLike",
+    "Repl",
+    "Unavailable",
+    "as_match",
+    "connect",
+]
