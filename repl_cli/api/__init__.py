@@ -12,14 +12,17 @@
 
 Every answer is the protocol's own msgspec Struct (``repl_daemon.protocol``:
 ``Sent``, ``Firings``, ``Woken``, ``SessionBatch``, ``Pong``...; a firing is
-``session.firing.Firing``). Every failure is an ``Error`` whose ``status`` is
-the exit status ``repl`` would end with: ``Unavailable`` (75: no daemon, it
-went away or is shutting down, its store failed; try again), ``TimedOut``
-is not an error (``wait`` answers ``timed_out``), and the rest (1, 64) are
-errors that trying again will not mend; ``code`` is the daemon's wire code
-when it came from the daemon. ``wait`` and ``follow`` reconnect as ``repl
-wait`` and ``repl follow`` do (``reconnect`` seconds, 300 by default), and
-log the outage on the ``repl`` logger instead of stderr.
+``session.firing.Firing``). Every failure is an ``Error``, of one class a
+meaning (``repl_cli.api.errors``): ``Unavailable`` (no daemon, it went away
+or is shutting down, its store failed: try again), and those that trying
+again will not mend: ``NotFound``, ``AlreadyExists``, ``BadInput``,
+``AfterHead``, ``LeaseLost``, ``Unauthorized``, ``Forbidden``, ``TooMany``,
+``TooLong``, ``ProtocolError``, ``Misconfigured``, ``Internal``. Its
+``code`` is the daemon's wire code when it came from the daemon, its
+``message`` what happened. A wait that times out is no error (``wait``
+answers ``timed_out``). ``wait`` and ``follow`` reconnect as ``repl wait``
+and ``repl follow`` do (``reconnect`` seconds, 300 by default), and log the
+outage on the ``repl`` logger instead of stderr.
 
 A ``Repl`` may sit idle as long as its program likes: a connection the
 daemon closed meanwhile (its ``--idle-timeout``, or a restart between two
@@ -36,18 +39,48 @@ socket (``repl_cli.api.blocking``), or an anyio stream (``repl_cli.api.aio``). T
 ``repl`` command is made of this API, and so is ``repl mcp`` (of the async one).
 """
 
-from repl_cli.api._common import Error, MatchLike, Unavailable, as_match
+from repl_cli.api._common import MatchLike, as_match
 from repl_cli.api.blocking import Repl, connect
+from repl_cli.api.errors import (
+    AfterHead,
+    AlreadyExists,
+    AnswerLost,
+    BadInput,
+    Error,
+    Forbidden,
+    Internal,
+    LeaseLost,
+    Misconfigured,
+    NotFound,
+    ProtocolError,
+    TooLong,
+    TooMany,
+    Unauthorized,
+    Unavailable,
+)
 from session.firing import CursorInfo, Firing
 from session.tags import Match
 
 __all__ = [
+    "AfterHead",
+    "AlreadyExists",
+    "AnswerLost",
+    "BadInput",
     "CursorInfo",
     "Error",
     "Firing",
+    "Forbidden",
+    "Internal",
+    "LeaseLost",
     "Match",
     "MatchLike",
+    "Misconfigured",
+    "NotFound",
+    "ProtocolError",
     "Repl",
+    "TooLong",
+    "TooMany",
+    "Unauthorized",
     "Unavailable",
     "as_match",
     "connect",

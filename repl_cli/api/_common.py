@@ -1,8 +1,8 @@
 """What the blocking API and the async one share beside their one body of operations.
 
-The errors a caller catches (``Error``, ``Unavailable``), how a match may be
-given, which cursor a wait reads after, and where a reply goes: plain
-functions, no I/O. ``repl_cli.api`` re-exports the public names.
+How a match may be given, which cursor a wait reads after, which requests
+may be sent again, and where a reply goes: plain functions, no I/O.
+``repl_cli.api`` re-exports the public names.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import TypeVar
 
 from msgspec import UNSET, UnsetType
 
-from repl_cli.cli.errors import ERROR, UNAVAILABLE, CliError
+from repl_cli.api.errors import NotFound
 from repl_daemon import protocol as p
 from session.firing import Firing
 from session.tags import CORR, REPLY_TO, Match
@@ -22,26 +22,6 @@ from session.tags import CORR, REPLY_TO, Match
 MatchLike = Match | Mapping[str, str | None]
 
 R = TypeVar("R", bound=p.Response)
-
-#: every failure: ``status`` is ``repl``'s exit status for it, ``code`` the wire code
-Error = CliError
-
-
-class Unavailable(CliError):
-    """Exit status 75: the daemon or its store is away, or shutting down; try again later."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, UNAVAILABLE)
-
-
-def typed(exc: CliError) -> CliError:
-    """The same error, as ``Unavailable`` when its status says so (``except`` can tell)."""
-    if exc.status == UNAVAILABLE and not isinstance(exc, Unavailable):
-        unavailable = Unavailable(exc.message)
-        unavailable.code, unavailable.said = exc.code, exc.said
-        return unavailable
-    return exc
-
 
 #: the requests whose repeat changes nothing the first did not and answers as the first did:
 #: those that only look, and an ack (a cursor set to the greater of where it is and the seq)
@@ -97,11 +77,11 @@ def wait_cursor(
 
 
 def reply_tags(firing: Firing, session: str) -> tuple[str, dict[str, str]]:
-    """Where a reply to ``firing`` goes, and the tags it carries; an ``Error`` (status 1)
-    when the firing was not sent as a request."""
+    """Where a reply to ``firing`` goes, and the tags it carries; ``NotFound`` when the firing
+    was not sent as a request (it says nowhere)."""
     target = firing.tags.get(REPLY_TO)
     if target is None:
-        raise CliError(
+        raise NotFound(
             f"firing {firing.seq} of session {session!r} has no reply-to tag: it was not sent "
             "with `repl request` (send the answer with `repl send` instead)"
         )
@@ -109,9 +89,9 @@ def reply_tags(firing: Firing, session: str) -> tuple[str, dict[str, str]]:
     return target, {} if corr is None else {CORR: corr}
 
 
-def no_firing(session: str, seq: int, batch: p.Firings) -> CliError:
+def no_firing(session: str, seq: int, batch: p.Firings) -> NotFound:
     if batch.lost:
-        return CliError(
+        return NotFound(
             f"firing {seq} of session {session!r} is no longer in its ring: it was dropped"
         )
-    return CliError(f"session {session!r} has no firing {seq}", ERROR)
+    return NotFound(f"session {session!r} has no firing {seq}")

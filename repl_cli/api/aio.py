@@ -9,7 +9,7 @@
             ...
 
 The same methods, answers (the protocol's msgspec Structs) and errors
-(``api.Error``, ``api.Unavailable``) as ``repl_cli.api``; ``wait`` and
+(``repl_cli.api.errors``: ``api.Error`` and its classes) as ``repl_cli.api``; ``wait`` and
 ``follow`` ride out a daemon restart for ``reconnect`` seconds the same way,
 sleeping without blocking the event loop, and every call rides out an idle
 close or a restart between two calls as ``repl_cli.api``'s do (the rules are
@@ -30,7 +30,7 @@ from anyio.abc import ByteStream, SocketAttribute
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from repl_cli.api._async.operations import AsyncOperations
-from repl_cli.api._common import R, log_note, typed
+from repl_cli.api._common import R, log_note
 from repl_cli.api.client import (
     CALL_TIMEOUT,
     HTTP_PROBE_AFTER,
@@ -44,8 +44,8 @@ from repl_cli.api.client import (
     no_answer,
     speaks_tls,
 )
+from repl_cli.api.errors import Error
 from repl_cli.api.reconnect import DEFAULT_RECONNECT
-from repl_cli.cli.errors import CliError
 from repl_daemon import protocol as p
 
 __all__ = ["AsyncRepl", "connect"]
@@ -130,20 +130,20 @@ class AsyncRepl(AsyncOperations):
                 else:
                     stream = await anyio.connect_tcp(host, port)
         except OSError as exc:  # TimeoutError too
-            raise typed(opening.connect_failed(exc, handshake=tls)) from None
+            raise opening.connect_failed(exc, handshake=tls) from None
         except (anyio.EndOfStream, anyio.BrokenResourceError):  # closed in the handshake
             closed = ConnectionResetError(0, "closed")
-            raise typed(opening.connect_failed(closed, handshake=True)) from None
+            raise opening.connect_failed(closed, handshake=True) from None
         self._stream = stream
         self._lines = BufferedByteReceiveStream(stream)
         try:  # a token that cannot be read is no reason to probe for TLS
             auth = opening.auth()
-        except CliError:
+        except Error:
             await self.aclose()
             raise
         try:
             await self._exchange(auth, p.Done, CALL_TIMEOUT, probe=opening)
-        except CliError as exc:
+        except Error as exc:
             tls = opening.probe_tls(exc) and await anyio.to_thread.run_sync(speaks_tls, host, port)
             raise opening.failed(exc, tls) from None
         self._connected_once = True

@@ -15,7 +15,7 @@ from pathlib import Path
 from repl_cli.api._common import R, log_note
 from repl_cli.api._sync.operations import Operations
 from repl_cli.api.client import Client
-from repl_cli.api.reconnect import DEFAULT_RECONNECT, Reconnect
+from repl_cli.api.reconnect import DEFAULT_RECONNECT
 from repl_daemon import protocol as p
 
 __all__ = ["Repl", "connect"]
@@ -53,9 +53,6 @@ class Repl(Operations):
         self.client = client
         self.reconnect = reconnect
         self.note = note or log_note
-        #: a pipe the caller writes to (the CLI's stdout): its reader leaving ends a blocked
-        #: ``wait`` at once (``ReaderGone``), so ``repl wait | head -n 1`` does not hang
-        self.watch: int | None = None
 
     @property
     def addr(self) -> str:
@@ -64,17 +61,13 @@ class Repl(Operations):
     def close(self) -> None:
         self.client.close()
 
-    def again(self, deadline: float | None = None) -> Reconnect:
-        """A ``Reconnect`` that runs a step again across an outage, as ``wait`` does."""
-        return Reconnect(self.client, self.reconnect, deadline, note=self.note)
-
     # -- the primitives of the operations -------------------------------------------
 
     def _request(self, request: p.Request, expect: type[R]) -> R:
         return self.client.call(request, expect)
 
     def _blocking(self, request: p.Request, expect: type[R]) -> R:
-        return self.client.call(request, expect, timeout=None, watch=self.watch)
+        return self.client.call(request, expect, timeout=None)
 
     def _answered_once(self) -> bool:
         return self.client.connected_once

@@ -4,7 +4,8 @@ The CLI runs once per command (a monitor runs ``repl wait`` again after
 every wake), so this module stays cheap to import: a plain socket,
 msgspec and the shared ``repl_daemon.protocol``, never anyio. It connects
 on first use, sends ``auth`` with the token from the daemon's home, and
-turns error answers and socket failures into ``CliError``.
+turns error answers and socket failures into the library's typed errors
+(``repl_cli.api.errors``).
 """
 
 from __future__ import annotations
@@ -14,18 +15,20 @@ import select
 import socket
 import time
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import msgspec
 
-from repl_cli.cli.errors import (
-    ERROR,
-    USAGE,
+from repl_cli.api.errors import (
     AnswerLost,
-    CliError,
-    ReaderGone,
+    BadInput,
+    Error,
+    Misconfigured,
+    ProtocolError,
+    TooLong,
+    Unauthorized,
+    Unavailable,
     from_wire,
-    unavailable,
 )
 from repl_daemon import protocol as p
 from repl_daemon.locations import DEFAULT_ADDR, TLS_SCHEME, default_home, split_addr
@@ -50,9 +53,7 @@ def parse_addr(addr: str, where: str = "") -> tuple[str, int]:
     (" (from REPL_ADDR)") in the error."""
     split = split_addr(addr.removeprefix(TLS_SCHEME))
     if split is None:
-        raise CliError(
-            f"address {addr!r}{where} is not HOST:PORT (for example {DEFAULT_ADDR})", USAGE
-        )
+        raise BadInput(f"address {addr!r}{where} is not HOST:PORT (for example {DEFAULT_ADDR})")
     return split
 
 
@@ -67,19 +68,18 @@ def encoded(request: p.Request) -> bytes:
     before anything is sent (the daemon would close the connection part-way)."""
     data = p.encode(request)
     if len(data) - 1 > p.MAX_LINE:
-        raise CliError(
+        raise TooLong(
             f"the request is {len(data) - 1:,} bytes, over the {p.MAX_LINE:,} bytes (1 MiB) a "
             "request may take: the text must fit in that with its JSON escaping (a quote or "
             "a newline takes 2 bytes, a control character 6); send it in parts, for example "
             "with `--lines`",
-            ERROR,
             Code.LINE_TOO_LONG,
         )
     return data
 
 
 def decode_answer(line: bytes, expect: type[R], addr: str, from_env: str = "") -> R:
-    """One answer line as ``expect``; an error answer, or one that is not, as a CliError."""
+    """One answer line as ``expect``; an error answer, or one that is not, as an ``Error``."""
     if line.startswith(b"HTTP/"):
         raise not_a_daemon(addr, from_env)
     try:
@@ -90,12 +90,12 @@ def decode_answer(line: bytes, expect: type[R], addr: str, from_env: str = "") -
             raise from_wire(str(raw.get("code")), str(raw.get("message")))
         return msgspec.convert(raw, expect)
     except msgspec.ValidationError as exc:
-        raise CliError(
+        raise ProtocolError(
             f"the daemon at {addr} answered something this client cannot read ({exc}): "
             "are the daemon and the CLI the same version?"
         ) from None
     except msgspec.DecodeError:  # not JSON at all (a ValidationError is one too)
-        raise CliError(
+        raise Misconfigured(
             f"what answers at {addr}{from_env} is not a repl daemon "
             f"(it answered {bytes(line[:40])!r}): is the address right?"
         ) from None
@@ -119,22 +119,22 @@ def _connect(host: str, port: int, timeout: float = CALL_TIMEOUT) -> socket.sock
     return socket.create_connection((host, port), timeout=timeout)
 
 
-def no_daemon(addr: str, reason: str, from_env: str = "") -> CliError:
-    """Nothing answers at ``addr`` (75): the one wording of both APIs and the CLI."""
-    return unavailable(f"no daemon at {addr}{from_env} ({reason}): start one with `repl daemon`")
+def no_daemon(addr: str, reason: str, from_env: str = "") -> Unavailable:
+    """Nothing answers at ``addr``: the one wording of both APIs and the CLI."""
+    return Unavailable(f"no daemon at {addr}{from_env} ({reason}): start one with `repl daemon`")
 
 
-def no_answer(addr: str, seconds: float) -> CliError:
-    """The daemon took longer than a request may (75)."""
-    return unavailable(
+def no_answer(addr: str, seconds: float) -> Unavailable:
+    """The daemon took longer than a request may."""
+    return Unavailable(
         f"the daemon at {addr} did not answer within {seconds:g} s: "
         "see its log (daemon.log in its state directory)"
     )
 
 
 def connection_closed(addr: str, reason: str = "") -> AnswerLost:
-    """The daemon closed the connection, or it broke, before an answer came (75);
-    ``reason`` the system's words."""
+    """The daemon closed the connection, or it broke, before an answer came; ``reason`` the
+    system's words."""
     because = f" ({reason})" if reason else ""
     return AnswerLost(
         f"the daemon at {addr} closed the connection{because}: "
@@ -208,7 +208,7 @@ class Where:
                 self._tls_context = ssl.create_default_context(cafile=ca)
             except (OSError, ssl.SSLError) as exc:
                 reason = getattr(exc, "strerror", None) or getattr(exc, "reason", None) or exc
-                raise CliError(
+                raise Misconfigured(
                     f"cannot load the CA certificate {self.tls_ca} (--tls-ca, REPL_TLS_CA): "
                     f"{reason}"
                 ) from None
@@ -241,10 +241,10 @@ class Where:
             self.token_path, "point --home (or REPL_HOME) at the daemon's state directory"
         )
 
-    def refused(self, exc: CliError) -> CliError:
+    def refused(self, exc: Error) -> Error:
         """An ``auth``'s refusal as both APIs tell it: which token was refused."""
         if exc.code == Code.UNAUTHORIZED:
-            exc.message = f"{exc.message}; this one was {self.token_source()}"
+            return Unauthorized(f"{exc.message}; this one was {self.token_source()}", exc.code)
         return exc
 
 
@@ -265,7 +265,7 @@ class Opening:
         self.where = where
         self.host, self.port = parse_addr(where.addr, where._from_env)
 
-    def connect_failed(self, exc: OSError, handshake: bool = False) -> CliError:
+    def connect_failed(self, exc: OSError, handshake: bool = False) -> Error:
         """The connect failed (no daemon there), or the TLS handshake did."""
         where = self.where
         if handshake:
@@ -276,17 +276,17 @@ class Opening:
     def auth(self) -> p.Auth:
         return p.Auth(token=self.where.auth_token())
 
-    def slow(self, http_answers: bool) -> CliError | None:
+    def slow(self, http_answers: bool) -> Error | None:
         """The auth's answer is slow: what an HTTP server answering there means (None: wait
         on for the daemon)."""
         return not_a_daemon(self.where.addr, self.where._from_env) if http_answers else None
 
-    def probe_tls(self, exc: CliError) -> bool:
+    def probe_tls(self, exc: Error) -> bool:
         """Whether to ask if TLS is spoken there: a plain connection closed before its
         first answer."""
         return exc.code is None and not self.where.tls
 
-    def failed(self, exc: CliError, speaks_tls: bool = False) -> CliError:
+    def failed(self, exc: Error, speaks_tls: bool = False) -> Error:
         """The auth failed: a daemon that speaks TLS, or which token was refused."""
         if speaks_tls:
             return plain_to_tls(self.where.addr, self.where._from_env)
@@ -324,9 +324,10 @@ class Client(Where):
         #: ride out (rules C10); a first connection that fails is 75 at once
         self.connected_once = False
 
-    def fresh(self) -> Client:
-        """A new client with this one's identity (address, home, token, TLS), unconnected."""
-        twin = Client(
+    def fresh(self) -> Self:
+        """A new client of this kind with this one's identity (address, home, token, TLS),
+        unconnected."""
+        twin = type(self)(
             self.addr,
             self.home,
             addr_from_env=self._addr_from_env,
@@ -353,12 +354,12 @@ class Client(Where):
                 sock = self._handshake(sock, host)
             except OSError as exc:
                 raise opening.connect_failed(exc, handshake=True) from None
-        sock.settimeout(None)  # deadlines are kept by _fill, which can also watch stdout
+        sock.settimeout(None)  # deadlines are kept by _fill (a subclass may watch more there)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock = sock
         try:  # a token that cannot be read is no reason to probe for TLS
             auth = opening.auth()
-        except CliError:
+        except Error:
             self.close()
             raise
         try:
@@ -369,7 +370,7 @@ class Client(Where):
                     self.close()
                     raise slow
             self.receive(p.Done)
-        except CliError as exc:
+        except Error as exc:
             tls = opening.probe_tls(exc) and speaks_tls(host, port)
             raise opening.failed(exc, tls) from None
         self.connected_once = True
@@ -392,19 +393,14 @@ class Client(Where):
     # -- requests ----------------------------------------------------------
 
     def call(
-        self,
-        request: p.Request,
-        expect: type[R],
-        *,
-        timeout: float | None = OWN_TIMEOUT,
-        watch: int | None = None,
+        self, request: p.Request, expect: type[R], *, timeout: float | None = OWN_TIMEOUT
     ) -> R:
         """Send one request and decode its answer as ``expect`` (``receive`` says what
-        ``timeout`` and ``watch`` are)."""
+        ``timeout`` is)."""
         if self._outstanding:  # a call cut off (Ctrl-C, a reader gone) left its answer owed
             self.close()
         self.send(request)
-        return self.receive(expect, timeout=timeout, watch=watch)
+        return self.receive(expect, timeout=timeout)
 
     def send(self, request: p.Request) -> None:
         self.send_raw(encoded(request))
@@ -427,20 +423,14 @@ class Client(Where):
             raise self._lost(exc) from None
         self._outstanding += data.count(b"\n")
 
-    def receive(
-        self, expect: type[R], *, timeout: float | None = OWN_TIMEOUT, watch: int | None = None
-    ) -> R:
-        """The next answer as ``expect``, or its error as a CliError.
-
-        ``timeout`` None waits for ever (a wait op); by default it is the
-        client's own ``timeout``. ``watch`` is a pipe we write to: when its
-        reader goes away while we wait, ``ReaderGone``.
-        """
-        line = self._line(self.timeout if timeout == OWN_TIMEOUT else timeout, watch)
+    def receive(self, expect: type[R], *, timeout: float | None = OWN_TIMEOUT) -> R:
+        """The next answer as ``expect``, or its error as an ``Error``. ``timeout`` None
+        waits for ever (a wait op); by default it is the client's own ``timeout``."""
+        line = self._line(self.timeout if timeout == OWN_TIMEOUT else timeout)
         self._outstanding -= 1
         return decode_answer(line, expect, self.addr, self._from_env)
 
-    def _line(self, timeout: float | None, watch: int | None) -> bytes:
+    def _line(self, timeout: float | None) -> bytes:
         buf = self._buf
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -451,7 +441,7 @@ class Client(Where):
                 self._scanned = 0
                 return line
             self._scanned = len(buf)
-            self._fill(deadline, watch)
+            self._fill(deadline)
 
     def _readable(self, within: float) -> bool:
         """Whether an answer (or the connection's end) arrives within ``within`` s."""
@@ -462,26 +452,20 @@ class Client(Where):
             return True
         return bool(select.select([sock], [], [], within)[0])
 
-    def _fill(self, deadline: float | None, watch: int | None) -> None:
+    def _fill(self, deadline: float | None) -> None:
         sock = self._sock
         assert sock is not None, "receive before send"  # send_raw connects; _lost raises
         poller = select.poll()
         poller.register(sock, select.POLLIN)
-        if watch is not None:
-            poller.register(watch, 0)  # POLLERR only: the pipe's reader closed it
         pending = getattr(sock, "pending", None)  # what TLS decrypted already is not polled
         while not (pending is not None and pending()):
             wait_ms = None
             if deadline is not None:
                 wait_ms = max(0, int((deadline - time.monotonic()) * 1000) + 1)
-            ready = poller.poll(wait_ms)
-            if not ready:
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise no_answer(self.addr, self.timeout)
-                continue
-            if any(fd == watch for fd, _ in ready):
-                raise ReaderGone()
-            break
+            if self._readable_within(poller, wait_ms):
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                raise no_answer(self.addr, self.timeout)
         try:
             data = sock.recv(1 << 16)
         except OSError as exc:
@@ -490,7 +474,13 @@ class Client(Where):
             raise self._lost(None)
         self._buf += data
 
-    def _lost(self, exc: OSError | None) -> CliError:
+    def _readable_within(self, poller: select.poll, wait_ms: int | None) -> bool:
+        """One wait of at most ``wait_ms`` (None: for ever) for the socket to be readable,
+        and whether it is. A subclass may watch more meanwhile (the CLI's client ends a
+        blocked wait when the reader of its stdout leaves)."""
+        return bool(poller.poll(wait_ms))
+
+    def _lost(self, exc: OSError | None) -> AnswerLost:
         self.close()
         return connection_closed(self.addr, "" if exc is None else str(exc.strerror or exc))
 
@@ -500,9 +490,9 @@ def _read_token(path: Path, hint: str) -> str:
         token = path.read_text().strip()
     except (OSError, UnicodeDecodeError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
-        raise CliError(f"cannot read the token {path} ({reason}): {hint}") from None
+        raise Misconfigured(f"cannot read the token {path} ({reason}): {hint}") from None
     if not token:
-        raise CliError(f"the token file {path} is empty")
+        raise Misconfigured(f"the token file {path} is empty")
     return token
 
 
@@ -522,9 +512,9 @@ _VERIFY = {
 }
 
 
-def tls_failure(exc: OSError, addr: str, from_env: str = "") -> CliError:
-    """The one line for a TLS handshake that failed: a certificate refused (exit 1), no
-    TLS at the other end (exit 1), or the daemon away (exit 75)."""
+def tls_failure(exc: OSError, addr: str, from_env: str = "") -> Error:
+    """The one line for a TLS handshake that failed: a certificate refused, no TLS at the
+    other end (both ``Misconfigured``), or the daemon away (``Unavailable``)."""
     import ssl
 
     where = f"{addr}{from_env}"
@@ -532,16 +522,18 @@ def tls_failure(exc: OSError, addr: str, from_env: str = "") -> CliError:
         code = getattr(exc, "verify_code", 0)
         message = (getattr(exc, "verify_message", "") or exc.reason or str(exc)).rstrip(".")
         what = _VERIFY.get(code, "give the CA that signed it with --tls-ca FILE")
-        return CliError(f"refused the certificate of the daemon at {where} ({message}): {what}")
+        return Misconfigured(
+            f"refused the certificate of the daemon at {where} ({message}): {what}"
+        )
     if isinstance(exc, ssl.SSLError | ConnectionResetError | BrokenPipeError):
         reason = getattr(exc, "reason", None) or exc.strerror or type(exc).__name__
-        return CliError(
+        return Misconfigured(
             f"the daemon at {where} does not speak TLS ({reason}): connect without tls:// "
             "and --tls-ca, or start the daemon with --tls-cert and --tls-key"
         )
     if isinstance(exc, TimeoutError):
-        return unavailable(f"the daemon at {where} did not finish the TLS handshake in time")
-    return unavailable(
+        return Unavailable(f"the daemon at {where} did not finish the TLS handshake in time")
+    return Unavailable(
         f"no daemon at {where} ({exc.strerror or exc}): start one with `repl daemon`"
     )
 
@@ -581,15 +573,15 @@ def http_answers(host: str, port: int, tls: bool, timeout: float = 2.0) -> bool:
         return False
 
 
-def not_a_daemon(addr: str, from_env: str = "") -> CliError:
-    return CliError(
+def not_a_daemon(addr: str, from_env: str = "") -> Misconfigured:
+    return Misconfigured(
         f"what answers at {addr}{from_env} is not a repl daemon (an HTTP server answers "
         "there): give the daemon's own address, not its --http one"
     )
 
 
-def plain_to_tls(addr: str, from_env: str = "") -> CliError:
-    return CliError(
+def plain_to_tls(addr: str, from_env: str = "") -> Misconfigured:
+    return Misconfigured(
         f"the daemon at {addr}{from_env} speaks TLS: connect with tls://{addr} "
         "(and --tls-ca FILE when a private CA signed its certificate)"
     )

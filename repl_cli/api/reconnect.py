@@ -1,28 +1,25 @@
 """Readers that outlive a restart (rules C10): ``wait`` and ``follow`` ride out an outage.
 
 When the daemon goes away (a restart, a crash, ``kill -9``), answers that it
-is shutting down, or its store fails, a reader does not exit: it says so
-once on stderr, tries again with a back-off that grows to at most 2 s, says
-once more when it is back, and goes on from its cursor. Its cursor is the
-daemon's, so what was printed and acknowledged before stays acknowledged,
-and what was not comes again: at least once across the restart.
+is shutting down, or its store fails, a reader does not give up: it says so
+once (the ``repl`` logger, or the CLI's stderr), tries again with a back-off
+that grows to at most 2 s, says once more when it is back, and goes on from
+its cursor. Its cursor is the daemon's, so what was handled and
+acknowledged before stays acknowledged, and what was not comes again: at
+least once across the restart.
 
-``--reconnect SECS`` (default 300, 0 = off) bounds one outage; after it the
-reader exits 75 with the last reason. ``--timeout`` of a ``wait`` still
-bounds the whole wait: ``deadline`` here, and ``TimedOut`` once it passes.
+``reconnect`` seconds (default 300, 0 = off) bound one outage; after it the
+reader raises ``Unavailable`` with the last reason. A wait's own timeout
+still bounds the whole wait: ``deadline`` here.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
-from typing import TypeVar
 
-from repl_cli.api.client import Client
-from repl_cli.cli.errors import UNAVAILABLE, CliError
-
-T = TypeVar("T")
+from repl_cli.api.errors import Error, Unavailable
+from session.advice import said_what_to_do
 
 #: how long ``--reconnect`` tries by default, in seconds
 DEFAULT_RECONNECT = 300.0
@@ -31,31 +28,24 @@ FIRST_PAUSE = 0.1
 MAX_PAUSE = 2.0
 
 
-class TimedOut(Exception):
-    """The wait's own ``--timeout`` passed while the daemon was away."""
-
-
-def stderr_note(message: str) -> None:
-    """One line ``repl: MESSAGE`` on stderr: an error, or an outage (the API logs those);
-    nothing when stderr is closed (``2>&-``) or its reader left."""
-    if sys.stderr is None:
-        return
-    try:
-        sys.stderr.write(f"repl: {message}\n")
-        sys.stderr.flush()
-    except OSError:
-        pass
+def what_happened(exc: Error) -> str:
+    """An outage's cause as its note tells it: the error's message without the advice that
+    ends it (to run the command again: it is being run again). The client's own messages
+    end with their advice; a daemon's, when it gives its own (``said_what_to_do``)."""
+    if exc.code is not None and not said_what_to_do(exc.message):
+        return exc.message
+    return exc.message.rsplit(": ", 1)[0]
 
 
 class Outage:
     """The bookkeeping of riding out outages, with no clock or sleep of its own.
 
-    ``lost(exc)`` tells the outage once, gives up (75) once ``seconds`` have
+    ``lost(exc)`` tells the outage once, gives up (``Unavailable``) once ``seconds`` have
     passed since it began, and otherwise returns how long to pause before
     the next try: 0.1 s, doubling to ``MAX_PAUSE``. When that pause would
     reach ``deadline`` (a wait's own timeout), it returns what is left and
     sets ``timed_out``. ``back()`` tells that the reader is back. ``clock``
-    is the caller's: ``time.monotonic`` here, the event loop's in ``aio``.
+    is the caller's: ``time.monotonic`` for the blocking API, the event loop's in ``aio``.
     """
 
     def __init__(
@@ -75,22 +65,20 @@ class Outage:
         self._lost_at: float | None = None  # when the current outage began
         self._pause = FIRST_PAUSE
 
-    def lost(self, exc: CliError, *, was_there: bool = True) -> float:
-        """How long to pause after ``exc``; raises it again when it is no outage, or 75
-        (``gave up after N s``) once the outage has lasted ``seconds``. ``was_there``: a
-        daemon answered the reader before; riding out is for a daemon that was there, so a
-        reader whose very first connection fails is refused at once."""
-        if exc.status != UNAVAILABLE or not self.seconds or not was_there:
+    def lost(self, exc: Error, *, was_there: bool = True) -> float:
+        """How long to pause after ``exc``; raises it again when it is no outage, or
+        ``Unavailable`` (``gave up after N s``) once the outage has lasted ``seconds``.
+        ``was_there``: a daemon answered the reader before; riding out is for a daemon that
+        was there, so a reader whose very first connection fails is refused at once."""
+        if not isinstance(exc, Unavailable) or not self.seconds or not was_there:
             raise exc
         now = self.clock()
         if self._lost_at is None:
             self._lost_at = now
-            # what happened, without the advice to run the command again: it is being run
-            reason = exc.message.rsplit(": ", 1)[0]
-            self.note(f"{reason}; reconnecting for up to {self.seconds:g} s")
+            self.note(f"{what_happened(exc)}; reconnecting for up to {self.seconds:g} s")
         if now - self._lost_at >= self.seconds:
-            raise CliError(
-                f"gave up after {self.seconds:g} s: {exc.message}", UNAVAILABLE, exc.code
+            raise Unavailable(
+                f"gave up after {self.seconds:g} s: {exc.message}", exc.code
             ) from None
         pause = min(self._pause, self._lost_at + self.seconds - now)
         self._pause = min(self._pause * 2, MAX_PAUSE)
@@ -110,40 +98,3 @@ class Outage:
         if self.deadline is None:
             return None
         return max(0, round((self.deadline - self.clock()) * 1000))
-
-
-class Reconnect:
-    """Runs a reader's steps again (on a new connection) while the daemon or its store is
-    unavailable, sleeping between tries (``Outage`` decides how long)."""
-
-    def __init__(
-        self,
-        client: Client,
-        seconds: float,
-        deadline: float | None = None,
-        *,
-        note: Callable[[str], None] | None = None,
-    ) -> None:
-        self.client = client
-        self.outage = Outage(seconds, client.addr, note or stderr_note, deadline)
-
-    def run(self, step: Callable[[], T]) -> T:
-        """``step()``, tried again until it is not refused as unavailable; any other error
-        goes on at once (a stopped or missing session is no outage). ``TimedOut`` once the
-        wait's own deadline passes while the daemon is away."""
-        outage = self.outage
-        while True:
-            try:
-                result = step()
-            except CliError as exc:
-                pause = outage.lost(exc, was_there=self.client.connected_once)
-                self.client.close()
-                time.sleep(pause)
-                if outage.timed_out:
-                    raise TimedOut() from None
-                continue
-            outage.back()
-            return result
-
-    def remaining_ms(self) -> int | None:
-        return self.outage.remaining_ms()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 
-from repl_cli.cli.errors import CliError
+from repl_cli.api.errors import Error
 from repl_cli.cli.output import JSON, FiringFormat, json_line, table
 from repl_cli.cli.sink import Sink
 from repl_daemon import protocol as p
@@ -50,9 +50,9 @@ def deliver_claim(
         for text in [head, *(text for text, _ in batch)]:
             sink.put(text)
     except BaseException:
-        # whatever the failure, the firing was not delivered: a full disk (CliError) keeps
+        # whatever the failure, the firing was not delivered: a full disk (WriteFailed) keeps
         # the job from every other claimer for the whole lease as surely as a closed pipe
-        with contextlib.suppress(CliError):  # else it comes back when its lease runs out
+        with contextlib.suppress(Error):  # else it comes back when its lease runs out
             give_back()
         raise
 

@@ -14,7 +14,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from repl_cli.api.client import Client
-from repl_cli.cli.errors import CliError, ReaderGone, WriteFailed
+from repl_cli.api.errors import Error
+from repl_cli.api.receipt import ReaderGone
+from repl_cli.cli.errors import WriteFailed
 from repl_cli.cli.output import FiringFormat
 from repl_cli.cli.sink import Sink
 from repl_daemon import protocol as p
@@ -22,7 +24,7 @@ from session.firing import Firing
 from session.tags import Match
 
 if TYPE_CHECKING:
-    from repl_cli.api import Repl
+    from repl_cli.cli.client import Repl
 
 
 class Batch:
@@ -99,7 +101,7 @@ class Printer:
         try:
             for session, seq in taken.items():
                 client.call(p.Ack(session=session, cursor=self.cursor, seq=seq), p.Acked)
-        except CliError:
+        except Error:
             pass  # the firings come again to the next reader: at least once
 
 

@@ -27,9 +27,10 @@ from typing import Any, TypeVar
 
 import click
 
-from repl_cli.api import Repl
-from repl_cli.api.client import Client
+from repl_cli.api.errors import Error
+from repl_cli.api.receipt import ReaderGone
 from repl_cli.cli import output
+from repl_cli.cli.client import Client, Repl
 from repl_cli.cli.deliver import Batch, Printer, at_most, deliver, follow
 from repl_cli.cli.errors import (
     ERROR,
@@ -39,8 +40,10 @@ from repl_cli.cli.errors import (
     USAGE,
     CliError,
     Interrupted,
-    ReaderGone,
+    exit_status,
+    line_of,
     not_utf8_message,
+    stderr_note,
 )
 from repl_cli.cli.sink import silence_stdout
 from repl_daemon import protocol as p
@@ -257,9 +260,7 @@ def cli(
     token_file: str | None,
 ) -> None:
     """A session inbox: send firings to sessions, and read, wait for or follow them."""
-    from repl_cli.api.reconnect import stderr_note
-
-    repl = Repl(client_for(ctx), note=stderr_note)
+    repl = Repl(client_for(ctx))
     ctx.obj = repl
     ctx.call_on_close(repl.close)
 
@@ -895,8 +896,6 @@ def release(repl: Repl, session: str, claim_token: str, delay: str | None) -> No
     instead (said on stderr, naming that session). Exit status 1 (lease_lost)
     when CLAIM is no longer the live lease: nothing changes.
     """
-    from repl_cli.api.reconnect import stderr_note
-
     delay_s = 0.0 if delay is None else duration_ms(delay, "--delay") / 1000
     if repl.release(session, claim_token, delay=delay_s):
         where = dead_letter_of(repl, session, claim_token)
@@ -914,7 +913,7 @@ def dead_letter_of(repl: Repl, session: str, claim_token: str) -> str:
     try:
         group = parse_token(claim_token)[0]
         named = [g.dead_letter for g in repl.groups(session) if g.name == group]
-    except (CliError, ReplError):
+    except (Error, ReplError):
         named = []
     if named and named[0]:
         return f"the dead-letter session {named[0]}"
@@ -1689,6 +1688,8 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(f"{message} (see `{where} --help`)", USAGE)
     except click.ClickException as exc:
         return _fail(exc.format_message(), ERROR)
+    except Error as exc:
+        return _fail(line_of(exc), exit_status(exc))
     except CliError as exc:
         return _fail(exc.message, exc.status)
     except (ReaderGone, BrokenPipeError):
@@ -1701,7 +1702,5 @@ def main(argv: list[str] | None = None) -> int:
 
 def _fail(message: str, status: int) -> int:
     """One line on stderr (none when stderr is closed: the status must tell), and ``status``."""
-    from repl_cli.api.reconnect import stderr_note
-
     stderr_note(message)
     return status

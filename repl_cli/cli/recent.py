@@ -18,7 +18,7 @@ from repl_cli.cli.deliver import Batch
 from session.firing import ms_to_ts
 
 if TYPE_CHECKING:
-    from repl_cli.api import Repl
+    from repl_cli.api.blocking import Repl
 
 
 def since_ts(text: str, now: datetime | None = None) -> str | None:

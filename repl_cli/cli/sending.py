@@ -16,6 +16,7 @@ from typing import TextIO
 import click
 
 from repl_cli.api.client import Client, encoded
+from repl_cli.api.errors import Error
 from repl_cli.cli.errors import CliError, not_utf8_message
 from repl_cli.cli.sink import write_text
 from repl_daemon import protocol as p
@@ -93,7 +94,7 @@ def _encoded_line(
 ) -> bytes:
     try:
         return encoded(p.Send(session=session, text=text, handler=handler, tags=tags))
-    except CliError as exc:
+    except Error as exc:
         exc.message = f"line {number} of stdin: {exc.message}"
         raise
 

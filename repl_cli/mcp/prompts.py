@@ -37,7 +37,7 @@ from mcp.types import (
 from pydantic import Field
 
 from repl_cli.api import aio
-from repl_cli.cli.errors import CliError
+from repl_cli.api.errors import Error
 from repl_cli.mcp.tools import SessionArg, Tools, firing_out, tools_of
 from session.rules import DEFAULT_GROUP, WAIT_CURSOR
 
@@ -126,7 +126,7 @@ async def named(tools: Tools, argument: str, session: str | None) -> list[str]:
         return []
     try:
         return await tools.call(ask, lambda exc: exc)
-    except CliError:  # the daemon away, a session not there: nothing to offer
+    except Error:  # the daemon away, a session not there: nothing to offer
         return []
 
 

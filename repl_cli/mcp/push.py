@@ -84,9 +84,8 @@ from mcp.types import (
 )
 
 from repl_cli.api import aio
-from repl_cli.api._common import Unavailable
+from repl_cli.api.errors import Error, Unavailable
 from repl_cli.api.reconnect import DEFAULT_RECONNECT, FIRST_PAUSE, MAX_PAUSE
-from repl_cli.cli.errors import CliError
 from repl_daemon import protocol as p
 from session.firing import Firing
 
@@ -376,7 +375,7 @@ class _PipeAcks:
                 return
             try:
                 await self.acknowledge(self.session, first.seq)
-            except CliError as exc:  # the next one covers it (a cursor never moves back)
+            except Error as exc:  # the next one covers it (a cursor never moves back)
                 log.warning("acknowledging %s up to %d: %s", self.session, first.seq, exc.message)
 
 
@@ -497,7 +496,7 @@ class Push:
     async def _acknowledge(self, session: str, seq: int) -> None:
         try:
             await self.acknowledge(session, seq)
-        except CliError as exc:
+        except Error as exc:
             log.warning("acknowledging %s up to %d: %s", session, seq, exc.message)
 
     # -- following -----------------------------------------------------------
@@ -535,7 +534,7 @@ class Push:
                     log.warning("following %s: %s; trying again", session, exc.message)
                 await anyio.sleep(min(FIRST_PAUSE * 2**tries, MAX_PAUSE))
                 tries += 1
-            except CliError as exc:
+            except Error as exc:
                 log.error("following %s stopped: %s", session, exc.message)
                 return
 

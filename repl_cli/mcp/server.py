@@ -66,7 +66,7 @@ from pydantic import Field, ValidationError
 from typing_extensions import TypedDict
 
 from repl_cli.api import aio
-from repl_cli.cli.errors import CliError
+from repl_cli.api.errors import Error
 from repl_cli.mcp import prompts
 from repl_cli.mcp.claims import CLAIM_TOOLS
 from repl_cli.mcp.log import serve_levels
@@ -214,7 +214,7 @@ def batch_out(batch: p.SessionBatch) -> BatchOut:
     return BatchOut(session=batch.session, next=batch.next, lost=batch.lost, firings=firings)
 
 
-def resource_error(exc: CliError) -> ResourceError:
+def resource_error(exc: Error) -> ResourceError:
     """A resource read's failure: not found for a session that is not there (or that the
     token may not see, or that no session could be called), the SDK's resource error
     otherwise (the daemon away)."""
@@ -223,7 +223,7 @@ def resource_error(exc: CliError) -> ResourceError:
     return ResourceError(error_line(exc))
 
 
-def listing_error(exc: CliError) -> MCPError:
+def listing_error(exc: Error) -> MCPError:
     return MCPError(INTERNAL_ERROR, error_line(exc))
 
 

@@ -2,9 +2,10 @@
 
 - **The pipe.** The server's stdout is ``Pipe``: the SDK's writer writes its
   messages through it, and a push goes through ``notify``, which returns once
-  the reader has taken the line out of the pipe (rule S9's receipt, the CLI's
-  ``Sink``). ``claimed_stdout`` gives it a descriptor of its own, with fd 1
-  pointed at stderr, so nothing else printed can reach the protocol's stream.
+  the reader has taken the line out of the pipe (rule S9's receipt,
+  ``repl_cli.api.receipt``, as the CLI's stdout has it). ``claimed_stdout``
+  gives it a descriptor of its own, with fd 1 pointed at stderr, so nothing
+  else printed can reach the protocol's stream.
 - **The era** (rule M5). A following server speaks only the ``initialize``
   era: Claude Code (2.1.332, the newest on 2026-12-05) first probes a stdio
   server with ``server/discover`` (the 2026-07-28 protocol) and registers
@@ -41,8 +42,7 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
 from mcp.types import METHOD_NOT_FOUND, ErrorData, JSONRPCError, JSONRPCRequest
 
-from repl_cli.cli.errors import CliError, ReaderGone
-from repl_cli.cli.sink import Sink, pauses
+from repl_cli.api.receipt import ReaderGone, Receipt, pauses
 from repl_cli.mcp.log import CLIENT, Lines
 from repl_cli.mcp.push import Held
 from repl_cli.mcp.server import Server, Settings, build
@@ -67,7 +67,7 @@ class Pipe(anyio.AsyncFile[str]):
     The SDK's writer writes each of its messages through ``write``; a push goes
     through ``notify``, which returns once the reader has taken it out of the pipe.
     One lock keeps them whole and in order, and a push holds it until its line is
-    taken (so the pipe's unread bytes are that line's: the CLI's ``Sink`` looks at
+    taken (so the pipe's unread bytes are that line's: its ``Receipt`` looks at
     them). A line the pipe has room for is written at once (at most ``PIPE_BUF``
     bytes, which a pipe takes whole, into a pipe that polls writable); any other
     runs in a worker thread, as the SDK's own writes do: a full pipe blocks a
@@ -78,7 +78,7 @@ class Pipe(anyio.AsyncFile[str]):
 
     def __init__(self, fd: int) -> None:
         super().__init__(os.fdopen(fd, "w", encoding="utf-8", closefd=False))
-        self.sink = Sink(fd)
+        self.receipt = Receipt(fd)
         self.lock = anyio.Lock()
         self.gone = False
         self._room = select.poll()
@@ -99,7 +99,7 @@ class Pipe(anyio.AsyncFile[str]):
     async def there(self) -> bool:
         """Whether the reader is still there: no write found it gone, and the pipe (or
         socket) still has its reader."""
-        return not self.gone and self.sink.reader_there()
+        return not self.gone and self.receipt.reader_there()
 
     async def notify(self, method: str, params: dict[str, Any]) -> Held | None:
         # the line JSONRPCNotification(...).model_dump_json() writes, without pydantic
@@ -109,7 +109,7 @@ class Pipe(anyio.AsyncFile[str]):
                 return None
             for pause in pauses():
                 try:
-                    if self.sink.taken():
+                    if self.receipt.taken():
                         return self.there
                 except ReaderGone:
                     self.gone = True
@@ -122,14 +122,14 @@ class Pipe(anyio.AsyncFile[str]):
             return False
         try:
             if self._fits(line):  # characters: at most 4 bytes each in UTF-8
-                self.sink.write(line)
+                self.receipt.write(line)
             else:
-                await anyio.to_thread.run_sync(self.sink.write, line)
+                await anyio.to_thread.run_sync(self.receipt.write, line)
         except ReaderGone:  # the reader is gone: nothing more can reach it
             self.gone = True
             return False
-        except CliError as exc:  # stdout failed (a full disk)
-            log.error("%s", exc.message)
+        except OSError as exc:  # stdout failed (a full disk)
+            log.error("cannot write to stdout (%s)", exc.strerror or exc)
             self.gone = True
             return False
         return True

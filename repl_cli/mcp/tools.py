@@ -24,7 +24,7 @@ from pydantic import Field
 from typing_extensions import TypedDict
 
 from repl_cli.api import aio
-from repl_cli.cli.errors import CliError
+from repl_cli.api.errors import Error
 from repl_cli.mcp.push import HOLD_S, MCP_CURSOR, Ack
 from session.advice import advised
 from session.firing import Firing
@@ -155,14 +155,14 @@ class Tools:
     async def call(
         self,
         step: Callable[[aio.AsyncRepl], Awaitable[T]],
-        failed: Callable[[CliError], Exception] | None = None,
+        failed: Callable[[Error], Exception] | None = None,
     ) -> T:
-        """``step`` on the shared connection; a failure as a tool error with the CLI's line
-        (or as ``failed`` makes it: a resource's error)."""
+        """``step`` on the shared connection; a failure as a tool error (``error_line``), or
+        as ``failed`` makes it (a resource's error)."""
         async with self.lock:
             try:
                 return await step(self.quick)
-            except CliError as exc:
+            except Error as exc:
                 raise (failed or tool_error)(exc) from None
 
     @asynccontextmanager
@@ -171,22 +171,22 @@ class Tools:
         repl = self.connection(reconnect)
         try:
             yield repl
-        except CliError as exc:
+        except Error as exc:
             raise tool_error(exc) from None
         finally:
             await repl.aclose()
 
 
-def error_line(exc: CliError) -> str:
+def error_line(exc: Error) -> str:
     """One line in MCP's words (tools and their arguments, not commands and flags), with
-    the wire code when the daemon gave one; the CLI's line when it did not (the daemon
-    away, a token file missing: what a person must fix, not the agent)."""
+    the wire code when the daemon gave one; the library's message as it is when it did not
+    (the daemon away, a token file missing: what a person must fix, not the agent)."""
     if exc.code is None:
         return f"repl: {exc.message}"
-    return f"repl: {advised(exc.code, exc.said, 'mcp')} (code {exc.code})"
+    return f"repl: {advised(exc.code, exc.message, 'mcp')} (code {exc.code})"
 
 
-def tool_error(exc: CliError) -> ToolError:
+def tool_error(exc: Error) -> ToolError:
     return ToolError(error_line(exc))
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from repl_cli.api import client as cli_client
+from session.errors import Code
 from tests.helpers import (
     InProcDaemon,
     Repl,
@@ -152,6 +153,42 @@ def test_the_home_is_repl_home_then_xdg_state_then_local_state(
     assert locations.default_home() == tmp_path / "state" / "repl"
     monkeypatch.setenv("REPL_HOME", str(tmp_path / "h"))
     assert locations.default_home() == tmp_path / "h"
+
+
+#: every wire code's exit status: 64 for the arguments the daemon found invalid, 77 for a
+#: token refused or a right it lacks, 75 for what trying again mends, 1 for the rest
+WIRE_STATUS = {
+    **dict.fromkeys([c for c in Code if c.startswith("bad_") and c != Code.BAD_REQUEST], 64),
+    Code.UNAUTHORIZED: 77,
+    Code.FORBIDDEN: 77,
+    Code.IDLE_TIMEOUT: 75,
+    Code.SLOW_CONSUMER: 75,
+    Code.STORE_FAILED: 75,
+    Code.SHUTTING_DOWN: 75,
+}
+
+
+def test_each_wire_code_has_a_class_of_the_librarys_and_the_cli_one_exit_status() -> None:
+    """The library gives each code a class (``BY_CODE``), never a status; the CLI's one table
+    (``STATUS``) gives each class one, and a code newer than the client is a plain error."""
+    from repl_cli.api import errors
+    from repl_cli.cli.errors import STATUS, exit_status, line_of
+
+    assert set(errors.BY_CODE) == set(Code)
+    for code in Code:
+        exc = errors.from_wire(code, "said")
+        assert type(exc) is errors.BY_CODE[code] and exc.code == code
+        assert exit_status(exc) == WIRE_STATUS.get(code, 1), code
+    classes = {c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, Exception)}
+    assert classes - {errors.AnswerLost} == set(STATUS)  # one status a class
+    assert exit_status(errors.AnswerLost("lost")) == 75
+    newer = errors.from_wire("from_the_future", "something")
+    assert type(newer) is errors.Error and exit_status(newer) == 1
+    assert line_of(newer) == "something"
+    hinted = errors.from_wire(Code.NO_SUCH_TIMER, "no timer t")
+    assert line_of(hinted) == "no timer t: `repl timers` lists the pending ones"
+    told = errors.from_wire(Code.NO_SUCH_TIMER, "no timer t (`repl timers` lists them)")
+    assert line_of(told) == told.message  # it says what to do already
 
 
 def test_read_loads_neither_anyio_nor_rich_nor_the_daemon(repl: Repl, s: str) -> None:

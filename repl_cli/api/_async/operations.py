@@ -63,11 +63,10 @@ from repl_cli.api._common import (
     no_firing,
     reply_tags,
     resendable,
-    typed,
     wait_cursor,
 )
+from repl_cli.api.errors import AnswerLost, BadInput, Error, NotFound
 from repl_cli.api.reconnect import Outage
-from repl_cli.cli.errors import ERROR, USAGE, AnswerLost, CliError
 from repl_daemon import protocol as p
 from session.errors import Code
 from session.firing import CursorInfo, Firing
@@ -106,8 +105,8 @@ class AsyncOperations(abc.ABC):
     @abc.abstractmethod
     async def _request(self, request: p.Request, expect: type[R]) -> R:
         """``request``'s answer, as an ``expect``, on the connection (a new one when there
-        is none, or the daemon closed it: rule 1 of the module's docstring); a failure as a
-        ``CliError``, ``AnswerLost`` when the connection ended before the answer came."""
+        is none, or the daemon closed it: rule 1 of the module's docstring); a failure as an
+        ``Error``, ``AnswerLost`` when the connection ended before the answer came."""
 
     @abc.abstractmethod
     async def _blocking(self, request: p.Request, expect: type[R]) -> R:
@@ -144,22 +143,19 @@ class AsyncOperations(abc.ABC):
         2 and 3); every failure as a typed ``Error``."""
         try:
             return await self._request(request, expect)
-        except CliError as exc:
+        except Error as exc:
             if not _again(request, exc, blocking=False):
-                raise typed(exc) from None
+                raise
         await self.aclose()
-        try:
-            return await self._request(request, expect)
-        except CliError as exc:
-            raise typed(exc) from None
+        return await self._request(request, expect)
 
     async def _woken(self, request: p.Request, expect: type[R]) -> R:
         """A blocking request's answer (a wait's, a claim's), sent once more after an
         ``idle_timeout`` answer (rule 2); any other failure goes to the caller, which
-        rides out an outage (an ``Error``, 75, when the link is lost)."""
+        rides out an outage (``Unavailable`` when the link is lost)."""
         try:
             return await self._blocking(request, expect)
-        except CliError as exc:
+        except Error as exc:
             if not _again(request, exc, blocking=True):
                 raise
         await self.aclose()
@@ -269,7 +265,7 @@ class AsyncOperations(abc.ABC):
         return (await self._call(p.Timers(session=session), p.TimerList)).timers
 
     async def cancel(self, session: str, timer: str) -> p.TimerInfo:
-        """Cancel a pending timer; an ``Error`` with code ``no_such_timer`` when there is none."""
+        """Cancel a pending timer; ``NotFound`` (code ``no_such_timer``) when there is none."""
         return (await self._call(p.Cancel(session=session, timer=timer), p.Cancelled)).timer
 
     async def read(
@@ -349,7 +345,7 @@ class AsyncOperations(abc.ABC):
             )
             try:
                 woken = await self._woken(request, p.Woken)
-            except CliError as exc:
+            except Error as exc:
                 await self._ride_out(outage, exc)
                 if outage.timed_out:
                     return p.Woken(batches=[], timed_out=True)
@@ -410,19 +406,16 @@ class AsyncOperations(abc.ABC):
             try:
                 for session, seq in acks.items():
                     await self._call(p.Ack(session=session, cursor=cursor, seq=seq), p.Acked)
-            except CliError as exc:
+            except Error as exc:
                 await self._ride_out(outage, exc)
                 continue
             outage.back()
             return
 
-    async def _ride_out(self, outage: Outage, exc: CliError) -> None:
+    async def _ride_out(self, outage: Outage, exc: Error) -> None:
         """After ``exc``: raise it when it is no outage or the outage has lasted too long
         (``Outage.lost``), else close the link and pause before the next try."""
-        try:
-            pause = outage.lost(exc, was_there=self._answered_once())
-        except CliError as final:
-            raise typed(final) from None
+        pause = outage.lost(exc, was_there=self._answered_once())
         await self.aclose()
         await self._sleep(pause)
 
@@ -462,7 +455,7 @@ class AsyncOperations(abc.ABC):
         before that wait."""
         for reserved in (REPLY_TO, CORR):
             if reserved in (tags or {}):
-                raise CliError(f"tag {reserved} is the request's own: leave it out", USAGE)
+                raise BadInput(f"tag {reserved} is the request's own: leave it out")
         corr = correlation_id()
         await self.stats(reply_to)  # where the reply goes must exist before the request leaves
         sent_tags = {**(tags or {}), REPLY_TO: reply_to, CORR: corr}
@@ -473,7 +466,7 @@ class AsyncOperations(abc.ABC):
         self, session: str, seq: int, text: str, *, handler: str = DEFAULT_HANDLER
     ) -> p.Sent:
         """Send ``text`` to the session named by the ``reply-to`` tag of firing ``seq`` of
-        ``session``, tagged with its ``corr``; an ``Error`` when it has no ``reply-to``."""
+        ``session``, tagged with its ``corr``; ``NotFound`` when it has no ``reply-to``."""
         firing = await self.firing(session, seq)
         target, tags = reply_tags(firing, session)
         return await self.send(target, text, handler=handler, tags=tags)
@@ -509,7 +502,7 @@ class AsyncOperations(abc.ABC):
             )
             try:
                 claimed = await self._woken(request, p.Claimed)
-            except CliError as exc:
+            except Error as exc:
                 await self._ride_out(outage, exc)
                 if outage.timed_out:
                     return p.Claimed(timed_out=True)
@@ -563,22 +556,22 @@ class AsyncOperations(abc.ABC):
         return (await self._call(p.Claims(session=session, group=group), p.ClaimList)).claims
 
     async def firing(self, session: str, seq: int) -> Firing:
-        """Firing ``seq`` of ``session``, read without a cursor; an ``Error`` when the ring
+        """Firing ``seq`` of ``session``, read without a cursor; ``NotFound`` when the ring
         does not hold it."""
         if seq < 1:
-            raise CliError(f"seq {seq} names no firing: seqs start at 1", ERROR)
+            raise NotFound(f"seq {seq} names no firing: seqs start at 1")
         try:
             batch = await self._call(p.Read(session=session, seq=seq), p.Firings)
-        except CliError as exc:
+        except Error as exc:
             if exc.code == Code.CURSOR_AFTER_HEAD:  # no such firing yet
-                raise CliError(f"session {session!r} has {exc.said}") from None
+                raise NotFound(f"session {session!r} has {exc.message}") from None
             raise
         if not batch.firings:
             raise no_firing(session, seq, batch)
         return batch.firings[0]
 
 
-def _again(request: p.Request, exc: CliError, *, blocking: bool) -> bool:
+def _again(request: p.Request, exc: Error, *, blocking: bool) -> bool:
     """Whether a request that failed with ``exc`` is sent once more (the module's rules 2
     and 3; a blocking one's lost answer is its caller's to ride out)."""
     if exc.code == Code.IDLE_TIMEOUT:

@@ -20,11 +20,10 @@ from repl_cli.api._common import (
     no_firing,
     reply_tags,
     resendable,
-    typed,
     wait_cursor,
 )
+from repl_cli.api.errors import AnswerLost, BadInput, Error, NotFound
 from repl_cli.api.reconnect import Outage
-from repl_cli.cli.errors import ERROR, USAGE, AnswerLost, CliError
 from repl_daemon import protocol as p
 from session.errors import Code
 from session.firing import CursorInfo, Firing
@@ -63,8 +62,8 @@ class Operations(abc.ABC):
     @abc.abstractmethod
     def _request(self, request: p.Request, expect: type[R]) -> R:
         """``request``'s answer, as an ``expect``, on the connection (a new one when there
-        is none, or the daemon closed it: rule 1 of the module's docstring); a failure as a
-        ``CliError``, ``AnswerLost`` when the connection ended before the answer came."""
+        is none, or the daemon closed it: rule 1 of the module's docstring); a failure as an
+        ``Error``, ``AnswerLost`` when the connection ended before the answer came."""
 
     @abc.abstractmethod
     def _blocking(self, request: p.Request, expect: type[R]) -> R:
@@ -101,22 +100,19 @@ class Operations(abc.ABC):
         2 and 3); every failure as a typed ``Error``."""
         try:
             return self._request(request, expect)
-        except CliError as exc:
+        except Error as exc:
             if not _again(request, exc, blocking=False):
-                raise typed(exc) from None
+                raise
         self.close()
-        try:
-            return self._request(request, expect)
-        except CliError as exc:
-            raise typed(exc) from None
+        return self._request(request, expect)
 
     def _woken(self, request: p.Request, expect: type[R]) -> R:
         """A blocking request's answer (a wait's, a claim's), sent once more after an
         ``idle_timeout`` answer (rule 2); any other failure goes to the caller, which
-        rides out an outage (an ``Error``, 75, when the link is lost)."""
+        rides out an outage (``Unavailable`` when the link is lost)."""
         try:
             return self._blocking(request, expect)
-        except CliError as exc:
+        except Error as exc:
             if not _again(request, exc, blocking=True):
                 raise
         self.close()
@@ -224,7 +220,7 @@ class Operations(abc.ABC):
         return (self._call(p.Timers(session=session), p.TimerList)).timers
 
     def cancel(self, session: str, timer: str) -> p.TimerInfo:
-        """Cancel a pending timer; an ``Error`` with code ``no_such_timer`` when there is none."""
+        """Cancel a pending timer; ``NotFound`` (code ``no_such_timer``) when there is none."""
         return (self._call(p.Cancel(session=session, timer=timer), p.Cancelled)).timer
 
     def read(
@@ -304,7 +300,7 @@ class Operations(abc.ABC):
             )
             try:
                 woken = self._woken(request, p.Woken)
-            except CliError as exc:
+            except Error as exc:
                 self._ride_out(outage, exc)
                 if outage.timed_out:
                     return p.Woken(batches=[], timed_out=True)
@@ -365,19 +361,16 @@ class Operations(abc.ABC):
             try:
                 for session, seq in acks.items():
                     self._call(p.Ack(session=session, cursor=cursor, seq=seq), p.Acked)
-            except CliError as exc:
+            except Error as exc:
                 self._ride_out(outage, exc)
                 continue
             outage.back()
             return
 
-    def _ride_out(self, outage: Outage, exc: CliError) -> None:
+    def _ride_out(self, outage: Outage, exc: Error) -> None:
         """After ``exc``: raise it when it is no outage or the outage has lasted too long
         (``Outage.lost``), else close the link and pause before the next try."""
-        try:
-            pause = outage.lost(exc, was_there=self._answered_once())
-        except CliError as final:
-            raise typed(final) from None
+        pause = outage.lost(exc, was_there=self._answered_once())
         self.close()
         self._sleep(pause)
 
@@ -417,7 +410,7 @@ class Operations(abc.ABC):
         before that wait."""
         for reserved in (REPLY_TO, CORR):
             if reserved in (tags or {}):
-                raise CliError(f"tag {reserved} is the request's own: leave it out", USAGE)
+                raise BadInput(f"tag {reserved} is the request's own: leave it out")
         corr = correlation_id()
         self.stats(reply_to)  # where the reply goes must exist before the request leaves
         sent_tags = {**(tags or {}), REPLY_TO: reply_to, CORR: corr}
@@ -426,7 +419,7 @@ class Operations(abc.ABC):
 
     def reply(self, session: str, seq: int, text: str, *, handler: str = DEFAULT_HANDLER) -> p.Sent:
         """Send ``text`` to the session named by the ``reply-to`` tag of firing ``seq`` of
-        ``session``, tagged with its ``corr``; an ``Error`` when it has no ``reply-to``."""
+        ``session``, tagged with its ``corr``; ``NotFound`` when it has no ``reply-to``."""
         firing = self.firing(session, seq)
         target, tags = reply_tags(firing, session)
         return self.send(target, text, handler=handler, tags=tags)
@@ -462,7 +455,7 @@ class Operations(abc.ABC):
             )
             try:
                 claimed = self._woken(request, p.Claimed)
-            except CliError as exc:
+            except Error as exc:
                 self._ride_out(outage, exc)
                 if outage.timed_out:
                     return p.Claimed(timed_out=True)
@@ -516,22 +509,22 @@ class Operations(abc.ABC):
         return (self._call(p.Claims(session=session, group=group), p.ClaimList)).claims
 
     def firing(self, session: str, seq: int) -> Firing:
-        """Firing ``seq`` of ``session``, read without a cursor; an ``Error`` when the ring
+        """Firing ``seq`` of ``session``, read without a cursor; ``NotFound`` when the ring
         does not hold it."""
         if seq < 1:
-            raise CliError(f"seq {seq} names no firing: seqs start at 1", ERROR)
+            raise NotFound(f"seq {seq} names no firing: seqs start at 1")
         try:
             batch = self._call(p.Read(session=session, seq=seq), p.Firings)
-        except CliError as exc:
+        except Error as exc:
             if exc.code == Code.CURSOR_AFTER_HEAD:  # no such firing yet
-                raise CliError(f"session {session!r} has {exc.said}") from None
+                raise NotFound(f"session {session!r} has {exc.message}") from None
             raise
         if not batch.firings:
             raise no_firing(session, seq, batch)
         return batch.firings[0]
 
 
-def _again(request: p.Request, exc: CliError, *, blocking: bool) -> bool:
+def _again(request: p.Request, exc: Error, *, blocking: bool) -> bool:
     """Whether a request that failed with ``exc`` is sent once more (the module's rules 2
     and 3; a blocking one's lost answer is its caller's to ride out)."""
     if exc.code == Code.IDLE_TIMEOUT:
