@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable
 
 from repl_cli.api.errors import Error, Unavailable
-from session.advice import said_what_to_do
 
 #: how long ``--reconnect`` tries by default, in seconds
 DEFAULT_RECONNECT = 300.0
@@ -32,6 +31,8 @@ def what_happened(exc: Error) -> str:
     """An outage's cause as its note tells it: the error's message without the advice that
     ends it (to run the command again: it is being run again). The client's own messages
     end with their advice; a daemon's, when it gives its own (``said_what_to_do``)."""
+    from session.advice import said_what_to_do  # here: only an outage needs it
+
     if exc.code is not None and not said_what_to_do(exc.message):
         return exc.message
     return exc.message.rsplit(": ", 1)[0]

@@ -51,7 +51,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from repl_cli import aio, api
 from repl_cli.cli import client as cli
 from repl_cli.cli.deliver import Printer, follow
-from repl_cli.cli.main import firing_format
+from repl_cli.cli.options import firing_format
 from tests.helpers import (
     DaemonProc,
     Repl,
