@@ -39,7 +39,7 @@ socket (``repl_cli.api.blocking``), or an anyio stream (``repl_cli.api.aio``). T
 ``repl`` command is made of this API, and so is ``repl mcp`` (of the async one).
 """
 
-from repl_cli.api._common import MatchLike, as_match
+from repl_cli.api._common import REQUEST_TIMEOUT, MatchLike, as_match
 from repl_cli.api.blocking import Repl, connect
 from repl_cli.api.errors import (
     AfterHead,
@@ -62,6 +62,7 @@ from session.firing import CursorInfo, Firing
 from session.tags import Match
 
 __all__ = [
+    "REQUEST_TIMEOUT",
     "AfterHead",
     "AlreadyExists",
     "AnswerLost",

@@ -1,8 +1,13 @@
 """What the blocking API and the async one share beside their one body of operations.
 
-How a match may be given, which cursor a wait reads after, which requests
-may be sent again, and where a reply goes: plain functions, no I/O.
-``repl_cli.api`` re-exports the public names.
+How a match may be given, a length as the wire takes it, which cursor a
+wait reads after, which requests may be sent again, and where a reply goes:
+plain functions, no I/O. ``repl_cli.api`` re-exports the public names.
+
+One unit: every length the APIs take is in seconds (a float), as Python's own
+are (``time.sleep``, anyio's timeouts, this API's ``timeout`` and
+``reconnect``); ``to_ms`` makes the wire's milliseconds of it when a request
+is built, nowhere else. A default is the rule's (``session.rules``).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from msgspec import UNSET, UnsetType
 from repl_cli.api.errors import NotFound
 from repl_daemon import protocol as p
 from session.firing import Firing
+from session.rules import DEFAULT_LEASE_MS
 from session.tags import CORR, REPLY_TO, Match
 
 #: what a match may be given as: a ``Match``, or the tags that must hold (a value None:
@@ -64,6 +70,20 @@ def as_match(match: MatchLike | None) -> Match | None:
     if match is None or isinstance(match, Match):
         return match
     return Match(dict(match))
+
+
+#: how long ``request`` waits for its reply unless told, in seconds
+REQUEST_TIMEOUT = 30.0
+
+
+def to_ms(seconds: float) -> int:
+    """A length the API takes (seconds) as the wire takes it: whole milliseconds."""
+    return round(seconds * 1000)
+
+
+def lease_ms(lease: float | None) -> int:
+    """A claim's lease (seconds; None: the rule's) as the wire takes it."""
+    return DEFAULT_LEASE_MS if lease is None else to_ms(lease)
 
 
 def wait_cursor(

@@ -1,20 +1,73 @@
 """The options several commands share, and reading their words.
 
-``--tag``, ``--match``/``--handler``, ``--seq``/``--ts``/``--full``/``--json``
-and ``--reconnect``: each declared once here, with what turns its words into
-what the API takes (a usage error naming what is wrong).
+``--tag``, ``--match``/``--handler``, ``--seq``/``--ts``/``--full``/``--json``,
+``--reconnect`` and ``--lease``: each declared once here, with what turns its
+words into what the API takes (a usage error naming what is wrong).
+
+Units at the edge: a duration the API takes (``--lease``, ``--delay``) is read
+here, once, by its type (``DURATION``), into the API's one unit, seconds;
+the API makes the wire's milliseconds of it when it builds the request. A
+default is the rule's (``session.rules``), shown as a user writes one. The
+durations the wire takes as text (``--in``, ``repl every``'s INTERVAL) go to
+the daemon as given: it reads them (``session.schedule``), and its refusal is
+the one wording of theirs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from repl_cli.cli import output
+from session.rules import DEFAULT_LEASE_MS
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+if TYPE_CHECKING:  # click's ParamType is generic in its newest releases only (not 8.2, 8.3)
+    _ParamType = click.ParamType[float, str | float]
+else:
+    _ParamType = click.ParamType
+
+
+class Duration(_ParamType):
+    """A length of time as repl writes one (``250ms``, ``90s``, ``5m``, ``1h30m``, read by the
+    core's ``parse_duration``), as seconds, the API's unit; a usage error naming the
+    option when it is none."""
+
+    name = "duration"
+
+    def convert(
+        self, value: str | float, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        if not isinstance(value, str):
+            return value  # a default, in seconds already
+        from session.errors import ReplError
+        from session.schedule import parse_duration
+
+        try:
+            return parse_duration(value) / 1000
+        except ReplError as exc:
+            option = param.opts[0] if param is not None else "a duration"
+            raise click.UsageError(f"{option}: {exc.message}", ctx) from None
+
+
+DURATION = Duration()
+
+
+def lease_option(help: str) -> Callable[[F], F]:
+    """``--lease DURATION`` of ``claim`` and ``extend``: by default the rule's (60 s),
+    written as a user writes one."""
+    return click.option(
+        "--lease",
+        type=DURATION,
+        default=f"{DEFAULT_LEASE_MS // 1000}s",
+        show_default=True,
+        metavar="DURATION",
+        help=help,
+    )
 
 
 def tag_option(command: F) -> F:

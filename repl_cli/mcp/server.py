@@ -65,7 +65,7 @@ from mcp.types import Tool as MCPTool
 from pydantic import Field, ValidationError
 from typing_extensions import TypedDict
 
-from repl_cli.api import aio
+from repl_cli.api import REQUEST_TIMEOUT, aio
 from repl_cli.api.errors import Error
 from repl_cli.mcp import prompts
 from repl_cli.mcp.claims import CLAIM_TOOLS
@@ -474,7 +474,7 @@ async def request(
     session: Annotated[str, Field(description="The session of the agent you ask.")],
     text: Annotated[str, Field(description="The request.")],
     reply_to: Annotated[str, Field(description="Your own session, where the answer comes.")],
-    timeout_s: WaitSeconds = 30.0,
+    timeout_s: WaitSeconds = REQUEST_TIMEOUT,
     tags: TagsArg = None,
 ) -> ReplyOut:
     async with tools_of(ctx).own(reconnect=timeout_s) as repl:

@@ -57,12 +57,15 @@ from typing import Self
 from msgspec import UNSET, UnsetType
 
 from repl_cli.api._common import (
+    REQUEST_TIMEOUT,
     MatchLike,
     R,
     as_match,
+    lease_ms,
     no_firing,
     reply_tags,
     resendable,
+    to_ms,
     wait_cursor,
 )
 from repl_cli.api.errors import AnswerLost, BadInput, Error, NotFound
@@ -75,7 +78,6 @@ from session.rules import (
     ACK_CURSOR,
     DEFAULT_GROUP,
     DEFAULT_HANDLER,
-    DEFAULT_LEASE_MS,
     FOLLOW_CURSOR,
     WAIT_CURSOR,
     WEBHOOK_HANDLER,
@@ -427,7 +429,7 @@ class AsyncOperations(abc.ABC):
         text: str,
         *,
         reply_to: str,
-        timeout: float | None = 30.0,  # noqa: ASYNC109 - the wait's own timeout
+        timeout: float | None = REQUEST_TIMEOUT,  # noqa: ASYNC109 - the wait's own timeout
         handler: str = DEFAULT_HANDLER,
         tags: Mapping[str, str] | None = None,
     ) -> Firing | None:
@@ -478,16 +480,16 @@ class AsyncOperations(abc.ABC):
         session: str,
         *,
         group: str = DEFAULT_GROUP,
-        lease: float = DEFAULT_LEASE_MS / 1000,
+        lease: float | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - the daemon's own timeout_ms
         match: MatchLike | None = None,
         from_now: bool = False,
     ) -> p.Claimed:
         """Block until ``group`` has a firing no other claimer holds, and take it under a
-        lease of ``lease`` seconds; ``timeout`` seconds at most (then ``timed_out``, with
-        nothing taken). Finish with ``done``, give it back with ``release``, keep it
-        longer with ``extend``. A daemon restart meanwhile is ridden out as ``wait``
-        rides it out; in async code, cancelling the claim takes nothing."""
+        lease of ``lease`` seconds (None: the rule's, 60 s); ``timeout`` seconds at most
+        (then ``timed_out``, with nothing taken). Finish with ``done``, give it back with
+        ``release``, keep it longer with ``extend``. A daemon restart meanwhile is ridden
+        out as ``wait`` rides it out; in async code, cancelling the claim takes nothing."""
         deadline = None if timeout is None else self._clock() + timeout
         outage = Outage(self.reconnect, self.addr, self.note, deadline, clock=self._clock)
         wanted = as_match(match)
@@ -495,7 +497,7 @@ class AsyncOperations(abc.ABC):
             request = p.Claim(
                 session=session,
                 group=group,
-                lease_ms=round(lease * 1000),
+                lease_ms=lease_ms(lease),
                 timeout_ms=outage.remaining_ms(),
                 match=wanted,
                 from_now=from_now,
@@ -519,14 +521,13 @@ class AsyncOperations(abc.ABC):
     async def release(self, session: str, claim: str, *, delay: float = 0) -> bool:
         """Give the claim's firing back, claimable again at once or after ``delay`` seconds;
         True when that was its last attempt (it went to the dead-letter session)."""
-        request = p.Release(session=session, claim=claim, delay_ms=round(delay * 1000))
+        request = p.Release(session=session, claim=claim, delay_ms=to_ms(delay))
         return (await self._call(request, p.Released)).dead
 
-    async def extend(
-        self, session: str, claim: str, *, lease: float = DEFAULT_LEASE_MS / 1000
-    ) -> p.Extended:
-        """Keep the claim's firing ``lease`` seconds from now (a heartbeat)."""
-        request = p.Extend(session=session, claim=claim, lease_ms=round(lease * 1000))
+    async def extend(self, session: str, claim: str, *, lease: float | None = None) -> p.Extended:
+        """Keep the claim's firing ``lease`` seconds from now (a heartbeat; None: the rule's
+        lease, 60 s)."""
+        request = p.Extend(session=session, claim=claim, lease_ms=lease_ms(lease))
         return await self._call(request, p.Extended)
 
     async def group(

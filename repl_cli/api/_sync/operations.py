@@ -14,12 +14,15 @@ from typing import Self
 from msgspec import UNSET, UnsetType
 
 from repl_cli.api._common import (
+    REQUEST_TIMEOUT,
     MatchLike,
     R,
     as_match,
+    lease_ms,
     no_firing,
     reply_tags,
     resendable,
+    to_ms,
     wait_cursor,
 )
 from repl_cli.api.errors import AnswerLost, BadInput, Error, NotFound
@@ -32,7 +35,6 @@ from session.rules import (
     ACK_CURSOR,
     DEFAULT_GROUP,
     DEFAULT_HANDLER,
-    DEFAULT_LEASE_MS,
     FOLLOW_CURSOR,
     WAIT_CURSOR,
     WEBHOOK_HANDLER,
@@ -382,7 +384,7 @@ class Operations(abc.ABC):
         text: str,
         *,
         reply_to: str,
-        timeout: float | None = 30.0,
+        timeout: float | None = REQUEST_TIMEOUT,
         handler: str = DEFAULT_HANDLER,
         tags: Mapping[str, str] | None = None,
     ) -> Firing | None:
@@ -431,16 +433,16 @@ class Operations(abc.ABC):
         session: str,
         *,
         group: str = DEFAULT_GROUP,
-        lease: float = DEFAULT_LEASE_MS / 1000,
+        lease: float | None = None,
         timeout: float | None = None,
         match: MatchLike | None = None,
         from_now: bool = False,
     ) -> p.Claimed:
         """Block until ``group`` has a firing no other claimer holds, and take it under a
-        lease of ``lease`` seconds; ``timeout`` seconds at most (then ``timed_out``, with
-        nothing taken). Finish with ``done``, give it back with ``release``, keep it
-        longer with ``extend``. A daemon restart meanwhile is ridden out as ``wait``
-        rides it out; in async code, cancelling the claim takes nothing."""
+        lease of ``lease`` seconds (None: the rule's, 60 s); ``timeout`` seconds at most
+        (then ``timed_out``, with nothing taken). Finish with ``done``, give it back with
+        ``release``, keep it longer with ``extend``. A daemon restart meanwhile is ridden
+        out as ``wait`` rides it out; in async code, cancelling the claim takes nothing."""
         deadline = None if timeout is None else self._clock() + timeout
         outage = Outage(self.reconnect, self.addr, self.note, deadline, clock=self._clock)
         wanted = as_match(match)
@@ -448,7 +450,7 @@ class Operations(abc.ABC):
             request = p.Claim(
                 session=session,
                 group=group,
-                lease_ms=round(lease * 1000),
+                lease_ms=lease_ms(lease),
                 timeout_ms=outage.remaining_ms(),
                 match=wanted,
                 from_now=from_now,
@@ -472,14 +474,13 @@ class Operations(abc.ABC):
     def release(self, session: str, claim: str, *, delay: float = 0) -> bool:
         """Give the claim's firing back, claimable again at once or after ``delay`` seconds;
         True when that was its last attempt (it went to the dead-letter session)."""
-        request = p.Release(session=session, claim=claim, delay_ms=round(delay * 1000))
+        request = p.Release(session=session, claim=claim, delay_ms=to_ms(delay))
         return (self._call(request, p.Released)).dead
 
-    def extend(
-        self, session: str, claim: str, *, lease: float = DEFAULT_LEASE_MS / 1000
-    ) -> p.Extended:
-        """Keep the claim's firing ``lease`` seconds from now (a heartbeat)."""
-        request = p.Extend(session=session, claim=claim, lease_ms=round(lease * 1000))
+    def extend(self, session: str, claim: str, *, lease: float | None = None) -> p.Extended:
+        """Keep the claim's firing ``lease`` seconds from now (a heartbeat; None: the rule's
+        lease, 60 s)."""
+        request = p.Extend(session=session, claim=claim, lease_ms=lease_ms(lease))
         return self._call(request, p.Extended)
 
     def group(

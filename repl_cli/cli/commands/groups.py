@@ -16,25 +16,16 @@ from repl_cli.cli.command import command
 from repl_cli.cli.complete import complete_sessions
 from repl_cli.cli.errors import OK, TIMED_OUT, stderr_note
 from repl_cli.cli.options import (
+    DURATION,
     F,
     claim_match_options,
     firing_format,
     firing_formats,
+    lease_option,
     match_of,
     reconnect_option,
 )
-from session.rules import DEFAULT_GROUP
-
-
-def duration_ms(text: str, option: str) -> int:
-    """A ``--lease`` or ``--delay`` (``90s``, ``5m``, ``1h30m``) in ms; a usage error."""
-    from session.errors import ReplError
-    from session.schedule import parse_duration
-
-    try:
-        return parse_duration(text)
-    except ReplError as exc:
-        raise click.UsageError(f"{option}: {exc.message}") from None
+from session.rules import DEFAULT_GROUP, DEFAULT_MAX_ATTEMPTS
 
 
 def group_option(command: F) -> F:
@@ -50,13 +41,9 @@ def group_option(command: F) -> F:
 @command()
 @click.argument("session", shell_complete=complete_sessions)
 @group_option
-@click.option(
-    "--lease",
-    default="60s",
-    show_default=True,
-    metavar="DURATION",
-    help="How long the firing is yours (1s to 24h): no other claimer gets it meanwhile; "
-    "then it is offered again, unless you `repl extend` it.",
+@lease_option(
+    "How long the firing is yours (1s to 24h): no other claimer gets it meanwhile; "
+    "then it is offered again, unless you `repl extend` it."
 )
 @click.option(
     "--timeout",
@@ -77,7 +64,7 @@ def claim(
     repl: Repl,
     session: str,
     group: str,
-    lease: str,
+    lease: float,
     timeout: float | None,
     from_now: bool,
     match_words: tuple[str, ...],
@@ -103,7 +90,6 @@ def claim(
     from repl_cli.cli.sink import Sink
 
     match = match_of(match_words, handler_filter)
-    lease_ms = duration_ms(lease, "--lease")
     fmt = firing_format(seq, full, as_json, ts=ts)
     sink = Sink(confirm=True)
     repl.reconnect = reconnect
@@ -114,7 +100,7 @@ def claim(
     claimed = repl.claim(
         session,
         group=group,
-        lease=lease_ms / 1000,
+        lease=lease,
         timeout=timeout,
         match=match,
         from_now=from_now,
@@ -144,19 +130,20 @@ def done(repl: Repl, session: str, claim_token: str) -> None:
 @click.argument("claim_token", metavar="CLAIM")
 @click.option(
     "--delay",
+    type=DURATION,
+    default=0.0,
     metavar="DURATION",
     help="Claimable again only after DURATION (up to 24h) [default: at once].",
 )
 @click.pass_obj
-def release(repl: Repl, session: str, claim_token: str, delay: str | None) -> None:
+def release(repl: Repl, session: str, claim_token: str, delay: float) -> None:
     """Give a claim's firing back to its group, to be claimed again.
 
     Its last attempt given back goes to the group's dead-letter session
     instead (said on stderr, naming that session). Exit status 1 (lease_lost)
     when CLAIM is no longer the live lease: nothing changes.
     """
-    delay_s = 0.0 if delay is None else duration_ms(delay, "--delay") / 1000
-    if repl.release(session, claim_token, delay=delay_s):
+    if repl.release(session, claim_token, delay=delay):
         where = dead_letter_of(repl, session, claim_token)
         stderr_note(f"that was its last attempt: the firing goes to {where}")
 
@@ -182,20 +169,14 @@ def dead_letter_of(repl: Repl, session: str, claim_token: str) -> str:
 @command()
 @click.argument("session", shell_complete=complete_sessions)
 @click.argument("claim_token", metavar="CLAIM")
-@click.option(
-    "--lease",
-    default="60s",
-    show_default=True,
-    metavar="DURATION",
-    help="Keep it this long from now (1s to 24h).",
-)
+@lease_option("Keep it this long from now (1s to 24h).")
 @click.pass_obj
-def extend(repl: Repl, session: str, claim_token: str, lease: str) -> None:
+def extend(repl: Repl, session: str, claim_token: str, lease: float) -> None:
     """Keep a claim's firing longer (a heartbeat); prints when the lease ends now.
 
     Exit status 1 (lease_lost) when CLAIM is no longer the live lease.
     """
-    extended = repl.extend(session, claim_token, lease=duration_ms(lease, "--lease") / 1000)
+    extended = repl.extend(session, claim_token, lease=lease)
     output.line(extended.lease_until)
 
 
@@ -206,7 +187,8 @@ def extend(repl: Repl, session: str, claim_token: str, lease: str) -> None:
     "--max-attempts",
     type=click.IntRange(min=1, max=1000),
     metavar="N",
-    help="Claims a firing is given before it goes to the dead-letter session [default: 5].",
+    help="Claims a firing is given before it goes to the dead-letter session "
+    f"[default: {DEFAULT_MAX_ATTEMPTS}].",
 )
 @click.option(
     "--dead-letter",

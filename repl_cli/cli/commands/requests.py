@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from repl_cli.api import REQUEST_TIMEOUT
 from repl_cli.cli import output
 from repl_cli.cli.client import Repl
 from repl_cli.cli.command import command
@@ -34,7 +35,7 @@ from session.rules import DEFAULT_HANDLER
 @click.option(
     "--timeout",
     type=click.FloatRange(min=0),
-    default=30.0,
+    default=REQUEST_TIMEOUT,
     show_default=True,
     metavar="SECS",
     help="Give up after SECS (exit status 2).",

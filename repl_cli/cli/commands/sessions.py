@@ -8,11 +8,12 @@ from repl_cli.cli import output
 from repl_cli.cli.client import Repl
 from repl_cli.cli.command import command
 from repl_cli.cli.complete import complete_sessions
+from session.rules import DEFAULT_LIMIT
 
 
 @command()
 @click.argument("session", required=False)
-@click.option("--buffer", type=int, metavar="N", help="The ring limit (default 256).")
+@click.option("--buffer", type=int, metavar="N", help=f"The ring limit (default {DEFAULT_LIMIT}).")
 @click.option("--exist-ok", is_flag=True, help="An existing session is not an error.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: session, created.")
 @click.pass_obj
