@@ -16,10 +16,14 @@ import contextlib
 from collections.abc import Callable, Sequence
 
 from repl_cli.api.errors import Error
-from repl_cli.cli.output import JSON, FiringFormat, json_line, table
+from repl_cli.cli.output import JSON, FiringFormat, answer_fields, json_line, table
 from repl_cli.cli.sink import Sink
 from repl_daemon import protocol as p
 from session.group import GroupInfo
+
+#: the claim's line in ``--json``: the answer less the firing (printed after it), its
+#: ``lease_until_ms`` and ``timed_out``
+CLAIM_FIELDS = ("claim", "seq", "attempt", "lease_until", "lost")
 
 
 def deliver_claim(
@@ -33,18 +37,7 @@ def deliver_claim(
     that part-way (a reader gone, any other write error, Ctrl-C), ``give_back()`` the
     firing before the exception goes on."""
     assert claimed.claim is not None and claimed.firing is not None
-    if fmt.style == JSON:
-        head = json_line(
-            {
-                "claim": claimed.claim,
-                "seq": claimed.seq,
-                "attempt": claimed.attempt,
-                "lease_until": claimed.lease_until,
-                "lost": claimed.lost,
-            }
-        )
-    else:
-        head = claimed.claim
+    head = json_line(answer_fields(claimed, CLAIM_FIELDS)) if fmt.style == JSON else claimed.claim
     batch = fmt.lines(session, claimed.seq, claimed.lost, [claimed.firing])
     try:
         for text in [head, *(text for text, _ in batch)]:

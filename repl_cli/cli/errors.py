@@ -14,22 +14,7 @@ from __future__ import annotations
 
 import sys
 
-from repl_cli.api.errors import (
-    AfterHead,
-    AlreadyExists,
-    BadInput,
-    Error,
-    Forbidden,
-    Internal,
-    LeaseLost,
-    Misconfigured,
-    NotFound,
-    ProtocolError,
-    TooLong,
-    TooMany,
-    Unauthorized,
-    Unavailable,
-)
+from repl_cli.api import errors as api
 from session.errors import Code
 
 OK = 0
@@ -44,21 +29,21 @@ INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 #: is an instance of (``AnswerLost`` is an ``Unavailable``; ``Error``, last, any other).
 #: The bad_* codes (``BadInput``) are arguments the daemon found invalid: usage errors,
 #: like click's.
-STATUS: dict[type[Error], int] = {
-    Unavailable: UNAVAILABLE,
-    BadInput: USAGE,
-    Unauthorized: FORBIDDEN,
-    Forbidden: FORBIDDEN,
-    NotFound: ERROR,
-    AlreadyExists: ERROR,
-    AfterHead: ERROR,
-    LeaseLost: ERROR,
-    TooMany: ERROR,
-    TooLong: ERROR,
-    ProtocolError: ERROR,
-    Misconfigured: ERROR,
-    Internal: ERROR,
-    Error: ERROR,  # a code newer than this client
+STATUS: dict[type[api.Error], int] = {
+    api.Unavailable: UNAVAILABLE,
+    api.BadInput: USAGE,
+    api.Unauthorized: FORBIDDEN,
+    api.Forbidden: FORBIDDEN,
+    api.NotFound: ERROR,
+    api.AlreadyExists: ERROR,
+    api.AfterHead: ERROR,
+    api.LeaseLost: ERROR,
+    api.TooMany: ERROR,
+    api.TooLong: ERROR,
+    api.ProtocolError: ERROR,
+    api.Misconfigured: ERROR,
+    api.Internal: ERROR,
+    api.Error: ERROR,  # a code newer than this client
 }
 
 #: a hint appended to a daemon's message for its code, when the message does not already
@@ -84,12 +69,12 @@ HINTS: dict[str, str] = {
 }
 
 
-def exit_status(exc: Error) -> int:
+def exit_status(exc: api.Error) -> int:
     """The exit status ``exc`` ends ``repl`` with (``STATUS``)."""
     return next(status for kind, status in STATUS.items() if isinstance(exc, kind))
 
 
-def line_of(exc: Error) -> str:
+def line_of(exc: api.Error) -> str:
     """The line ``exc`` is told in: its message, and the CLI's hint for its code unless the
     message says what to do already."""
     hint = HINTS.get(exc.code, "") if exc.code is not None else ""

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from repl_cli.cli import output
-from session.rules import DEFAULT_LEASE_MS
+from session.rules import DEFAULT_HANDLER, DEFAULT_LEASE_MS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -68,6 +68,12 @@ def lease_option(help: str) -> Callable[[F], F]:
         metavar="DURATION",
         help=help,
     )
+
+
+def handler_option(help: str, default: str = DEFAULT_HANDLER) -> Callable[[F], F]:
+    """``--handler NAME``: what a firing is recorded as, by default the rule's handler for
+    it (``session.rules``)."""
+    return click.option("--handler", default=default, show_default=True, metavar="NAME", help=help)
 
 
 def tag_option(command: F) -> F:

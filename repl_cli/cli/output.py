@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -29,7 +29,15 @@ from session.firing import Firing
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from repl_daemon.protocol import Pong, Sent, SessionInfo, StatsReply, TimerInfo, TimerSet
+    from repl_daemon.protocol import (
+        Pong,
+        Sent,
+        SessionInfo,
+        StatsReply,
+        TimerInfo,
+        TimerSet,
+        TokenInfo,
+    )
     from session.firing import CursorInfo
 
 TEXT = "text"
@@ -114,15 +122,7 @@ class FiringFormat:
     def _firing(self, session: str, f: Firing) -> str:
         if self.style == JSON:
             obj: dict[str, Any] = {"session": session} if self.several else {}
-            obj.update(
-                seq=f.seq,
-                handler=f.handler,
-                result=f.result,
-                event=f.event,
-                ts=f.ts,
-                tags=f.tags,
-                by=f.by,
-            )
+            obj.update(msgspec.structs.asdict(f))  # every field of the firing, in its order
             return json_line(obj)
         pieces = self._prefix(session)
         if self.style == FULL:
@@ -263,6 +263,12 @@ def stats_tables(stats: StatsReply, *, with_daemon: bool) -> None:
     )
 
 
+def token_table(tokens: Sequence[TokenInfo]) -> None:
+    """``repl token list``: one row a scoped token, its patterns and rights comma-joined."""
+    rows = [(t.name, ",".join(t.sessions), ",".join(t.can)) for t in tokens]
+    table(("name", "sessions", "can"), rows, whole=("name",))
+
+
 def pong(answer: Pong, addr: str) -> None:
     """``repl ping``: the daemon's version, address, pid, store and uptime."""
     line(
@@ -274,7 +280,7 @@ def pong(answer: Pong, addr: str) -> None:
 def sent(answer: Sent, as_json: bool = False) -> None:
     """``repl send``: the seq, or ``SEQ duplicate`` for a deduplicated send; or JSON."""
     if as_json:
-        print_json({"seq": answer.seq, "duplicate": answer.duplicate})
+        print_answer(answer)
         return
     line(f"{answer.seq} duplicate" if answer.duplicate else str(answer.seq))
 
@@ -290,7 +296,7 @@ def timer_set(answer: TimerSet, as_json: bool = False) -> None:
     retry its key found; ``ID duplicate fired SEQ`` once that one fired); or JSON with
     ``timer``, ``due``, ``every_ms``, ``duplicate`` and ``seq`` (docs/protocol.md)."""
     if as_json:
-        print_json({name: getattr(answer, name) for name in TIMER_SET_FIELDS})
+        print_answer(answer, TIMER_SET_FIELDS)
         return
     if answer.seq is not None:
         line(f"{answer.timer} duplicate fired {answer.seq}")
@@ -350,9 +356,37 @@ def duration(seconds: float) -> str:
     return f"{minutes}m {secs}s"
 
 
+def listing(rows: Sequence[Any], as_json: bool, shown: Callable[[Sequence[Any]], None]) -> None:
+    """A list command's answer: one JSON document with ``--json``, else ``shown`` (its
+    table)."""
+    if as_json:
+        print_json(rows)
+        return
+    shown(rows)
+
+
 def print_json(value: Any) -> None:
     """A whole answer as one JSON document (``sessions``, ``cursors``, ``stats`` ``--json``)."""
     write_text(json_line(msgspec.to_builtins(value)) + "\n")
+
+
+#: what every answer carries for the wire alone, and no printed object does
+WIRE_ONLY = ("id", "ok")
+
+
+def answer_fields(answer: msgspec.Struct, names: Sequence[str] | None = None) -> dict[str, Any]:
+    """An answer's fields as JSON has them, less the wire's own (``WIRE_ONLY``), or only
+    ``names``, in their order: taken from the answer's Struct, never copied field by field,
+    so a field the wire adds is printed without a change here."""
+    fields: dict[str, Any] = msgspec.to_builtins(answer)
+    if names is None:
+        return {name: value for name, value in fields.items() if name not in WIRE_ONLY}
+    return {name: fields[name] for name in names}
+
+
+def print_answer(answer: msgspec.Struct, names: Sequence[str] | None = None) -> None:
+    """``--json`` of a command whose answer is the wire's: ``answer_fields``, one document."""
+    print_json(answer_fields(answer, names))
 
 
 def line(text: str) -> None:

@@ -31,7 +31,7 @@ from repl_cli.mcp.tools import (
     SessionArg,
     Tool,
     WaitSeconds,
-    firing_out,
+    out,
     tools_of,
     waited,
 )
@@ -99,15 +99,7 @@ async def claim(
             firing=None,
             timed_out=True,
         )
-    return ClaimOut(
-        claim=claimed.claim,
-        seq=claimed.seq,
-        attempt=claimed.attempt,
-        lease_until=claimed.lease_until,
-        lost=claimed.lost,
-        firing=firing_out(claimed.firing),
-        timed_out=False,
-    )
+    return out(ClaimOut, claimed)
 
 
 CLAIM_TOOLS = (

@@ -13,10 +13,11 @@ Each tool is a function of this module (the tools of groups and claims: of
 server's connections, ``tools_of``; what every tool shares is
 ``repl_cli.mcp.tools``), published from one table, ``TOOLS``, with its
 annotations and its description for a model. The
-results are TypedDicts that follow the wire's answers field by field: the
+results are TypedDicts named as the wire's answers name their fields: the
 SDK publishes an output schema only for what pydantic describes (TypedDicts,
 dataclasses, pydantic models), and the wire's types are msgspec Structs,
-which it does not.
+which it does not. Each result is made from its answer's Struct
+(``repl_cli.mcp.tools.out``), not copied field by field.
 
 The rules it keeps (rules M1-M3):
 
@@ -94,6 +95,7 @@ from repl_cli.mcp.tools import (
     check,
     error_line,
     firing_out,
+    out,
     tools_of,
     waited,
 )
@@ -207,11 +209,6 @@ class ScheduledOut(TypedDict):
 class ReplyOut(TypedDict):
     reply: FiringOut | None
     timed_out: bool
-
-
-def batch_out(batch: p.SessionBatch) -> BatchOut:
-    firings = [firing_out(f) for f in batch.firings]
-    return BatchOut(session=batch.session, next=batch.next, lost=batch.lost, firings=firings)
 
 
 def resource_error(exc: Error) -> ResourceError:
@@ -371,7 +368,7 @@ async def wait(
 
         every = tools_of(ctx).settings.progress_every
         woken = await waited(ctx, every, timeout_s, once, got=lambda w: bool(w.batches))
-    return WaitOut(batches=[batch_out(b) for b in woken.batches], timed_out=woken.timed_out)
+    return out(WaitOut, woken)
 
 
 async def read(
@@ -402,7 +399,7 @@ async def read(
         return await r.read(session, after=after, cursor=cursor, max=max, peek=True, match=match)
 
     got = await tools_of(ctx).call(look)
-    return ReadOut(next=got.next, lost=got.lost, firings=[firing_out(f) for f in got.firings])
+    return out(ReadOut, got)
 
 
 async def start(
@@ -421,7 +418,7 @@ async def start(
     ] = None,
 ) -> StartedOut:
     started = await tools_of(ctx).call(lambda r: r.start(session, buffer=buffer, exist_ok=exist_ok))
-    return StartedOut(session=started.session, created=started.created)
+    return out(StartedOut, started)
 
 
 async def ack(
@@ -444,7 +441,7 @@ async def ack(
     acked = await tools_of(ctx).call(lambda r: r.ack(session, seq, cursor=chosen))
     if push is not None and pushed and chosen == push.cursor:
         await push.agent_acknowledged(session, acked.seq)
-    return AckedOut(cursor=acked.cursor, seq=acked.seq)
+    return out(AckedOut, acked)
 
 
 async def schedule(
@@ -460,13 +457,7 @@ async def schedule(
     made = await tools_of(ctx).call(
         lambda r: r.schedule(session, text, in_=delay, at=at, every=every, key=key, tags=tags)
     )
-    return ScheduledOut(
-        timer=made.timer,
-        due=made.due,
-        every_ms=made.every_ms,
-        duplicate=made.duplicate,
-        seq=made.seq,
-    )
+    return out(ScheduledOut, made)
 
 
 async def request(
@@ -504,7 +495,7 @@ async def reply(
     if push is not None and upto:  # a reply to a pushed firing acknowledges it
         acked = await tools.call(lambda r: r.ack(session, upto, cursor=push.cursor))
         await push.agent_acknowledged(session, acked.seq)
-    return SentOut(seq=sent.seq, duplicate=sent.duplicate)
+    return out(SentOut, sent)
 
 
 # -- the sessions as resources ----------------------------------------------------

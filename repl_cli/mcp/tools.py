@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated, Any, NamedTuple, TypeVar
+from typing import Annotated, Any, NamedTuple, TypeVar, cast
 
 import anyio
 import msgspec
@@ -31,6 +31,7 @@ from session.firing import Firing
 
 T = TypeVar("T")
 W = TypeVar("W")
+Out = TypeVar("Out")
 
 #: how often a blocked wait tells a client that asked for progress that it is still there
 PROGRESS_EVERY = 5.0
@@ -70,16 +71,17 @@ class FiringOut(TypedDict):
     by: str | None
 
 
+def out(kind: type[Out], answer: msgspec.Struct) -> Out:
+    """A result of ``kind`` (a TypedDict, whose schema the SDK publishes) from the wire's
+    answer: the answer's fields of ``kind``'s names, in ``kind``'s order, as JSON has them
+    (a firing a dict, as ``FiringOut`` is). Derived from the answer's Struct, never copied
+    field by field: a result and its answer name their fields alike."""
+    fields = msgspec.to_builtins(answer)
+    return cast(Out, {name: fields[name] for name in kind.__annotations__})
+
+
 def firing_out(firing: Firing) -> FiringOut:
-    return FiringOut(
-        seq=firing.seq,
-        handler=firing.handler,
-        result=firing.result,
-        event=firing.event,
-        ts=firing.ts,
-        tags=dict(firing.tags),
-        by=firing.by,
-    )
+    return out(FiringOut, firing)
 
 
 # -- the arguments, described for a model ----------------------------------------------

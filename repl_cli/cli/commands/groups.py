@@ -236,11 +236,7 @@ def groups(repl: Repl, session: str, as_json: bool) -> None:
     """List a session's groups: what is done, ready, held, delayed and dead in each."""
     from repl_cli.cli.claiming import group_table
 
-    listed = repl.groups(session)
-    if as_json:
-        output.print_json(listed)
-        return
-    group_table(listed)
+    output.listing(repl.groups(session), as_json, group_table)
 
 
 @command()
@@ -257,8 +253,4 @@ def claims(repl: Repl, session: str, group: str | None, as_json: bool) -> None:
     """List the firings held under a lease: group, seq, attempt, when the lease ends."""
     from repl_cli.cli.claiming import claim_table
 
-    listed = repl.claims(session, group=group)
-    if as_json:
-        output.print_json(listed)
-        return
-    claim_table(listed)
+    output.listing(repl.claims(session, group=group), as_json, claim_table)

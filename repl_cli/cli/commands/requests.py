@@ -14,11 +14,11 @@ from repl_cli.cli.errors import OK, TIMED_OUT
 from repl_cli.cli.options import (
     firing_format,
     firing_formats,
+    handler_option,
     reconnect_option,
     tag_option,
     tags_of,
 )
-from session.rules import DEFAULT_HANDLER
 
 
 @command()
@@ -40,13 +40,7 @@ from session.rules import DEFAULT_HANDLER
     metavar="SECS",
     help="Give up after SECS (exit status 2).",
 )
-@click.option(
-    "--handler",
-    default=DEFAULT_HANDLER,
-    show_default=True,
-    metavar="NAME",
-    help="What the request is recorded as.",
-)
+@handler_option("What the request is recorded as.")
 @tag_option
 @reconnect_option
 @firing_formats
@@ -92,13 +86,7 @@ def request(
 @click.argument("session", shell_complete=complete_sessions)
 @click.argument("seq", type=click.IntRange(min=1))
 @click.argument("text", required=False)
-@click.option(
-    "--handler",
-    default=DEFAULT_HANDLER,
-    show_default=True,
-    metavar="NAME",
-    help="What the reply is recorded as.",
-)
+@handler_option("What the reply is recorded as.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: seq, duplicate.")
 @click.pass_obj
 def reply(

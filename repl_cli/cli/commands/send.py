@@ -11,20 +11,13 @@ from repl_cli.cli import output
 from repl_cli.cli.client import Repl
 from repl_cli.cli.command import command
 from repl_cli.cli.complete import complete_sessions
-from repl_cli.cli.options import tag_option, tags_of
-from session.rules import DEFAULT_HANDLER
+from repl_cli.cli.options import handler_option, tag_option, tags_of
 
 
 @command()
 @click.argument("session", shell_complete=complete_sessions)
 @click.argument("text", required=False)
-@click.option(
-    "--handler",
-    default=DEFAULT_HANDLER,
-    show_default=True,
-    metavar="NAME",
-    help="What produced it; a handler the session lacks makes an unhandled firing.",
-)
+@handler_option("What produced it; a handler the session lacks makes an unhandled firing.")
 @click.option("--key", metavar="KEY", help="A dedup key: a retry with it records nothing.")
 @click.option("--lines", is_flag=True, help="Each line of stdin is its own firing.")
 @click.option(

@@ -23,7 +23,7 @@ def start(
     """Create a session and print its id (one is made up when none is given)."""
     started = repl.start(session, buffer=buffer, exist_ok=exist_ok)
     if as_json:
-        output.print_json({"session": started.session, "created": started.created})
+        output.print_answer(started)
         return
     output.line(started.session)
 
@@ -41,11 +41,7 @@ def stop(repl: Repl, session: str) -> None:
 @click.pass_obj
 def sessions(repl: Repl, as_json: bool) -> None:
     """List sessions: id, head, retained, limit, cursors, waiters."""
-    listed = repl.sessions()
-    if as_json:
-        output.print_json(listed)
-        return
-    output.session_table(listed)
+    output.listing(repl.sessions(), as_json, output.session_table)
 
 
 @command()
@@ -63,11 +59,7 @@ def buffer(repl: Repl, session: str, limit: int) -> None:
 @click.pass_obj
 def cursors(repl: Repl, session: str, as_json: bool) -> None:
     """List a session's cursors: name, seq, lag behind the head."""
-    listed = repl.cursors(session)
-    if as_json:
-        output.print_json(listed)
-        return
-    output.cursor_table(listed)
+    output.listing(repl.cursors(session), as_json, output.cursor_table)
 
 
 @command()
@@ -78,6 +70,6 @@ def stats(repl: Repl, session: str | None, as_json: bool) -> None:
     """Counters: firings, lost, evaluations, waiters, connections."""
     got = repl.stats(session)
     if as_json:
-        output.print_json({"daemon": got.daemon, "sessions": got.sessions})
+        output.print_answer(got)
         return
     output.stats_tables(got, with_daemon=session is None)

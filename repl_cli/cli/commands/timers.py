@@ -11,7 +11,7 @@ from repl_cli.cli import output
 from repl_cli.cli.client import Repl
 from repl_cli.cli.command import command
 from repl_cli.cli.complete import complete_sessions, complete_timers
-from repl_cli.cli.options import tag_option, tags_of
+from repl_cli.cli.options import handler_option, tag_option, tags_of
 from session.rules import TICK_HANDLER
 
 
@@ -19,13 +19,7 @@ from session.rules import TICK_HANDLER
 @click.argument("session", shell_complete=complete_sessions)
 @click.argument("interval", metavar="INTERVAL")
 @click.argument("text", required=False, default="")
-@click.option(
-    "--handler",
-    default=TICK_HANDLER,
-    show_default=True,
-    metavar="NAME",
-    help="What each firing is recorded as (on-tick's result is TEXT).",
-)
+@handler_option("What each firing is recorded as (on-tick's result is TEXT).", TICK_HANDLER)
 @click.option("--key", metavar="KEY", help="A dedup key: a retry with it makes no second timer.")
 @click.option("--in", "in_", metavar="DURATION", help="The first firing after DURATION.")
 @click.option("--at", metavar="TIME", help="The first firing at TIME (RFC 3339).")
@@ -69,11 +63,7 @@ def every(
 @click.pass_obj
 def timers(repl: Repl, session: str | None, as_json: bool) -> None:
     """List pending timers, soonest first: timer, session, due, every, handler, text."""
-    listed = repl.timers(session)
-    if as_json:
-        output.print_json(listed)
-        return
-    output.timer_table(listed)
+    output.listing(repl.timers(session), as_json, output.timer_table)
 
 
 @command()

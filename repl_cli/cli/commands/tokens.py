@@ -8,6 +8,7 @@ from repl_cli.cli import output
 from repl_cli.cli.client import Repl
 from repl_cli.cli.command import ReplGroup, command
 from repl_cli.cli.complete import complete_sessions, complete_tokens
+from repl_cli.cli.options import handler_option
 from session.rules import WEBHOOK_HANDLER
 
 
@@ -53,9 +54,7 @@ def token_add(repl: Repl, name: str, patterns: str, can: str, as_json: bool) -> 
         raise click.UsageError(exc.message) from None
     made = repl.token_add(name, list(scope.patterns), sorted(scope.rights))
     if as_json:
-        output.print_json(
-            {"token": made.token, "name": made.name, "sessions": made.sessions, "can": made.can}
-        )
+        output.print_answer(made)
         return
     output.line(made.token)
 
@@ -65,15 +64,7 @@ def token_add(repl: Repl, name: str, patterns: str, can: str, as_json: bool) -> 
 @click.pass_obj
 def token_list(repl: Repl, as_json: bool) -> None:
     """List the scoped tokens: name, sessions, rights (never the token itself)."""
-    listed = repl.token_list()
-    if as_json:
-        output.print_json(listed)
-        return
-    output.table(
-        ("name", "sessions", "can"),
-        [(t.name, ",".join(t.sessions), ",".join(t.can)) for t in listed],
-        whole=("name",),
-    )
+    output.listing(repl.token_list(), as_json, output.token_table)
 
 
 @token.command("revoke")
@@ -92,13 +83,7 @@ def token_revoke(repl: Repl, name: str) -> None:
     metavar="FILE",
     help="The webhook's secret, read from FILE (- for stdin; one trailing newline dropped).",
 )
-@click.option(
-    "--handler",
-    default=WEBHOOK_HANDLER,
-    show_default=True,
-    metavar="NAME",
-    help="What each delivery is recorded as (its result is the body).",
-)
+@handler_option("What each delivery is recorded as (its result is the body).", WEBHOOK_HANDLER)
 @click.option("--remove", is_flag=True, help="Take the session's webhook away.")
 @click.pass_obj
 def webhook(repl: Repl, session: str, secret_file: str | None, handler: str, remove: bool) -> None:
