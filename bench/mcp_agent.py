@@ -232,7 +232,7 @@ def mcp_rows(_s: Sizes) -> list[Row]:
 
 
 def mcp_group(setup: Setup, rows: dict[str, Row]) -> None:
-    if find_spec("mcp") is None or find_spec("repl_cli.mcp_server") is None:
+    if find_spec("mcp") is None or find_spec("repl_cli.mcp.server") is None:
         for row in rows_of(rows):
             row.missing = MISSING
         setup.notes.append(HINT)

@@ -368,7 +368,7 @@ def push_rows(s: Sizes) -> list[Row]:
 
 
 def push_group(setup: Setup, rows: dict[str, Row]) -> None:
-    if find_spec("mcp") is None or find_spec("repl_cli.mcp_push") is None:
+    if find_spec("mcp") is None or find_spec("repl_cli.mcp.push") is None:
         for row in rows_of(rows):
             row.missing = MISSING
         setup.notes.append(HINT)

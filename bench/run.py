@@ -87,7 +87,7 @@ def find_redis(path: str | None, notes: list[str]) -> str | None:
 
 def find_cli() -> Path | None:
     """The `repl` script beside this interpreter, if the CLI package is there to run it."""
-    if importlib.util.find_spec("repl_cli.main") is None:
+    if importlib.util.find_spec("repl_cli.cli.main") is None:
         return None
     script = Path(sys.executable).parent / "repl"
     if script.exists():
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     if setup.store_missing:
         notes.append("durable rows: repl_daemon.backends.local.sqlite does not exist yet")
     if setup.cli is None:
-        notes.append("CLI row: repl_cli.main (the `repl` command) does not exist yet")
+        notes.append("CLI row: repl_cli.cli.main (the `repl` command) does not exist yet")
     if args.keep:
         notes.append(f"work directory kept: {workdir}")
     for note in notes:

@@ -557,7 +557,7 @@ def cli_runs(setup: Setup, plain: Daemon, secure: Daemon, certs: Certs) -> tuple
 # what a TLS run of the CLI loads beyond a plain one, timed in a fresh interpreter
 SSL_START = """
 import sys, time
-import repl_cli.main
+import repl_cli.cli.main
 t0 = time.perf_counter()
 import ssl
 t1 = time.perf_counter()

@@ -1,8 +1,10 @@
-"""The ``repl`` command line: click commands over a blocking client of the daemon.
+"""repl's client side: three products, a package each.
 
-``main`` (the commands), ``client`` (the wire), ``deliver`` and ``sink``
-(printing, then acknowledging only what the reader took), ``output`` (every
-format), ``errors`` (exit statuses), ``launch`` (``repl daemon``). Nothing
-here imports anyio or rich at start-up. A rule cited by its id (C8, S9, ...) is
-docs/semantics.md's.
+- ``repl_cli.api``: the Python library, blocking (``repl_cli.api.Repl``) and
+  async (``repl_cli.api.aio``, also importable as ``repl_cli.aio``);
+- ``repl_cli.cli``: the ``repl`` command, made of the blocking API;
+- ``repl_cli.mcp``: the MCP server (``repl mcp``, and ``/mcp`` on the daemon),
+  made of the async API.
+
+The library imports neither front end; docs/layout.md maps the three.
 """

@@ -1,13 +1,13 @@
-"""Writes the blocking API's operations from the async ones: repl_cli/_async -> repl_cli/_sync.
+"""Writes the blocking API's operations from the async ones: api/_async -> api/_sync.
 
-The Python APIs' operations are written once, async, in ``repl_cli/_async/``;
-this rewrites each module there, word by word, into ``repl_cli/_sync/``
+The Python APIs' operations are written once, async, in ``repl_cli/api/_async/``;
+this rewrites each module there, word by word, into ``repl_cli/api/_sync/``
 (``async def`` -> ``def``, ``await x`` -> ``x``, ``AsyncOperations`` ->
 ``Operations``, ``aclose`` -> ``close``, ...), and formats the result with
 ruff as the rest of the code is. httpcore keeps its connection code so
 (its ``scripts/unasync.py``); this is the same idea, written for ours.
 
-Usage: python scripts/unasync.py            write repl_cli/_sync/
+Usage: python scripts/unasync.py            write repl_cli/api/_sync/
        python scripts/unasync.py --check    exit 1, naming the file, if one is stale
                                             (scripts/check runs this)
 """
@@ -20,8 +20,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE = ROOT / "repl_cli" / "_async"
-TARGET = ROOT / "repl_cli" / "_sync"
+SOURCE = ROOT / "repl_cli" / "api" / "_async"
+TARGET = ROOT / "repl_cli" / "api" / "_sync"
 
 #: each rewrite, a whole word (or the words given) at a time
 WORDS: tuple[tuple[str, str], ...] = (
@@ -38,13 +38,13 @@ WORDS: tuple[tuple[str, str], ...] = (
     (r"aclose", "close"),
     (r"__aenter__", "__enter__"),
     (r"__aexit__", "__exit__"),
-    (r"repl_cli\._async", "repl_cli._sync"),
+    (r"repl_cli\.api\._async", "repl_cli.api._sync"),
 )
 #: comments that only async code needs (ruff would call them unused in the blocking twin)
 DROPPED = re.compile(r"  # noqa: ASYNC\d+[^\n]*")
 COMPILED = [(re.compile(rf"\b{pattern}"), by) for pattern, by in WORDS]
 #: the generated module's docstring, in place of the source's (which speaks of the source)
-HEADER = '''"""Written by scripts/unasync.py from repl_cli/_async/{name}: edit that one.
+HEADER = '''"""Written by scripts/unasync.py from repl_cli/api/_async/{name}: edit that one.
 
 The blocking twin of the async source; ``python scripts/unasync.py`` writes
 it again, and ``scripts/check`` fails while it is stale.

@@ -1,6 +1,7 @@
 """The layout's rules (``scripts/imports.py``): no import cycle, an engine that imports
 no backend, a client that imports of the daemon only what they share, a daemon that
-imports no client; and that the check catches each, on a tree made to break it."""
+imports no client, a library that imports neither front end and a CLI that loads the
+MCP server only lazily; and that the check catches each, on a tree made to break it."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ def test_the_project_has_no_cycle_and_an_engine_that_imports_no_backend() -> Non
     assert done.returncode == 0, done.stderr
     assert "no cycle, the engine imports no backend" in done.stdout
     assert "the client imports only what it shares with the daemon" in done.stdout
+    assert "the library imports no front end, the MCP server not the CLI" in done.stdout
+    assert "the CLI the MCP server only lazily" in done.stdout
 
 
 def tree(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -93,6 +96,51 @@ def test_a_client_that_imports_the_daemons_engine_is_caught(tmp_path: Path) -> N
     assert "the client's repl_cli.slow imports the daemon's repl_daemon.engine" in done.stderr
     assert "repl_daemon.http imports the client's repl_cli.fast" in done.stderr
     assert "repl_cli.fast imports" not in done.stderr  # the wire's types: allowed
+
+
+def test_a_library_or_a_front_end_that_reaches_across_the_client_is_caught(
+    tmp_path: Path,
+) -> None:
+    """The library imports no front end, even lazily; the MCP server imports the library,
+    never the CLI; the CLI imports the library, and the MCP server only in a function (or
+    for types), so that ``repl read`` never loads it."""
+    lazy = "def f() -> None:\n    from repl_cli.mcp import server\n"
+    typed = (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from repl_cli.mcp import server\n"
+    )
+    root = tree(
+        tmp_path,
+        {
+            "repl_cli/api/__init__.py": "",
+            "repl_cli/api/client.py": "def f() -> None:\n    from repl_cli.cli import output\n",
+            "repl_cli/api/errors.py": "class Error(Exception): ...\n",
+            "repl_cli/cli/__init__.py": "",
+            "repl_cli/cli/output.py": "from repl_cli.api.errors import Error\n",
+            "repl_cli/cli/eager.py": "from repl_cli.mcp import server\n",
+            "repl_cli/cli/lazy.py": lazy,
+            "repl_cli/cli/typed.py": typed,
+            "repl_cli/mcp/__init__.py": "",
+            "repl_cli/mcp/server.py": "from repl_cli.api.errors import Error\n",
+            "repl_cli/mcp/stdio.py": "from repl_cli.cli.output import x\n",
+        },
+    )
+    done = check(root)
+    assert done.returncode == 1
+    assert (
+        "repl_cli.api.client (of repl_cli.api) imports repl_cli.cli.output: "
+        "repl_cli.api may not import repl_cli.cli" in done.stderr
+    )
+    assert (
+        "repl_cli.mcp.stdio (of repl_cli.mcp) imports repl_cli.cli.output: "
+        "repl_cli.mcp may not import repl_cli.cli" in done.stderr
+    )
+    assert (
+        "repl_cli.cli.eager imports repl_cli.mcp.server when it loads: repl_cli.cli imports "
+        "repl_cli.mcp only lazily, in a function" in done.stderr
+    )
+    assert "repl_cli.cli.lazy" not in done.stderr and "repl_cli.cli.typed" not in done.stderr
+    assert "repl_cli.cli.output" not in done.stderr.replace("imports repl_cli.cli.output", "")
+    assert len(done.stderr.splitlines()) == 3
 
 
 def test_a_long_module_or_function_says_why_it_is_long() -> None:

@@ -47,22 +47,29 @@ def test_every_operation_answers_its_struct(inproc: InProcDaemon) -> None:
         repl.stop("api-a")
 
 
-def test_errors_carry_the_exit_status_and_the_wire_code(
-    inproc: InProcDaemon, tmp_path: Path
-) -> None:
+def test_errors_are_typed_and_carry_the_wire_code(inproc: InProcDaemon, tmp_path: Path) -> None:
+    """The library raises its own classes (one a meaning), with the daemon's code and its
+    message as it said it: no exit status, no hint of the CLI's."""
     with api.connect(inproc.addr, inproc.home) as repl:
-        with pytest.raises(api.Error) as missing:
+        with pytest.raises(api.NotFound) as missing:
             repl.send("api-nope", "x")
-        assert (missing.value.status, missing.value.code) == (1, "no_such_session")
+        assert missing.value.code == "no_such_session"
         assert "repl start api-nope" in missing.value.message
-        with pytest.raises(api.Error) as bad:
+        assert str(missing.value) == missing.value.message
+        assert not hasattr(missing.value, "status")
+        with pytest.raises(api.BadInput) as bad:
             repl.send("bad id", "x")
-        assert (bad.value.status, bad.value.code) == (64, "bad_session_id")
+        assert bad.value.code == "bad_session_id"
+        repl.start("api-errors", exist_ok=True)
+        with pytest.raises(api.AfterHead) as after:
+            repl.read("api-errors", after=99)
+        assert after.value.message.endswith("99 is after head 0")  # the CLI adds its hint
+        assert "`" not in after.value.message
     (tmp_path / "token").write_text("t\n")
     with api.connect(f"127.0.0.1:{free_port()}", tmp_path, reconnect=0) as away:
         with pytest.raises(api.Unavailable) as gone:
             away.ping()
-        assert gone.value.status == 75 and "no daemon at" in gone.value.message
+        assert gone.value.code is None and "no daemon at" in gone.value.message
         with pytest.raises(api.Unavailable):
             away.wait("s", timeout=1)
 
@@ -112,8 +119,9 @@ def test_follow_with_count_rides_out_an_outage_for_its_last_ack() -> None:
     """``repl follow --count N`` acknowledges its last batch alone: a restart of the daemon
     just then is ridden out (the ack tried again), never an exit 0 with it unacknowledged.
     The operations run here over a link that fails that ack once, as a restart would."""
-    from repl_cli._common import R, Unavailable
-    from repl_cli._sync.operations import Operations
+    from repl_cli.api._common import R
+    from repl_cli.api._sync.operations import Operations
+    from repl_cli.api.errors import Unavailable
     from session.firing import NO_TAGS
 
     class Link(Operations):
@@ -204,16 +212,16 @@ async def test_the_async_api_answers_the_same(inproc: InProcDaemon) -> None:
         assert (await repl.ack("aio-a", got.next)).seq == 1
         assert [(c.name, c.seq) for c in await repl.cursors("aio-a")] == [("read", 1)]
         assert (await repl.wait("aio-a", cursor="read", timeout=0.05)).timed_out
-        with pytest.raises(api.Error) as missing:
+        with pytest.raises(api.NotFound) as missing:
             await repl.read("aio-nope")
-        assert (missing.value.status, missing.value.code) == (1, "no_such_session")
+        assert missing.value.code == "no_such_session"
 
 
 @pytest.mark.anyio
 async def test_the_async_api_runs_every_operation_the_blocking_one_does(
     inproc: InProcDaemon,
 ) -> None:
-    """The same operations, written once (repl_cli/_async/operations.py), awaited: each
+    """The same operations, written once (repl_cli/api/_async/operations.py), awaited: each
     answers its struct, and the compound reads are one request each."""
     async with aio.connect(inproc.addr, inproc.home) as repl:
         await repl.start("aio-b", buffer=3)
@@ -298,10 +306,10 @@ async def test_the_async_api_with_no_daemon_is_unavailable_at_once(tmp_path: Pat
             await repl.wait("s")
 
 
-#: what only one of the twins has, and why: the blocking one closes with ``close`` and
-#: lends its outage handling to the CLI (``again``); the async one closes with ``aclose``,
-#: as anyio's objects do
-ONLY_BLOCKING = {"again", "close"}
+#: what only one of the twins has, and why: the blocking one closes with ``close``, the
+#: async one with ``aclose``, as anyio's objects do (the CLI's ``again`` and ``watch`` are
+#: the CLI's own, ``repl_cli.cli.client.Repl``)
+ONLY_BLOCKING = {"close"}
 ONLY_ASYNC = {"aclose"}
 
 

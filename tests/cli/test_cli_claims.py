@@ -331,3 +331,26 @@ def test_a_lease_that_ran_out_while_the_daemon_was_down_expires_once_at_start(
         assert [json.loads(x)["result"] for x in lines[1:]] == ["the job"]
         got = claim(repl, s, "--group", "retry")
         assert (got["seq"], got["attempt"]) == (1, 2)
+
+
+@pytest.mark.parametrize("text", ["1s", "250ms", "90s", "5m", "1h30m", "23h59m59s999ms", "1d"])
+def test_a_duration_is_read_once_into_seconds_and_reaches_the_wire_as_its_milliseconds(
+    text: str,
+) -> None:
+    """Units at the edge: ``--lease`` and ``--delay`` are read where they come in into the
+    API's one unit (seconds), which the API makes the wire's milliseconds when it builds
+    the request: no millisecond is lost or gained on the way."""
+    import click
+
+    from repl_cli.api._common import lease_ms, to_ms
+    from repl_cli.cli.options import DURATION
+    from session.rules import DEFAULT_LEASE_MS
+    from session.schedule import parse_duration
+
+    option = click.Option(["--lease"])
+    seconds = DURATION.convert(text, option, None)
+    assert isinstance(seconds, float)
+    assert to_ms(seconds) == lease_ms(seconds) == parse_duration(text)
+    assert lease_ms(None) == DEFAULT_LEASE_MS  # no lease given: the rule's
+    with pytest.raises(click.UsageError, match=r"^--lease: duration 'soon' is not a number"):
+        DURATION.convert("soon", option, None)

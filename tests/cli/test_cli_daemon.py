@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from repl_cli.launch import _last_words
-from repl_cli.main import daemon as daemon_command
+from repl_cli.cli.commands.daemon import daemon as daemon_command
+from repl_cli.cli.launch import _last_words
 from repl_daemon.__main__ import parser as daemon_parser
 from repl_daemon.config import DEFAULTS, OPTIONS, Option, to_argv
 from tests.helpers import InProcDaemon, assert_one_error_line, eventually, free_port, repl_argv

@@ -221,18 +221,17 @@ def test_a_reader_slower_than_the_idle_timeout_still_gets_its_ack(tmp_path: Path
 
 
 def test_a_line_the_reader_took_just_before_it_left_counts_as_delivered() -> None:
-    """The sink looks at a pipe's unread bytes, then polls for a reader that left; a
+    """The receipt looks at a pipe's unread bytes, then polls for a reader that left; a
     reader that took the line and left between the two (``head -n 2`` with the second)
     had it, so it is delivered (and acknowledged); a line left unread in the pipe of a
     reader that left is not. Once failing under load: ``follow | head -n 2`` acknowledged 1."""
     import os
 
-    from repl_cli.errors import ReaderGone
-    from repl_cli.sink import Sink
+    from repl_cli.api.receipt import ReaderGone, Receipt
 
     read_end, write_end = os.pipe()
     try:
-        sink = Sink(write_end)
+        sink = Receipt(write_end)
         os.write(write_end, b"taken\n")
         assert os.read(read_end, 64) == b"taken\n"
         os.close(read_end)
@@ -245,7 +244,7 @@ def test_a_line_the_reader_took_just_before_it_left_counts_as_delivered() -> Non
 
     read_end, write_end = os.pipe()
     try:
-        sink = Sink(write_end)
+        sink = Receipt(write_end)
         os.write(write_end, b"never read\n")
         os.close(read_end)
         with pytest.raises(ReaderGone):

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from repl_cli import client as cli_client
+from repl_cli.api import client as cli_client
+from session.errors import Code
 from tests.helpers import (
     InProcDaemon,
     Repl,
@@ -154,21 +155,65 @@ def test_the_home_is_repl_home_then_xdg_state_then_local_state(
     assert locations.default_home() == tmp_path / "h"
 
 
+#: every wire code's exit status: 64 for the arguments the daemon found invalid, 77 for a
+#: token refused or a right it lacks, 75 for what trying again mends, 1 for the rest
+WIRE_STATUS = {
+    **dict.fromkeys([c for c in Code if c.startswith("bad_") and c != Code.BAD_REQUEST], 64),
+    Code.UNAUTHORIZED: 77,
+    Code.FORBIDDEN: 77,
+    Code.IDLE_TIMEOUT: 75,
+    Code.SLOW_CONSUMER: 75,
+    Code.STORE_FAILED: 75,
+    Code.SHUTTING_DOWN: 75,
+}
+
+
+def test_each_wire_code_has_a_class_of_the_librarys_and_the_cli_one_exit_status() -> None:
+    """The library gives each code a class (``BY_CODE``), never a status; the CLI's one table
+    (``STATUS``) gives each class one, and a code newer than the client is a plain error."""
+    from repl_cli.api import errors
+    from repl_cli.cli.errors import STATUS, exit_status, line_of
+
+    assert set(errors.BY_CODE) == set(Code)
+    for code in Code:
+        exc = errors.from_wire(code, "said")
+        assert type(exc) is errors.BY_CODE[code] and exc.code == code
+        assert exit_status(exc) == WIRE_STATUS.get(code, 1), code
+    classes = {c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, Exception)}
+    assert classes - {errors.AnswerLost} == set(STATUS)  # one status a class
+    assert exit_status(errors.AnswerLost("lost")) == 75
+    newer = errors.from_wire("from_the_future", "something")
+    assert type(newer) is errors.Error and exit_status(newer) == 1
+    assert line_of(newer) == "something"
+    hinted = errors.from_wire(Code.NO_SUCH_TIMER, "no timer t")
+    assert line_of(hinted) == "no timer t: `repl timers` lists the pending ones"
+    told = errors.from_wire(Code.NO_SUCH_TIMER, "no timer t (`repl timers` lists them)")
+    assert line_of(told) == told.message  # it says what to do already
+
+
 def test_read_loads_neither_anyio_nor_rich_nor_the_daemon(repl: Repl, s: str) -> None:
+    """Nor the MCP server, the daemon's options, or any command but those of reading (the
+    group loads a command's module when it is asked for)."""
     repl.send(s, "one")
     probe = (
         "import sys\n"
-        "from repl_cli.main import main\n"
+        "from repl_cli.cli.main import main\n"
         f"status = main(['read', '{s}', '--full'])\n"
-        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('anyio', 'rich')\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('anyio', 'rich', 'mcp')\n"
         "               or m in ('repl_daemon.hub', 'repl_daemon.server', 'repl_daemon.daemon',\n"
-        "                        'repl_daemon.engine', 'repl_daemon.backends'))\n"
+        "                        'repl_daemon.engine', 'repl_daemon.backends',\n"
+        "                        'repl_daemon.config', 'repl_cli.mcp')\n"
+        "               or m.startswith('repl_cli.cli.commands.'))\n"
         "print(status, heavy)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, env=repl.env, timeout=30
     )
-    assert done.stdout.splitlines() == ["1 0", '(1 "on-message" "one")', "0 []"]
+    assert done.stdout.splitlines() == [
+        "1 0",
+        '(1 "on-message" "one")',
+        "0 ['repl_cli.cli.commands.reading']",
+    ]
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from repl_cli import output
+from repl_cli.cli import output
 from tests.helpers import Repl, read_line, repl_argv
 
 AWKWARD = 'say "hi"\\ \ttab\nnewline é 日本'

@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from repl_cli.recent import since_ts
+from repl_cli.cli.recent import since_ts
 from tests.helpers import Repl, assert_one_error_line, eventually, repl_argv
 
 

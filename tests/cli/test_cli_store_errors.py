@@ -72,7 +72,7 @@ def test_without_the_redis_extra_the_start_says_which_pip_install_brings_it(
     probe = (
         "import sys\n"
         "sys.modules['redis'] = None\n"
-        "from repl_cli.main import main\n"
+        "from repl_cli.cli.main import main\n"
         f"sys.exit(main(['--addr', '127.0.0.1:{free_port()}', '--home', {str(tmp_path)!r},\n"
         "                'daemon', '--store', 'redis://127.0.0.1:6379/0']))\n"
     )

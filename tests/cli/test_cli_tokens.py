@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from repl_cli import aio, api
-from repl_cli.errors import CliError
 from tests.helpers import InProcDaemon, Repl
 
 _names = count()
@@ -125,9 +124,9 @@ def test_the_python_api_takes_a_token(repl: Repl, shared: InProcDaemon) -> None:
     with api.connect(repl.daemon.addr, home, token=made.token) as scoped:
         assert [row.id for row in scoped.sessions()] == [mine]
         assert scoped.read(mine, after=0).firings[0].result == "one"
-        with pytest.raises(CliError) as refused:
+        with pytest.raises(api.Forbidden) as refused:
             scoped.send(mine, "x")
-        assert refused.value.status == 77 and refused.value.code == "forbidden"
+        assert refused.value.code == "forbidden"
     with api.connect(repl.daemon.addr, home) as root:
         root.token_revoke(made.name)
         assert made.name not in {t.name for t in root.token_list()}
@@ -142,12 +141,11 @@ async def test_the_async_api_takes_a_token(repl: Repl, shared: InProcDaemon) -> 
         assert made.name in {t.name for t in await root.token_list()}
     async with aio.connect(repl.daemon.addr, home, token=made.token) as scoped:
         assert (await scoped.send(mine, "two")).seq == 2
-        with pytest.raises(CliError) as refused:
+        with pytest.raises(api.Forbidden):
             await scoped.stop(mine)
-        assert refused.value.status == 77
     async with aio.connect(repl.daemon.addr, home) as root:
         await root.token_revoke(made.name)
     async with aio.connect(repl.daemon.addr, home, token=made.token) as revoked:
-        with pytest.raises(CliError) as gone:
+        with pytest.raises(api.Unauthorized) as gone:
             await revoked.ping()
-        assert gone.value.status == 77 and "given to the client" in gone.value.message
+        assert "given to the client" in gone.value.message

@@ -78,11 +78,11 @@ def test_no_advice_over_http_or_mcp_names_a_command_a_flag_or_an_upgrade() -> No
 def test_protocol_md_lists_every_interfaces_advice() -> None:
     from pathlib import Path
 
-    from repl_cli.errors import WIRE
+    from repl_cli.cli.errors import HINTS as CLI_HINTS
 
     table = Path(__file__).resolve().parents[2].joinpath("docs", "protocol.md").read_text()
     for code in Code:
-        cli = WIRE.get(code, (0, ""))[1]
+        cli = CLI_HINTS.get(code, "")
         http, mcp = HINTS["http"].get(code, ""), HINTS["mcp"].get(code, "")
         if cli or http or mcp:
             row = " | ".join(cell.replace("|", "\\|") or "—" for cell in (cli, http, mcp))
@@ -123,14 +123,18 @@ def test_the_cli_words_that_leaked_to_http_and_mcp_are_put_their_way() -> None:
 
 
 def test_an_unavailable_error_keeps_the_daemons_own_words_for_mcp() -> None:
-    """The APIs raise a 75 as ``Unavailable``; what MCP words its way is the daemon's own
-    message, not the CLI's line with its hint."""
-    from repl_cli._common import Unavailable, typed
-    from repl_cli.errors import from_wire
+    """The APIs raise a store's failure as ``Unavailable`` with the daemon's own message,
+    which MCP words its way; the CLI adds its own hint, and exits 75."""
+    from repl_cli.api.errors import Unavailable, from_wire
+    from repl_cli.cli.errors import exit_status, line_of
 
-    exc = typed(from_wire("store_failed", "the store failed (disk full)"))
-    assert isinstance(exc, Unavailable) and exc.status == 75 and exc.code == "store_failed"
-    assert exc.said == "the store failed (disk full)"
-    assert advised(exc.code, exc.said, "mcp").endswith(
+    exc = from_wire("store_failed", "the store failed (disk full)")
+    assert isinstance(exc, Unavailable) and exc.code == "store_failed"
+    assert exc.message == "the store failed (disk full)"
+    assert advised(exc.code, exc.message, "mcp").endswith(
         ": call the tool again once the daemon's store is back"
+    )
+    assert exit_status(exc) == 75
+    assert line_of(exc) == (
+        "the store failed (disk full): see the daemon's log and run the command again"
     )

@@ -115,7 +115,7 @@ def echo_command(repl: Any, session: str, word: str) -> None:
 
 @pytest.fixture
 def echo_verb() -> Iterator[None]:
-    from repl_cli.main import cli
+    from repl_cli.cli.main import cli
 
     p.register(ECHO)
     step(Echo)(echo_step)
@@ -173,7 +173,7 @@ def test_a_new_verb_is_served_everywhere_from_its_row(
     assert called == {"session": "ec", "word": "hey", "head": 1, "wait_ms": 2000}
     assert wrong == "repl: the echo tool takes no wurd: its arguments are session, wait_s, word"
     # the CLI: its command, one call of the API
-    from repl_cli.main import cli
+    from repl_cli.cli.main import cli
 
     argv = ["--addr", daemon.addr, "--home", str(daemon.home), "echo", "ec", "--word", "yes"]
     run = CliRunner().invoke(cli, argv)
@@ -192,7 +192,7 @@ def get(d: InProcDaemon, path: str, token: str | None = None) -> tuple[int, Any]
 
 
 async def mcp_echo(d: InProcDaemon) -> tuple[dict[str, Any], dict[str, Any], str]:
-    from repl_cli.mcp_server import Settings, build
+    from repl_cli.mcp.server import Settings, build
 
     server = build(Settings(addr=d.addr, home=d.home))
     async with (

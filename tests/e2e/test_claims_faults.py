@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from repl_cli import api
-from repl_cli.errors import CliError
 from tests.helpers import DaemonProc, Repl, eventually
 
 WORKERS = 4
@@ -64,12 +63,12 @@ def _finish(
     while True:
         try:
             repl.done(session, token)
-        except CliError as exc:
+        except api.Error as exc:
             if exc.code == "lease_lost":  # it ran out, or a done the crash did not answer
                 with ledger.lock:
                     ledger.refused[seq] += 1
                 return
-            if exc.status != 75:
+            if not isinstance(exc, api.Unavailable):
                 raise
             repl.close()  # the daemon is away: the next call connects again
             continue

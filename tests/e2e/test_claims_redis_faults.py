@@ -54,7 +54,6 @@ from pathlib import Path
 import pytest
 
 from repl_cli import api
-from repl_cli.errors import CliError
 from repl_daemon import protocol as p
 from repl_daemon.backends.redis.keys import partition_keys, partition_of, session_keys
 from session.group import GroupInfo
@@ -124,12 +123,12 @@ class Crew:
         while not self.stopping.is_set():
             try:
                 repl.done(self.session, token)
-            except CliError as exc:
+            except api.Error as exc:
                 if exc.code == "lease_lost":  # it ran out, or a done whose answer was lost
                     with ledger.lock:
                         ledger.refused[seq] += 1
                     return
-                if exc.status != 75:  # unavailable: no daemon, or its store failed
+                if not isinstance(exc, api.Unavailable):  # no daemon, or its store failed
                     raise
                 with ledger.lock:
                     ledger.outages[n] += 1
@@ -176,8 +175,8 @@ def row(d: DaemonProc, session: str) -> GroupInfo:
         def counted() -> bool:
             try:
                 found[:] = repl.groups(session)
-            except CliError as exc:
-                if exc.status != 75:  # unavailable: its store failed, asked again
+            except api.Error as exc:
+                if not isinstance(exc, api.Unavailable):  # its store failed: asked again
                     raise
                 return False
             return True

@@ -10,7 +10,7 @@ connection count in ``stats`` falls), then makes three calls in a row, each answ
 and the same across a restart of the daemon between two calls (``/mcp`` has no such
 test: its MCP sessions live in the daemon, and a restart ends them).
 
-The one reconnect path's rules (``repl_cli/_async/operations.py``) where only a fault
+The one reconnect path's rules (``repl_cli/api/_async/operations.py``) where only a fault
 can reach them are shown through a relay between a client and the daemon
 (``FaultRelay``): a request written just as the daemon closed the connection is
 answered ``idle_timeout`` and is sent once more (rule 2; a keyless send is recorded
@@ -38,8 +38,9 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from repl_cli import aio, api
-from repl_cli._common import resendable
-from repl_cli.errors import ReaderGone
+from repl_cli.api._common import resendable
+from repl_cli.api.receipt import ReaderGone
+from repl_cli.cli import client as cli
 from repl_daemon import protocol as p
 from repl_daemon.config import Limits
 from tests.helpers import Client, DaemonProc, Repl, daemon_config, eventually, inproc_daemon
@@ -58,7 +59,7 @@ def anyio_backend() -> str:
 class McpDaemon(DaemonProc):
     """A daemon as ``repl daemon`` runs it: with the MCP server at /mcp."""
 
-    module = "repl_cli.daemon_entry"
+    module = "repl_cli.cli.daemon_entry"
 
 
 @pytest.fixture(scope="module")
@@ -306,9 +307,9 @@ async def test_a_cancelled_call_leaves_no_answer_for_the_next(daemon: DaemonProc
 def test_a_wait_cut_off_by_its_reader_leaving_leaves_no_answer_for_the_next(
     daemon: DaemonProc,
 ) -> None:
-    """The sync API's cut-off call: a wait whose watched pipe lost its reader (the CLI's
-    ``repl wait | head``) ends at once with its answer owed; the next call is answered on
-    a new connection."""
+    """The sync API's cut-off call, as the CLI makes it: a wait whose watched pipe lost its
+    reader (``repl wait | head``) ends at once with its answer owed; the next call is
+    answered on a new connection."""
     repl = Repl(daemon)
     s = repl.session("gone", "one")
     reader, writer = os.pipe()
@@ -319,7 +320,7 @@ def test_a_wait_cut_off_by_its_reader_leaving_leaves_no_answer_for_the_next(
 
     leaving = threading.Thread(target=reader_leaves)
     try:
-        with api.connect(daemon.addr, daemon.home) as sync:
+        with cli.Repl(cli.Client(daemon.addr, daemon.home)) as sync:
             sync.watch = writer
             leaving.start()
             with pytest.raises(ReaderGone):

@@ -48,7 +48,7 @@ from mcp.client.subscriptions import ResourceUpdated, listen
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from mcp.types import DiscoverResult, ResourceUpdatedNotification
 
-from repl_cli.mcp_push import (
+from repl_cli.mcp.push import (
     META_KEY,
     allowed,
     channel_params,

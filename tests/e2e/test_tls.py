@@ -49,10 +49,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from repl_cli import aio, api
-from repl_cli.client import Client
-from repl_cli.deliver import Printer, follow
-from repl_cli.errors import CliError
-from repl_cli.main import firing_format
+from repl_cli.cli import client as cli
+from repl_cli.cli.deliver import Printer, follow
+from repl_cli.cli.options import firing_format
 from tests.helpers import (
     DaemonProc,
     Repl,
@@ -356,13 +355,13 @@ def test_an_interrupted_follow_acks_as_the_same_token_over_the_same_tls(
     token_file = tmp_path / "agent.token"
     token_file.write_text(token)
     # a home with no root token in it: the agent has only its own
-    client = Client(
+    client = cli.Client(
         f"tls://localhost:{shared.port}",
         tmp_path / "no-home",
         token_file=token_file,
         tls_ca=pki.ca,
     )
-    repl = api.Repl(client)
+    repl = cli.Repl(client)
     real_wait, calls = repl.wait, []
 
     def interrupted_second_time(*args: Any, **kwargs: Any) -> Any:
@@ -397,7 +396,7 @@ def test_the_sync_api_over_tls(shared: DaemonProc, pki: Pki) -> None:
 
 
 def test_the_sync_api_refuses_an_unknown_ca_in_one_message(shared: DaemonProc, pki: Pki) -> None:
-    with connect(shared, pki.other_ca) as client, pytest.raises(CliError) as refused:
+    with connect(shared, pki.other_ca) as client, pytest.raises(api.Misconfigured) as refused:
         client.ping()
     assert "--tls-ca" in refused.value.message and "\n" not in refused.value.message
 
@@ -435,7 +434,7 @@ async def test_the_async_api_over_tls(shared: DaemonProc, pki: Pki) -> None:
 async def test_the_async_api_refuses_an_unknown_ca(shared: DaemonProc, pki: Pki) -> None:
     addr = f"tls://localhost:{shared.port}"
     async with aio.connect(addr, shared.home, tls_ca=pki.other_ca) as client:
-        with pytest.raises(CliError) as refused:
+        with pytest.raises(api.Misconfigured) as refused:
             await client.ping()
     assert "--tls-ca" in refused.value.message
 
@@ -447,11 +446,11 @@ async def test_the_async_api_says_which_end_speaks_tls(
     monkeypatch.delenv("REPL_TLS_CA", raising=False)
     to_plain = aio.connect(f"tls://localhost:{plain.port}", plain.home, tls_ca=pki.ca)
     async with to_plain as client:
-        with pytest.raises(CliError) as refused:
+        with pytest.raises(api.Misconfigured) as refused:
             await client.ping()
     assert "does not speak TLS" in refused.value.message
     async with aio.connect(f"127.0.0.1:{shared.port}", shared.home) as client:
-        with pytest.raises(CliError) as refused:
+        with pytest.raises(api.Misconfigured) as refused:
             await client.ping()
     assert "speaks TLS" in refused.value.message
     nobody = aio.connect(f"tls://localhost:{free_port()}", plain.home, tls_ca=pki.ca)

@@ -238,7 +238,7 @@ class MovedClock(Clock):
 class DaemonProc(Daemon):
     """A daemon child process; ``restart`` keeps its home (and so its state)."""
 
-    #: the module it runs (``repl_cli.daemon_entry``: as ``repl daemon`` runs it, with /mcp)
+    #: the module it runs (``repl_cli.cli.daemon_entry``: as ``repl daemon`` runs it, with /mcp)
     module = "repl_daemon"
 
     def __init__(self, home: Path, *extra: str) -> None:

@@ -1,5 +1,5 @@
 """The MCP server over Streamable HTTP at /mcp (SPEC §14 "Over HTTP too"), against a daemon
-started as ``repl daemon`` starts it (``python -m repl_cli.daemon_entry --http``), driven by
+started as ``repl daemon`` starts it (``python -m repl_cli.cli.daemon_entry --http``), driven by
 the SDK's own client (``mcp.client.streamable_http``) with the bearer token.
 
 Each tool call is made with the token the client presented: the root's firings say
@@ -26,7 +26,7 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import PromptReference
 
-from repl_cli.mcp_http import security
+from repl_cli.mcp.http import security
 from repl_daemon.http.mcp import Listener, connect_host
 from tests.helpers import DaemonProc
 
@@ -39,7 +39,7 @@ def anyio_backend() -> str:
 
 
 class McpDaemon(DaemonProc):
-    module = "repl_cli.daemon_entry"
+    module = "repl_cli.cli.daemon_entry"
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """The official MCP conformance suite (npm ``@modelcontextprotocol/conformance``) against the
-daemon's /mcp, started as ``repl daemon`` starts it (``python -m repl_cli.daemon_entry
+daemon's /mcp, started as ``repl daemon`` starts it (``python -m repl_cli.cli.daemon_entry
 --http``), in two installs (``.ci/run`` runs ``npm ci`` in each):
 
 - 0.1.13 on the machine's Node (20), in tests/http/conformance: each applicable scenario
@@ -111,7 +111,7 @@ def require_conformance() -> Path:
 
 
 class McpDaemon(DaemonProc):
-    module = "repl_cli.daemon_entry"
+    module = "repl_cli.cli.daemon_entry"
 
 
 _HOP = {b"host", b"authorization", b"connection", b"keep-alive", b"proxy-connection"}

@@ -1,4 +1,4 @@
-"""One MCP session's recent events (``repl_cli.mcp_events``, docs/semantics.md M7), without a
+"""One MCP session's recent events (``repl_cli.mcp.events``, docs/semantics.md M7), without a
 daemon: what a ``Last-Event-ID`` resumes, and what is refused (``Gone``) because the bound
 dropped an event the resume would owe, or because the id is none of the session's. And the
 SDK's ``EventStore`` over them: a request's stream replayed up to its answer, and ended there.
@@ -12,7 +12,7 @@ import pytest
 from mcp.server.streamable_http import GET_STREAM_KEY, EventMessage
 from mcp.types import JSONRPCNotification, JSONRPCResponse
 
-from repl_cli.mcp_events import EVENTS, Events, Gone, Store, dumped
+from repl_cli.mcp.events import EVENTS, Events, Gone, Store, dumped
 
 
 def note(n: int) -> bytes:

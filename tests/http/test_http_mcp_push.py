@@ -34,8 +34,8 @@ from mcp.types import (
     ResourceUpdatedNotification,
 )
 
-from repl_cli.mcp_http import BadQuery, Spec, spec_of
-from repl_cli.mcp_push import CHANNEL, CHANNEL_METHOD, UPDATED_METHOD, Ack
+from repl_cli.mcp.http import BadQuery, Spec, spec_of
+from repl_cli.mcp.push import CHANNEL, CHANNEL_METHOD, UPDATED_METHOD, Ack
 from tests.helpers import Client, DaemonProc, eventually
 
 pytestmark = pytest.mark.anyio
@@ -50,7 +50,7 @@ def anyio_backend() -> str:
 
 
 class McpDaemon(DaemonProc):
-    module = "repl_cli.daemon_entry"
+    module = "repl_cli.cli.daemon_entry"
 
 
 @pytest.fixture(scope="module")

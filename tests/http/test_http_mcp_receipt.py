@@ -1,4 +1,4 @@
-"""A push's receipt over /mcp (``repl_cli.mcp_http.Receipt``, docs/semantics.md M6, M7), in
+"""A push's receipt over /mcp (``repl_cli.mcp.http.Receipt``, docs/semantics.md M6, M7), in
 this process, with GET streams opened by hand on an MCP session's ``Slot``: yes when the
 stream it was written on, or one that resumed it, is open and has been for the hold; no when
 a fresh GET stream took its place, when the session ended, or when nothing resumed a cut
@@ -13,8 +13,8 @@ from typing import Any
 import anyio
 import pytest
 
-from repl_cli import mcp_http
-from repl_cli.mcp_http import Receipt, Slot, Stream
+from repl_cli.mcp import http as mcp_http
+from repl_cli.mcp.http import Receipt, Slot, Stream
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""``repl_cli.mcp_refusals`` by itself: a refusal of the SDK's rewritten as the daemon's JSON as
+"""``repl_cli.mcp.refusals`` by itself: a refusal of the SDK's rewritten as the daemon's JSON as
 it is sent, whatever its status and however its body comes (docs/semantics.md M7); what is
 no refusal, or MCP's own answer to a message, sent as it came. (Each refusal /mcp makes, end
 to end: tests/http/test_http_mcp.py.)"""
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from repl_cli.mcp_refusals import refusing
+from repl_cli.mcp.refusals import refusing
 
 pytestmark = pytest.mark.anyio
 

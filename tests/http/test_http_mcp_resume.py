@@ -33,9 +33,9 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._context_streams import create_context_streams
 from mcp.types import JSONRPCNotification
 
-from repl_cli import mcp_http
-from repl_cli.daemon_entry import serving
-from repl_cli.mcp_push import CHANNEL_METHOD
+from repl_cli.cli.daemon_entry import serving
+from repl_cli.mcp import http as mcp_http
+from repl_cli.mcp.push import CHANNEL_METHOD
 from tests.helpers import Daemon, DaemonProc, daemon_config, eventually, free_port, inproc_daemon
 
 pytestmark = pytest.mark.anyio
@@ -50,7 +50,7 @@ def anyio_backend() -> str:
 
 
 class McpDaemon(DaemonProc):
-    module = "repl_cli.daemon_entry"
+    module = "repl_cli.cli.daemon_entry"
 
 
 @pytest.fixture(scope="module")
