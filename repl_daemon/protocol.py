@@ -606,8 +606,11 @@ class Tool(NamedTuple):
 class Verb(NamedTuple):
     """One op: its request and answer, the right a scoped token needs for it on each
     session it names ("": none, a listing its scope filters; None: the root token's
-    alone), whether its answer waits for the store, and how HTTP and MCP serve it
-    (None: they do not)."""
+    alone), whether its answer waits for the store, how HTTP and MCP serve it (None:
+    they do not), and whether it is ``repeatable``: sent again after its answer was
+    lost, it changes nothing the first did not and answers as the first did (a look,
+    or an ack: a cursor set to the greater of where it is and the seq), so a client
+    may resend it on a new connection without asking its caller."""
 
     request: type[Request]
     answer: type[Response]
@@ -615,6 +618,7 @@ class Verb(NamedTuple):
     durable: bool
     http: Http | Literal["hand"] | None = None
     tool: Tool | Literal["hand"] | None = None
+    repeatable: bool = False
 
     @property
     def op(self) -> str:
@@ -626,7 +630,7 @@ _CLAIM_PATH = "/sessions/{session}/claims/{claim:path}"
 
 VERBS: list[Verb] = [
     Verb(Auth, Done, "", False),
-    Verb(Ping, Pong, "", False),
+    Verb(Ping, Pong, "", False, repeatable=True),
     Verb(Start, Started, ADMIN, True, HAND, HAND),
     Verb(Stop, Done, ADMIN, True, Http(("DELETE",), "/sessions/{session}", status=204)),
     Verb(
@@ -636,6 +640,7 @@ VERBS: list[Verb] = [
         False,
         HAND,
         Tool("List the sessions: id, head, retained, limit, cursors, waiters.", Changes.NOTHING),
+        repeatable=True,
     ),
     Verb(
         Send,
@@ -649,9 +654,9 @@ VERBS: list[Verb] = [
             Changes.RECORDS,
         ),
     ),
-    Verb(Read, Firings, READ, False, HAND, HAND),
+    Verb(Read, Firings, READ, False, HAND, HAND, repeatable=True),
     Verb(Wait, Woken, READ, False, HAND, HAND),
-    Verb(Gather, Gathered, READ, False, HAND, HAND),
+    Verb(Gather, Gathered, READ, False, HAND, HAND, repeatable=True),
     Verb(
         Ack,
         Acked,
@@ -659,6 +664,7 @@ VERBS: list[Verb] = [
         True,
         Http(("POST",), "/sessions/{session}/cursors/{cursor:path}", ("seq",), '{"seq": N}'),
         HAND,
+        repeatable=True,
     ),
     Verb(
         Cursors,
@@ -667,13 +673,14 @@ VERBS: list[Verb] = [
         False,
         Http(("GET",), "/sessions/{session}/cursors", answer="cursors"),
         Tool("List a session's cursors: name, seq, and lag behind the head.", Changes.NOTHING),
+        repeatable=True,
     ),
     Verb(Buffer, Buffered, ADMIN, True),
     Verb(Poll, Firings, READ, True),
-    Verb(Stats, StatsReply, "", False),
+    Verb(Stats, StatsReply, "", False, repeatable=True),
     Verb(Shutdown, Done, None, False),
     Verb(Schedule, TimerSet, SEND, True, None, HAND),
-    Verb(Timers, TimerList, ADMIN, False),
+    Verb(Timers, TimerList, ADMIN, False, repeatable=True),
     Verb(Cancel, Cancelled, ADMIN, True),
     Verb(SetWebhook, Done, ADMIN, True),
     Verb(Token, Response, None, True),
@@ -736,6 +743,7 @@ VERBS: list[Verb] = [
         READ,
         False,
         Http(("GET",), "/sessions/{session}/groups", answer="groups"),
+        repeatable=True,
     ),
     Verb(
         Claims,
@@ -743,8 +751,9 @@ VERBS: list[Verb] = [
         READ,
         False,
         Http(("GET",), "/sessions/{session}/claims", answer="claims"),
+        repeatable=True,
     ),
-    Verb(Join, Joined, READ, False, HAND, HAND),
+    Verb(Join, Joined, READ, False, HAND, HAND, repeatable=True),
 ]
 
 #: the verbs by op, and by their request's class

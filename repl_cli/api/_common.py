@@ -29,20 +29,6 @@ MatchLike = Match | Mapping[str, str | None]
 
 R = TypeVar("R", bound=p.Response)
 
-#: the requests whose repeat changes nothing the first did not and answers as the first did:
-#: those that only look, and an ack (a cursor set to the greater of where it is and the seq)
-_REPEATABLE = (
-    p.Ping,
-    p.Stats,
-    p.Sessions,
-    p.Cursors,
-    p.Read,
-    p.Timers,
-    p.Groups,
-    p.Claims,
-    p.Ack,
-)
-
 
 def resendable(request: p.Request) -> bool:
     """Whether ``request`` may be sent again when its answer was lost (the connection broke
@@ -55,7 +41,7 @@ def resendable(request: p.Request) -> bool:
         return request.key is not None
     if isinstance(request, p.Token):
         return request.action == "list"
-    return isinstance(request, _REPEATABLE)
+    return p.VERB_OF[type(request)].repeatable
 
 
 def log_note(message: str) -> None:

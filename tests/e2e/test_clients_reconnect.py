@@ -476,6 +476,8 @@ def test_which_requests_a_lost_answer_may_repeat() -> None:
         p.Groups(session="s"),
         p.Claims(session="s"),
         p.Ack(session="s", seq=1),
+        p.Gather(session="s", corrs=["c"]),
+        p.Join(session="s"),
         p.Send(session="s", text="t", key="k"),
         p.Schedule(session="s", in_="5m", key="k"),
         p.Token(action="list"),
@@ -496,6 +498,12 @@ def test_which_requests_a_lost_answer_may_repeat() -> None:
         p.Token(action="add", name="n"),
         p.Token(action="revoke", name="n"),
         p.Shutdown(),
+        p.Claim(session="s"),
+        p.Wait(sessions=["s"]),
     ]
     assert [r for r in again if not resendable(r)] == []
     assert [r for r in never if resendable(r)] == []
+    # the table's column is the rule: a verb it marks repeatable is one that only looks
+    # (its answer waits for no store), or the ack
+    marked = {v.op for v in p.VERBS if v.repeatable}
+    assert marked == {v.op for v in p.VERBS if v.repeatable and not v.durable} | {"ack"}
