@@ -274,41 +274,65 @@ class Operations(abc.ABC):
         ack: dict[str, int] | None = None,
         match: MatchLike | None = None,
         after: int | None = None,
+        all: bool = False,
     ) -> p.Woken:
         """Block until a session has firings after ``cursor`` (default ``wait``);
         ``timeout`` seconds at most (then ``timed_out``). ``ack`` acknowledges the previous
         batch first. With ``match``, only firings that match end the wait, and with no
         ``cursor`` given it looks at the whole ring and acknowledges nothing (``after``
-        goes on from a seq instead). A daemon restart meanwhile is ridden out for
-        ``reconnect`` seconds, then ``Unavailable``.
+        goes on from a seq instead). With ``all`` (SPEC §18's join), it answers only once
+        every session named has a batch, each in the order named; one that times out
+        answers none. A daemon restart meanwhile is ridden out for ``reconnect`` seconds,
+        then ``Unavailable``.
 
         ``timeout`` is the wait's own (the daemon answers ``timed_out``); in async
         code, cancelling it from outside drops the wait and moves nothing.
         """
         ids = [sessions] if isinstance(sessions, str) else list(sessions)
-        deadline = None if timeout is None else self._clock() + timeout
-        outage = Outage(self.reconnect, self.addr, self.note, deadline, clock=self._clock)
         chosen = None if after is not None else wait_cursor(cursor, match, WAIT_CURSOR)
         wanted = as_match(match)
-        while True:
-            request = p.Wait(
+
+        def request(timeout_ms: int | None) -> p.Wait:
+            return p.Wait(
                 sessions=ids,
                 cursor=chosen,
-                timeout_ms=outage.remaining_ms(),
+                timeout_ms=timeout_ms,
                 max=max,
                 ack=ack or {},
                 match=wanted,
                 after=after,
+                all=all,
             )
+
+        def nothing(exc: Error) -> p.Woken:
+            return p.Woken(batches=[], timed_out=True)
+
+        return self._ridden(request, p.Woken, timeout, nothing)
+
+    def _ridden(
+        self,
+        request: Callable[[int | None], p.Request],
+        expect: type[R],
+        timeout: float | None,
+        nothing: Callable[[Error], R],
+    ) -> R:
+        """A blocking request's answer (``request(timeout_ms)``: a wait's, a claim's, a
+        gather's, a join's), its ``timeout`` seconds bounding the whole call: a daemon
+        restart meanwhile is ridden out (the request sent again, with what is left of the
+        timeout) for ``reconnect`` seconds, then ``Unavailable``; ``nothing(error)``
+        answers (or raises) when the timeout passed while the daemon was away."""
+        deadline = None if timeout is None else self._clock() + timeout
+        outage = Outage(self.reconnect, self.addr, self.note, deadline, clock=self._clock)
+        while True:
             try:
-                woken = self._woken(request, p.Woken)
+                answer = self._woken(request(outage.remaining_ms()), expect)
             except Error as exc:
                 self._ride_out(outage, exc)
                 if outage.timed_out:
-                    return p.Woken(batches=[], timed_out=True)
+                    return nothing(exc)
                 continue
             outage.back()
-            return woken
+            return answer
 
     def follow(
         self,
@@ -387,15 +411,42 @@ class Operations(abc.ABC):
         timeout: float | None = REQUEST_TIMEOUT,
         handler: str = DEFAULT_HANDLER,
         tags: Mapping[str, str] | None = None,
+        key: str | None = None,
     ) -> Firing | None:
-        """Send ``text`` to ``session`` tagged ``reply-to`` = ``reply_to`` and a fresh
-        ``corr``, then wait on ``reply_to`` for the firing tagged with that ``corr`` (one
-        that came before the wait is found too); the reply, or None at ``timeout``."""
-        corr = self.ask(session, text, reply_to=reply_to, handler=handler, tags=tags)
-        woken = self.wait(reply_to, cursor=None, match={CORR: corr}, timeout=timeout, max=1)
-        if woken.timed_out or not woken.batches:
-            return None
-        return woken.batches[0].firings[0]
+        """Send ``text`` to ``session`` tagged ``reply-to`` = ``reply_to`` and a ``corr``
+        (fresh, or made from ``key``: see ``ask``), then wait on ``reply_to`` for the
+        firing tagged with that ``corr`` (one that came before the wait is found too);
+        the reply, or None at ``timeout``."""
+        replies = self.request_all(
+            [session],
+            text,
+            reply_to=reply_to,
+            timeout=timeout,
+            handler=handler,
+            tags=tags,
+            key=key,
+        )
+        return replies[session]
+
+    def request_all(
+        self,
+        sessions: list[str],
+        text: str,
+        *,
+        reply_to: str,
+        timeout: float | None = REQUEST_TIMEOUT,
+        handler: str = DEFAULT_HANDLER,
+        tags: Mapping[str, str] | None = None,
+        key: str | None = None,
+    ) -> dict[str, Firing | None]:
+        """``request`` to every one of ``sessions`` at once (SPEC §18's fan-out): ``ask_all``,
+        then ``gather`` their replies in ``reply_to``; each session's reply, in the order
+        named, None for one that had not answered at ``timeout``. With ``key``, a
+        coordinator run again after a crash re-sends nothing and gets the same replies."""
+        corrs = self.ask_all(sessions, text, reply_to=reply_to, handler=handler, tags=tags, key=key)
+        gathered = self.gather(reply_to, list(corrs.values()), timeout=timeout)
+        came = {firing.tags[CORR]: firing for firing in gathered.firings}
+        return {session: came.get(corr) for session, corr in corrs.items()}
 
     def ask(
         self,
@@ -405,19 +456,66 @@ class Operations(abc.ABC):
         reply_to: str,
         handler: str = DEFAULT_HANDLER,
         tags: Mapping[str, str] | None = None,
+        key: str | None = None,
     ) -> str:
         """``request``'s first half: send the request (``reply_to`` must exist) and return
         its ``corr``, without waiting; its answer is the firing of ``reply_to`` that
-        ``wait(reply_to, cursor=None, match={"corr": corr})`` finds, even one that came
-        before that wait."""
+        ``gather(reply_to, [corr])`` finds, even one that came before. With ``key``, the
+        corr is ``KEY.SESSION`` and the send is keyed with it too: asked again with the
+        same key, nothing is sent and the same corr comes back."""
+        corrs = self.ask_all(
+            [session], text, reply_to=reply_to, handler=handler, tags=tags, key=key
+        )
+        return corrs[session]
+
+    def ask_all(
+        self,
+        sessions: list[str],
+        text: str,
+        *,
+        reply_to: str,
+        handler: str = DEFAULT_HANDLER,
+        tags: Mapping[str, str] | None = None,
+        key: str | None = None,
+    ) -> dict[str, str]:
+        """``ask`` each of ``sessions`` (in the order named, each once): their corrs, by
+        session. ``reply_to`` is looked at once, before anything is sent."""
         for reserved in (REPLY_TO, CORR):
             if reserved in (tags or {}):
                 raise BadInput(f"tag {reserved} is the request's own: leave it out")
-        corr = correlation_id()
+        if not sessions:
+            raise BadInput("a request names at least one session")
+        named = list(dict.fromkeys(sessions))
+        corrs = {s: correlation_id() if key is None else f"{key}.{s}" for s in named}
         self.stats(reply_to)  # where the reply goes must exist before the request leaves
-        sent_tags = {**(tags or {}), REPLY_TO: reply_to, CORR: corr}
-        self.send(session, text, handler=handler, tags=sent_tags)
-        return corr
+        for session, corr in corrs.items():
+            sent_tags = {**(tags or {}), REPLY_TO: reply_to, CORR: corr}
+            keyed = None if key is None else corr
+            self.send(session, text, handler=handler, tags=sent_tags, key=keyed)
+        return corrs
+
+    def gather(
+        self,
+        session: str,
+        corrs: list[str],
+        *,
+        timeout: float | None = None,
+    ) -> p.Gathered:
+        """Block until ``session`` holds a firing tagged ``corr`` with each of ``corrs``
+        (SPEC §18): one firing a corr, in the order asked, the first by seq of each (one
+        that came before the call counts); ``timeout`` seconds at most (then
+        ``timed_out``, with the ones that came and the ``missing`` corrs). It moves no
+        cursor: asked again, it answers the same. A daemon restart meanwhile is ridden
+        out as ``wait`` rides it out."""
+        asked = list(corrs)
+
+        def request(timeout_ms: int | None) -> p.Gather:
+            return p.Gather(session=session, corrs=asked, timeout_ms=timeout_ms)
+
+        def nothing(exc: Error) -> p.Gathered:
+            return p.Gathered(firings=[], missing=list(dict.fromkeys(asked)), timed_out=True)
+
+        return self._ridden(request, p.Gathered, timeout, nothing)
 
     def reply(self, session: str, seq: int, text: str, *, handler: str = DEFAULT_HANDLER) -> p.Sent:
         """Send ``text`` to the session named by the ``reply-to`` tag of firing ``seq`` of
@@ -443,27 +541,48 @@ class Operations(abc.ABC):
         (then ``timed_out``, with nothing taken). Finish with ``done``, give it back with
         ``release``, keep it longer with ``extend``. A daemon restart meanwhile is ridden
         out as ``wait`` rides it out; in async code, cancelling the claim takes nothing."""
-        deadline = None if timeout is None else self._clock() + timeout
-        outage = Outage(self.reconnect, self.addr, self.note, deadline, clock=self._clock)
         wanted = as_match(match)
-        while True:
-            request = p.Claim(
+
+        def request(timeout_ms: int | None) -> p.Claim:
+            return p.Claim(
                 session=session,
                 group=group,
                 lease_ms=lease_ms(lease),
-                timeout_ms=outage.remaining_ms(),
+                timeout_ms=timeout_ms,
                 match=wanted,
                 from_now=from_now,
             )
-            try:
-                claimed = self._woken(request, p.Claimed)
-            except Error as exc:
-                self._ride_out(outage, exc)
-                if outage.timed_out:
-                    return p.Claimed(timed_out=True)
-                continue
-            outage.back()
-            return claimed
+
+        def nothing(exc: Error) -> p.Claimed:
+            return p.Claimed(timed_out=True)
+
+        return self._ridden(request, p.Claimed, timeout, nothing)
+
+    def join(
+        self,
+        session: str,
+        *,
+        group: str = DEFAULT_GROUP,
+        upto: int | None = None,
+        timeout: float | None = None,
+    ) -> p.Joined:
+        """Block until every firing of ``session`` up to ``upto`` (None: the head now) is
+        done or dead in ``group`` (SPEC §18): the counts of those firings (``done``,
+        ``dead``, and what is left: ``ready``, ``held``, ``delayed``); ``timeout`` seconds
+        at most (then ``timed_out``, saying what is left). It moves nothing. The head is
+        read first when ``upto`` is None, so a daemon restart ridden out meanwhile waits
+        for the same firings; one that outlasts the timeout raises ``Unavailable``."""
+        if upto is None:
+            upto = (self.stats(session)).sessions[0].head
+        fixed = upto
+
+        def request(timeout_ms: int | None) -> p.Join:
+            return p.Join(session=session, group=group, upto=fixed, timeout_ms=timeout_ms)
+
+        def nothing(exc: Error) -> p.Joined:
+            raise exc  # what is left is not known: the daemon was away
+
+        return self._ridden(request, p.Joined, timeout, nothing)
 
     def done(self, session: str, claim: str) -> int:
         """The claim's work is finished: its firing is never offered to its group again.
