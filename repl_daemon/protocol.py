@@ -5,6 +5,10 @@ msgspec. Every request may carry an ``id`` that its response echoes. New
 fields always get a default, so an older client keeps working against a
 newer daemon; unknown fields are ignored for the same reason.
 See docs/protocol.md for every op and error code.
+
+Why one module: it is the one table of verbs (``VERBS``) and the requests and
+answers its rows name. A new verb is a request, an answer and a row, written
+side by side here; split, each verb would be spelled in three files again.
 """
 
 from __future__ import annotations

@@ -91,6 +91,15 @@ class Printer:
         for session, seq in taken.items():
             self.client.call(p.Ack(session=session, cursor=self.cursor, seq=seq), p.Acked)
 
+    def ack_together(self, taken: dict[str, int]) -> None:
+        """``taken``'s acks in one request, applied all or none (a wait that looks and
+        returns at once: the acks of a wait are checked whole, rule 14)."""
+        if self.cursor is None or not taken:
+            return
+        sessions = list(taken)
+        together = p.Wait(sessions=sessions, cursor=self.cursor, ack=taken, timeout_ms=0, max=1)
+        self.client.call(together, p.Woken)
+
     def ack_on_the_way_out(self, taken: dict[str, int], client: Client) -> None:
         """Best effort while exiting: a second Ctrl-C must not cut the ack short."""
         if self.cursor is None or not taken:

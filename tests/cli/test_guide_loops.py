@@ -183,3 +183,96 @@ def test_each_loop_hands_on_a_whole_burst(repl: Repl, work: Path, block: str) ->
     got = case.handled(repl, work, out.read_text())
     for text in case.expected:
         assert got.count(text) == 1, f"{text!r} handed on {got.count(text)} times:\n{got}"
+
+
+def guide_block(phrase: str) -> str:
+    """The one sh block of GUIDE.md that holds ``phrase``."""
+    blocks = re.findall(r"```sh\n(.*?)```", (ROOT / "GUIDE.md").read_text(), re.S)
+    found = [block for block in blocks if phrase in block]
+    assert len(found) == 1, f"no one sh block of GUIDE.md holds {phrase!r}"
+    return found[0]
+
+
+def background(block: str, work: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """``block`` run in bash in ``work``, in a process group of its own (``handle`` as the
+    loops call it), its output into files."""
+    script = f'handle() {{ {work}/handle "$@"; }}\n{block}'
+    with (work / "bg-out.txt").open("ab") as out, (work / "bg-err.txt").open("ab") as err:
+        return subprocess.Popen(
+            ["bash", "-c", script],
+            cwd=work,
+            env=env,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+        )
+
+
+def run_block(block: str, work: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``block`` run to its end in bash in ``work``, as a user's shell runs it."""
+    return subprocess.run(
+        ["bash", "-c", f"set -o pipefail\n{block}"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def stop(loops: list[subprocess.Popen[bytes]]) -> None:
+    for loop in loops:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(loop.pid, signal.SIGKILL)
+        loop.wait()
+
+
+def test_the_coordinators_recipes_run_as_written(repl: Repl, work: Path) -> None:
+    """GUIDE.md's coordinator page, as written: three agents (each the request/reply worker
+    loop of the guide) asked at once, answered under a burst, the answers printed in the
+    order named, and the same again with the same key (nothing sent twice); the by-hand
+    gather; twenty jobs posted at once to two claim loops, and the join that ends once
+    they are all done."""
+    require_tool("jq")
+    env = {
+        **repl.env,
+        "PATH": f"{work}:{Path(sys.executable).parent}:{repl.env.get('PATH', '')}",
+        "HOME": str(work),
+    }
+    agents = ["agent-1", "agent-2", "agent-3"]
+    for session in (*agents, "me", "jobs"):
+        repl.run("stop", session)  # what an earlier test left
+        repl.ok("start", session)
+    worker = guide_block("--match reply-to").split("# the requester")[0]
+    loops = [background(worker.replace("jobs", agent), work, env) for agent in agents]
+    try:
+        ask = guide_block("repl request --to")
+        done = run_block(ask, work, env)
+        assert done.returncode == 0, done.stderr
+        answers = (work / "answers.txt").read_text().splitlines()
+        assert answers == ["on-message: done: review PR 42: approve or not, and why"] * 3
+        assert [repl.run("read", a, "--after", "0").stdout.count("review") for a in agents] == [
+            1
+        ] * 3
+        again = run_block(ask, work, env)  # the coordinator run again, the same key
+        assert again.returncode == 0 and (work / "answers.txt").read_text().splitlines() == answers
+        assert [
+            json.loads(repl.ok("stats", a, "--json"))["sessions"][0]["head"] for a in agents
+        ] == [1] * 3
+        by_hand = run_block(guide_block("repl gather me"), work, env)
+        assert by_hand.returncode == 0, by_hand.stderr
+        corrs = [json.loads(line)["tags"]["corr"] for line in by_hand.stdout.splitlines()[1:]]
+        assert corrs == ["pr42-1", "pr42-2", "pr42-3"]
+    finally:
+        stop(loops)
+    claimers = [background(guide_block("repl claim jobs --lease 5m"), work, env) for _ in range(2)]
+    try:
+        joined = run_block(guide_block("repl join jobs"), work, env)
+        assert (joined.returncode, joined.stdout, joined.stderr) == (0, "20 of 20 done\n", "")
+        handled = (work / "handled.txt").read_text()
+        assert (
+            sorted(handled.split())
+            == sorted(f"image-{n}.png" for n in range(1, 21)) + ["resize"] * 20
+        )
+    finally:
+        stop(claimers)

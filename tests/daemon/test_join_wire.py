@@ -14,16 +14,42 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import Client, InProcDaemon, daemon_config
+from tests.helpers import (
+    Client,
+    InProcDaemon,
+    RedisClusterProcs,
+    RedisProc,
+    daemon_config,
+    store_url,
+)
+
+#: every store a daemon runs on (a cluster's sessions on several primaries: see below)
+STORES = ["memory", "sqlite", "redis", "cluster"]
 
 
-@pytest.fixture(scope="module")
-def d(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcDaemon]:
-    home: Path = tmp_path_factory.mktemp("join") / "home"
-    daemon = InProcDaemon(daemon_config(home))
+@pytest.fixture(scope="module", params=STORES)
+def d(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[InProcDaemon]:
+    """A daemon on each store in turn; the module's tests each use sessions of their own."""
+    home: Path = tmp_path_factory.mktemp(f"join-{request.param}") / "home"
+    url = None
+    if request.param in ("redis", "cluster"):
+        fixture = "redis_single" if request.param == "redis" else "redis_cluster"
+        server: RedisProc | RedisClusterProcs = request.getfixturevalue(fixture)
+        server.flush()
+        url = store_url(server)
+    daemon = InProcDaemon(daemon_config(home, durable=request.param == "sqlite", store_url=url))
     yield daemon
     daemon.close_clients()
     daemon.stop()
+
+
+def test_a_clusters_join_spans_its_primaries(redis_cluster: RedisClusterProcs) -> None:
+    """The sessions the tests above join live on more than one primary of a cluster: a wait
+    on all of them, and a gather's replies and their requests, cross slots."""
+    assert len(redis_cluster.by_primary(["ja", "jb", "jc"])) > 1
+    assert len(redis_cluster.by_primary(["je1", "je2"])) > 1
 
 
 def sessions(c: Client, *names: str) -> None:

@@ -1,5 +1,6 @@
 """The commands of groups and claims (SPEC §16): ``claim``, ``done``, ``release``, ``extend``,
-``group``, ``groups``, ``claims``.
+``group``, ``groups``, ``claims``, and ``join`` (SPEC §18: wait until a group's work is
+finished).
 
 What ``repl claim`` prints, and giving back what it could not, are
 ``repl_cli.cli.claiming``'s.
@@ -25,6 +26,7 @@ from repl_cli.cli.options import (
     match_of,
     reconnect_option,
 )
+from repl_daemon import protocol as p
 from session.rules import DEFAULT_GROUP, DEFAULT_MAX_ATTEMPTS
 
 
@@ -254,3 +256,62 @@ def claims(repl: Repl, session: str, group: str | None, as_json: bool) -> None:
     from repl_cli.cli.claiming import claim_table
 
     output.listing(repl.claims(session, group=group), as_json, claim_table)
+
+
+@command()
+@click.argument("session", shell_complete=complete_sessions)
+@group_option
+@click.option(
+    "--upto",
+    type=click.IntRange(min=0),
+    metavar="SEQ",
+    help="Wait for the firings up to SEQ [default: the newest when the join starts].",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    metavar="SECS",
+    help="Give up after SECS, printing what is left (exit status 2).",
+)
+@reconnect_option
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="One JSON object: upto, done, dead, ready, held, delayed, timed_out.",
+)
+@click.pass_obj
+def join(
+    repl: Repl,
+    session: str,
+    group: str,
+    upto: int | None,
+    timeout: float | None,
+    reconnect: float,
+    as_json: bool,
+) -> int:
+    """Wait until the group has finished every firing of SESSION up to SEQ.
+
+    Finished is done, or dead (its last attempt given back or run out: a
+    dead letter). Prints one line: how many are done, how many of those are
+    dead, and, when --timeout passed first (exit status 2), what is left:
+    ready (no claimer has it), held (under a lease), delayed (given back for
+    later). It takes nothing and moves nothing; it is woken by the group's
+    own changes, not by looking again and again.
+    """
+    repl.reconnect = reconnect
+    joined = repl.join(session, group=group, upto=upto, timeout=timeout)
+    if as_json:
+        output.print_answer(joined)
+    else:
+        output.line(joined_line(joined))
+    return TIMED_OUT if joined.timed_out else OK
+
+
+def joined_line(joined: p.Joined) -> str:
+    """``join``'s line: ``3 of 3 done (1 dead)``, then what is left when there is some."""
+    dead = f" ({joined.dead} dead)" if joined.dead else ""
+    said = f"{joined.done} of {joined.upto} done{dead}"
+    if joined.ready or joined.held or joined.delayed:
+        said += f"; left: {joined.ready} ready, {joined.held} held, {joined.delayed} delayed"
+    return said

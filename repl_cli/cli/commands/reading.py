@@ -145,6 +145,12 @@ def parse_since(text: str) -> str:
     metavar="N",
     help="Wait until N firings are printed (in one batch or several), then exit.",
 )
+@click.option(
+    "--all",
+    "every",
+    is_flag=True,
+    help="Return only once every session named has firings (a join, not the first of them).",
+)
 @match_options
 @reconnect_option
 @firing_formats
@@ -157,6 +163,7 @@ def wait(
     peek: bool,
     most: int | None,
     count: int | None,
+    every: bool,
     match_words: tuple[str, ...],
     handler_filter: str | None,
     reconnect: float,
@@ -168,7 +175,11 @@ def wait(
     """Block until firings exist after the cursor, print them, acknowledge, exit.
 
     With several sessions, it returns with those that have firings and puts
-    each line's session id first. Exit status 2: --timeout passed, nothing came.
+    each line's session id first; with --all, only once every one of them
+    has (each with --match, if given), printing each session's batch in the
+    order named and acknowledging them together. Exit status 2: --timeout
+    passed, nothing came (with --all: not all came, and nothing is printed
+    or acknowledged).
     A daemon restart or a store outage meanwhile is ridden out (--reconnect).
     With --match it returns only firings that match; without --cursor it then
     looks at the whole ring (a firing that came before the wait is found at
@@ -177,16 +188,7 @@ def wait(
     import time
     from functools import partial
 
-    if peek and count is not None:
-        raise click.UsageError("--count waits for new firings: a --peek would see the same again")
-    if most is not None and count is not None:
-        raise click.UsageError(
-            "--max returns at once with at most N; --count waits for N: not both"
-        )
-    if len(sessions) > MAX_WAIT_SESSIONS:  # as the daemon counts them (rule 14)
-        raise click.UsageError(
-            f"{len(sessions):,} sessions named: one wait takes at most {MAX_WAIT_SESSIONS:,}"
-        )
+    _check_wait(len(sessions), peek=peek, most=most, count=count, every=every)
     match = match_of(match_words, handler_filter)
     if cursor is None and match is None:
         cursor = WAIT_CURSOR
@@ -208,20 +210,42 @@ def wait(
             max=bound,
             match=match,
             after=after.get(ids[0]) if cursor is None and len(ids) == 1 else None,
+            all=every,
         )
         if woken.timed_out:
             return OK if printed else TIMED_OUT
         batches = [Batch(b.session, b.next, b.lost, b.firings) for b in woken.batches]
-        if len(batches) > 1 and bound is not None:
-            # the daemon bounds each session's batch; the whole is bounded here
+        if len(batches) > 1 and bound is not None and not every:
+            # the daemon bounds each session's batch; the whole is bounded here (a join
+            # keeps every session's: --max bounds each)
             batches = at_most(batches, bound)
         taken = printer.show(batches)
-        # printed: the ack is tried again across an outage too (acks are idempotent)
-        repl.again().run(partial(printer.ack, taken))
+        # printed: the ack is tried again across an outage too (acks are idempotent); a
+        # join's acks go in one request, all or nothing
+        acked = printer.ack_together if every else printer.ack
+        repl.again().run(partial(acked, taken))
         printed += sum(len(b.firings) for b in batches)
         after.update((b.session, b.next) for b in batches)
         if count is None or printed >= count:
             return OK
+
+
+def _check_wait(
+    named: int, *, peek: bool, most: int | None, count: int | None, every: bool
+) -> None:
+    """``wait``'s options that exclude each other, refused before anything is asked."""
+    if peek and count is not None:
+        raise click.UsageError("--count waits for new firings: a --peek would see the same again")
+    if most is not None and count is not None:
+        raise click.UsageError(
+            "--max returns at once with at most N; --count waits for N: not both"
+        )
+    if every and count is not None:
+        raise click.UsageError("--all returns once each session has firings; --count: not both")
+    if named > MAX_WAIT_SESSIONS:  # as the daemon counts them (rule 14)
+        raise click.UsageError(
+            f"{named:,} sessions named: one wait takes at most {MAX_WAIT_SESSIONS:,}"
+        )
 
 
 @command("follow")

@@ -1,4 +1,5 @@
-"""Request and reply: ``repl request`` sends and waits for the answer, ``repl reply`` answers."""
+"""Request and reply: ``repl request`` sends (to one or several) and waits for the answers,
+``repl reply`` answers, ``repl gather`` waits for the replies to several corr ids."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from repl_cli.cli.client import Repl
 from repl_cli.cli.command import command
 from repl_cli.cli.complete import complete_sessions
 from repl_cli.cli.deliver import Batch, Printer, deliver
-from repl_cli.cli.errors import OK, TIMED_OUT
+from repl_cli.cli.errors import OK, TIMED_OUT, stderr_note
 from repl_cli.cli.options import (
     firing_format,
     firing_formats,
@@ -22,8 +23,17 @@ from repl_cli.cli.options import (
 
 
 @command()
-@click.argument("session", shell_complete=complete_sessions)
+@click.argument("session", required=False, shell_complete=complete_sessions)
 @click.argument("text", required=False)
+@click.option(
+    "--to",
+    "to",
+    multiple=True,
+    metavar="ID",
+    shell_complete=complete_sessions,
+    help="Ask this session (repeatable: ask each, and wait for every reply); "
+    "then the one argument is TEXT.",
+)
 @click.option(
     "--reply-to",
     "reply_to",
@@ -31,6 +41,12 @@ from repl_cli.cli.options import (
     metavar="MINE",
     shell_complete=complete_sessions,
     help="The session the reply is to come to (yours); it must exist.",
+)
+@click.option(
+    "--key",
+    metavar="KEY",
+    help="Make the corr ids KEY.ID and send each once: run again with the same KEY, "
+    "nothing is sent again and the same replies are found.",
 )
 @click.option(
     "--timeout",
@@ -47,9 +63,11 @@ from repl_cli.cli.options import (
 @click.pass_obj
 def request(
     repl: Repl,
-    session: str,
+    session: str | None,
     text: str | None,
+    to: tuple[str, ...],
     reply_to: str,
+    key: str | None,
     timeout: float,
     handler: str,
     tag_words: tuple[str, ...],
@@ -61,24 +79,90 @@ def request(
 ) -> int:
     """Send TEXT to SESSION and wait for its reply in session MINE; print it as wait does.
 
-    TEXT is tagged reply-to=MINE and corr= a fresh id; the reply is the
-    firing of MINE tagged with that corr (`repl reply` sends one), found
-    even when it came before the wait began. Nothing is acknowledged.
-    Exit status 2: --timeout passed with no reply.
+    TEXT is tagged reply-to=MINE and corr= a fresh id (KEY.SESSION with
+    --key); the reply is the firing of MINE tagged with that corr (`repl
+    reply` sends one), found even when it came before the wait began.
+    Nothing is acknowledged. With --to (repeatable) instead of SESSION, TEXT
+    goes to each, and the replies are printed in the order named once every
+    one has come. Exit status 2: --timeout passed first (the replies that
+    came are printed; stderr names who did not answer).
     """
     from repl_cli.cli import sending
 
+    if to:
+        if text is not None:
+            raise click.UsageError("with --to, the one argument is TEXT: name sessions by --to")
+        sessions, text = list(dict.fromkeys(to)), session
+    elif session is None:
+        raise click.UsageError("name the session to ask (SESSION, or --to ID...)")
+    else:
+        sessions = [session]
     tags = tags_of(tag_words)  # the request's own tags are refused by the API (``ask``)
     if text is None or text == "-":
         text = sending.stdin_text()
     repl.reconnect = reconnect
     fmt = firing_format(seq, full, as_json, ts=ts)
-    answer = repl.request(
-        session, text, reply_to=reply_to, timeout=timeout, handler=handler, tags=tags
+    replies = repl.request_all(
+        sessions,
+        text,
+        reply_to=reply_to,
+        timeout=timeout,
+        handler=handler,
+        tags=tags,
+        key=key,
     )
-    if answer is None:
+    came = [firing for firing in replies.values() if firing is not None]
+    if came:
+        last = max(firing.seq for firing in came)
+        deliver(Printer(repl.client, fmt, None), [Batch(reply_to, last, 0, came)])
+    silent = [s for s, firing in replies.items() if firing is None]
+    if silent:
+        stderr_note(f"no reply from {', '.join(silent)} within {output.duration(timeout)}")
         return TIMED_OUT
-    deliver(Printer(repl.client, fmt, None), [Batch(reply_to, answer.seq, 0, [answer])])
+    return OK
+
+
+@command()
+@click.argument("session", metavar="MINE", shell_complete=complete_sessions)
+@click.argument("corrs", nargs=-1, required=True, metavar="CORR...")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    metavar="SECS",
+    help="Give up after SECS: print what came, name what did not (exit status 2).",
+)
+@reconnect_option
+@firing_formats
+@click.pass_obj
+def gather(
+    repl: Repl,
+    session: str,
+    corrs: tuple[str, ...],
+    timeout: float | None,
+    reconnect: float,
+    seq: bool,
+    ts: bool,
+    full: bool,
+    as_json: bool,
+) -> int:
+    """Wait until MINE holds a reply for every CORR; print one a CORR, in the order given.
+
+    A reply is a firing of MINE tagged corr=CORR (`repl reply` sends one);
+    those that came before count, and of several with one CORR the first
+    (by seq) is the one. Nothing is acknowledged: run again, it prints the
+    same. Exit status 2: --timeout passed first (the replies that came are
+    printed; stderr names the CORRs that did not).
+    """
+    repl.reconnect = reconnect
+    fmt = firing_format(seq, full, as_json, ts=ts)
+    gathered = repl.gather(session, list(corrs), timeout=timeout)
+    if gathered.firings:
+        last = max(firing.seq for firing in gathered.firings)
+        deliver(Printer(repl.client, fmt, None), [Batch(session, last, 0, gathered.firings)])
+    if gathered.missing:
+        waited = "" if timeout is None else f" within {output.duration(timeout)}"
+        stderr_note(f"no reply for {', '.join(gathered.missing)}{waited}")
+        return TIMED_OUT
     return OK
 
 
