@@ -44,7 +44,7 @@ def gather_corrs(corrs: list[str]) -> list[str]:
 class GatherWait(Wait):
     """One gather: a ``Wait`` whose looks keep each corr's first firing."""
 
-    __slots__ = ("corrs", "found", "gather")
+    __slots__ = ("corrs", "found", "gather", "wanted")
 
     def __init__(self, waiters: Waiters, req: p.Gather, corrs: list[str]) -> None:
         as_wait = p.Wait(
@@ -57,11 +57,13 @@ class GatherWait(Wait):
         super().__init__(waiters, as_wait, [req.session], [])
         self.gather = req
         self.corrs = corrs
+        #: the corrs asked, to look each firing's up in (a gather may ask for 1,024)
+        self.wanted = frozenset(corrs)
         #: each corr's first firing, found so far
         self.found: dict[str, Firing] = {}
 
     def _looked(self, session_id: str, batch: Batch, batches: list[p.SessionBatch]) -> None:
-        wanted = self.corrs
+        wanted = self.wanted
         for firing in batch.firings:
             corr = firing.tags.get(CORR)
             if corr is not None and corr not in self.found and corr in wanted:

@@ -8,11 +8,14 @@ client's own timeout as the bound, never for time to pass.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.helpers import (
     Client,
@@ -20,6 +23,7 @@ from tests.helpers import (
     RedisClusterProcs,
     RedisProc,
     daemon_config,
+    examples,
     store_url,
 )
 
@@ -168,6 +172,67 @@ def test_a_gather_that_times_out_says_what_came_and_what_did_not(d: InProcDaemon
     got = c.ok({"op": "gather", "session": "jgt", "corrs": ["a", "b", "a", "c"], "timeout_ms": 30})
     assert [f["tags"]["corr"] for f in got["firings"]] == ["b"]
     assert got["missing"] == ["a", "c"] and got["timed_out"] is True
+
+
+#: a send's corr: one of a small pool (so corrs repeat: retries), or none
+corr_of = st.sampled_from([None, "a", "b", "c", "d"])
+_gathers = itertools.count()
+
+
+@settings(
+    max_examples=examples(25, "GATHER_EXAMPLES"),
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    deadline=None,
+)
+@given(
+    limit=st.integers(1, 6),
+    before=st.lists(corr_of, max_size=12),
+    after=st.lists(corr_of, max_size=8),
+    asked=st.lists(st.sampled_from(["a", "b", "c", "d", "e"]), min_size=1, max_size=6),
+)
+def test_gather_answers_as_a_naive_reading_of_the_ring_does(
+    d: InProcDaemon, limit: int, before: list[str | None], after: list[str | None], asked: list[str]
+) -> None:
+    """A model: a gather answers, for each corr asked, the first firing by seq that carries
+    it, among what the ring held when it began and what came after; the corrs with none
+    are missing. Sent before (a ring of ``limit`` that drops the oldest) and while it is
+    blocked (then the last corrs missing are sent, so that it completes)."""
+    c, waiter = d.client(), d.client()
+    session = f"jg-model-{next(_gathers)}"
+    c.ok({"op": "start", "session": session, "buffer": limit})
+    recorded: list[tuple[int, str | None]] = []
+
+    def record(corr: str | None) -> None:
+        tags = {} if corr is None else {"corr": corr}
+        seq = send(c, session, f"#{len(recorded) + 1}", **tags)
+        recorded.append((seq, corr))
+
+    def naive(firings: list[tuple[int, str | None]]) -> tuple[list[int], list[str]]:
+        first: dict[str, int] = {}
+        for seq, corr in sorted(firings):
+            if corr is not None and corr not in first:
+                first[corr] = seq
+        wanted = list(dict.fromkeys(asked))
+        return [first[k] for k in wanted if k in first], [k for k in wanted if k not in first]
+
+    for corr in before:
+        record(corr)
+    held = recorded[-limit:]  # what the ring holds when the gather begins
+    now = c.ok({"op": "gather", "session": session, "corrs": asked, "timeout_ms": 0})
+    seqs, missing = naive(held)
+    assert ([f["seq"] for f in now["firings"]], now["missing"]) == (seqs, missing)
+    # now blocked, while more come (the ring made large enough to drop none of them)
+    c.ok({"op": "buffer", "session": session, "limit": 1000})
+    waiter.send({"op": "gather", "session": session, "corrs": asked})
+    for corr in after:
+        record(corr)
+    for corr in naive(held + recorded[len(before) :])[1]:
+        record(corr)
+    got = waiter.recv()
+    seqs, missing = naive(held + recorded[len(before) :])
+    assert missing == [] and got["missing"] == [] and got["timed_out"] is False
+    assert [f["seq"] for f in got["firings"]] == seqs
+    assert [f["tags"]["corr"] for f in got["firings"]] == list(dict.fromkeys(asked))
 
 
 def test_gather_refuses_what_it_cannot_take(d: InProcDaemon) -> None:
