@@ -175,6 +175,19 @@ def firing_format(
     return output.FiringFormat(style=style, seq=seq, several=several, colour=colour, ts=ts)
 
 
+def timeout_option(what: str = "", default: float | None = None) -> Callable[[F], F]:
+    """``--timeout SECS`` of a command that blocks: give up after SECS, exit status 2 (rule
+    C8); ``what`` says what it prints or leaves then."""
+    return click.option(
+        "--timeout",
+        type=click.FloatRange(min=0),
+        default=default,
+        show_default=default is not None,
+        metavar="SECS",
+        help=f"Give up after SECS{what} (exit status 2).",
+    )
+
+
 def reconnect_option(command: F) -> F:
     """``--reconnect SECS`` of the readers that ride out a restart (rules C10)."""
     from repl_cli.api.reconnect import DEFAULT_RECONNECT

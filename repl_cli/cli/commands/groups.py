@@ -25,6 +25,7 @@ from repl_cli.cli.options import (
     lease_option,
     match_of,
     reconnect_option,
+    timeout_option,
 )
 from repl_daemon import protocol as p
 from session.rules import DEFAULT_GROUP, DEFAULT_MAX_ATTEMPTS
@@ -47,12 +48,7 @@ def group_option(command: F) -> F:
     "How long the firing is yours (1s to 24h): no other claimer gets it meanwhile; "
     "then it is offered again, unless you `repl extend` it."
 )
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0),
-    metavar="SECS",
-    help="Give up after SECS, having taken nothing (exit status 2).",
-)
+@timeout_option(", having taken nothing")
 @click.option(
     "--from-now",
     is_flag=True,
@@ -267,12 +263,7 @@ def claims(repl: Repl, session: str, group: str | None, as_json: bool) -> None:
     metavar="SEQ",
     help="Wait for the firings up to SEQ [default: the newest when the join starts].",
 )
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0),
-    metavar="SECS",
-    help="Give up after SECS, printing what is left (exit status 2).",
-)
+@timeout_option(", printing what is left")
 @reconnect_option
 @click.option(
     "--json",

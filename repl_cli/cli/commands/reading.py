@@ -20,6 +20,7 @@ from repl_cli.cli.options import (
     match_of,
     match_options,
     reconnect_option,
+    timeout_option,
 )
 from session.rules import ACK_CURSOR, FOLLOW_CURSOR, MAX_WAIT_SESSIONS, READ_CURSOR, WAIT_CURSOR
 
@@ -125,12 +126,7 @@ def parse_since(text: str) -> str:
     shell_complete=complete_cursors,
     help=f"Wait after this cursor [default: {WAIT_CURSOR}; with --match, none].",
 )
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0),
-    metavar="SECS",
-    help="Give up after SECS (exit status 2).",
-)
+@timeout_option()
 @click.option("--peek", is_flag=True, help="Do not acknowledge.")
 @click.option(
     "--max",

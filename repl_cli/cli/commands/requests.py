@@ -19,6 +19,7 @@ from repl_cli.cli.options import (
     reconnect_option,
     tag_option,
     tags_of,
+    timeout_option,
 )
 
 
@@ -48,14 +49,7 @@ from repl_cli.cli.options import (
     help="Make the corr ids KEY.ID and send each once: run again with the same KEY, "
     "nothing is sent again and the same replies are found.",
 )
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0),
-    default=REQUEST_TIMEOUT,
-    show_default=True,
-    metavar="SECS",
-    help="Give up after SECS (exit status 2).",
-)
+@timeout_option(": print the replies that came", REQUEST_TIMEOUT)
 @handler_option("What the request is recorded as.")
 @tag_option
 @reconnect_option
@@ -125,12 +119,7 @@ def request(
 @command()
 @click.argument("session", metavar="MINE", shell_complete=complete_sessions)
 @click.argument("corrs", nargs=-1, required=True, metavar="CORR...")
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0),
-    metavar="SECS",
-    help="Give up after SECS: print what came, name what did not (exit status 2).",
-)
+@timeout_option(": print what came, name what did not")
 @reconnect_option
 @firing_formats
 @click.pass_obj
