@@ -16,7 +16,7 @@ Every answer is the protocol's own msgspec Struct (``repl_daemon.protocol``:
 meaning (``repl_cli.api.errors``): ``Unavailable`` (no daemon, it went away
 or is shutting down, its store failed: try again), and those that trying
 again will not mend: ``NotFound``, ``AlreadyExists``, ``BadInput``,
-``AfterHead``, ``LeaseLost``, ``Unauthorized``, ``Forbidden``, ``TooMany``,
+``AfterHead``, ``LeaseLost``, ``AlreadyAnswered``, ``Unauthorized``, ``Forbidden``, ``TooMany``,
 ``TooLong``, ``ProtocolError``, ``Misconfigured``, ``Internal``. Its
 ``code`` is the daemon's wire code when it came from the daemon, its
 ``message`` what happened. A wait that times out is no error (``wait``
@@ -43,6 +43,7 @@ from repl_cli.api._common import REQUEST_TIMEOUT, MatchLike, as_match
 from repl_cli.api.blocking import Repl, connect
 from repl_cli.api.errors import (
     AfterHead,
+    AlreadyAnswered,
     AlreadyExists,
     AnswerLost,
     BadInput,
@@ -64,6 +65,7 @@ from session.tags import Match
 __all__ = [
     "REQUEST_TIMEOUT",
     "AfterHead",
+    "AlreadyAnswered",
     "AlreadyExists",
     "AnswerLost",
     "BadInput",

@@ -57,6 +57,10 @@ class LeaseLost(Error):
     """The claim is no longer the live lease: it ran out and another took it, or it is done."""
 
 
+class AlreadyAnswered(Error):
+    """The approval request has its verdict already: the first that counts wins."""
+
+
 class Unauthorized(Error):
     """The daemon refused the token."""
 

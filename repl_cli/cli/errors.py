@@ -38,6 +38,7 @@ STATUS: dict[type[api.Error], int] = {
     api.AlreadyExists: ERROR,
     api.AfterHead: ERROR,
     api.LeaseLost: ERROR,
+    api.AlreadyAnswered: ERROR,
     api.TooMany: ERROR,
     api.TooLong: ERROR,
     api.ProtocolError: ERROR,

@@ -69,6 +69,7 @@ from typing_extensions import TypedDict
 from repl_cli.api import REQUEST_TIMEOUT, aio
 from repl_cli.api.errors import Error
 from repl_cli.mcp import prompts
+from repl_cli.mcp.approvals import PERMISSION_CAPABILITY, Relay
 from repl_cli.mcp.claims import CLAIM_TOOLS
 from repl_cli.mcp.log import serve_levels
 from repl_cli.mcp.push import (
@@ -246,6 +247,8 @@ class Server(MCPServer):
         #: stdio's pushes (the one client's); over HTTP each MCP session has its own, which
         #: ``pushes_of`` finds
         self.push: Push | None = None
+        #: stdio's relay of permission prompts (``--approvals``), None without it
+        self.relay: Relay | None = None
         self.pushes_of: Callable[[Context], Push | None] | None = None
 
     @property
@@ -264,6 +267,8 @@ class Server(MCPServer):
         experimental: dict[str, dict[str, Any]] | None = None
         if self.push is not None:
             experimental = {CHANNEL: {}}
+        if self.relay is not None:
+            experimental = {**(experimental or {}), PERMISSION_CAPABILITY: {}}
         return self.lowlevel.create_initialization_options(experimental_capabilities=experimental)
 
     async def list_resources(self) -> list[MCPResource]:
@@ -610,6 +615,8 @@ def build(settings: Settings, *, per_session: bool = False) -> Server:
     if settings.follow and not per_session:
         server.push = push_for(settings, tools)
         server.push.install(server.lowlevel)
+        if settings.approvals is not None:
+            server.relay = Relay(settings.approvals, settings.approvers, tools.connection)
     return server
 
 

@@ -31,7 +31,7 @@ import fcntl
 import logging
 import os
 import select
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -40,9 +40,16 @@ import anyio.abc
 import msgspec
 from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
-from mcp.types import METHOD_NOT_FOUND, ErrorData, JSONRPCError, JSONRPCRequest
+from mcp.types import (
+    METHOD_NOT_FOUND,
+    ErrorData,
+    JSONRPCError,
+    JSONRPCNotification,
+    JSONRPCRequest,
+)
 
 from repl_cli.api.receipt import ReaderGone, Receipt, pauses
+from repl_cli.mcp.approvals import PERMISSION_REQUEST
 from repl_cli.mcp.log import CLIENT, Lines
 from repl_cli.mcp.push import Held
 from repl_cli.mcp.server import Server, Settings, build
@@ -153,19 +160,27 @@ async def refusing(
     source: anyio.abc.ObjectReceiveStream[SessionMessage | Exception],
     sink: anyio.abc.ObjectSendStream[SessionMessage | Exception],
     replies: anyio.abc.ObjectSendStream[SessionMessage],
+    asked: Callable[[dict[str, Any]], None] | None = None,
 ) -> None:
     """Pass the client's messages on to the SDK, but for ``server/discover``: that is
-    answered -32601 here, so the client falls back to the ``initialize`` handshake."""
+    answered -32601 here, so the client falls back to the ``initialize`` handshake; and,
+    with a relay of permission prompts, Claude Code's ``permission_request``
+    notifications, which go to ``asked`` (the SDK knows no such notification)."""
     async with sink:
         async for message in source:
-            if (
-                isinstance(message, SessionMessage)
-                and isinstance(message.message, JSONRPCRequest)
-                and message.message.method == DISCOVER
-            ):
-                refused = JSONRPCError(jsonrpc="2.0", id=message.message.id, error=REFUSED)
-                await replies.send(SessionMessage(refused))
-                continue
+            if isinstance(message, SessionMessage):
+                said = message.message
+                if isinstance(said, JSONRPCRequest) and said.method == DISCOVER:
+                    refused = JSONRPCError(jsonrpc="2.0", id=said.id, error=REFUSED)
+                    await replies.send(SessionMessage(refused))
+                    continue
+                if (
+                    asked is not None
+                    and isinstance(said, JSONRPCNotification)
+                    and said.method == PERMISSION_REQUEST
+                ):
+                    asked(dict(said.params or {}))
+                    continue
             await sink.send(message)
 
 
@@ -208,7 +223,14 @@ async def run_stdio(server: Server) -> None:
                 await server.lowlevel.run(read, write, options)
             else:
                 send, receive = anyio.create_memory_object_stream[SessionMessage | Exception]()
-                tg.start_soon(refusing, read, send, write)
+                asked = None
+                if (relay := server.relay) is not None:
+                    tg.start_soon(relay.run, pipe.notify)
+
+                    def asked(params: dict[str, Any]) -> None:
+                        tg.start_soon(relay.asked_for, params)
+
+                tg.start_soon(refusing, read, send, write, asked)
                 tg.start_soon(server.push.run, pipe)
                 async with receive:
                     await server.lowlevel.run(receive, write, options)

@@ -129,6 +129,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     ack: Ack = Ack.AGENT
     #: ``--ack pipe``: how long a client must stay after taking a push
     hold: float = HOLD_S
+    #: where the agent's permission prompts are recorded (None: they are not relayed)
+    approvals: str | None = None
+    #: the senders whose verdict on a prompt counts
+    approvers: tuple[str, ...] = ("root",)
 
 
 class Tools:

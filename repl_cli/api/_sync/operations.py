@@ -25,10 +25,11 @@ from repl_cli.api._common import (
     to_ms,
     wait_cursor,
 )
-from repl_cli.api.errors import AnswerLost, BadInput, Error, NotFound
+from repl_cli.api.errors import AlreadyAnswered, AnswerLost, BadInput, Error, Forbidden, NotFound
 from repl_cli.api.reconnect import Outage
 from repl_daemon import protocol as p
-from session.errors import Code
+from session import approvals as ap
+from session.errors import BadRequest, Code
 from session.firing import CursorInfo, Firing
 from session.group import GroupInfo
 from session.rules import (
@@ -628,6 +629,67 @@ class Operations(abc.ABC):
     def claims(self, session: str, *, group: str | None = None) -> list[p.LeaseInfo]:
         return (self._call(p.Claims(session=session, group=group), p.ClaimList)).claims
 
+    # -- approvals (SPEC §19) ----------------------------------------------------------
+
+    def approve(self, session: str, request_id: str, *, reason: str = "") -> ap.Verdict:
+        """Let the agent do what prompt ``request_id`` of ``session`` asks (``repl mcp
+        --approvals SESSION`` recorded it): see ``verdict``."""
+        return self.verdict(session, request_id, ap.ALLOW, reason=reason)
+
+    def deny(self, session: str, request_id: str, *, reason: str = "") -> ap.Verdict:
+        """Refuse what prompt ``request_id`` of ``session`` asks: see ``verdict``."""
+        return self.verdict(session, request_id, ap.DENY, reason=reason)
+
+    def verdict(
+        self, session: str, request_id: str, behavior: str, *, reason: str = ""
+    ) -> ap.Verdict:
+        """Record the verdict ``behavior`` (``allow`` or ``deny``) on prompt ``request_id``
+        as a firing of ``session``, sent as this connection's token (its ``by``); the
+        server that recorded the prompt tells the agent. It is refused, and nothing is
+        recorded, when the prompt is not there (``NotFound``) or has a verdict that counts
+        already (``AlreadyAnswered``, naming it). Once recorded it is the one that counts
+        only when it is the first by seq from one of the prompt's approvers: a verdict
+        that came first meanwhile is ``AlreadyAnswered``, and this token not among the
+        approvers ``Forbidden`` (the verdict stays in the session: the audit)."""
+        try:
+            ap.check_request_id(request_id)
+            tags = ap.verdict_tags(request_id, behavior)
+        except BadRequest as exc:
+            raise BadInput(exc.message) from None
+        before = self.approval(session, request_id)
+        if before.verdict is not None:
+            raise _already(before)
+        sent = self.send(session, reason, handler=ap.VERDICT_HANDLER, tags=tags)
+        after = self.approval(session, request_id)
+        mine = next((v for v in after.verdicts if v.seq == sent.seq), None)
+        if after.verdict is not None and after.verdict.seq != sent.seq:
+            raise _already(after)
+        if after.verdict is None or mine is None:  # recorded, but not by an approver
+            by = mine.by if mine is not None else "this token"
+            raise Forbidden(
+                f"the verdict on {request_id} is recorded but does not count: it is by "
+                f"{by}, and its approvers are {', '.join(after.prompt.approvers)}",
+                Code.FORBIDDEN,
+            )
+        return after.verdict
+
+    def approval(self, session: str, request_id: str) -> ap.Answered:
+        """Prompt ``request_id`` of ``session``, the verdict that counts for it (None:
+        pending) and every verdict given for it; ``NotFound`` when the ring holds no
+        such prompt."""
+        found = self.read(session, match={ap.APPROVAL: request_id})
+        entry = ap.answered(found.firings).get(request_id)
+        if entry is None:
+            raise NotFound(f"session {session!r} holds no approval request {request_id!r}")
+        return entry
+
+    def approvals(self, session: str) -> list[ap.Answered]:
+        """Every prompt ``session`` holds, oldest first, each with the verdict that counts
+        for it (None: pending) and every verdict given: the audit of who let the agent do
+        what. ``pending`` of them: those without one."""
+        found = self.read(session, match={ap.APPROVAL: None})
+        return list(ap.answered(found.firings).values())
+
     def firing(self, session: str, seq: int) -> Firing:
         """Firing ``seq`` of ``session``, read without a cursor; ``NotFound`` when the ring
         does not hold it."""
@@ -642,6 +704,16 @@ class Operations(abc.ABC):
         if not batch.firings:
             raise no_firing(session, seq, batch)
         return batch.firings[0]
+
+
+def _already(entry: ap.Answered) -> AlreadyAnswered:
+    """The refusal of a verdict on a prompt that has one: which, by whom, when."""
+    counted = entry.verdict
+    assert counted is not None
+    return AlreadyAnswered(
+        f"{entry.prompt.request_id} already answered: {counted.behavior} by {counted.by} "
+        f"at {counted.ts}"
+    )
 
 
 def _again(request: p.Request, exc: Error, *, blocking: bool) -> bool:

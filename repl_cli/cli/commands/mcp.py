@@ -50,6 +50,20 @@ from repl_cli.cli.errors import CliError
     help="Who acknowledges what was pushed: the agent, with its ack tool or a reply "
     "[default]; or pipe: once the client took it and stayed connected 2 s more.",
 )
+@click.option(
+    "--approvals",
+    metavar="SESSION",
+    shell_complete=complete_sessions,
+    help="Relay the agent's permission prompts through SESSION: each is recorded there, "
+    "and `repl approve`/`deny` answers it (Claude Code's claude/channel/permission).",
+)
+@click.option(
+    "--approvers",
+    "approvers",
+    multiple=True,
+    metavar="NAME[,NAME...]",
+    help="Whose verdict counts (token names) [default: root].",
+)
 @click.pass_obj
 def mcp_command(
     repl: Repl,
@@ -58,6 +72,8 @@ def mcp_command(
     cursor: str | None,
     allow_from: tuple[str, ...],
     ack: str | None,
+    approvals: str | None,
+    approvers: tuple[str, ...],
 ) -> None:
     """Serve the Model Context Protocol on stdin/stdout: sessions as tools for an agent.
 
@@ -73,6 +89,10 @@ def mcp_command(
     what it handled (its ack tool, or a reply); what it did not is pushed
     again by the next server. --ack pipe acknowledges instead once the
     client took a push out of the pipe and stayed connected 2 s more.
+
+    With --approvals SESSION (and --follow) the agent's permission prompts
+    are recorded in SESSION, and the first verdict by one of --approvers
+    (`repl approve SESSION ID`, `repl deny`) is sent back to it.
     """
     try:
         from repl_cli.mcp import server as mcp_server
@@ -88,6 +108,11 @@ def mcp_command(
     if not follow and (cursor is not None or allow_from or ack is not None):
         given = "--cursor" if cursor is not None else "--allow-from" if allow_from else "--ack"
         raise click.UsageError(f"{given} is for what --follow pushes: give --follow ID too")
+    if (approvals is not None or approvers) and not follow:
+        given = "--approvals" if approvals is not None else "--approvers"
+        raise click.UsageError(f"{given} relays prompts over the channel: give --follow ID too")
+    if approvers and approvals is None:
+        raise click.UsageError("--approvers says whose verdict counts: give --approvals SESSION")
     client = repl.client
     settings = mcp_server.Settings(
         addr=client.addr,
@@ -99,6 +124,10 @@ def mcp_command(
         cursor=_checked(check_cursor_name, "--cursor", cursor or mcp_server.MCP_CURSOR),
         allow_from=_senders(allow_from, check_token_name) if allow_from else None,
         ack=mcp_server.Ack(ack or "agent"),
+        approvals=None
+        if approvals is None
+        else _checked(check_session_id, "--approvals", approvals),
+        approvers=tuple(sorted(_senders(approvers, check_token_name))) if approvers else ("root",),
     )
     mcp_stdio.serve(settings)
 

@@ -1,0 +1,138 @@
+"""The relay of an agent's permission prompts through a session (SPEC §19).
+
+Claude Code (2.1.81+) relays a tool-permission prompt to a channel server that
+declares the experimental capability ``claude/channel/permission``: it sends
+``notifications/claude/channel/permission_request`` with ``request_id`` (five
+letters a-z without l), ``tool_name``, ``description`` and ``input_preview``, and
+applies the first ``notifications/claude/channel/permission`` ``{request_id,
+behavior: "allow"|"deny"}`` it gets (its local dialog stays open: the first answer
+wins). ``repl mcp --follow ID --approvals SESSION [--approvers NAME,...]``:
+
+- declares the capability (only with ``--approvals``);
+- records each prompt as a firing of SESSION (``session.approvals``: its text the
+  tool and the description, tagged ``approval``, ``tool``, ``preview`` and the
+  ``approvers``), sent as the server's token;
+- follows SESSION for verdicts, a matching reader after the head it found when it
+  started (no cursor: several servers share one SESSION, none takes another's; no
+  polling), and sends the permission notification for the first verdict on one of
+  its own prompts whose ``by`` is an approver (default: ``root``). A verdict by
+  anybody else, and a plain message with the right words, send nothing. A daemon
+  restart is ridden out as ``wait`` rides it out: a verdict given meanwhile is
+  found after it.
+
+What counts is ``session.approvals``'s rule, the one ``repl approve`` and ``repl
+approvals`` read the session with.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+
+from repl_cli import aio
+from repl_cli.api.errors import Error
+from session import approvals as ap
+from session.errors import BadRequest
+
+log = logging.getLogger("repl.mcp")
+
+#: the experimental capability a server that relays prompts declares
+PERMISSION_CAPABILITY = "claude/channel/permission"
+#: what Claude Code sends for a prompt, and what it applies as the verdict
+PERMISSION_REQUEST = "notifications/claude/channel/permission_request"
+PERMISSION = "notifications/claude/channel/permission"
+#: how long the relay's connections ride out the daemon away, in seconds
+RECONNECT_S = 300.0
+
+Notify = Callable[[str, dict[str, Any]], Awaitable[Any]]
+
+
+class Relay:
+    """One client's prompts recorded in ``session``, and their verdicts sent back."""
+
+    def __init__(
+        self,
+        session: str,
+        approvers: tuple[str, ...],
+        connect: Callable[[float], aio.AsyncRepl],
+    ) -> None:
+        self.session = session
+        self.approvers = approvers
+        self.connect = connect
+        #: the request ids this server recorded (a verdict on another's is not its own)
+        self.asked: set[str] = set()
+        #: the request ids whose verdict was sent to the client: each is sent once
+        self.told: set[str] = set()
+        #: set once the relay knows where it follows from: a prompt recorded before
+        #: that would have its verdict missed, so ``asked_for`` waits for it
+        self.following = anyio.Event()
+        self._writer: aio.AsyncRepl | None = None
+        self._lock = anyio.Lock()
+
+    async def asked_for(self, params: dict[str, Any]) -> None:
+        """Record a ``permission_request``'s prompt in the session. One that is not one
+        (no request id of five letters) is told on stderr and dropped: Claude Code's own
+        dialog still asks."""
+        request_id = str(params.get("request_id", ""))
+        tool = str(params.get("tool_name", ""))
+        try:
+            ap.check_request_id(request_id)
+        except BadRequest as exc:
+            log.warning("a permission request not recorded: %s", exc.message)
+            return
+        description = str(params.get("description", ""))
+        tags = ap.prompt_tags(
+            request_id, tool, str(params.get("input_preview", "")), self.approvers
+        )
+        await self.following.wait()
+        self.asked.add(request_id)  # before it is recorded: a verdict may come at once
+        async with self._lock:
+            if self._writer is None:
+                self._writer = self.connect(RECONNECT_S)
+            try:
+                await self._writer.send(
+                    self.session,
+                    ap.prompt_text(tool, description),
+                    handler=ap.PROMPT_HANDLER,
+                    tags=tags,
+                )
+            except Error as exc:
+                log.warning(
+                    "permission request %s not recorded in %s: %s (answer it at the terminal)",
+                    request_id,
+                    self.session,
+                    exc.message,
+                )
+
+    async def run(self, notify: Notify) -> None:
+        """Follow the session's verdicts until cancelled, sending each that counts."""
+        async with self.connect(RECONNECT_S) as repl:
+            try:
+                after = (await repl.stats(self.session)).sessions[0].head
+            except Error as exc:
+                log.warning("cannot relay permission prompts through %s: %s", self.session, exc)
+                return
+            self.following.set()
+            while True:
+                woken = await repl.wait(
+                    self.session, cursor=None, match={ap.VERDICT: None}, after=after
+                )
+                for batch in woken.batches:
+                    for firing in batch.firings:
+                        verdict = ap.verdict_of(firing)
+                        if verdict is not None and self._counts(verdict):
+                            self.told.add(verdict.request_id)
+                            said = {"request_id": verdict.request_id, "behavior": verdict.behavior}
+                            await notify(PERMISSION, said)
+                    after = batch.next
+
+    def _counts(self, verdict: ap.Verdict) -> bool:
+        """A verdict on one of this server's prompts, by an approver, the first."""
+        return (
+            verdict.request_id in self.asked
+            and verdict.request_id not in self.told
+            and verdict.by in self.approvers
+        )
