@@ -22,18 +22,27 @@ wins). ``repl mcp --follow ID --approvals SESSION [--approvers NAME,...]``:
 
 What counts is ``session.approvals``'s rule, the one ``repl approve`` and ``repl
 approvals`` read the session with.
+
+``APPROVAL_TOOLS`` are the same for a supervising agent: ``approvals`` (the pending
+prompts, or every one with its verdict), ``approve`` and ``deny`` (its token must be
+one of the prompt's approvers for its verdict to count).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
+import msgspec
+from mcp.server.mcpserver import Context
+from pydantic import Field
+from typing_extensions import TypedDict
 
 from repl_cli import aio
 from repl_cli.api.errors import Error
+from repl_cli.mcp.tools import LOOKS, RECORDS, SessionArg, Tool, out, tools_of
 from session import approvals as ap
 from session.errors import BadRequest
 
@@ -136,3 +145,110 @@ class Relay:
             and verdict.request_id not in self.told
             and verdict.by in self.approvers
         )
+
+
+# -- the tools of a supervising agent ----------------------------------------------------
+
+
+class VerdictOut(TypedDict):
+    request_id: str
+    #: allow or deny
+    behavior: str
+    #: why, as the verdict's text (may be empty)
+    reason: str
+    #: who gave it (a token's name, root)
+    by: str | None
+    seq: int
+    #: when (RFC 3339, UTC)
+    ts: str
+
+
+class PromptOut(TypedDict):
+    request_id: str
+    tool: str
+    description: str
+    #: about 200 characters of the tool's input
+    preview: str
+    #: whose verdict counts
+    approvers: list[str]
+    seq: int
+    #: when it was asked (RFC 3339, UTC)
+    ts: str
+
+
+class ApprovalOut(TypedDict):
+    prompt: PromptOut
+    #: the verdict that counts; None: still pending
+    verdict: VerdictOut | None
+
+
+class ApprovalsOut(TypedDict):
+    approvals: list[ApprovalOut]
+
+
+RequestIdArg = Annotated[
+    str, Field(description="The prompt's request id: five letters, as approvals lists it.")
+]
+ReasonArg = Annotated[str, Field(description="Why, kept with the verdict (may be empty).")]
+
+
+def _approval_out(entry: ap.Answered) -> ApprovalOut:
+    fields = msgspec.to_builtins(entry)
+    return ApprovalOut(prompt=fields["prompt"], verdict=fields["verdict"])
+
+
+async def approvals(
+    ctx: Context,
+    session: SessionArg,
+    all: Annotated[
+        bool, Field(description="Every prompt, with the verdict that counts: the audit.")
+    ] = False,
+) -> ApprovalsOut:
+    entries = await tools_of(ctx).call(lambda r: r.approvals(session))
+    shown = [e for e in entries if all or e.verdict is None]
+    return ApprovalsOut(approvals=[_approval_out(e) for e in shown])
+
+
+async def _verdict(
+    ctx: Context, session: str, request_id: str, behavior: str, reason: str
+) -> VerdictOut:
+    given = await tools_of(ctx).call(
+        lambda r: r.verdict(session, request_id, behavior, reason=reason)
+    )
+    return out(VerdictOut, given)
+
+
+async def approve(
+    ctx: Context, session: SessionArg, request_id: RequestIdArg, reason: ReasonArg = ""
+) -> VerdictOut:
+    return await _verdict(ctx, session, request_id, ap.ALLOW, reason)
+
+
+async def deny(
+    ctx: Context, session: SessionArg, request_id: RequestIdArg, reason: ReasonArg = ""
+) -> VerdictOut:
+    return await _verdict(ctx, session, request_id, ap.DENY, reason)
+
+
+APPROVAL_TOOLS = (
+    Tool(
+        approvals,
+        LOOKS,
+        "List another agent's permission prompts recorded in a session (repl mcp "
+        "--approvals SESSION): request id, tool, description, the tool's input preview, "
+        "who may answer. Only those waiting for a verdict, unless all.",
+    ),
+    Tool(
+        approve,
+        RECORDS,
+        "Let the agent do what its permission prompt request_id asks: the verdict is "
+        "recorded in the session as yours and sent to it. Refused when the prompt was "
+        "answered already (the error says by whom); it does not count unless your token "
+        "is one of the prompt's approvers.",
+    ),
+    Tool(
+        deny,
+        RECORDS,
+        "Refuse what the agent's permission prompt request_id asks (reason: why); as approve.",
+    ),
+)

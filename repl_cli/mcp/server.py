@@ -69,7 +69,7 @@ from typing_extensions import TypedDict
 from repl_cli.api import REQUEST_TIMEOUT, aio
 from repl_cli.api.errors import Error
 from repl_cli.mcp import prompts
-from repl_cli.mcp.approvals import PERMISSION_CAPABILITY, Relay
+from repl_cli.mcp.approvals import APPROVAL_TOOLS, PERMISSION_CAPABILITY, Relay
 from repl_cli.mcp.claims import CLAIM_TOOLS
 from repl_cli.mcp.log import serve_levels
 from repl_cli.mcp.push import (
@@ -568,6 +568,7 @@ TOOLS = (
         "of firing seq of session, tagged with the request's corr.",
     ),
     *CLAIM_TOOLS,
+    *APPROVAL_TOOLS,
 )
 
 

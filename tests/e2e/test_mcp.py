@@ -293,7 +293,7 @@ async def test_tools_that_change_nothing_are_read_only_and_waits_end_before_60_s
 ) -> None:
     listed = {tool.name: tool for tool in (await shared.list_tools()).tools}
     looks = {name for name, tool in listed.items() if tool.annotations.read_only_hint}
-    assert looks == {"read", "sessions", "cursors"}
+    assert looks == {"read", "sessions", "cursors", "approvals"}
     for tool in listed.values():
         hints = tool.annotations
         assert hints.open_world_hint is False and hints.destructive_hint in (None, False)

@@ -162,3 +162,64 @@ def test_verdicts_on_what_is_not_a_prompt_are_refused_and_record_nothing(
     assert "no approval request 'zzzzz'" in repl.fails(1, "approve", asks, "zzzzz")
     assert "five letters" in repl.fails(64, "approve", asks, "TBXKQ")
     assert repl.ok("read", asks, "--after", "0") == ""
+
+
+@pytest.mark.anyio
+async def test_a_supervising_agent_answers_over_mcp(daemon: DaemonProc) -> None:
+    """The tools approvals, approve and deny, called through the official SDK's client by
+    an agent whose token is the approver: the worker's server sends its verdict."""
+    import os
+    import sys
+
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    repl = Repl(daemon)
+    inbox, asks = repl.session("inbox"), repl.session("asks")
+    (made,) = repl.ask(
+        {
+            "op": "token",
+            "action": "add",
+            "name": "boss",
+            "sessions": [asks],
+            "can": ["read", "send"],
+        }
+    )
+    environment = {
+        "REPL_ADDR": daemon.addr,
+        "REPL_HOME": str(daemon.home),
+        "REPL_TOKEN": made["token"],
+    }
+    environment.update({k: v for k, v in os.environ.items() if k.startswith("COVERAGE_")})
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "repl_cli", "mcp"], env=environment
+    )
+    with harness(daemon, "--follow", inbox, "--approvals", asks, "--approvers", "boss") as h:
+        h.initialize()
+        ask(h, "qrstu", tool="Edit")
+        eventually(lambda: len(prompts(repl, asks)) == 1, what="the prompt recorded")
+        with open(daemon.home.parent / "mcp-approvals-sdk.log", "a") as errlog:  # noqa: ASYNC230
+            async with (
+                stdio_client(params, errlog=errlog) as (read, write),
+                ClientSession(read, write) as agent,
+            ):
+                await agent.initialize()
+                listed = await agent.call_tool("approvals", {"session": asks})
+                assert listed.structured_content is not None
+                (entry,) = listed.structured_content["approvals"]
+                assert entry["prompt"]["request_id"] == "qrstu" and entry["verdict"] is None
+                assert entry["prompt"]["tool"] == "Edit"
+                given = await agent.call_tool(
+                    "deny", {"session": asks, "request_id": "qrstu", "reason": "no"}
+                )
+                assert given.structured_content is not None
+                assert (given.structured_content["behavior"], given.structured_content["by"]) == (
+                    "deny",
+                    "boss",
+                )
+                again = await agent.call_tool("approve", {"session": asks, "request_id": "qrstu"})
+                assert again.is_error and "already answered: deny by boss" in again.content[0].text  # type: ignore[union-attr]
+                audit = await agent.call_tool("approvals", {"session": asks, "all": True})
+                assert audit.structured_content is not None
+                assert audit.structured_content["approvals"][0]["verdict"]["reason"] == "no"
+        assert h.push()["params"] == {"request_id": "qrstu", "behavior": "deny"}
