@@ -357,6 +357,11 @@ def test_progress_counts_the_firings_up_to_upto_and_says_when_they_are_finished(
     for upto in (-1, 7):
         with pytest.raises(BadSeq, match=f"upto {upto} is not between 0 and the head, 6"):
             group.progress(4, 6, upto, NOW)
+    # the ring dropped 1 and 2 while 3 was done out of order: done through 3, before a trim
+    early = Group.create("jobs", "early", 1, 4)
+    held = [taken(early.claim(NOW, LEASE, 1, 4)) for _ in range(3)]
+    early.done(held[2].token, NOW)
+    assert early.progress(3, 4, 4, NOW) == Progress(4, 3, 0, 1, 0, 0)
 
 
 def test_dead_seqs_round_trip_and_a_missing_group_is_as_its_first_claim_makes_it() -> None:
