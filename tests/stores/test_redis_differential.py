@@ -778,3 +778,19 @@ def test_tagged_timers_fire_with_their_tags(both: Both) -> None:
     ]
     for session_id in SESSIONS:
         both.run(session_id, 8, script)
+
+
+def test_a_refused_step_forgets_a_dead_seq_the_ring_dropped(both: Both) -> None:
+    """Found by the long search: a firing dead in a group, then dropped by the ring, then a
+    refused done: the core forgets its dead seq (the ring no longer holds it), and so must
+    Redis, though nothing else of the group changed."""
+    record = Record("on-message", "", TS)
+    script: list[Any] = [record] * 7 + [SetLimit(2)] + [record] * 4
+    script += [
+        GroupStep(kind="claim", ms=1000),
+        GroupStep(kind="configure", max_attempts=1),
+        GroupStep(kind="release", pick=0),
+        record,
+        GroupStep(kind="done", pick=None),
+    ]
+    both.run("a", 0, script)

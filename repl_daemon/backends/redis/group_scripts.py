@@ -76,12 +76,16 @@ local function compact(g)
   end
 end
 -- the ring holds nothing below first: what is not done there is lost (told by the next
--- claim) and done (``Group.trim``)
+-- claim) and done (``Group.trim``); g.trimmed says it changed the group
 local function trim(g, first)
   for _, seq in ipairs(seqs_of(g.k)) do
-    if seq < first then g.k[seq] = nil end
+    if seq < first then
+      g.k[seq] = nil
+      g.trimmed = true
+    end
   end
   if first - 1 <= g.t then return end
+  g.trimmed = true
   local below = 0
   for _, t in ipairs({g.a, g.l, g.d, g.r}) do
     for _, seq in ipairs(seqs_of(t)) do
@@ -294,11 +298,10 @@ local step, seq, attempt, now = ARGV[1], tonumber(ARGV[3]), tonumber(ARGV[4]), t
 local g = load_group(ARGV[2])
 if g == nil then return {'err', 'lease_lost', 'no_group'} end
 local head = tonumber(m[1])
-local before = g.t
 trim(g, math.min(ring_first(head), head + 1))
 local refused = live(g, seq, attempt, now)
 if refused then
-  if g.t ~= before then save_group(g) end  -- what the ring dropped is lost all the same
+  if g.trimmed then save_group(g) end  -- what the ring dropped is gone all the same
   return refused
 end
 local answer
