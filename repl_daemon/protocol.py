@@ -134,8 +134,13 @@ class Gather(Request, tag="gather"):
     it (the whole ring looked at, so a reply that came first counts; the first by seq of
     each), or ``timeout_ms`` passes; moves no cursor (SPEC §18)."""
 
-    session: str
-    corrs: list[str]
+    session: SessionId
+    corrs: Annotated[
+        list[str],
+        msgspec.Meta(
+            description="The correlation ids to wait for: a firing tagged corr with each.",
+        ),
+    ]
     timeout_ms: int | None = None
 
 
@@ -291,9 +296,17 @@ class Join(Request, tag="join"):
     """Block until every firing of ``session`` up to ``upto`` (None: the head when the join
     began) is done or dead in ``group``, or ``timeout_ms``; moves nothing (SPEC §18)."""
 
-    session: str
-    group: str = DEFAULT_GROUP
-    upto: int | None = None
+    session: SessionId
+    group: Annotated[
+        str, msgspec.Meta(description="The group of workers whose jobs are waited for.")
+    ] = DEFAULT_GROUP
+    upto: Annotated[
+        int | None,
+        msgspec.Meta(
+            description="The last seq waited for (null: the session's head when the join "
+            "began, so jobs sent later are not waited for)."
+        ),
+    ] = None
     timeout_ms: int | None = None
 
 
@@ -376,9 +389,14 @@ class Gathered(Response, kw_only=True):
     """A gather's answer: for each corr asked that came, its first firing, in the order
     asked; the corrs that did not come, and ``timed_out``, when the timeout passed first."""
 
-    firings: list[Firing]
-    missing: list[str] = []
-    timed_out: bool = False
+    firings: Annotated[
+        list[Firing],
+        msgspec.Meta(description="For each corr that came, its first firing, in the order asked."),
+    ]
+    missing: Annotated[list[str], msgspec.Meta(description="The corrs that did not come.")] = []
+    timed_out: Annotated[
+        bool, msgspec.Meta(description="The timeout passed before every corr came.")
+    ] = False
 
 
 class Acked(Response, kw_only=True):
@@ -516,13 +534,18 @@ class Joined(Response, kw_only=True):
     ring holds), and what is left: ``ready``, ``held``, ``delayed``; ``timed_out`` when
     the timeout passed first."""
 
-    upto: int
-    done: int
-    dead: int
-    ready: int
-    held: int
-    delayed: int
-    timed_out: bool = False
+    upto: Annotated[int, msgspec.Meta(description="The last seq waited for.")]
+    done: Annotated[
+        int,
+        msgspec.Meta(description="Finished: done, dead, or dropped by the ring before they were."),
+    ]
+    dead: Annotated[int, msgspec.Meta(description="Of those finished, the dead letters.")]
+    ready: Annotated[int, msgspec.Meta(description="Left: claimable now.")]
+    held: Annotated[int, msgspec.Meta(description="Left: claimed by a worker, under a lease.")]
+    delayed: Annotated[int, msgspec.Meta(description="Left: given back, claimable later.")]
+    timed_out: Annotated[
+        bool, msgspec.Meta(description="The timeout passed before every one was finished.")
+    ] = False
 
 
 class SessionStats(msgspec.Struct):
@@ -560,8 +583,9 @@ class StatsReply(Response, kw_only=True):
 # One row an op, from which every front end serves it: the line protocol's decoder and
 # its list of ops (here), the scope check (the engine's ``_scoped``), one generic HTTP
 # route for a plain verb (``repl_daemon.http.verbs``), one generic MCP tool
-# (``repl_cli.mcp_verbs``). What a front end serves by hand is marked ``HAND`` there,
-# and says why where it is written: the long polls (wait, claim), the streams, a send's
+# (``repl_cli.mcp.verbs``), a long poll among them (``Verb.long_poll``: a gather, a join).
+# What a front end serves by hand is marked ``HAND`` there, and says why where it is
+# written: the long polls that acknowledge or take (wait, claim), the streams, a send's
 # text body, a read's or a start's defaults that HTTP and MCP choose for themselves.
 
 
@@ -588,7 +612,10 @@ class Http(NamedTuple):
     JSON body gives (``example`` shows that body in a refusal),
     the status of a success (204: no body), and the field of the answer that is the whole
     body (None: every field of the answer but ``id`` and ``ok``). The query gives the
-    other fields, a field ``X_ms`` given as ``?X=`` in seconds or as a duration."""
+    other fields, a field ``X_ms`` given as ``?X=`` in seconds or as a duration, a list
+    as its word once for each item; ``query`` names the word of a field whose word is
+    not its name (``("corrs", "corr")``: ``?corr=A&corr=B``). A long poll
+    (``Verb.long_poll``) takes ``?timeout=`` as every long poll of HTTP does."""
 
     methods: tuple[str, ...]
     path: str
@@ -596,12 +623,14 @@ class Http(NamedTuple):
     example: str = ""
     status: int = 200
     answer: str | None = None
+    query: tuple[tuple[str, str], ...] = ()
 
 
 class Tool(NamedTuple):
     """How the generic tool serves a verb: its description for a model and what it
     changes. Its arguments are the request's fields (a field ``X_ms`` as ``X_s``, in
-    seconds), its result the answer's."""
+    seconds), its result the answer's. A long poll (``Verb.long_poll``) is bounded as
+    every blocking tool is, below a client's request timeout."""
 
     description: str
     changes: Changes
@@ -627,6 +656,14 @@ class Verb(NamedTuple):
     @property
     def op(self) -> str:
         return str(self.request.__struct_config__.tag)
+
+    @property
+    def long_poll(self) -> bool:
+        """Whether the request blocks until its answer or its ``timeout_ms`` (a wait, a
+        claim, a gather, a join), whose answer then says ``timed_out``: what a client
+        waits for however long it blocks, and a front end bounds (HTTP's ``?timeout=``,
+        an MCP tool's ``timeout_s``)."""
+        return "timeout_ms" in self.request.__struct_fields__
 
 
 #: a claim token, a cursor's or a group's name may hold a slash: ``:path`` takes it whole
@@ -660,7 +697,21 @@ VERBS: list[Verb] = [
     ),
     Verb(Read, Firings, READ, False, HAND, HAND, repeatable=True),
     Verb(Wait, Woken, READ, False, HAND, HAND),
-    Verb(Gather, Gathered, READ, False, HAND, HAND, repeatable=True),
+    Verb(
+        Gather,
+        Gathered,
+        READ,
+        False,
+        Http(("GET",), "/sessions/{session}/gather", query=(("corrs", "corr"),)),
+        Tool(
+            "Wait until the session holds a reply for every one of corrs (a firing tagged "
+            "corr with it; one that came earlier counts): the first of each, in the order "
+            "given. At timeout_s: timed_out, the ones that came and the missing. It moves "
+            "nothing: called again, it answers the same.",
+            Changes.NOTHING,
+        ),
+        repeatable=True,
+    ),
     Verb(
         Ack,
         Acked,
@@ -757,7 +808,21 @@ VERBS: list[Verb] = [
         Http(("GET",), "/sessions/{session}/claims", answer="claims"),
         repeatable=True,
     ),
-    Verb(Join, Joined, READ, False, HAND, HAND, repeatable=True),
+    Verb(
+        Join,
+        Joined,
+        READ,
+        False,
+        Http(("GET",), "/sessions/{session}/join"),
+        Tool(
+            "Wait until every job of the session up to upto (default: its head now) is done "
+            "or dead in the group (default work): the counts done, dead, ready, held, "
+            "delayed. At timeout_s: timed_out, with what is left. It moves nothing: called "
+            "again, it answers the same.",
+            Changes.NOTHING,
+        ),
+        repeatable=True,
+    ),
 ]
 
 #: the verbs by op, and by their request's class

@@ -25,6 +25,7 @@ from pydantic import Field
 from typing_extensions import TypedDict
 
 from repl_cli.mcp.tools import (
+    DEFAULT_WAIT_S,
     RECORDS,
     FiringOut,
     MatchArg,
@@ -79,7 +80,7 @@ async def claim(
         str, Field(description="The group of workers that share the session's jobs.")
     ] = DEFAULT_GROUP,
     lease_s: LeaseSeconds = DEFAULT_LEASE_MS / 1000,
-    timeout_s: WaitSeconds = 30.0,
+    timeout_s: WaitSeconds = DEFAULT_WAIT_S,
     match: MatchArg = None,
 ) -> ClaimOut:
     async with tools_of(ctx).own(reconnect=timeout_s) as repl:

@@ -82,6 +82,7 @@ from repl_cli.mcp.push import (
     session_uri,
 )
 from repl_cli.mcp.tools import (
+    DEFAULT_WAIT_S,
     LOOKS,
     RECORDS,
     SETS,
@@ -125,10 +126,14 @@ call `wait` in a loop: it returns at once when something is there and blocks
 nothing: pass the `next` of each batch you have handled in the `ack` of your
 next `wait`, so an interrupted call costs duplicates, never a lost message.
 To ask another agent and wait for its answer, use `request`; to answer one,
-`reply`. To share a session's jobs among workers, each worker calls `claim`
-(the job is its alone for a lease), then `done` when it is finished,
-`release` to give it back, or `extend` to keep it longer. Each session is
-also the resource repl://sessions/ID: reading it gives its newest firings."""
+`reply`. To ask several at once, `send` each its request tagged reply-to
+(your session) and corr (an id of yours for it), then `gather` those corrs
+in your session: it returns once every answer is there. To share a
+session's jobs among workers, each worker calls `claim` (the job is its
+alone for a lease), then `done` when it is finished, `release` to give it
+back, or `extend` to keep it longer; `join` waits until every job posted
+so far is done. Each session is also the resource repl://sessions/ID:
+reading it gives its newest firings."""
 
 PUSHED = """
 
@@ -321,7 +326,7 @@ class Server(MCPServer):
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
         generic = verb_tools().get(name)
         if generic is not None:
-            return await generic.call(self.tools, arguments)
+            return await generic.call(self.tools, arguments, context)
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as exc:
@@ -356,9 +361,16 @@ async def wait(
         dict[str, int] | None,
         Field(description="Session -> the next of the batch you handled, acknowledged first."),
     ] = None,
-    timeout_s: WaitSeconds = 30.0,
+    timeout_s: WaitSeconds = DEFAULT_WAIT_S,
     match: MatchArg = None,
     max: Annotated[int | None, Field(ge=1, description="At most this many firings.")] = None,
+    all: Annotated[
+        bool,
+        Field(
+            description="Wait until every one of the sessions has firings, and return all "
+            "of their batches together, in the order named (false: as soon as one has)."
+        ),
+    ] = False,
 ) -> WaitOut:
     ids = [sessions] if isinstance(sessions, str) else sessions
     named = f"sessions names {len(ids):,}: one wait takes at most {MAX_WAIT_SESSIONS:,}"
@@ -369,7 +381,9 @@ async def wait(
 
         def once(seconds: float, first: bool) -> Awaitable[p.Woken]:
             acks = ack if first else None
-            return repl.wait(ids, cursor=chosen, timeout=seconds, max=max, ack=acks, match=match)
+            return repl.wait(
+                ids, cursor=chosen, timeout=seconds, max=max, ack=acks, match=match, all=all
+            )
 
         every = tools_of(ctx).settings.progress_every
         woken = await waited(ctx, every, timeout_s, once, got=lambda w: bool(w.batches))
@@ -530,9 +544,9 @@ TOOLS = (
     Tool(
         wait,
         SETS,
-        "Wait until firings exist after your cursor in one of the sessions, "
-        "and return them; at timeout_s it returns timed_out. It acknowledges nothing: pass "
-        "each batch's next in ack on your next call once you have handled it.",
+        "Wait until firings exist after your cursor in one of the sessions (with all: "
+        "in every one), and return them; at timeout_s it returns timed_out. It acknowledges "
+        "nothing: pass each batch's next in ack on your next call once you have handled it.",
     ),
     Tool(
         read,

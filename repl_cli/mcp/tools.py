@@ -1,7 +1,8 @@
 """What every tool of ``repl mcp`` shares: the settings and the connections the tools
 call the daemon through (``Tools``, ``tools_of``), their errors in MCP's words, the
 arguments described for a model, a firing as a result, the row of a tool table
-(``Tool``) and the annotations it gives, and a long wait told as progress (``waited``).
+(``Tool``) and the annotations it gives, and a long wait told as progress (``waited``,
+in parts; ``told``, beside one request).
 
 ``repl_cli.mcp.server`` (the server, and most tools) and ``repl_cli.mcp.claims`` (the
 tools of groups and claims) both build on it, and neither imports the other's tools
@@ -41,6 +42,8 @@ PROGRESS_EVERY = 5.0
 #: wait at its longest still answers ``timed_out`` rather than the client giving up with a
 #: protocol error; an agent that wants to wait longer calls again (nothing is lost between)
 MAX_WAIT_S = 50.0
+#: how long a blocking tool waits when it is not told
+DEFAULT_WAIT_S = 30.0
 
 #: what each tool may do, for a harness deciding whether to ask a person first (MCP's tool
 #: annotations): nothing ever reaches past the daemon (openWorldHint false), and nothing
@@ -103,6 +106,16 @@ WaitSeconds = Annotated[
         "again to wait longer).",
     ),
 ]
+#: ``WaitSeconds`` as a JSON schema, for a tool whose schema is not pydantic's (a long poll
+#: of the table's, ``repl_cli.mcp.verbs``)
+WAIT_SECONDS = {
+    "type": "number",
+    "minimum": 0,
+    "maximum": MAX_WAIT_S,
+    "default": DEFAULT_WAIT_S,
+    "description": f"How long to wait at most, in seconds (at most {MAX_WAIT_S:g}: call again "
+    "to wait longer).",
+}
 TagsArg = Annotated[
     dict[str, str] | None,
     Field(description="Tags the firing carries, KEY: VALUE (at most 16)."),
@@ -230,6 +243,36 @@ async def waited(
             return woken
         waited_s = anyio.current_time() - began
         await ctx.report_progress(waited_s, timeout_s, f"still waiting after {waited_s:.0f} s")
+
+
+async def told(ctx: Context, every: float, timeout_s: float, call: Callable[[], Awaitable[W]]) -> W:
+    """``call()``, one request that blocks for at most ``timeout_s``, with a progress
+    notification every ``every`` seconds while it blocks, as ``waited`` tells its own: for
+    a request that is one wait for the same thing however long it blocks (a gather, a
+    join: a join's ``upto`` fixed once, an outage ridden out within the whole timeout)."""
+    began = anyio.current_time()
+    telling = anyio.CancelScope()  # the progress's alone: the call is never cancelled by it
+
+    async def tell() -> None:
+        with telling:
+            while True:
+                await anyio.sleep(every)
+                waited_s = anyio.current_time() - began
+                told = f"still waiting after {waited_s:.0f} s"
+                await ctx.report_progress(waited_s, timeout_s, told)
+
+    answered: list[W] = []
+    failed: Exception | None = None
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(tell)
+        try:
+            answered.append(await call())
+        except Exception as exc:  # raised as it came, not in the group's ExceptionGroup
+            failed = exc
+        telling.cancel()
+    if failed is not None:
+        raise failed
+    return answered[0]
 
 
 class Tool(NamedTuple):

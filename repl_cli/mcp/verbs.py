@@ -10,12 +10,20 @@ async API (``AsyncOperations.op``, the one reconnect path), its answer the resul
 the tool does not take, is one plain line naming it, and a refusal the CLI's line in
 MCP's words (``error_line``), as every tool's.
 
+A long poll of the table (``Verb.long_poll``: a gather, a join) is bounded as every
+blocking tool is (rule M3): its ``timeout_s`` (default 30) is at most ``MAX_WAIT_S``,
+below the 60 s after which MCP clients commonly give up on a call, so it answers
+``timed_out`` rather than the client failing; while it blocks, a progress notification
+goes every ``progress_every`` seconds to a client that asked (``told``); and it blocks on
+a connection of its own, one request for the whole call, so a blocked one holds up no
+other tool, and a client that gives up on it closes that connection and the daemon lets
+it go.
+
 The tools written by hand (``repl_cli.mcp.server``, ``repl_cli.mcp.claims``) are those
-that do what one request cannot: a wait and a claim (bounded below a client's request
-timeout, with progress, on a connection of their own), a read (which of its ways is
-asked), a start (an existing session is fine for an agent), an ack (a following
-server's cursor, and its pushes told), a schedule (``delay`` for the wire's ``in``),
-and request and reply (two requests each).
+that do what one request cannot: a wait and a claim (which acknowledge and take, told in
+parts of their own), a read (which of its ways is asked), a start (an existing session
+is fine for an agent), an ack (a following server's cursor, and its pushes told), a
+schedule (``delay`` for the wire's ``in``), and request and reply (two requests each).
 """
 
 from __future__ import annotations
@@ -24,14 +32,25 @@ import json
 from typing import Any
 
 import msgspec
+from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from mcp.types import Tool as MCPTool
 
-from repl_cli.mcp.tools import LOOKS, RECORDS, SETS, Tools
+from repl_cli.mcp.tools import (
+    DEFAULT_WAIT_S,
+    LOOKS,
+    RECORDS,
+    SETS,
+    WAIT_SECONDS,
+    Tools,
+    told,
+)
 from repl_daemon import protocol as p
 
 MS, S = "_ms", "_s"
+#: a long poll's bound, as its tool takes it
+TIMEOUT = "timeout_s"
 #: what the wire's requests and answers carry that no tool argument or result does
 WIRE_ONLY = ("op", "id", "ok")
 
@@ -59,6 +78,9 @@ class VerbTool:
         self.name = verb.op
         self.inputs = schema_of(verb.request, lengths=True)
         self.outputs = schema_of(verb.answer)
+        if verb.long_poll:  # bounded below a client's request timeout, whatever the wire's
+            assert "timed_out" in verb.answer.__struct_fields__
+            self.inputs["properties"][TIMEOUT] = dict(WAIT_SECONDS)
         self.arguments = set(self.inputs["properties"])
         self.nullable = {
             name
@@ -75,14 +97,30 @@ class VerbTool:
             annotations=ANNOTATIONS[self.tool.changes],
         )
 
-    async def call(self, tools: Tools, arguments: dict[str, Any]) -> CallToolResult:
+    async def call(
+        self, tools: Tools, arguments: dict[str, Any], ctx: Context | None = None
+    ) -> CallToolResult:
+        """The tool's result; ``ctx``, the request's, is where a long poll tells progress."""
         request = self.request(arguments)
-        answer = await tools.call(lambda r: r.op(request, self.verb.answer))
+        answer: p.Response
+        if self.verb.long_poll:
+            assert ctx is not None
+            answer = await self.poll(tools, request, ctx)
+        else:
+            answer = await tools.call(lambda r: r.op(request, self.verb.answer))
         result = {k: v for k, v in msgspec.to_builtins(answer).items() if k not in WIRE_ONLY}
         text = json.dumps(result, indent=2, ensure_ascii=False)
         return CallToolResult(
             content=[TextContent(type="text", text=text)], structured_content=result
         )
+
+    async def poll(self, tools: Tools, request: p.Request, ctx: Context) -> p.Response:
+        """A long poll's answer, on a connection of its own that rides out a daemon restart
+        within the timeout, with progress told while it blocks."""
+        timeout_s = getattr(request, "timeout_ms") / 1000  # noqa: B009 - a long poll's field
+        every = tools.settings.progress_every
+        async with tools.own(reconnect=timeout_s) as repl:
+            return await told(ctx, every, timeout_s, lambda: repl.op(request, self.verb.answer))
 
     def request(self, arguments: dict[str, Any]) -> p.Request:
         """The request the arguments ask for; a plain line naming what is wrong when not."""
@@ -104,6 +142,8 @@ class VerbTool:
                 given[name.removesuffix(S) + MS] = round(value * 1000)
             else:
                 given[name] = value
+        if self.verb.long_poll:
+            given.setdefault(TIMEOUT.removesuffix(S) + MS, round(DEFAULT_WAIT_S * 1000))
         try:
             request: p.Request = msgspec.convert(given, self.verb.request)
         except msgspec.ValidationError as exc:

@@ -32,7 +32,8 @@ SVG = "image/svg+xml"
 #: what a 404 of no route names, so the caller finds the right path
 ROUTES = (
     "the routes are /sessions, /sessions/ID, /sessions/ID/firings, /sessions/ID/events, "
-    "/sessions/ID/wait, /sessions/ID/cursors/NAME, /sessions/ID/groups[/NAME[/claim]], "
+    "/sessions/ID/wait, /wait, /sessions/ID/gather, /sessions/ID/join, "
+    "/sessions/ID/cursors/NAME, /sessions/ID/groups[/NAME[/claim]], "
     "/sessions/ID/claims[/CLAIM/done|release|extend], /hooks/ID, /metrics, /healthz and "
     "the page at /"
 )

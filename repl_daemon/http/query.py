@@ -138,6 +138,19 @@ def tags_of(request: Request) -> dict[str, str]:
     return parse_tags(request.query_params.getlist("tag"))
 
 
+def acks_of(request: Request) -> dict[str, int]:
+    """A wait's ``?ack=ID:SEQ`` words (once for each session) as its acks."""
+    acks: dict[str, int] = {}
+    for given in request.query_params.getlist("ack"):
+        session_id, colon, seq = given.rpartition(":")
+        if not colon or not session_id or not SEQ.fullmatch(seq):
+            raise BadRequest(f"?ack={shown(given)} is not ID:SEQ, a session and a seq")
+        if session_id in acks:
+            raise BadRequest(f"?ack= names session {shown(session_id)} twice")
+        acks[session_id] = int(seq)
+    return acks
+
+
 def match_of(request: Request) -> Match | None:
     """A reader's ``?match=KEY=VALUE`` / ``?match=KEY`` (repeatable: all must hold) and
     ``?handler=NAME``, or None when it gives neither."""

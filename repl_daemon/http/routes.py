@@ -36,6 +36,7 @@ from repl_daemon.http.metrics import Collector
 from repl_daemon.http.query import (
     SEQ,
     StartBody,
+    acks_of,
     decode,
     drain,
     match_of,
@@ -285,6 +286,52 @@ class Api:
         assert here is not None  # a wait times out only once it has looked
         return json_response({"next": here, "lost": 0, "firings": [], "timed_out": True})
 
+    async def waits(self, request: Request) -> Response:
+        """``GET /wait?session=A&session=B``: a long poll on several sessions, ``repl wait A
+        B`` (rule 14).
+
+        It answers as soon as one of them has firings after the cursor, or with
+        ``?all=true`` once every one of them has (SPEC §18's join: early arrivals count
+        at once), their batches in the order named; at ``?timeout=`` with
+        ``timed_out`` and no batch. ``?ack=ID:SEQ`` (once for each session) is
+        acknowledged first, as the one session's wait takes ``?ack=``; ``?cursor=``,
+        ``?max=``, ``?match=`` and ``?handler=`` as there. Nothing it returns is
+        acknowledged: the next call's acks do that, all of a join's together.
+        """
+        query = request.query_params
+        sessions = query.getlist("session")
+        self.engine.check_right(request.state.token, READ, sessions[0] if sessions else None)
+        if not sessions:
+            raise BadRequest("give ?session=ID, once for each session to wait on")
+        match = match_of(request)
+        cursor = query.get("cursor")
+        if cursor is None and match is None:
+            cursor = WAIT_CURSOR
+        acks = acks_of(request)
+        if acks and cursor is None:
+            raise BadRequest("?ack= needs a cursor: matching with no ?cursor= acknowledges nothing")
+        req = p.Wait(
+            sessions=sessions,
+            cursor=cursor,
+            timeout_ms=round(query_seconds(request, "timeout", WAIT_TIMEOUT) * 1000),
+            max=query_number(request, "max", None),
+            ack=acks,
+            match=match,
+            all=query_flag(request, "all"),
+        )
+        woken = await self.polled(req, request)
+        if woken is None:  # nobody to answer: the wait is released, nothing moved
+            return Response(status_code=204)
+        assert isinstance(woken, p.Woken)
+        return json_response({"batches": woken.batches, "timed_out": woken.timed_out})
+
+    async def polled(self, req: p.Request, request: Request) -> p.Response | None:
+        """A long poll's answer (``req`` a wait, a claim, a gather, a join: the engine's
+        wait, started here), or None when its client hung up first (``_unless_gone``)."""
+        job = self.handle(req, request).job
+        assert isinstance(job, Wait)
+        return await self._unless_gone(job, request)
+
     async def _unless_gone(self, job: Wait, request: Request) -> p.Response | None:
         """The wait's answer, or None when the client hung up before it (the wait is then
         cancelled, having moved nothing; a claim's, having taken nothing).
@@ -333,9 +380,7 @@ class Api:
             match=match_of(request),
             from_now=query_flag(request, "from_now"),
         )
-        job = self.handle(req, request).job
-        assert isinstance(job, Wait)  # a claim is a wait whose look claims (engine.claim)
-        claimed = await self._unless_gone(job, request)
+        claimed = await self.polled(req, request)  # a wait whose look claims (engine.claim)
         if claimed is None:  # nobody to answer: nothing was taken
             return Response(status_code=204)
         assert isinstance(claimed, p.Claimed)

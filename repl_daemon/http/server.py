@@ -113,6 +113,8 @@ def make_app(engine: Engine, token: str, mcp: ASGIApp | None = None) -> Any:
         Route("/sessions/{id}/firings", guarded(api.firings), methods=["GET", "POST"]),
         stream,
         Route("/sessions/{id}/wait", guarded(api.wait), methods=["GET"]),
+        # a wait on several sessions, or on every one of them (?all=true, SPEC §18)
+        Route("/wait", guarded(api.waits), methods=["GET"]),
         # a claim (SPEC §16), a long poll; before the group's own route, whose name (which
         # may hold a slash, as a cursor's may) would take "/claim" too
         Route("/sessions/{id}/groups/{name:path}/claim", guarded(api.claim), methods=["POST"]),

@@ -4,19 +4,28 @@ has an ``Http`` is served by ``route``, with no code of its own.
 A request of such a route becomes one request of the line protocol: its path's
 fields (``/sessions/{session}/claims/{claim}/done``), then its query's (a field
 ``X_ms`` given as ``?X=``, in seconds or as a duration: ``?lease=90``,
-``?lease=5m``), then its JSON body's (the row's ``body`` fields, every other field
-of the body refused, naming it), typed by the request's own Struct. The token's
-right on the session is checked first, as the engine would (so a token that may
-not do it is told so before anything about its input), then the engine answers,
-and the answer is the body: the whole of it but ``id`` and ``ok``, or the one
-field the row names (a listing), with the row's status.
+``?lease=5m``; a list as its word once for each item: ``?corr=A&corr=B``), then its
+JSON body's (the row's ``body`` fields, every other field of the body refused,
+naming it), typed by the request's own Struct. The token's right on the session is
+checked first, as the engine would (so a token that may not do it is told so before
+anything about its input), then the engine answers, and the answer is the body: the
+whole of it but ``id`` and ``ok``, or the one field the row names (a listing), with
+the row's status.
+
+A long poll (``Verb.long_poll``: a gather, a join) is served as the wait's own long
+poll is: ``?timeout=`` seconds (default 30, at most an hour), its answer ``200`` once
+it has one, and ``200`` at the timeout too, with ``timed_out`` and what its answer
+says then (what came, what is missing, what is left: a 204 could not say it). Blocked,
+it is the engine's wait, no task and no work; a client that hangs up lets it go, and a
+revocation of its token answers it ``401``.
 
 What is served by hand (``routes.Api``), and why: a send (its body is the text,
 its dedup key a header, its status says whether it was a duplicate), a read and a
-wait (HTTP's own defaults for where they start), a start (its body names ``id``,
-its status says whether it made the session), a claim (a long poll whose firing is
-given back when its client went before its answer), the listing (each session's
-lag beside the protocol's row), the event stream, webhooks, metrics and the page.
+wait (HTTP's own defaults for where they start, and a wait on several sessions'
+acks), a start (its body names ``id``, its status says whether it made the session),
+a claim (a long poll whose firing is given back when its client went before its
+answer), the listing (each session's lag beside the protocol's row), the event
+stream, webhooks, metrics and the page.
 """
 
 from __future__ import annotations
@@ -25,16 +34,18 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+from msgspec.inspect import ListType
 from starlette.responses import Response
 from starlette.routing import Route
 
 from repl_daemon import protocol as p
-from repl_daemon.http.answers import encoder
+from repl_daemon.http.answers import WAIT_TIMEOUT, encoder
 from repl_daemon.http.query import (
     decode,
     query_duration,
     query_flag,
     query_number,
+    query_seconds,
     read_body,
 )
 from session.errors import BadRequest
@@ -47,6 +58,8 @@ if TYPE_CHECKING:
     from repl_daemon.http.routes import Api
 
 MS = "_ms"
+#: a long poll's bound, its query's ``?timeout=``
+TIMEOUT = "timeout_ms"
 
 
 def routes(api: Api) -> Iterator[Route]:
@@ -69,6 +82,8 @@ class Served:
         assert isinstance(info, msgspec.inspect.StructType)
         self.fields = {f.encode_name: f for f in info.fields if f.encode_name not in ("op", "id")}
         self.body = body_struct(verb.request.__name__, self.fields, http.body)
+        #: each field's word in the query (``X_ms``: ``X``), but the row's own
+        self.words = {name: name.removesuffix(MS) for name in self.fields} | dict(http.query)
 
     async def __call__(self, request: Request) -> Response:
 
@@ -80,11 +95,22 @@ class Served:
         if self.body is not None:
             asked = decode(await read_body(request), self.body, self.http.example)
             given.update(msgspec.structs.asdict(asked))
+        for name, field in self.fields.items():
+            if field.required and name not in given:  # only the query's can be missing here
+                word = self.words[name]
+                each = f" once for each {word}" if isinstance(scalar(field.type), ListType) else ""
+                raise BadRequest(f"?{word}= is missing: give it{each}")
         try:
             req = msgspec.convert(given, self.verb.request)
         except msgspec.ValidationError as exc:  # a field the path gave, of the wrong shape
             raise BadRequest(f"bad request: {exc}") from None
-        answer = await self.api.call(req, request)
+        if self.verb.long_poll:
+            polled = await self.api.polled(req, request)
+            if polled is None:  # nobody to answer: the wait is released, nothing moved
+                return Response(status_code=204)
+            answer = polled
+        else:
+            answer = await self.api.call(req, request)
         if self.http.status == 204:
             return Response(status_code=204)
         body = encoded(answer, self.http.answer)
@@ -94,14 +120,19 @@ class Served:
         """The query's fields of the request, each of its type: a number, a yes or no, a
         length (``X_ms`` as ``?X=``), a word; a query word no field has is let be."""
         given: dict[str, Any] = {}
+        if self.verb.long_poll:  # bounded as every long poll of HTTP is
+            timeout = query_seconds(request, TIMEOUT.removesuffix(MS), WAIT_TIMEOUT)
+            given[TIMEOUT] = round(timeout * 1000)
         for name, field in self.fields.items():
-            if name in taken or name in self.http.body:
+            if name in taken or name in given or name in self.http.body:
                 continue
-            asked = name.removesuffix(MS) if name.endswith(MS) else name
+            asked = self.words[name]
             if asked not in request.query_params:
                 continue
             kind = scalar(field.type)
-            if name.endswith(MS):
+            if isinstance(kind, ListType):
+                given[name] = request.query_params.getlist(asked)
+            elif name.endswith(MS):
                 given[name] = query_duration(request, asked, 0)
             elif isinstance(kind, msgspec.inspect.IntType):
                 given[name] = query_number(request, asked, None)
@@ -113,7 +144,10 @@ class Served:
 
 
 def scalar(kind: msgspec.inspect.Type) -> msgspec.inspect.Type:
-    """``kind`` without its ``None`` (``int | None`` is an int, as a query gives it)."""
+    """``kind`` without its ``None`` (``int | None`` is an int, as a query gives it), and
+    without its description (an ``Annotated`` field's ``Metadata``)."""
+    if isinstance(kind, msgspec.inspect.Metadata):
+        kind = kind.type
     if isinstance(kind, msgspec.inspect.UnionType):
         kinds = [k for k in kind.types if not isinstance(k, msgspec.inspect.NoneType)]
         if len(kinds) == 1:

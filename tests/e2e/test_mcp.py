@@ -293,13 +293,13 @@ async def test_tools_that_change_nothing_are_read_only_and_waits_end_before_60_s
 ) -> None:
     listed = {tool.name: tool for tool in (await shared.list_tools()).tools}
     looks = {name for name, tool in listed.items() if tool.annotations.read_only_hint}
-    assert looks == {"read", "sessions", "cursors", "approvals"}
+    assert looks == {"read", "sessions", "cursors", "approvals", "gather", "join"}
     for tool in listed.values():
         hints = tool.annotations
         assert hints.open_world_hint is False and hints.destructive_hint in (None, False)
     assert listed["ack"].annotations.idempotent_hint is True
     assert listed["send"].annotations.idempotent_hint is False
-    for name in ("wait", "request"):
+    for name in ("wait", "request", "claim", "gather", "join"):
         timeout = listed[name].input_schema["properties"]["timeout_s"]
         assert timeout["maximum"] < 60 and str(int(timeout["maximum"])) in timeout["description"]
     read = listed["read"].input_schema["properties"]

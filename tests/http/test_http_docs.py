@@ -67,6 +67,7 @@ CLAIMED = {
     "stream": ("console", "event: lost"),
     "tags": ("console", "?match=corr=c-42"),
     "consumer": ("console", "/sessions/jobs/wait"),
+    "join": ("console", "/sessions/me/gather"),
     "curl": ("sh", "curl -N"),
     "javascript": ("js", "getReader"),
     "scrape": ("yaml", "scrape_configs"),
@@ -195,6 +196,16 @@ def test_the_consumer_sample_prints_what_it_says(daemon: DaemonProc) -> None:
     for got, printed in ran:
         assert got == printed
     assert daemon.client().call({"op": "read", "session": "jobs"})["code"] == "no_such_session"
+
+
+def test_the_join_sample_prints_what_it_says(daemon: DaemonProc) -> None:
+    """Two replies gathered (the first poll times out naming the missing one, the second
+    finds both), then a job claimed and joined (timed out with it held, then done)."""
+    ran = transcript(sample("join"), daemon)
+    assert len(ran) == 11
+    for got, printed in ran:
+        assert got == printed
+    assert daemon.client().ok({"op": "cursors", "session": "me"})["cursors"] == []
 
 
 GUIDE = ROOT / "GUIDE.md"

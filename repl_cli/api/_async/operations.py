@@ -55,6 +55,7 @@ from types import TracebackType
 from typing import Self
 
 from msgspec import UNSET, UnsetType
+from msgspec.structs import replace
 
 from repl_cli.api._common import (
     REQUEST_TIMEOUT,
@@ -169,8 +170,23 @@ class AsyncOperations(abc.ABC):
     async def op(self, request: p.Request, answer: type[R]) -> R:
         """``request`` as it is, one op of the protocol, and its answer as ``answer``: for a
         verb of the table that has no method of its own here (the MCP server's generic
-        tools, ``repl_cli.mcp.verbs``), through the one reconnect path all calls take."""
-        return await self._call(request, answer)
+        tools, ``repl_cli.mcp.verbs``), through the one reconnect path all calls take. A
+        long poll (``p.Verb.long_poll``: a gather, a join) is answered however long it
+        blocks, and a daemon restart meanwhile is ridden out within its ``timeout_ms``, as
+        ``wait`` rides it out; one whose timeout passed while the daemon was away raises
+        ``Unavailable`` (what it would have answered is not known)."""
+        if not p.VERB_OF[type(request)].long_poll:
+            return await self._call(request, answer)
+        timeout_ms: int | None = getattr(request, "timeout_ms")  # noqa: B009 - any long poll's
+
+        def again(left_ms: int | None) -> p.Request:
+            return replace(request, timeout_ms=left_ms)
+
+        def nothing(exc: Error) -> R:
+            raise exc
+
+        timeout = None if timeout_ms is None else timeout_ms / 1000
+        return await self._ridden(again, answer, timeout, nothing)
 
     async def ping(self) -> p.Pong:
         return await self._call(p.Ping(), p.Pong)
