@@ -21,21 +21,24 @@ measured in the same run.
   daemon; beside it, a second daemon with the same sessions and firings and as many
   plain waits (``wait`` ``after`` each session's head: blocked), the reference. Once
   each daemon counts all of its waiters, both daemons' CPU (/proc) and evaluations
-  (``stats``) over the same idle window. Then every waiter is woken (the last reply;
-  the job claimed and done; one send to each session of the plain daemon), which
-  proves each one was blocked, and a note gives what those wakes cost in evaluations.
+  (``stats``) over the same idle window (a note gives the CPU by the scheduler's
+  count too, in µs, where the rows' /proc ticks are 10 ms). Then every waiter is
+  woken (the last reply; the job claimed and done; one send to each session of the
+  plain daemon), which proves each one was blocked, and a note gives what those
+  wakes cost in evaluations.
 - the join's cost per job: one ``--memory`` daemon, two sessions each filled with the
   same number of jobs (their ring raised with ``buffer`` so that none is dropped), one
   ``join`` blocked on the first session's group ``work`` (up to its head: every job),
   and one worker over the line protocol, one request at a time, claiming (``timeout_ms``
   0) and finishing (``done``) the jobs of both sessions alternately, ``chunk`` jobs at a
   time in the order ABBA (so that neither side always goes first). The daemon's CPU
-  (/proc) and each session's evaluations (``stats``) are read around each chunk: the
-  rows are CPU and evaluations per job with the join blocked against the same without
-  it, their ratio what the join costs a job. The join must still be blocked after every
-  chunk but the last of its session's, and then answer ``done`` for every job. A note
-  gives the ratio over the first half of the jobs and over the second, which grows if
-  the join's look walks more the further the work goes.
+  (the scheduler's count in ns, /proc/PID/task/*/schedstat: a chunk is a tenth of a
+  second, ten /proc ticks) and each session's evaluations (``stats``) are read around
+  each chunk: the rows are CPU and evaluations per job with the join blocked against
+  the same without it, their ratio what the join costs a job. The join must still be
+  blocked after every chunk but the last of its session's, and then answer ``done``
+  for every job. A note gives the ratio over the first half of the jobs and over the
+  second, which grows if the join's look walks more the further the work goes.
 """
 
 from __future__ import annotations
@@ -72,7 +75,7 @@ from bench.paired_wakes import (
     send_fire,
     waiting_on,
 )
-from bench.procs import BenchError, Daemon, cpu_seconds
+from bench.procs import BenchError, Daemon, cpu_ns, cpu_seconds
 from bench.table import Goal, Row, number
 
 ALL_SESSIONS = 3  # a wait with ``all`` over this many sessions
@@ -257,6 +260,9 @@ class IdleJoins:
     plain_evaluations: int
     wake_evaluations: int
     plain_wake_evaluations: int
+    #: the same CPU by the scheduler's count, µs over the window (the rows are in 10 ms ticks)
+    cpu_us: float
+    plain_cpu_us: float
 
 
 def idle_names(s: Sizes) -> tuple[list[str], list[str]]:
@@ -342,16 +348,19 @@ async def idle_both(joins_daemon: Daemon, plain_daemon: Daemon, s: Sizes) -> Idl
         await block(plain, plain_waits)
         await asyncio.sleep(s.settle_s)  # let the accept bursts settle before measuring
         evaluations0 = [await h.evaluations() for h in held]
+        ns0 = [cpu_ns(h.daemon.pid) for h in held]
         cpu0, t0 = [cpu_seconds(h.daemon.pid) for h in held], time.monotonic()
         await asyncio.sleep(s.idle_window_s)
         cpu1, t1 = [cpu_seconds(h.daemon.pid) for h in held], time.monotonic()
+        ns1 = [cpu_ns(h.daemon.pid) for h in held]
         evaluations1 = [await h.evaluations() for h in held]
         cpu = [100 * (b - a) / (t1 - t0) for a, b in zip(cpu0, cpu1, strict=True)]
+        exact = [(b - a) / 1e3 for a, b in zip(ns0, ns1, strict=True)]
         quiet = [b - a for a, b in zip(evaluations0, evaluations1, strict=True)]
         await wake_joins(mine, s)
         await wake_plain(plain, s)
         woken = [await h.evaluations() - e for h, e in zip(held, evaluations1, strict=True)]
-        return IdleJoins(cpu[0], quiet[0], cpu[1], quiet[1], woken[0], woken[1])
+        return IdleJoins(cpu[0], quiet[0], cpu[1], quiet[1], woken[0], woken[1], *exact)
     finally:
         await close_all([c for h in held for c in (h.control, *h.waiters)])
 
@@ -374,7 +383,7 @@ class Side:
     """What the jobs of one session cost the daemon: CPU, evaluations, wall time."""
 
     jobs: int = 0
-    cpu_s: float = 0.0
+    cpu_s: float = 0.0  # from the scheduler's ns, not /proc's 10 ms ticks
     evaluations: int = 0
     seconds: float = 0.0
     halves: list[float] = field(default_factory=lambda: [0.0, 0.0])  # CPU, by half of the jobs
@@ -435,12 +444,12 @@ async def join_cost(daemon: Daemon, s: Sizes) -> Cost:
                 side, session = sides[key], names[key]
                 count = min(chunk, jobs - side.jobs) if i < CHUNKS - 1 else jobs - side.jobs
                 evaluations0 = await evaluations(session)
-                cpu0, t0 = cpu_seconds(daemon.pid), time.perf_counter()
+                cpu0, t0 = cpu_ns(daemon.pid), time.perf_counter()
                 await work(worker, session, count)
-                t1, cpu1 = time.perf_counter(), cpu_seconds(daemon.pid)
+                t1, cpu1 = time.perf_counter(), cpu_ns(daemon.pid)
                 side.evaluations += await evaluations(session) - evaluations0
-                side.cpu_s += cpu1 - cpu0
-                side.halves[0 if side.jobs < jobs // 2 else 1] += cpu1 - cpu0
+                side.cpu_s += (cpu1 - cpu0) / 1e9
+                side.halves[0 if side.jobs < jobs // 2 else 1] += (cpu1 - cpu0) / 1e9
                 side.seconds += t1 - t0
                 side.jobs += count
                 if key == "joined":
@@ -518,7 +527,9 @@ def join_group(setup: Setup, rows: dict[str, Row]) -> None:
     rows["join_idle_evals"].repl = idle.evaluations
     rows["join_idle_evals"].reference = idle.plain_evaluations
     setup.notes.append(
-        f"join idle: then waking them cost {idle.wake_evaluations:,} evaluations (the last "
+        f"join idle: over the {s.idle_window_s:g} s the daemons ran {idle.cpu_us:,.0f} µs "
+        f"(gathers and joins) and {idle.plain_cpu_us:,.0f} µs (plain waits) by the "
+        f"scheduler's count; then waking them cost {idle.wake_evaluations:,} evaluations (the last "
         f"replies, claims and dones included; {s.idle_sessions:,} each), the plain waits "
         f"{idle.plain_wake_evaluations:,} (their sends included)"
     )
