@@ -12,6 +12,8 @@
   the SDK's floor, idle followers (issue 40)
 - bench/claims.py: ``claims``, jobs through groups and claims against Redis consumer
   groups, a blocked claim's wake, idle claimers (SPEC §16, issue 41)
+- bench/join.py: ``join``, a wait on all of several sessions and a gather against a plain
+  wait's wake, idle gathers and joins, a join's cost per job done (SPEC §18, issue 48)
 
 The ``scaleout`` group prints a table of its own (bench/scaleout.py). What
 the groups share (sizes, servers, requests, percentiles, rows) is in
@@ -25,6 +27,7 @@ from bench import (
     cli,
     full,
     http_api,
+    join,
     many,
     matching,
     mcp_agent,
@@ -61,6 +64,7 @@ GROUPS: dict[str, Group] = {
         mcp_agent.MCP,
         mcp_follow.PUSH,
         claims.CLAIMS,
+        join.JOIN,
     )
 }
 

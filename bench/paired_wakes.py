@@ -9,8 +9,10 @@ reason bench/waiters.py gives), and the parent wakes one, then the other,
 round after round: a child puts its next wait as soon as it has reported,
 and blocks, costing nothing, while the other is woken.
 
-A round of one ``Waker``: poll the daemon until its waiter is blocked,
-``fire`` (which notes the time just before the send that should wake it,
+A round of one ``Waker``: poll the daemon until its waiter, and every other
+that has a round to go, is blocked (so that no child is still putting its
+next wait, or doing its untimed work, while a send is timed), ``fire``
+(which notes the time just before the send that should wake it,
 and may do untimed work first), then read the child's report of when it
 held the firing. The plain waiter is bench/waiters.py's own child; a kind
 of waiter of another module is a ``ChildProcess`` of that module's
@@ -112,8 +114,16 @@ async def alternate(wakers: list[Waker], rounds: int) -> None:
     for waker in wakers:
         await waker.child.report(120)  # connected (an MCP client: initialized)
     for r in range(rounds):
-        for waker in wakers:
-            await until(waker.blocked, what=f"the {waker.name} wait to block", interval_s=0.0005)
+        for j, waker in enumerate(wakers):
+            # every waker blocked again, not only this one: the one woken just before may
+            # still be putting its next wait (and an MCP server making its next look),
+            # and a send timed meanwhile would time that work too, by the order of the
+            # wakers (a waker after the plain one read 25-45 µs more, 2026-12-06)
+            for i, other in enumerate(wakers):
+                if i >= j or r < rounds - 1:  # a waker past its last round blocks no more
+                    await until(
+                        other.blocked, what=f"the {other.name} wait to block", interval_s=0.0005
+                    )
             t0, position = await waker.fire(r)
             _kind, t_held, reported = await waker.child.report(60)
             if str(reported) != str(position):

@@ -96,6 +96,15 @@ ROWS = (
     "blocked claim's wake latency p50",
     "idle claims on one session: daemon CPU over",
     "idle claims on one session: evaluations over",
+    # the join group, measured only in the run without redis-server (WITHOUT_ONLY)
+    "wait `all` over 3 sessions, woken by the last's firing (settle 0), wake latency p50",
+    "wait `all` over 3 sessions, woken by the last's firing (settle 0), wake latency p99",
+    "gather of 10 corr ids, woken by the last reply (settle 0), wake latency p50",
+    "gather of 10 corr ids, woken by the last reply (settle 0), wake latency p99",
+    "blocked gathers and 10 blocked joins: daemon CPU over",
+    "blocked gathers and 10 blocked joins: evaluations over",
+    "200 jobs claimed then done by one worker, one join blocked on them: daemon CPU per job",
+    "200 jobs claimed then done by one worker, one join blocked on them: evaluations per job",
 )
 # the tls group's notes: each figure over TLS and plain, repl then its anchors (bench/tls.py)
 TLS_NOTES = (
@@ -128,12 +137,12 @@ SCALE_ROWS = (
     "sends refused in the other loads",
 )
 #: the groups that never start a redis-server or look for one (bench/cli.py, bench/http_api.py,
-#: bench/matching.py, bench/mcp_agent.py, bench/mcp_follow.py): each is measured in one of the
-#: two runs only
-REDIS_FREE = ("cli", "http", "tags", "mcp", "push")
+#: bench/matching.py, bench/mcp_agent.py, bench/mcp_follow.py, bench/join.py): each is measured
+#: in one of the two runs only
+REDIS_FREE = ("cli", "http", "tags", "mcp", "push", "join")
 #: of those, the ones measured in the run without redis-server (the shorter run: it starts no
 #: redis-server), the others in the run with it, so that neither run is much the longer
-WITHOUT_ONLY = ("tags", "mcp", "push")
+WITHOUT_ONLY = ("tags", "mcp", "push", "join")
 
 pytestmark = pytest.mark.slow
 SCALE_COLUMNS = COLUMNS[:-1]  # the main table's, but the floor
@@ -314,7 +323,7 @@ def test_without_redis_server_the_reference_column_is_empty_and_the_hint_printed
     """Every group that looks for redis-server, with none to find, and the groups of
     ``WITHOUT_ONLY``. The groups that never look (``REDIS_FREE``) measure the same with or
     without it, so each is measured in one run only: cli and http in the test above, tags,
-    mcp and push here."""
+    mcp, push and join here."""
     from bench.figures import GROUPS
 
     for group in REDIS_FREE:  # what makes measuring them once safe: their module never looks
@@ -326,6 +335,9 @@ def test_without_redis_server_the_reference_column_is_empty_and_the_hint_printed
         "note: matching wait: ",
         "note: claims: ",
         "note: claim wake: ",
+        "note: join wakes: ",
+        "note: join idle: ",
+        "note: join cost: ",
     ):
         assert note in out, out
     assert "note: MCP: " in out or "n/a (mcp extra missing)" in out, out
