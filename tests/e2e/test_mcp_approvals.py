@@ -223,3 +223,30 @@ async def test_a_supervising_agent_answers_over_mcp(daemon: DaemonProc) -> None:
                 assert audit.structured_content is not None
                 assert audit.structured_content["approvals"][0]["verdict"]["reason"] == "no"
         assert h.push()["params"] == {"request_id": "qrstu", "behavior": "deny"}
+
+
+def test_a_prompt_that_cannot_be_recorded_is_told_and_left_to_the_terminal(
+    daemon: DaemonProc,
+) -> None:
+    """An approvals session that is not there: the relay says it cannot follow it, and each
+    prompt is still tried, in the order asked, and told on stderr as not recorded (Claude
+    Code's own dialog still asks); a request id that is none is told too. Before, a prompt
+    waited for a follow that never began, and nothing was said of it."""
+    repl = Repl(daemon)
+    inbox = repl.session("inbox")
+    with harness(daemon, "--follow", inbox, "--approvals", "nowhere") as h:
+        h.initialize()
+        ask(h, "TBXKQ")
+        ask(h, "tbxkq")
+        ask(h, "mnopq")
+
+        def told() -> list[str]:
+            return [line for line in h.log.read_text().splitlines() if "permission" in line]
+
+        eventually(lambda: len(told()) == 4, what="four lines on stderr")
+        said = "\n".join(told())
+        assert "repl: a permission request not recorded: request id 'TBXKQ'" in said
+        assert "repl: cannot relay permission prompts through nowhere: no session" in said
+        tbxkq = said.index("repl: permission request tbxkq not recorded in nowhere: ")
+        mnopq = said.index("repl: permission request mnopq not recorded in nowhere: ")
+        assert tbxkq < mnopq and said.endswith("(answer it at the terminal)")
