@@ -250,3 +250,35 @@ def test_a_prompt_that_cannot_be_recorded_is_told_and_left_to_the_terminal(
         tbxkq = said.index("repl: permission request tbxkq not recorded in nowhere: ")
         mnopq = said.index("repl: permission request mnopq not recorded in nowhere: ")
         assert tbxkq < mnopq and said.endswith("(answer it at the terminal)")
+
+
+def test_the_listing_a_person_reads_in_the_morning(daemon: DaemonProc) -> None:
+    """``repl approvals`` as text: what waits (request, tool, description, age) and, with
+    ``--all``, every prompt with its verdict, who gave it and when (pending ones say so);
+    ``repl approve --json`` prints the verdict that counts."""
+    from session import approvals as ap
+
+    repl = Repl(daemon)
+    asks = repl.session("asks")
+    for rid, tool in (("abcde", "Bash"), ("fghij", "Write")):
+        repl.daemon.client().ok(
+            {
+                "op": "send",
+                "session": asks,
+                "text": ap.prompt_text(tool, f"do {rid}"),
+                "handler": ap.PROMPT_HANDLER,
+                "tags": ap.prompt_tags(rid, tool, "{}", ap.DEFAULT_APPROVERS),
+            }
+        )
+    given = json.loads(repl.ok("approve", asks, "abcde", "--reason", "fine", "--json"))
+    assert (given["request_id"], given["behavior"], given["by"]) == ("abcde", "allow", "root")
+    header, row = repl.ok("approvals", asks).splitlines()
+    assert header.split("\t") == ["request", "tool", "description", "age"]
+    assert row.split("\t")[:3] == ["fghij", "Write", "do fghij"]
+    assert row.split("\t")[3].endswith(" s")  # asked a moment ago
+    header, *rows = repl.ok("approvals", asks, "--all").splitlines()
+    assert header.split("\t") == ["request", "tool", "description", "asked", "verdict", "by", "at"]
+    answered, waiting = (r.split("\t") for r in rows)
+    assert answered[:3] + answered[4:6] == ["abcde", "Bash", "do abcde", "allow", "root"]
+    assert answered[6] == given["ts"]
+    assert waiting[:3] + waiting[4:] == ["fghij", "Write", "do fghij", "pending", "", ""]
