@@ -287,7 +287,7 @@ async function show(id) {
     return;
   }
   follow(id, Math.max(0, entry.row.head - SHOWN));
-  loadApprovals(id);
+  loadApprovals();
 }
 
 async function follow(id, after) {
@@ -315,7 +315,7 @@ async function follow(id, after) {
         delay = 500;
         if (broke) {
           list(); // back after a break: what happened meanwhile
-          loadApprovals(id);
+          loadApprovals();
         }
         broke = false;
         const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
@@ -333,7 +333,7 @@ async function follow(id, after) {
               const firing = JSON.parse(event.data);
               add(firingItem(firing));
               told(id, last);
-              if (firing.tags && "approval" in firing.tags) loadApprovals(id); // prompt, verdict
+              if (firing.tags && "approval" in firing.tags) loadApprovals(); // prompt, verdict
             } else if (event.event === "lost") {
               add(lostItem(JSON.parse(event.data).lost));
               told(id, last); // its id is the last seq it stands for
@@ -402,8 +402,8 @@ function clearApprovals() {
 }
 
 // The shown session's prompts read again; a call while one is in flight is answered once
-// another has been read after it (as ``list``).
-function loadApprovals(id) {
+// another has been read after it (as ``list``), of the session shown then.
+function loadApprovals() {
   if (approvalsLoading) {
     approvalsAgain = true;
     return approvalsLoading;
@@ -412,8 +412,8 @@ function loadApprovals(id) {
     try {
       do {
         approvalsAgain = false;
-        await loadApprovalsOnce(id);
-      } while (approvalsAgain && token && current === id);
+        if (current !== null) await loadApprovalsOnce(current);
+      } while (approvalsAgain && token);
     } finally {
       approvalsLoading = null;
     }
@@ -588,7 +588,7 @@ async function decide(id, li, requestId, behavior) {
   } finally {
     for (const button of buttons) button.disabled = false;
   }
-  if (current === id) loadApprovals(id);
+  loadApprovals();
 }
 
 function paragraph(cls, text) {

@@ -427,3 +427,27 @@ def test_the_pages_verdict_reaches_the_agent_through_repl_mcp(
         expect(answered.locator(".by")).to_have_text("by page-phone")
         assert answered.locator(".others").inner_text() == "Did not count: allow by root."
         page.context.close()
+
+
+def test_the_approvals_pane_is_the_shown_sessions(browser: Any, web: DaemonProc) -> None:
+    """Each session its own pane: one agent's approvals session, then another's picked in
+    the table (its prompts, not the first's), then a session with no prompt (no pane)."""
+    from playwright.sync_api import expect
+
+    from tests.http.test_http_approvals import ask
+
+    repl = Repl(web)
+    for name in ("page-asks-a", "page-asks-b", "page-plain"):
+        repl.ok("start", name)
+    ask(web, "page-asks-a", "aaaaa")
+    ask(web, "page-asks-b", "bbbbb")
+    page = logged_in(browser, web, at="page-asks-a")
+    page.locator("#pending li[data-request='aaaaa']").wait_for(timeout=SHOWN_WITHIN_MS)
+    page.locator("#sessions tbody tr[data-id='page-asks-b']").click()
+    page.locator("#pending li[data-request='bbbbb']").wait_for(timeout=SHOWN_WITHIN_MS)
+    expect(page.locator("#pending li")).to_have_count(1)
+    page.locator("#sessions tbody tr[data-id='page-plain']").click()
+    page.wait_for_selector("#status:has-text('Following page-plain')", timeout=SHOWN_WITHIN_MS)
+    expect(page.locator("#approvals")).to_be_hidden()
+    assert page.title() == "repl"
+    page.context.close()
