@@ -15,8 +15,11 @@ forge it. So the session is the audit, and what counts is a pure function of it:
   does;
 - a prompt is **pending** while no verdict counts for it.
 
-The server (``repl_cli.mcp.approvals``) and the clients (``approve``, ``approvals``)
-both read the session with these functions, so they agree on every answer.
+The server (``repl_cli.mcp.approvals``), the clients (``approve``, ``approvals``) and
+the daemon's HTTP routes (``repl_daemon.http.approvals``) all read the session with these
+functions, so they agree on every answer: ``prompt_in``, ``unanswered`` and ``counted``
+are the three steps of giving a verdict (the prompt found, not answered yet; the verdict
+recorded; then whether it is the one that counts), each refusal a typed error.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from session.errors import BadRequest
+from session.errors import AlreadyAnswered, BadRequest, Forbidden, NoSuchPrompt
 from session.firing import Firing
 from session.tags import MAX_TAG_VALUE, ROOT
 
@@ -176,3 +179,48 @@ def answered(firings: Iterable[Firing]) -> dict[str, Answered]:
 def pending(firings: Iterable[Firing]) -> list[Prompt]:
     """The prompts no verdict counts for yet, oldest first."""
     return [a.prompt for a in answered(firings).values() if a.verdict is None]
+
+
+def prompt_in(firings: Iterable[Firing], session: str, request_id: str) -> Answered:
+    """Prompt ``request_id`` of ``firings`` (``session``'s, as a read matching
+    ``approval=REQUEST_ID`` gives them) with its verdicts; ``NoSuchPrompt`` when none."""
+    entry = answered(firings).get(request_id)
+    if entry is None:
+        raise NoSuchPrompt(f"session {session!r} holds no approval request {request_id!r}")
+    return entry
+
+
+def already_answered(entry: Answered) -> AlreadyAnswered:
+    """The refusal of a verdict on a prompt that has one: which, by whom, when."""
+    counts = entry.verdict
+    assert counts is not None
+    return AlreadyAnswered(
+        f"{entry.prompt.request_id} already answered: {counts.behavior} by {counts.by} "
+        f"at {counts.ts}"
+    )
+
+
+def unanswered(entry: Answered) -> Answered:
+    """``entry`` while no verdict counts for it; ``AlreadyAnswered`` once one does (a
+    verdict on it is then refused, and nothing recorded)."""
+    if entry.verdict is not None:
+        raise already_answered(entry)
+    return entry
+
+
+def counted(entry: Answered, seq: int) -> Verdict:
+    """The verdict recorded as firing ``seq``, read back in ``entry`` (the prompt as the
+    session holds it after): when it is the one that counts. ``AlreadyAnswered`` when
+    another came first meanwhile; ``Forbidden`` when its sender is none of the prompt's
+    approvers. Either way it stays in the session: the audit keeps the attempt."""
+    counts = entry.verdict
+    if counts is not None and counts.seq != seq:
+        raise already_answered(entry)
+    if counts is None:
+        mine = next((v for v in entry.verdicts if v.seq == seq), None)
+        by = mine.by if mine is not None else "this token"
+        raise Forbidden(
+            f"the verdict on {entry.prompt.request_id} is recorded but does not count: it is "
+            f"by {by}, and its approvers are {', '.join(entry.prompt.approvers)}"
+        )
+    return counts

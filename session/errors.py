@@ -33,6 +33,8 @@ class Code(enum.StrEnum):
     LEASE_LOST = "lease_lost"
     BAD_CLAIM = "bad_claim"
     BAD_GROUP_NAME = "bad_group_name"
+    NO_SUCH_PROMPT = "no_such_prompt"
+    ALREADY_ANSWERED = "already_answered"
     # the daemon
     BAD_REQUEST = "bad_request"
     UNKNOWN_OP = "unknown_op"
@@ -149,6 +151,20 @@ class LeaseLost(ReplError):
     out, another attempt holds the firing, or it is done); nothing changed."""
 
     code = Code.LEASE_LOST
+
+
+class NoSuchPrompt(ReplError):
+    """The session holds no permission prompt of that request id (SPEC §19): none was
+    recorded, or the ring let it go."""
+
+    code = Code.NO_SUCH_PROMPT
+
+
+class AlreadyAnswered(ReplError):
+    """The permission prompt has its verdict already: the first that counts wins, and a
+    verdict on it is refused (SPEC §19)."""
+
+    code = Code.ALREADY_ANSWERED
 
 
 class BadRequest(ReplError):
@@ -292,6 +308,8 @@ BY_CODE: dict[str, type[ReplError]] = {
         CursorAfterHead,
         AckAfterHead,
         LeaseLost,
+        NoSuchPrompt,
+        AlreadyAnswered,
         BadRequest,
         UnknownOp,
         LineTooLong,

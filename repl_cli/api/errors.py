@@ -38,7 +38,8 @@ class AnswerLost(Unavailable):
 
 
 class NotFound(Error):
-    """No such session (or it was stopped), timer, webhook, token or firing to reply to."""
+    """No such session (or it was stopped), timer, webhook, token, firing to reply to or
+    permission prompt."""
 
 
 class AlreadyExists(Error):
@@ -105,6 +106,8 @@ BY_CODE: dict[str, type[Error]] = {
     Code.CURSOR_AFTER_HEAD: AfterHead,
     Code.ACK_AFTER_HEAD: AfterHead,
     Code.LEASE_LOST: LeaseLost,
+    Code.NO_SUCH_PROMPT: NotFound,
+    Code.ALREADY_ANSWERED: AlreadyAnswered,
     Code.BAD_REQUEST: ProtocolError,
     Code.UNKNOWN_OP: ProtocolError,
     Code.LINE_TOO_LONG: TooLong,

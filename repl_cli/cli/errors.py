@@ -62,6 +62,7 @@ HINTS: dict[str, str] = {
     Code.SLOW_CONSUMER: "read the answers as they come, and run the command again",
     Code.NO_SUCH_TIMER: "`repl timers` lists the pending ones",
     Code.NO_SUCH_TOKEN: "`repl token list` lists them",
+    Code.NO_SUCH_PROMPT: "`repl approvals SESSION --all` lists them",
     Code.TOKEN_EXISTS: "revoke it first, or choose another name",
     Code.SESSION_STOPPED: "it no longer exists: `repl start` it again to reuse the id",
     Code.TOO_MANY: "stop what you no longer need, or raise the daemon's limit",

@@ -6,7 +6,9 @@ declares the experimental capability ``claude/channel/permission``: it sends
 letters a-z without l), ``tool_name``, ``description`` and ``input_preview``, and
 applies the first ``notifications/claude/channel/permission`` ``{request_id,
 behavior: "allow"|"deny"}`` it gets (its local dialog stays open: the first answer
-wins). ``repl mcp --follow ID --approvals SESSION [--approvers NAME,...]``:
+wins). ``repl mcp --follow ID --approvals SESSION [--approvers NAME,...]`` (and each
+MCP session of ``/mcp?follow=ID&approvals=SESSION&approvers=...``, ``repl_cli.mcp.http``,
+a relay of its own):
 
 - declares the capability (only with ``--approvals``);
 - records each prompt as a firing of SESSION (``session.approvals``: its text the
@@ -31,6 +33,7 @@ one of the prompt's approvers for its verdict to count).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
@@ -79,7 +82,13 @@ class Relay:
         #: that would have its verdict missed, so ``asked_for`` waits for it
         self.following = anyio.Event()
         self._writer: aio.AsyncRepl | None = None
-        self._lock = anyio.Lock()
+        #: the prompts the client sent, recorded in order by ``run`` (``ask``)
+        self._asking, self._asked = anyio.create_memory_object_stream[dict[str, Any]](math.inf)
+
+    def ask(self, params: dict[str, Any]) -> None:
+        """A ``permission_request``'s params, as the transport took them off the wire:
+        recorded in the session by ``run``, in the order they came."""
+        self._asking.send_nowait(params)
 
     async def asked_for(self, params: dict[str, Any]) -> None:
         """Record a ``permission_request``'s prompt in the session. One that is not one
@@ -98,31 +107,43 @@ class Relay:
         )
         await self.following.wait()
         self.asked.add(request_id)  # before it is recorded: a verdict may come at once
-        async with self._lock:
-            if self._writer is None:
-                self._writer = self.connect(RECONNECT_S)
-            try:
-                await self._writer.send(
-                    self.session,
-                    ap.prompt_text(tool, description),
-                    handler=ap.PROMPT_HANDLER,
-                    tags=tags,
-                )
-            except Error as exc:
-                log.warning(
-                    "permission request %s not recorded in %s: %s (answer it at the terminal)",
-                    request_id,
-                    self.session,
-                    exc.message,
-                )
+        if self._writer is None:
+            self._writer = self.connect(RECONNECT_S)
+        try:
+            await self._writer.send(
+                self.session,
+                ap.prompt_text(tool, description),
+                handler=ap.PROMPT_HANDLER,
+                tags=tags,
+            )
+        except Error as exc:
+            log.warning(
+                "permission request %s not recorded in %s: %s (answer it at the terminal)",
+                request_id,
+                self.session,
+                exc.message,
+            )
 
     async def run(self, notify: Notify) -> None:
-        """Follow the session's verdicts until cancelled, sending each that counts."""
+        """Record the prompts asked (``ask``) and follow the session's verdicts, sending
+        each that counts, until cancelled."""
+        try:
+            async with anyio.create_task_group() as tg, self._asked:
+                tg.start_soon(self._follow, notify)
+                async for params in self._asked:  # one at a time: in the order asked
+                    await self.asked_for(params)
+        finally:  # over HTTP a relay ends with its MCP session, not with the process
+            if self._writer is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._writer.aclose()
+
+    async def _follow(self, notify: Notify) -> None:
         async with self.connect(RECONNECT_S) as repl:
             try:
                 after = (await repl.stats(self.session)).sessions[0].head
             except Error as exc:
                 log.warning("cannot relay permission prompts through %s: %s", self.session, exc)
+                self.following.set()  # each prompt is still tried, and told when not recorded
                 return
             self.following.set()
             while True:

@@ -47,6 +47,15 @@ cursor, as two ``repl follow`` of one cursor do: one reader, whose
 acknowledgements move them all; clients that must each get every push give
 each its own ``cursor``.
 
+Approvals (SPEC §19, rule P4): ``approvals=SESSION`` (with ``follow``; ``approvers=``
+whose verdict counts, ``root`` by default) relays an agent's permission prompts as
+``repl mcp --approvals`` does, for each MCP session apart (``repl_cli.mcp.approvals.Relay``,
+made at its handshake): the capability ``claude/channel/permission`` is declared, each
+``notifications/claude/channel/permission_request`` the client POSTs is taken here,
+before the SDK (which knows no such notification), answered 202 as any notification,
+and recorded; the verdict that counts goes out as a push does, on the session's GET
+stream.
+
 Resuming (SPEC §17, rule M7): every event of every stream carries an ``id:``
 (a GET stream opens with a priming event, its id and ``retry:``, for a client
 of 2025-11-25 or later), and the session keeps its newest events
@@ -92,14 +101,19 @@ from mcp.types import (
     SubscribeRequestParams,
     UnsubscribeRequestParams,
 )
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
+from repl_cli.mcp.approvals import PERMISSION_CAPABILITY, PERMISSION_REQUEST, Relay
 from repl_cli.mcp.events import EVENTS, RETRY_MS, Event, Events, Gone, Store, dumped
 from repl_cli.mcp.log import CLIENT, Lines
 from repl_cli.mcp.push import CHANNEL, MCP_CURSOR, Ack, Held, Push
 from repl_cli.mcp.refusals import refusing
 from repl_cli.mcp.server import Server, Settings, build, push_for
 from repl_cli.mcp.stdio import DISCOVER, REFUSED
+from session.approvals import DEFAULT_APPROVERS
+from session.errors import ReplError
+from session.names import check_session_id
+from session.scopes import check_token_name
 
 if TYPE_CHECKING:
     from starlette.types import Message, Receive, Scope, Send
@@ -134,12 +148,15 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 class Spec(NamedTuple):
     """What a URL's query asks to be pushed: ``repl mcp``'s ``--follow``, ``--cursor``,
-    ``--allow-from`` and ``--ack``."""
+    ``--allow-from``, ``--ack``, and ``--approvals`` with its ``--approvers`` (``root``
+    when it names none; none without ``approvals``)."""
 
     follow: tuple[str, ...] = ()
     cursor: str = MCP_CURSOR
     allow_from: frozenset[str] | None = None
     ack: Ack = Ack.AGENT
+    approvals: str | None = None
+    approvers: tuple[str, ...] = ()
 
 
 class BadQuery(ValueError):
@@ -147,15 +164,18 @@ class BadQuery(ValueError):
 
 
 def spec_of(scope: Scope) -> Spec:
-    """The query's ``follow``, ``cursor``, ``allow_from`` and ``ack`` (each repeatable or
-    comma-separated; the last ``cursor`` and ``ack`` count; ``allow_from=`` allows
-    nobody). ``BadQuery`` for an ``ack`` that is neither ``agent`` nor ``pipe``."""
+    """The query's ``follow``, ``cursor``, ``allow_from``, ``ack``, ``approvals`` and
+    ``approvers`` (each repeatable or comma-separated; the last ``cursor``, ``ack`` and
+    ``approvals`` count; ``allow_from=`` allows nobody). ``BadQuery`` for an ``ack`` that
+    is neither ``agent`` nor ``pipe``, and for ``approvals`` or ``approvers`` that
+    ``repl mcp`` would refuse as ``--approvals`` and ``--approvers``."""
     query = parse_qs(scope.get("query_string", b"").decode(), keep_blank_values=True)
 
     def names(key: str) -> tuple[str, ...]:
         return tuple(dict.fromkeys(n for v in query.get(key, ()) for n in v.split(",") if n))
 
     follow = names("follow")
+    approvals, approvers = relayed(names("approvals"), names("approvers"), bool(follow))
     if not follow:
         return Spec()
     cursors = names("cursor")
@@ -168,7 +188,27 @@ def spec_of(scope: Scope) -> Spec:
             f"ack={acks[-1]!r} is not agent or pipe: give ack=agent (the agent acknowledges "
             "with the ack tool, the default) or ack=pipe (acknowledged once written)"
         ) from None
-    return Spec(follow, cursors[-1] if cursors else MCP_CURSOR, allow, ack)
+    return Spec(follow, cursors[-1] if cursors else MCP_CURSOR, allow, ack, approvals, approvers)
+
+
+def relayed(
+    approvals: tuple[str, ...], approvers: tuple[str, ...], following: bool
+) -> tuple[str | None, tuple[str, ...]]:
+    """The session a URL relays permission prompts through (None: it relays none), and
+    whose verdicts count: checked as ``repl mcp --approvals``, ``--approvers`` are."""
+    if not approvals and not approvers:
+        return None, ()
+    if not following:
+        given = "approvals" if approvals else "approvers"
+        raise BadQuery(f"{given}= relays prompts over the channel: give follow=ID too")
+    if not approvals:
+        raise BadQuery("approvers= says whose verdict counts: give approvals=SESSION too")
+    try:
+        session = check_session_id(approvals[-1])
+        named = tuple(sorted(check_token_name(name) for name in approvers))
+    except ReplError as exc:
+        raise BadQuery(f"approvals: {exc.message}") from None
+    return session, named or DEFAULT_APPROVERS
 
 
 def header(scope: Scope | Message, name: bytes) -> str | None:
@@ -326,6 +366,8 @@ class Slot:
         self.changed = anyio.Event()
         self.generation = 0
         self.push: Push | None = None
+        #: its relay of permission prompts, from its handshake on (``approvals=``)
+        self.relay: Relay | None = None
         self.lines = Lines()  # its log lines, once it asks (repl_cli.mcp.log)
         self.scope = anyio.CancelScope()  # its follow's
         self.idle = anyio.CancelScope()
@@ -398,9 +440,13 @@ class Pushes:
         # the session manager asks the low-level server for what to declare; the channel
         # is declared by ``Server.initialization_options``, which it does not call
         declare = low.create_initialization_options
+        settings = server.tools.settings
+        experimental: dict[str, dict[str, Any]] = {CHANNEL: {}}
+        if settings.approvals is not None:  # Claude Code relays its prompts only then
+            experimental[PERMISSION_CAPABILITY] = {}
 
         def declared(**kwargs: Any) -> Any:
-            return declare(**{**kwargs, "experimental_capabilities": {CHANNEL: {}}})
+            return declare(**{**kwargs, "experimental_capabilities": experimental})
 
         low.create_initialization_options = declared  # type: ignore[method-assign,assignment]
         low.add_notification_handler(
@@ -440,13 +486,22 @@ class Pushes:
         next (a subscription) must find it made, however late that task runs."""
         if slot.push is not None:
             return
-        push = slot.push = push_for(self.server.tools.settings, self.server.tools)
+        tools = self.server.tools
+        settings = tools.settings
+        push = slot.push = push_for(settings, tools)
         push.opened()
+        if settings.approvals is not None:
+            slot.relay = Relay(settings.approvals, settings.approvers, tools.connection)
         self.tg.start_soon(self.follow, slot, push)
 
     async def follow(self, slot: Slot, push: Push) -> None:
+        """The session's pushes, and its relay of prompts (on the same GET stream), until
+        the session ends."""
         with slot.scope:
-            await push.run(slot)
+            async with anyio.create_task_group() as tg:
+                if slot.relay is not None:
+                    tg.start_soon(slot.relay.run, slot.notify)
+                await push.run(slot)
 
     async def _subscribe(
         self, ctx: ServerRequestContext[Any], params: SubscribeRequestParams
@@ -521,12 +576,13 @@ class Served:
             return
         key = (scope[TOKEN], spec)
         served = self.apps.get(key) or await self.start(*key)
-        method = None
+        said: dict[str, Any] = {}
         if served.pushes is not None and scope["method"] == "POST":
             replayed = await self.era(scope, receive, send)
             if replayed is None:
                 return
-            receive, method = replayed
+            receive, said = replayed
+        method = said.get("method")
         session = header(scope, SESSION_HEADER)
         if session is None:
             await self.opening(served, scope, receive, send)
@@ -534,6 +590,13 @@ class Served:
         slot = served.sessions.get(session)
         if slot is None:  # none of this server's: the SDK says so (404)
             await served.app(scope, receive, send)
+            return
+        if method == PERMISSION_REQUEST and slot.relay is not None and "id" not in said:
+            # Claude Code's prompt, which the SDK knows no notification of: the relay's,
+            # and answered as the SDK answers any notification it takes
+            params = said.get("params")
+            slot.relay.ask(params if isinstance(params, dict) else {})
+            await Response(status_code=202)(scope, receive, send)
             return
         EVENTS.set(slot.events)  # what the SDK stores as it answers this request
         CLIENT.set(slot.lines)  # and the lines this request's work writes
@@ -589,11 +652,11 @@ class Served:
 
     async def era(
         self, scope: Scope, receive: Receive, send: Send
-    ) -> tuple[Receive, str | None] | None:
+    ) -> tuple[Receive, dict[str, Any]] | None:
         """A following URL speaks the ``initialize`` era (``repl_cli.mcp.stdio`` says why):
         a POSTed ``server/discover`` is answered -32601 here (None: answered), anything
         else goes on to the SDK with its body as it came (what the ``receive`` returned
-        then gives), with the method it names (a single message's; None for a batch)."""
+        then gives), with the message it is (a single message's; empty for a batch)."""
         body, more = b"", True
         while more and len(body) <= DEFAULT_MAX_REQUEST_BODY_SIZE:
             message = await receive()
@@ -610,7 +673,6 @@ class Served:
             refusal = {"jsonrpc": "2.0", "id": asked["id"], "error": REFUSED.model_dump()}
             await JSONResponse(refusal)(scope, receive, send)
             return None
-        method = asked.get("method") if isinstance(asked, dict) else None
         replayed = False
 
         async def replay() -> Message:
@@ -620,7 +682,7 @@ class Served:
                 return {"type": "http.request", "body": body, "more_body": more}
             return await receive()
 
-        return replay, method if isinstance(method, str) else None
+        return replay, asked if isinstance(asked, dict) else {}
 
     async def listened(
         self, served: App, slot: Slot, scope: Scope, receive: Receive, send: Send
@@ -672,6 +734,8 @@ class Served:
                 cursor=spec.cursor,
                 allow_from=spec.allow_from,
                 ack=spec.ack,
+                approvals=spec.approvals,
+                approvers=spec.approvers or DEFAULT_APPROVERS,
             )
             server = build(settings, per_session=True)
             served = App(server, spec, self.security, self.tg)

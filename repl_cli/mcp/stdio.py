@@ -226,10 +226,7 @@ async def run_stdio(server: Server) -> None:
                 asked = None
                 if (relay := server.relay) is not None:
                     tg.start_soon(relay.run, pipe.notify)
-
-                    def asked(params: dict[str, Any]) -> None:
-                        tg.start_soon(relay.asked_for, params)
-
+                    asked = relay.ask
                 tg.start_soon(refusing, read, send, write, asked)
                 tg.start_soon(server.push.run, pipe)
                 async with receive:

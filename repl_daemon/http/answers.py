@@ -34,7 +34,8 @@ ROUTES = (
     "the routes are /sessions, /sessions/ID, /sessions/ID/firings, /sessions/ID/events, "
     "/sessions/ID/wait, /wait, /sessions/ID/gather, /sessions/ID/join, "
     "/sessions/ID/cursors/NAME, /sessions/ID/groups[/NAME[/claim]], "
-    "/sessions/ID/claims[/CLAIM/done|release|extend], /hooks/ID, /metrics, /healthz and "
+    "/sessions/ID/claims[/CLAIM/done|release|extend], /sessions/ID/approvals[/REQUEST], "
+    "/hooks/ID, /metrics, /healthz and "
     "the page at /"
 )
 #: the page loads nothing from anywhere else, and runs no script it did not ship
@@ -55,8 +56,10 @@ STATUS: dict[str, int] = {
     Code.IDLE_TIMEOUT: 408,
     Code.NO_SUCH_TIMER: 404,
     Code.NO_SUCH_WEBHOOK: 404,
+    Code.NO_SUCH_PROMPT: 404,
     Code.SESSION_EXISTS: 409,
     Code.LEASE_LOST: 409,  # the claim conflicts with its group's state: nothing changed
+    Code.ALREADY_ANSWERED: 409,  # the prompt has its verdict: the first that counts wins
     Code.SESSION_STOPPED: 410,
     Code.UNAUTHORIZED: 401,
     Code.FORBIDDEN: 403,

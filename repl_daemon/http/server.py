@@ -23,6 +23,7 @@ from starlette.staticfiles import StaticFiles
 from repl_daemon.config import DEFAULTS
 from repl_daemon.http import verbs
 from repl_daemon.http.answers import PAGE_HEADERS, WEB
+from repl_daemon.http.approvals import Approvals
 from repl_daemon.http.mcp import Gate, Listener, McpFactory
 from repl_daemon.http.routes import Api
 from repl_daemon.http.uvicorn_glue import Server, protocol_class
@@ -102,6 +103,7 @@ def make_app(engine: Engine, token: str, mcp: ASGIApp | None = None) -> Any:
 
     api = Api(engine, token)
     guarded = api.guarded
+    approvals = Approvals(api)
     events = guarded(api.events)
     stream = Route("/sessions/{id}/events", events, methods=["GET"])
     routes = [
@@ -120,6 +122,13 @@ def make_app(engine: Engine, token: str, mcp: ASGIApp | None = None) -> Any:
         Route("/sessions/{id}/groups/{name:path}/claim", guarded(api.claim), methods=["POST"]),
         # every verb the table serves by the one generic route (repl_daemon.http.verbs)
         *verbs.routes(api),
+        # the permission prompts of an agent, and a verdict on one (SPEC §19)
+        Route("/sessions/{id}/approvals", guarded(approvals.listed), methods=["GET"]),
+        Route(
+            "/sessions/{id}/approvals/{request_id}",
+            guarded(approvals.one),
+            methods=["GET", "POST"],
+        ),
         Route("/sessions", guarded(api.sessions_root), methods=["GET", "POST"]),
         Route("/metrics", guarded(api.metrics), methods=["GET"]),
         # the MCP server's own transport: every method it serves (POST, GET, DELETE)

@@ -1,5 +1,6 @@
 // The daemon's page: sessions with head and lag, one session's firings live (with their
-// tags, and who sent each), a box to send.
+// tags, and who sent each), a box to send, and the session's approvals: an agent's
+// permission prompts (SPEC §19) with Allow and Deny, and who answered what.
 // Plain JavaScript, no build step, nothing loaded from elsewhere. The token is asked for
 // once and kept for this tab (sessionStorage); it goes in an Authorization header, never
 // in a URL. The live view is the session's event stream (GET /sessions/ID/events), read
@@ -28,6 +29,16 @@ let listing = null; // the listing in flight (a promise): one at a time
 let again = false; // another is wanted once it is answered
 let listTimer = null; // the next slow listing
 let firingTimer = null; // the listing due after a firing
+// Approvals: the shown session's prompts (GET /sessions/ID/approvals?all=true), read again
+// when its stream brings a firing tagged approval (a prompt or a verdict): no polling.
+// A pending prompt's age is painted again every AGE_EVERY_MS by the page alone; one that
+// waited STALE_MS says it may have been answered at the terminal (Claude Code's own dialog
+// stays open, and tells nobody when it is answered there).
+const AGE_EVERY_MS = 10_000;
+const STALE_MS = 10 * 60 * 1000;
+let approvalsLoading = null; // the read in flight (a promise): one at a time
+let approvalsAgain = false; // another is wanted once it is answered
+const pendingItems = new Map(); // request id -> its <li> (kept: a reason typed stays)
 
 async function api(path, options = {}) {
   const headers = { Authorization: `Bearer ${token}`, ...(options.headers || {}) };
@@ -52,6 +63,7 @@ function logout(why = "") {
   clearTimeout(firingTimer);
   firingTimer = null;
   known.clear();
+  clearApprovals();
   $("sessions").tBodies[0].replaceChildren();
   $("app").hidden = true;
   $("logout").hidden = true;
@@ -265,6 +277,7 @@ async function show(id) {
   $("session-title").textContent = id;
   $("firings").replaceChildren();
   $("send-error").textContent = "";
+  clearApprovals();
   if (stream) stream.abort();
   await list(); // the table, and the session's head, as they are now
   if (current !== id) return; // another session was picked while this one was looked up
@@ -274,6 +287,7 @@ async function show(id) {
     return;
   }
   follow(id, Math.max(0, entry.row.head - SHOWN));
+  loadApprovals();
 }
 
 async function follow(id, after) {
@@ -299,7 +313,10 @@ async function follow(id, after) {
       } else {
         status(`Following ${id}`);
         delay = 500;
-        if (broke) list(); // back after a break: what happened meanwhile
+        if (broke) {
+          list(); // back after a break: what happened meanwhile
+          loadApprovals();
+        }
         broke = false;
         const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
         let buffer = "";
@@ -313,8 +330,10 @@ async function follow(id, after) {
             buffer = buffer.slice(end + 2);
             if (event.id !== undefined && /^[0-9]+$/.test(event.id)) last = Number(event.id);
             if (event.event === "firing") {
-              add(firingItem(JSON.parse(event.data)));
+              const firing = JSON.parse(event.data);
+              add(firingItem(firing));
               told(id, last);
+              if (firing.tags && "approval" in firing.tags) loadApprovals(); // prompt, verdict
             } else if (event.event === "lost") {
               add(lostItem(JSON.parse(event.data).lost));
               told(id, last); // its id is the last seq it stands for
@@ -371,6 +390,225 @@ async function send(text) {
     return false;
   }
 }
+
+// -- approvals ------------------------------------------------------------------------
+
+function clearApprovals() {
+  pendingItems.clear();
+  $("pending").replaceChildren();
+  $("audit").replaceChildren();
+  $("approvals").hidden = true;
+  document.title = "repl";
+}
+
+// The shown session's prompts read again; a call while one is in flight is answered once
+// another has been read after it (as ``list``), of the session shown then.
+function loadApprovals() {
+  if (approvalsLoading) {
+    approvalsAgain = true;
+    return approvalsLoading;
+  }
+  approvalsLoading = (async () => {
+    try {
+      do {
+        approvalsAgain = false;
+        if (current !== null) await loadApprovalsOnce(current);
+      } while (approvalsAgain && token);
+    } finally {
+      approvalsLoading = null;
+    }
+  })();
+  return approvalsLoading;
+}
+
+async function loadApprovalsOnce(id) {
+  let entries;
+  try {
+    const response = await api(`/sessions/${encodeURIComponent(id)}/approvals?all=true`);
+    if (!response.ok) {
+      // a token that may not read the session's prompts, a session gone: no pane
+      if (current === id) clearApprovals();
+      return;
+    }
+    entries = await response.json();
+  } catch (error) {
+    return; // the daemon away: the stream says so, and reads them again when it is back
+  }
+  if (current !== id) return; // another session was picked meanwhile
+  paintApprovals(id, entries);
+}
+
+function paintApprovals(id, entries) {
+  $("approvals").hidden = entries.length === 0;
+  const pending = entries.filter((e) => e.verdict === null);
+  const answered = entries.filter((e) => e.verdict !== null).reverse(); // newest first
+  const list = $("pending");
+  const waiting = new Set(pending.map((e) => e.prompt.request_id));
+  for (const [rid, li] of pendingItems) {
+    if (!waiting.has(rid)) {
+      pendingItems.delete(rid);
+      li.remove();
+    }
+  }
+  let at = list.firstElementChild; // oldest first, as `repl approvals` lists them
+  for (const entry of pending) {
+    const rid = entry.prompt.request_id;
+    let li = pendingItems.get(rid);
+    if (!li || li.dataset.seq !== String(entry.prompt.seq)) {
+      if (li) li.remove(); // the id asked again: the new prompt's
+      li = pendingItem(id, entry);
+      pendingItems.set(rid, li);
+    }
+    if (li === at) at = at.nextElementSibling;
+    else list.insertBefore(li, at);
+  }
+  $("audit").replaceChildren(...answered.map(auditItem));
+  $("audit-count").textContent = answered.length;
+  $("pending-count").textContent = pending.length ? `${pending.length} waiting` : "";
+  $("no-pending").hidden = pending.length > 0;
+  document.title = pending.length ? `(${pending.length}) repl` : "repl";
+  paintAges();
+}
+
+function pendingItem(id, { prompt }) {
+  const li = document.createElement("li");
+  li.className = "prompt";
+  li.dataset.request = prompt.request_id;
+  li.dataset.seq = prompt.seq;
+  // everything a prompt holds came from a client (the agent's tool input): text only
+  const head = spanOf("head");
+  head.append(spanOf("request", prompt.request_id), spanOf("tool", prompt.tool));
+  const age = spanOf("age");
+  age.dataset.ts = prompt.ts;
+  age.title = prompt.ts;
+  head.append(age);
+  if (typeof prompt.by === "string") head.append(spanOf("by", `asked by ${prompt.by}`));
+  li.append(head);
+  if (prompt.description) li.append(paragraph("description", prompt.description));
+  if (prompt.preview) {
+    const pre = document.createElement("pre");
+    pre.className = "preview";
+    pre.textContent = prompt.preview;
+    li.append(pre);
+  }
+  const stale = paragraph("stale hint", "No verdict yet: it may have been answered at the terminal.");
+  stale.hidden = true;
+  li.append(stale);
+  const form = document.createElement("form");
+  form.className = "decide";
+  const reason = document.createElement("input");
+  reason.className = "reason";
+  reason.placeholder = "Reason (optional)";
+  reason.autocomplete = "off";
+  reason.setAttribute("aria-label", `Reason for ${prompt.request_id}`);
+  const allow = buttonOf("allow", "Allow");
+  const deny = buttonOf("deny", "Deny");
+  allow.setAttribute("aria-label", `Allow ${prompt.request_id}`);
+  deny.setAttribute("aria-label", `Deny ${prompt.request_id}`);
+  form.append(reason, allow, deny);
+  form.addEventListener("submit", (e) => e.preventDefault()); // Enter in the reason: nothing
+  allow.addEventListener("click", () => decide(id, li, prompt.request_id, "allow"));
+  deny.addEventListener("click", () => decide(id, li, prompt.request_id, "deny"));
+  li.append(form, paragraph("error", ""));
+  li.lastElementChild.setAttribute("role", "alert");
+  li.title = `approvers: ${prompt.approvers.join(", ")}`;
+  return li;
+}
+
+function auditItem({ prompt, verdict, verdicts }) {
+  const li = document.createElement("li");
+  li.className = `answered ${verdict.behavior}`;
+  li.dataset.request = prompt.request_id;
+  const head = spanOf("head");
+  head.append(
+    spanOf("request", prompt.request_id),
+    spanOf("tool", prompt.tool),
+    spanOf("behavior", verdict.behavior),
+    spanOf("by", `by ${verdict.by}`),
+    spanOf("time", new Date(verdict.ts).toLocaleString()),
+  );
+  head.lastElementChild.title = verdict.ts;
+  li.append(head);
+  if (prompt.description) li.append(paragraph("description", prompt.description));
+  if (verdict.reason) li.append(paragraph("reason", verdict.reason));
+  const others = verdicts.filter((v) => v.seq !== verdict.seq);
+  if (others.length) {
+    const said = others.map((v) => `${v.behavior} by ${v.by}`).join(", ");
+    li.append(paragraph("others hint", `Did not count: ${said}.`));
+  }
+  li.title = `asked ${prompt.ts} by ${prompt.by}`;
+  return li;
+}
+
+// A pending prompt's age, as `repl approvals` says it (12 s, 3m 20s, 2h 5m, 4d 1h), and
+// whether it has waited long enough to say it may have been answered at the terminal.
+function paintAges() {
+  const now = Date.now();
+  for (const li of pendingItems.values()) {
+    const age = li.querySelector(".age");
+    const waited = Math.max(0, now - Date.parse(age.dataset.ts));
+    age.textContent = ageOf(waited);
+    li.querySelector(".stale").hidden = waited < STALE_MS;
+  }
+}
+
+function ageOf(ms) {
+  const s = Math.floor(ms / 1000);
+  const [m, h, d] = [Math.floor(s / 60), Math.floor(s / 3600), Math.floor(s / 86400)];
+  if (s < 60) return `${s} s`;
+  if (h < 1) return `${m}m ${s % 60}s`;
+  if (d < 1) return `${h}h ${m % 60}m`;
+  return `${d}d ${h % 24}h`;
+}
+
+// The verdict, recorded as this page's token: a refusal (answered already, by whom; not an
+// approver) is said on the prompt and in the status line, and the pane read again.
+async function decide(id, li, requestId, behavior) {
+  const buttons = li.querySelectorAll("button");
+  const error = li.querySelector(".error");
+  for (const button of buttons) button.disabled = true;
+  error.textContent = "";
+  try {
+    const response = await api(
+      `/sessions/${encodeURIComponent(id)}/approvals/${encodeURIComponent(requestId)}`,
+      {
+        method: "POST",
+        headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({ behavior, reason: li.querySelector(".reason").value }),
+      },
+    );
+    const answer = await response.json();
+    if (response.ok) status(`${requestId}: ${answer.behavior} by ${answer.by}`);
+    else {
+      error.textContent = answer.message;
+      status(answer.message);
+    }
+  } catch (failed) {
+    if (failed.message !== "unauthorized") error.textContent = "The daemon does not answer.";
+  } finally {
+    for (const button of buttons) button.disabled = false;
+  }
+  loadApprovals();
+}
+
+function paragraph(cls, text) {
+  const p = document.createElement("p");
+  p.className = cls;
+  p.textContent = text;
+  return p;
+}
+
+function buttonOf(cls, text) {
+  const button = document.createElement("button");
+  button.type = "button";
+  button.className = cls;
+  button.textContent = text;
+  return button;
+}
+
+setInterval(() => {
+  if (!document.hidden && pendingItems.size) paintAges();
+}, AGE_EVERY_MS);
 
 $("login").addEventListener("submit", (e) => {
   e.preventDefault();

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from session import approvals as ap
-from session.errors import BadRequest
+from session.errors import AlreadyAnswered, BadRequest, Forbidden, NoSuchPrompt
 from session.firing import Firing
 
 TS = "2026-12-06T09:00:00.000Z"
@@ -110,3 +110,30 @@ def test_the_verdict_that_counts_is_the_first_by_an_approver_after_its_prompt(
             firings.append(Firing(seq, "on-message", f"yes {rid}", None, TS, {}, by))
     found = ap.answered(firings)
     assert {rid: (a.verdict.seq if a.verdict else None) for rid, a in found.items()} == expected
+
+
+def test_a_verdict_is_given_in_three_steps_each_refusing_by_the_record() -> None:
+    """``prompt_in`` finds the prompt, ``unanswered`` refuses one that has its verdict,
+    ``counted`` says whether the verdict recorded as a seq is the one that counts: the API
+    and the daemon's HTTP route give a verdict with these, so they refuse alike."""
+    asked = [prompt(1, "abcde", approvers="alice")]
+    with pytest.raises(NoSuchPrompt, match="session 'asks' holds no approval request 'fghij'"):
+        ap.prompt_in(asked, "asks", "fghij")
+    entry = ap.unanswered(ap.prompt_in(asked, "asks", "abcde"))
+    assert entry.verdict is None
+    # a verdict by someone who is no approver is kept, and does not count
+    tried = [*asked, verdict(2, "abcde", "allow", "mallory")]
+    with pytest.raises(Forbidden, match="it is by mallory, and its approvers are alice"):
+        ap.counted(ap.prompt_in(tried, "asks", "abcde"), 2)
+    # ... nor one the record no longer holds (the ring let it go)
+    with pytest.raises(Forbidden, match="it is by this token"):
+        ap.counted(ap.prompt_in(asked, "asks", "abcde"), 9)
+    given = [*tried, verdict(3, "abcde", "deny", "alice", "no")]
+    after = ap.prompt_in(given, "asks", "abcde")
+    assert ap.counted(after, 3) == ap.Verdict("abcde", "deny", "no", "alice", 3, TS)
+    # a verdict recorded after it, meanwhile, lost: it names the one that counts
+    late = ap.prompt_in([*given, verdict(4, "abcde", "allow", "alice")], "asks", "abcde")
+    with pytest.raises(AlreadyAnswered, match=f"^abcde already answered: deny by alice at {TS}$"):
+        ap.counted(late, 4)
+    with pytest.raises(AlreadyAnswered, match="abcde already answered: deny by alice"):
+        ap.unanswered(late)

@@ -36,6 +36,7 @@ RECORD = os.environ.get("REPL_RECORD_TRANSCRIPT") == "1"
 #: what differs from run to run, each written over with one steady value
 _VOLATILE = (
     (re.compile(rb'"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"'), b'"TS"'),
+    (re.compile(rb" at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"), b" at TS"),  # who answered
     (re.compile(rb'"(uptime_s|pid|due_ms|lease_until_ms)":[0-9.e+-]+'), rb'"\1":0'),
     (re.compile(rb"repl_[A-Za-z0-9_-]{20,}"), b"repl_TOKEN"),
     (re.compile(rb'"s-[0-9a-f]{8}"'), b'"s-MADE-UP"'),  # an id the daemon made up
@@ -199,6 +200,20 @@ ROUTES: list[tuple[str, str, Any, dict[str, str]]] = [
     ("GET", f"/wait?session={H}&session={HJ}&timeout=0", None, {}),
     ("GET", f"/wait?session={H}&session={HJ}&all=true&timeout=0&ack={HJ}:1", None, {}),
     ("GET", "/wait?timeout=0", None, {}),
+    # a permission prompt as `repl mcp --approvals` records it, and verdicts on it (SPEC §19)
+    (
+        "POST",
+        f"/sessions/{H}/firings?handler=on-approval&tag=approval%3Dtbxkq&tag=tool%3DBash"
+        "&tag=preview%3Dls&tag=approvers%3Droot",
+        "Bash: list the files",
+        {},
+    ),
+    ("GET", f"/sessions/{H}/approvals", None, {}),
+    ("POST", f"/sessions/{H}/approvals/tbxkq", {"behavior": "allow", "reason": "fine"}, {}),
+    ("POST", f"/sessions/{H}/approvals/tbxkq", {"behavior": "deny"}, {}),
+    ("POST", f"/sessions/{H}/approvals/zzzzz", {"behavior": "deny"}, {}),
+    ("GET", f"/sessions/{H}/approvals?all=true", None, {}),
+    ("GET", f"/sessions/{H}/approvals/tbxkq", None, {}),
     ("GET", "/nowhere", None, {}),
     ("DELETE", f"/sessions/{H}", None, {}),
     ("DELETE", f"/sessions/{H}", None, {}),

@@ -223,3 +223,62 @@ async def test_a_supervising_agent_answers_over_mcp(daemon: DaemonProc) -> None:
                 assert audit.structured_content is not None
                 assert audit.structured_content["approvals"][0]["verdict"]["reason"] == "no"
         assert h.push()["params"] == {"request_id": "qrstu", "behavior": "deny"}
+
+
+def test_a_prompt_that_cannot_be_recorded_is_told_and_left_to_the_terminal(
+    daemon: DaemonProc,
+) -> None:
+    """An approvals session that is not there: the relay says it cannot follow it, and each
+    prompt is still tried, in the order asked, and told on stderr as not recorded (Claude
+    Code's own dialog still asks); a request id that is none is told too. Before, a prompt
+    waited for a follow that never began, and nothing was said of it."""
+    repl = Repl(daemon)
+    inbox = repl.session("inbox")
+    with harness(daemon, "--follow", inbox, "--approvals", "nowhere") as h:
+        h.initialize()
+        ask(h, "TBXKQ")
+        ask(h, "tbxkq")
+        ask(h, "mnopq")
+
+        def told() -> list[str]:
+            return [line for line in h.log.read_text().splitlines() if "permission" in line]
+
+        eventually(lambda: len(told()) == 4, what="four lines on stderr")
+        said = "\n".join(told())
+        assert "repl: a permission request not recorded: request id 'TBXKQ'" in said
+        assert "repl: cannot relay permission prompts through nowhere: no session" in said
+        tbxkq = said.index("repl: permission request tbxkq not recorded in nowhere: ")
+        mnopq = said.index("repl: permission request mnopq not recorded in nowhere: ")
+        assert tbxkq < mnopq and said.endswith("(answer it at the terminal)")
+
+
+def test_the_listing_a_person_reads_in_the_morning(daemon: DaemonProc) -> None:
+    """``repl approvals`` as text: what waits (request, tool, description, age) and, with
+    ``--all``, every prompt with its verdict, who gave it and when (pending ones say so);
+    ``repl approve --json`` prints the verdict that counts."""
+    from session import approvals as ap
+
+    repl = Repl(daemon)
+    asks = repl.session("asks")
+    for rid, tool in (("abcde", "Bash"), ("fghij", "Write")):
+        repl.daemon.client().ok(
+            {
+                "op": "send",
+                "session": asks,
+                "text": ap.prompt_text(tool, f"do {rid}"),
+                "handler": ap.PROMPT_HANDLER,
+                "tags": ap.prompt_tags(rid, tool, "{}", ap.DEFAULT_APPROVERS),
+            }
+        )
+    given = json.loads(repl.ok("approve", asks, "abcde", "--reason", "fine", "--json"))
+    assert (given["request_id"], given["behavior"], given["by"]) == ("abcde", "allow", "root")
+    header, row = repl.ok("approvals", asks).splitlines()
+    assert header.split("\t") == ["request", "tool", "description", "age"]
+    assert row.split("\t")[:3] == ["fghij", "Write", "do fghij"]
+    assert row.split("\t")[3].endswith(" s")  # asked a moment ago
+    header, *rows = repl.ok("approvals", asks, "--all").splitlines()
+    assert header.split("\t") == ["request", "tool", "description", "asked", "verdict", "by", "at"]
+    answered, waiting = (r.split("\t") for r in rows)
+    assert answered[:3] + answered[4:6] == ["abcde", "Bash", "do abcde", "allow", "root"]
+    assert answered[6] == given["ts"]
+    assert waiting[:3] + waiting[4:] == ["fghij", "Write", "do fghij", "pending", "", ""]

@@ -42,8 +42,8 @@ PAGE = ROOT / "docs" / "http.md"
 #: the address every sample is written for
 WRITTEN = "127.0.0.1:7428"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
-#: a firing's time, which no two runs share
-TS = re.compile(r'"ts":"[^"]*"')
+#: a firing's time, which no two runs share (in a message: who answered a prompt, when)
+TS = re.compile(r'"ts":"[^"]*"| at \d{4}-\d\d-\d\dT[0-9:.]+Z')
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,7 @@ CLAIMED = {
     "tags": ("console", "?match=corr=c-42"),
     "consumer": ("console", "/sessions/jobs/wait"),
     "join": ("console", "/sessions/me/gather"),
+    "approvals": ("console", "/sessions/approvals/approvals"),
     "curl": ("sh", "curl -N"),
     "javascript": ("js", "getReader"),
     "scrape": ("yaml", "scrape_configs"),
@@ -176,7 +177,7 @@ def transcript(text: str, daemon: DaemonProc) -> list[tuple[str, str]]:
         )
         assert done.returncode == 0, (command, done.stderr)
         got = done.stdout if done.stdout.endswith("\n") else done.stdout + "\n"
-        ran.append((TS.sub('"ts":""', got), TS.sub('"ts":""', printed)))
+        ran.append((TS.sub("TS", got), TS.sub("TS", printed)))
     return ran
 
 
@@ -206,6 +207,40 @@ def test_the_join_sample_prints_what_it_says(daemon: DaemonProc) -> None:
     for got, printed in ran:
         assert got == printed
     assert daemon.client().ok({"op": "cursors", "session": "me"})["cursors"] == []
+
+
+def test_the_approvals_sample_prints_what_it_says(daemon: DaemonProc) -> None:
+    """The prompt the prose describes, recorded as ``repl mcp --approvals`` records it with
+    the worker's token; then the listing, an allow, and a deny refused, as the page shows."""
+    from session import approvals as ap
+
+    root = daemon.client()
+    root.ok({"op": "start", "session": "approvals"})
+    made = root.ok(
+        {
+            "op": "token",
+            "action": "add",
+            "name": "worker",
+            "sessions": ["approvals"],
+            "can": ["send"],
+        }
+    )
+    worker = daemon.client(auth=False)
+    worker.ok({"op": "auth", "token": made["token"]})
+    preview = '{"command": "rm -rf build/ && pytest -q"}'
+    worker.ok(
+        {
+            "op": "send",
+            "session": "approvals",
+            "text": ap.prompt_text("Bash", "run the tests in a clean checkout"),
+            "handler": ap.PROMPT_HANDLER,
+            "tags": ap.prompt_tags("tbxkq", "Bash", preview, ap.DEFAULT_APPROVERS),
+        }
+    )
+    ran = transcript(sample("approvals"), daemon)
+    assert len(ran) == 3
+    for got, printed in ran:
+        assert got == printed
 
 
 GUIDE = ROOT / "GUIDE.md"

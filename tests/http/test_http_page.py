@@ -6,7 +6,10 @@ Open the page, give the token once (kept for the tab), see the sessions, open on
 firing sent with ``repl send`` appear, send from the box and see ``repl read`` print it, see
 a gap announced, a firing's tags as text; the table follows what happens (a head as the
 live view moves, sessions started and stopped elsewhere); on a phone's viewport nothing
-runs off the side. Each test keeps a screenshot (``docs/page.png`` was taken by this test).
+runs off the side. The approvals pane (SPEC §19, rule P4): an agent's prompts with Allow
+and Deny, its verdict recorded as the page's token and sent on by ``repl mcp
+--approvals``, and the audit. Each test keeps a screenshot (``docs/page.png`` was taken by
+this test).
 
 The table's tests stop the page's clock (Playwright's ``page.clock``): nothing the page
 does by time (its slow listing) happens unless the test moves that clock, so what the
@@ -16,6 +19,7 @@ table shows in between is what the page did on the events it saw.
 from __future__ import annotations
 
 import datetime
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -65,12 +69,13 @@ def logged_in(
     *,
     at: str = "",
     stopped: bool = False,
+    token: str | None = None,
     **context: Any,
 ) -> Any:
-    """A page past its login, opened at ``#at``; ``errors`` collects what its console says
-    is an error (a resource that failed to load is one: the favicon's 404 was). A
-    ``stopped`` page's clock stands still from the start: its timers fire only when the
-    test moves it (``page.clock.run_for``)."""
+    """A page past its login (with ``token``, else the root's), opened at ``#at``;
+    ``errors`` collects what its console says is an error (a resource that failed to load
+    is one: the favicon's 404 was). A ``stopped`` page's clock stands still from the
+    start: its timers fire only when the test moves it (``page.clock.run_for``)."""
     page = browser.new_context(**context).new_page()
     if stopped:
         # installed a little before: an installed clock runs until paused, and a pause at the
@@ -82,7 +87,7 @@ def logged_in(
         page.on("console", lambda m: m.type == "error" and errors.append(m.text))
         page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(url(web) + (f"#{at}" if at else ""))
-    page.fill("#token", web.token)
+    page.fill("#token", token or web.token)
     page.click("#login button[type=submit]")
     page.wait_for_selector("#app:not([hidden])", timeout=SHOWN_WITHIN_MS)
     return page
@@ -290,4 +295,159 @@ def test_a_firing_shows_who_sent_it(browser: Any, web: DaemonProc) -> None:
     page.wait_for_selector("#firings li[data-seq='2']", timeout=SHOWN_WITHIN_MS)
     assert page.locator("#firings li[data-seq='1'] .by").inner_text() == "by page-sender"
     assert page.locator("#firings li[data-seq='2'] .by").inner_text() == "by root"
+    page.context.close()
+
+
+def test_the_approvals_pane_shows_a_prompt_and_allow_records_the_verdict(
+    browser: Any, web: DaemonProc, tmp_path: Path
+) -> None:
+    """On a phone: a prompt recorded (as ``repl mcp --approvals`` records it) is in the
+    pane with its request id, tool, description, preview, who asked and its age; Allow
+    records the verdict as the page's token, and the prompt moves to the audit. A prompt
+    recorded while the page is open comes in on the session's stream: the page's clock is
+    stopped, so nothing of the page's own timing read anything."""
+    from playwright.sync_api import expect
+
+    from tests.http.test_http_approvals import ask
+
+    repl = Repl(web)
+    repl.ok("start", "page-asks")
+    ask(web, "page-asks", "tbxkq")
+    errors: list[str] = []
+    page = logged_in(
+        browser,
+        web,
+        errors,
+        at="page-asks",
+        stopped=True,
+        viewport={"width": 390, "height": 844},
+        is_mobile=True,
+    )
+    item = page.locator("#pending li[data-request='tbxkq']")
+    item.wait_for(timeout=SHOWN_WITHIN_MS)
+    assert item.locator(".request").inner_text() == "tbxkq"
+    assert item.locator(".tool").inner_text() == "Bash"
+    assert item.locator(".description").inner_text() == "run the tests"
+    assert item.locator(".preview").inner_text() == '{"command": "pytest -q"}'
+    assert item.locator(".by").inner_text() == "asked by root"
+    assert item.locator(".age").inner_text() == "0 s"  # the page's clock is before it
+    assert item.locator(".stale").is_hidden()
+    assert page.title() == "(1) repl"
+    long = '{"file_path": "/' + "x" * 300 + '"}'  # a preview no wider than the phone
+    ask(web, "page-asks", "mnopq", tool="Write", preview=long)
+    page.locator("#pending li[data-request='mnopq']").wait_for(timeout=SHOWN_WITHIN_MS)
+    assert page.locator("#pending li").evaluate_all("l => l.map(e => e.dataset.request)") == [
+        "tbxkq",
+        "mnopq",
+    ]
+    wide = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+    assert wide <= 0, f"the page is {wide} px wider than the phone"
+    item.locator(".reason").fill("tests only")
+    item.locator("button.allow").click()
+    item.wait_for(state="detached", timeout=SHOWN_WITHIN_MS)
+    (entry, _) = json.loads(repl.ok("approvals", "page-asks", "--all", "--json"))
+    assert (entry["verdict"]["behavior"], entry["verdict"]["by"]) == ("allow", "root")
+    assert entry["verdict"]["reason"] == "tests only"
+    expect(page.locator("#status")).to_have_text("tbxkq: allow by root")
+    page.locator("#audit-box summary").click()
+    answered = page.locator("#audit li[data-request='tbxkq']")
+    expect(answered.locator(".behavior")).to_have_text("allow")
+    assert answered.locator(".by").inner_text() == "by root"
+    assert answered.locator(".reason").inner_text() == "tests only"
+    assert page.locator("#audit-count").inner_text() == "1"
+    assert page.title() == "(1) repl"
+    page.screenshot(path=str(tmp_path / "approvals.png"), full_page=True)
+    assert errors == []
+    page.context.close()
+
+
+def test_the_pages_verdict_reaches_the_agent_through_repl_mcp(
+    browser: Any, web: DaemonProc
+) -> None:
+    """End to end: ``repl mcp --follow ID --approvals SESSION --approvers page-phone`` on
+    stdio as Claude Code runs it, its prompt sent as Claude Code sends it. The root's page
+    is no approver: its Allow is refused on the prompt (kept, and sent nowhere); the
+    phone's page (its own token) denies with a reason, and the server sends the agent the
+    permission notification. The phone's page runs 11 minutes ahead: the prompt says it
+    may have been answered at the terminal."""
+    import datetime
+
+    from playwright.sync_api import expect
+
+    from tests.e2e.test_mcp_approvals import ask
+    from tests.e2e.test_mcp_push import harness
+
+    repl = Repl(web)
+    repl.ok("start", "page-inbox")
+    repl.ok("start", "page-approvals")
+    phone = repl.ok(
+        "token", "add", "page-phone", "--sessions", "page-approvals", "--can", "read,send"
+    ).strip()
+    with harness(
+        web,
+        "--follow",
+        "page-inbox",
+        "--approvals",
+        "page-approvals",
+        "--approvers",
+        "page-phone",
+    ) as h:
+        h.initialize()
+        ask(h, "qrstu", tool="Edit")
+        rooted = logged_in(browser, web, at="page-approvals")
+        mine = rooted.locator("#pending li[data-request='qrstu']")
+        mine.wait_for(timeout=SHOWN_WITHIN_MS)
+        mine.locator("button.allow").click()
+        expect(mine.locator(".error")).to_contain_text("recorded but does not count")
+        expect(mine.locator(".error")).to_contain_text("its approvers are page-phone")
+        rooted.context.close()
+        ahead = datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=11)
+        page = browser.new_context().new_page()
+        page.clock.install(time=ahead)
+        page.goto(url(web) + "#page-approvals")
+        page.fill("#token", phone)
+        page.click("#login button[type=submit]")
+        item = page.locator("#pending li[data-request='qrstu']")
+        item.wait_for(timeout=SHOWN_WITHIN_MS)
+        expect(item.locator(".stale")).to_have_text(
+            "No verdict yet: it may have been answered at the terminal."
+        )
+        assert item.locator(".age").inner_text().startswith("11m ")
+        item.locator(".reason").fill("not on main")
+        item.locator("button.deny").click()
+        # the next line the agent reads: the root's verdict sent nothing
+        assert h.push() == {
+            "jsonrpc": "2.0",
+            "method": "notifications/claude/channel/permission",
+            "params": {"request_id": "qrstu", "behavior": "deny"},
+        }
+        item.wait_for(state="detached", timeout=SHOWN_WITHIN_MS)
+        page.locator("#audit-box summary").click()
+        answered = page.locator("#audit li[data-request='qrstu']")
+        expect(answered.locator(".by")).to_have_text("by page-phone")
+        assert answered.locator(".others").inner_text() == "Did not count: allow by root."
+        page.context.close()
+
+
+def test_the_approvals_pane_is_the_shown_sessions(browser: Any, web: DaemonProc) -> None:
+    """Each session its own pane: one agent's approvals session, then another's picked in
+    the table (its prompts, not the first's), then a session with no prompt (no pane)."""
+    from playwright.sync_api import expect
+
+    from tests.http.test_http_approvals import ask
+
+    repl = Repl(web)
+    for name in ("page-asks-a", "page-asks-b", "page-plain"):
+        repl.ok("start", name)
+    ask(web, "page-asks-a", "aaaaa")
+    ask(web, "page-asks-b", "bbbbb")
+    page = logged_in(browser, web, at="page-asks-a")
+    page.locator("#pending li[data-request='aaaaa']").wait_for(timeout=SHOWN_WITHIN_MS)
+    page.locator("#sessions tbody tr[data-id='page-asks-b']").click()
+    page.locator("#pending li[data-request='bbbbb']").wait_for(timeout=SHOWN_WITHIN_MS)
+    expect(page.locator("#pending li")).to_have_count(1)
+    page.locator("#sessions tbody tr[data-id='page-plain']").click()
+    page.wait_for_selector("#status:has-text('Following page-plain')", timeout=SHOWN_WITHIN_MS)
+    expect(page.locator("#approvals")).to_be_hidden()
+    assert page.title() == "repl"
     page.context.close()

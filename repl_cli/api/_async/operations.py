@@ -69,11 +69,11 @@ from repl_cli.api._common import (
     to_ms,
     wait_cursor,
 )
-from repl_cli.api.errors import AlreadyAnswered, AnswerLost, BadInput, Error, Forbidden, NotFound
+from repl_cli.api.errors import AnswerLost, BadInput, Error, NotFound, from_wire
 from repl_cli.api.reconnect import Outage
 from repl_daemon import protocol as p
 from session import approvals as ap
-from session.errors import BadRequest, Code
+from session.errors import BadRequest, Code, ReplError
 from session.firing import CursorInfo, Firing
 from session.group import GroupInfo
 from session.rules import (
@@ -721,32 +721,22 @@ class AsyncOperations(abc.ABC):
             tags = ap.verdict_tags(request_id, behavior)
         except BadRequest as exc:
             raise BadInput(exc.message) from None
-        before = await self.approval(session, request_id)
-        if before.verdict is not None:
-            raise _already(before)
-        sent = await self.send(session, reason, handler=ap.VERDICT_HANDLER, tags=tags)
-        after = await self.approval(session, request_id)
-        mine = next((v for v in after.verdicts if v.seq == sent.seq), None)
-        if after.verdict is not None and after.verdict.seq != sent.seq:
-            raise _already(after)
-        if after.verdict is None or mine is None:  # recorded, but not by an approver
-            by = mine.by if mine is not None else "this token"
-            raise Forbidden(
-                f"the verdict on {request_id} is recorded but does not count: it is by "
-                f"{by}, and its approvers are {', '.join(after.prompt.approvers)}",
-                Code.FORBIDDEN,
-            )
-        return after.verdict
+        try:
+            ap.unanswered(await self.approval(session, request_id))
+            sent = await self.send(session, reason, handler=ap.VERDICT_HANDLER, tags=tags)
+            return ap.counted(await self.approval(session, request_id), sent.seq)
+        except ReplError as exc:  # the rule's refusals, as the daemon's would be
+            raise from_wire(exc.code, exc.message) from None
 
     async def approval(self, session: str, request_id: str) -> ap.Answered:
         """Prompt ``request_id`` of ``session``, the verdict that counts for it (None:
         pending) and every verdict given for it; ``NotFound`` when the ring holds no
         such prompt."""
         found = await self.read(session, match={ap.APPROVAL: request_id})
-        entry = ap.answered(found.firings).get(request_id)
-        if entry is None:
-            raise NotFound(f"session {session!r} holds no approval request {request_id!r}")
-        return entry
+        try:
+            return ap.prompt_in(found.firings, session, request_id)
+        except ReplError as exc:
+            raise from_wire(exc.code, exc.message) from None
 
     async def approvals(self, session: str) -> list[ap.Answered]:
         """Every prompt ``session`` holds, oldest first, each with the verdict that counts
@@ -769,16 +759,6 @@ class AsyncOperations(abc.ABC):
         if not batch.firings:
             raise no_firing(session, seq, batch)
         return batch.firings[0]
-
-
-def _already(entry: ap.Answered) -> AlreadyAnswered:
-    """The refusal of a verdict on a prompt that has one: which, by whom, when."""
-    counted = entry.verdict
-    assert counted is not None
-    return AlreadyAnswered(
-        f"{entry.prompt.request_id} already answered: {counted.behavior} by {counted.by} "
-        f"at {counted.ts}"
-    )
 
 
 def _again(request: p.Request, exc: Error, *, blocking: bool) -> bool:
