@@ -3,7 +3,7 @@
 The core and the engine word a refusal for the line protocol's main client,
 the CLI: ``start it with `repl start inbox```, ``pass --exist-ok``, ``run
 the command again``, and the CLI adds a hint of its own for some codes
-(``repl_cli.errors.WIRE``). A program over HTTP has no flags, and an agent
+(``repl_cli.cli.errors.HINTS``). A program over HTTP has no flags, and an agent
 over MCP calls tools, not commands: each is told the same thing in its own
 words. ``in_words`` rewrites a daemon's message for an interface (each CLI
 phrase that has another wording there), and ``HINTS`` holds, for each code,
@@ -71,7 +71,7 @@ PHRASES: tuple[tuple[re.Pattern[str], str, str], ...] = (
 )
 
 #: for each code, the advice an interface adds to a message that gives none ("" adds
-#: nothing: the message says it all). The CLI's own is ``repl_cli.errors.WIRE``.
+#: nothing: the message says it all). The CLI's own is ``repl_cli.cli.errors.HINTS``.
 HINTS: dict[Interface, dict[Code, str]] = {
     "http": {
         Code.CURSOR_AFTER_HEAD: "read from the head or before it (GET /sessions shows it)",
@@ -114,7 +114,7 @@ def in_words(message: str, interface: Interface) -> str:
 def advised(code: str, message: str, interface: Interface) -> str:
     """The whole line for ``interface``: the message in its words, and its hint for
     ``code`` unless the message already says what to do (it names a command, a route or a
-    tool: ``said_what_to_do``), as the CLI adds its own (``repl_cli.errors.from_wire``)."""
+    tool: ``said_what_to_do``), as the CLI adds its own (``repl_cli.cli.errors``)."""
     line = in_words(message, interface)
     if interface == "cli":
         return line

@@ -1,9 +1,10 @@
 """Every error repl can report, one class per meaning, each with a wire code.
 
 The core raises the first group; the daemon raises the second. Both travel
-over the wire as ``{"ok": false, "code": ..., "message": ...}`` and the CLI
-maps each code to one exit status (``repl_cli.errors``). An operation that
-raises one of these has changed nothing. A store raises only ``StoreFailed``.
+over the wire as ``{"ok": false, "code": ..., "message": ...}``; the library
+raises each code as one of its classes and the CLI maps each class to one exit
+status (``repl_cli.cli.errors.STATUS``). An operation that raises one of these
+has changed nothing. A store raises only ``StoreFailed``.
 
 The last two classes never reach the wire: they stop a daemon from starting
 (a bad option, an address it cannot bind), and their message is the one line

@@ -35,13 +35,10 @@ from session.group import (
     Progress,
     check_lease,
     lease_lost,
+    parse_token,
     too_many_groups,
     unseen_dead_letter,
 )
-
-# named again for ``repl_cli/main.py``, which imported it from here when this module was
-# one group's rules; that import moves to ``session.group`` with main.py's split (issue 47)
-from session.group import parse_token as parse_token
 from session.names import check_group_name
 from session.ring import Ring
 from session.rules import MAX_GROUPS

@@ -1,7 +1,7 @@
 """``/mcp``: the client's MCP server over Streamable HTTP, behind the daemon's token.
 
 The daemon never imports the client (scripts/imports.py, rule 4), and the MCP
-server is the client's (``repl_cli.mcp_server``: its tools call the daemon as
+server is the client's (``repl_cli.mcp.server``: its tools call the daemon as
 the CLI does). So the server is given to the daemon: ``repl daemon`` passes
 an ``McpFactory`` in its ``Config`` when the ``[mcp]`` extra is installed,
 which the daemon enters once its HTTP port is bound (``Listener`` says where

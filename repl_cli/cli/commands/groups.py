@@ -152,7 +152,7 @@ def dead_letter_of(repl: Repl, session: str, claim_token: str) -> str:
     more round trip, on a last attempt only); should that fail, the release stands and the
     note says where to look."""
     from session.errors import ReplError
-    from session.groups import parse_token
+    from session.group import parse_token
 
     try:
         group = parse_token(claim_token)[0]
