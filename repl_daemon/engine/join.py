@@ -13,6 +13,8 @@ look is a count over the group's own tables, never a read of the ring.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from repl_daemon import protocol as p
 from repl_daemon.engine.wait import Wait, Waiters
 from session.firing import Batch, Firing
@@ -25,7 +27,7 @@ class JoinWait(Wait):
 
     __slots__ = ("join", "now", "progress")
 
-    def __init__(self, waiters: Waiters, req: p.Join, now: object) -> None:
+    def __init__(self, waiters: Waiters, req: p.Join, now: Callable[[], int]) -> None:
         as_wait = p.Wait(id=req.id, sessions=[req.session], cursor=None, timeout_ms=req.timeout_ms)
         super().__init__(waiters, as_wait, [req.session], [])
         self.join = req
@@ -38,7 +40,7 @@ class JoinWait(Wait):
         # each look at the time it is made: a delay that has ended counts as ready
         session_id = self.ids[0]
         upto = self.join.upto if self.progress is None else self.progress.upto
-        look = GroupProgress(self.join.group, self.now(), upto)  # type: ignore[operator]
+        look = GroupProgress(self.join.group, self.now(), upto)
         self.looks[session_id] = look  # type: ignore[assignment]
         super()._read()
 
