@@ -379,7 +379,7 @@ def claims_group(setup: Setup, rows: dict[str, Row]) -> None:
     for (label, key, memory), count in zip(KINDS, jobs, strict=True):
         row = rows[f"claims_{key}"]
         if not memory and setup.store_missing:
-            row.missing = "store missing"
+            setup.cannot_run([row], "store missing")
             continue
         mine = on_daemon(
             setup,

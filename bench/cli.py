@@ -29,6 +29,14 @@ def _run_ms(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, 
     return elapsed, done.stdout
 
 
+def compile_project() -> None:
+    """As an installed copy would be: the project's modules compiled to bytecode, which
+    PYTHONDONTWRITEBYTECODE (set in some sandboxes) would otherwise make every run of a
+    ``repl`` command compile again."""
+    packages = [str(Path(__file__).resolve().parent.parent / n) for n in PACKAGES]
+    subprocess.run([sys.executable, "-m", "compileall", "-q", *packages], check=True)
+
+
 def cli_rows(_s: Sizes) -> list[Row]:
     goal = Goal("ratio_le", 1.25, "≤ 1.25 × python -c 'import click, msgspec, socket'")
     return [Row("cli_read", "`repl read` on an empty session, whole process, ms", goal)]
@@ -41,7 +49,7 @@ def cli(setup: Setup, rows: dict[str, Row]) -> None:
     ref_times: list[float] = []
     repl_times: list[float] = []
     if setup.cli is None:
-        row.missing = "CLI missing"
+        setup.cannot_run([row], "CLI missing")
         for _ in range(s.cli_runs + 1):
             ref_times.append(_run_ms(reference)[0])
     else:
@@ -55,11 +63,7 @@ def cli(setup: Setup, rows: dict[str, Row]) -> None:
             run_async(start_empty(), 30)
             command = [str(setup.cli), "read", "empty"]
             env = daemon.env()
-            # as an installed copy would be: the project's modules compiled to
-            # bytecode, which PYTHONDONTWRITEBYTECODE (set in some sandboxes)
-            # would otherwise make every run compile again
-            packages = [str(Path(__file__).resolve().parent.parent / n) for n in PACKAGES]
-            subprocess.run([sys.executable, "-m", "compileall", "-q", *packages], check=True)
+            compile_project()
             # alternate the two, so both see the same machine; the first of each warms caches
             for _ in range(s.cli_runs + 1):
                 ref_times.append(_run_ms(reference)[0])

@@ -14,6 +14,8 @@
   groups, a blocked claim's wake, idle claimers (SPEC §16, issue 41)
 - bench/join.py: ``join``, a wait on all of several sessions and a gather against a plain
   wait's wake, idle gathers and joins, a join's cost per job done (SPEC §18, issue 48)
+- bench/approvals.py: ``approve``, a verdict's latency from ``repl approve`` to the
+  agent's permission notification, against a whole ``repl send`` (SPEC §19, issue 49)
 
 The ``scaleout`` group prints a table of its own (bench/scaleout.py). What
 the groups share (sizes, servers, requests, percentiles, rows) is in
@@ -23,6 +25,7 @@ bench/measure.py.
 from __future__ import annotations
 
 from bench import (
+    approvals,
     claims,
     cli,
     full,
@@ -65,6 +68,7 @@ GROUPS: dict[str, Group] = {
         mcp_follow.PUSH,
         claims.CLAIMS,
         join.JOIN,
+        approvals.APPROVE,
     )
 }
 

@@ -79,7 +79,7 @@ from bench.waiters import repl_rounds
 HTTP_MODULES = ("starlette", "uvicorn", "sse_starlette", "prometheus_client")
 HTTP_HINT = (
     "the http rows need the http extra (Starlette, uvicorn, sse-starlette, prometheus_client): "
-    "`pip install -e '.[http]'` (the test extra has it too)"
+    "`pip install -c constraints.txt -e '.[bench]'`, which brings it (or the `http` extra)"
 )
 KEYS = ("http_rt", "http_keepalive", "http_wake", "http_poll_wake", "http_fanout", "http_mem")
 
@@ -335,11 +335,10 @@ def p50_p99(name: str, over_http: list[int], over_line: list[int]) -> str:
 def http(setup: Setup, rows: dict[str, Row]) -> None:
     s = setup.sizes
     if http_missing() or setup.store_missing:
-        missing = "http extra missing" if http_missing() else "store missing"
-        for key in KEYS:
-            rows[key].missing = missing
         if http_missing():
-            setup.notes.append(HTTP_HINT)
+            setup.cannot_run([rows[key] for key in KEYS], "http extra missing", HTTP_HINT)
+        else:
+            setup.cannot_run([rows[key] for key in KEYS], "store missing")
         return
     # this process holds a connection a stream and a wait in the memory figure; so does the daemon
     raise_nofile(2 * s.http_streams + 1_000)

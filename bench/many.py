@@ -114,7 +114,7 @@ def many(setup: Setup, rows: dict[str, Row]) -> None:
     s = setup.sizes
     targets = _targets(s)
     if setup.store_missing:
-        rows["many_durable"].missing = rows["many_vs_one"].missing = "store missing"
+        setup.cannot_run([rows["many_durable"], rows["many_vs_one"]], "store missing")
         return
     spread = on_daemon(
         setup, "many-daemon", lambda d: line_spread(d.port, d.token, targets, s.batch), memory=False

@@ -416,7 +416,8 @@ def tags_group(setup: Setup, rows: dict[str, Row]) -> None:
     notes = []
     for label, memory in KINDS:
         if not memory and setup.store_missing:
-            rows["tag_rt_durable"].missing = rows["tag_pipe_durable"].missing = "store missing"
+            durable = [rows["tag_rt_durable"], rows["tag_pipe_durable"]]
+            setup.cannot_run(durable, "store missing")
             continue
         notes.append(send_pair(setup, rows, label, memory))
     if notes:

@@ -233,9 +233,7 @@ def mcp_rows(_s: Sizes) -> list[Row]:
 
 def mcp_group(setup: Setup, rows: dict[str, Row]) -> None:
     if find_spec("mcp") is None or find_spec("repl_cli.mcp.server") is None:
-        for row in rows_of(rows):
-            row.missing = MISSING
-        setup.notes.append(HINT)
+        setup.cannot_run(rows_of(rows), MISSING, HINT)
         return
     got: Figures = on_daemon(
         setup, "mcp-daemon", lambda d: agent_figures(d, setup), memory=True, settle_ms=0

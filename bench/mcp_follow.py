@@ -105,9 +105,15 @@ class Harness:
     """``repl mcp --follow SESSION`` as a channel harness runs it: lines in, lines out."""
 
     def __init__(
-        self, env: dict[str, str], session: str, errlog: IO[bytes], ack: str = "agent"
+        self,
+        env: dict[str, str],
+        session: str,
+        errlog: IO[bytes],
+        ack: str = "agent",
+        extra: tuple[str, ...] = (),
     ) -> None:
         argv = [sys.executable, "-m", "repl_cli", "mcp", "--follow", session, "--ack", ack]
+        argv += extra  # more options (bench/approvals.py: --approvals SESSION)
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errlog, env=env
         )
@@ -369,9 +375,7 @@ def push_rows(s: Sizes) -> list[Row]:
 
 def push_group(setup: Setup, rows: dict[str, Row]) -> None:
     if find_spec("mcp") is None or find_spec("repl_cli.mcp.push") is None:
-        for row in rows_of(rows):
-            row.missing = MISSING
-        setup.notes.append(HINT)
+        setup.cannot_run(rows_of(rows), MISSING, HINT)
         return
 
     logs = setup.dir("push")

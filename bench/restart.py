@@ -73,7 +73,7 @@ def restart(setup: Setup, rows: dict[str, Row]) -> None:
     row = rows["restart"]
     names = [f"full-{j}" for j in range(s.restart_sessions)]
     if setup.store_missing:
-        row.missing = rows["restart_rss"].missing = "store missing"
+        setup.cannot_run([row, rows["restart_rss"]], "store missing")
     else:
         daemon = Daemon(setup.dir("restart-daemon"), memory=False).start()
         try:

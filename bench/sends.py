@@ -137,7 +137,7 @@ def pipelined_sends(setup: Setup, row: Row, group: str, total: int, *, durable: 
     """
     s = setup.sizes
     if durable and setup.store_missing:
-        row.missing = "store missing"
+        setup.cannot_run([row], "store missing")
     else:
         row.repl = on_daemon(
             setup,

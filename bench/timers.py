@@ -381,8 +381,8 @@ def timers(setup: Setup, rows: dict[str, Row]) -> None:
         ref = run_async(floor_lateness(floor, s), s.deadline_s)
     fill_percentiles(rows, "late", "reference", ref.delivered)
     if setup.store_missing:
-        for key in ("late_p50", "late_p99", "timers_cpu", "timers_mem", "burst_ms", "burst_rate"):
-            rows[key].missing = "store missing"
+        keys = ("late_p50", "late_p99", "timers_cpu", "timers_mem", "burst_ms", "burst_rate")
+        setup.cannot_run([rows[key] for key in keys], "store missing")
     else:
         with durable_daemon(setup, "timers-late-daemon").start() as daemon:
             repl = run_async(repl_lateness(daemon, s), s.deadline_s)

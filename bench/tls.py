@@ -638,9 +638,7 @@ def tls(setup: Setup, rows: dict[str, Row]) -> None:
     s = setup.sizes
     certs = make_certs(setup.dir("tls-certs"))
     if certs is None:
-        for key in KEYS:
-            rows[key].missing = NO_CERTS
-        setup.notes.append(CERT_HINT)
+        setup.cannot_run([rows[key] for key in KEYS], NO_CERTS, CERT_HINT)
         return
     with (
         TlsDaemon(setup.dir("tls-daemon-plain"), None) as plain,
@@ -654,7 +652,7 @@ def tls(setup: Setup, rows: dict[str, Row]) -> None:
         repl.connect = connections(ports, certs, (hellos[0], hellos[1]), answered_ok, s)
         cli, cli_note = None, ""
         if setup.cli is None:
-            rows["tls_cli"].missing = "CLI missing"
+            setup.cannot_run([rows["tls_cli"]], "CLI missing")
         else:
             cli = cli_runs(setup, plain, secure, certs)
             imports, first = ssl_start_ms(certs, max(1, s.cli_runs // 4))

@@ -42,11 +42,29 @@ def pins() -> dict[str, Version]:
 
 
 def declared() -> list[Requirement]:
+    """Every dependency and extra's requirement, but an extra's reference to the project's
+    own extras (the bench extra brings ``repl-inbox[http,mcp,...]``): the project is not
+    pinned, and what those extras bring is in the list in its own right."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     lines = list(project["dependencies"])
     for extra in project["optional-dependencies"].values():
         lines += extra
-    return [Requirement(line) for line in lines]
+    requirements = [Requirement(line) for line in lines]
+    own = canonicalize_name(project["name"])
+    return [r for r in requirements if canonicalize_name(r.name) != own]
+
+
+def test_an_extra_that_brings_the_projects_own_extras_names_ones_that_exist() -> None:
+    """``repl-inbox[http,mcp]`` in an extra: the name is the project's, each extra is one."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    own = canonicalize_name(project["name"])
+    for lines in extras.values():
+        for line in lines:
+            requirement = Requirement(line)
+            if canonicalize_name(requirement.name) == own:
+                assert requirement.extras <= set(extras), line
+                assert not requirement.specifier, f"{line}: the project itself, any version"
 
 
 def test_the_test_command_and_ci_install_from_the_pins() -> None:

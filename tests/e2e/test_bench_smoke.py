@@ -105,6 +105,9 @@ ROWS = (
     "blocked gathers and 10 blocked joins: evaluations over",
     "200 jobs claimed then done by one worker, one join blocked on them: daemon CPU per job",
     "200 jobs claimed then done by one worker, one join blocked on them: evaluations per job",
+    # the approve group, measured only in the run with redis-server (it never looks for one)
+    "verdict latency p50 (`repl approve` started to the permission notification read",
+    "verdict latency p90 (`repl approve` started to the permission notification read",
 )
 # the tls group's notes: each figure over TLS and plain, repl then its anchors (bench/tls.py)
 TLS_NOTES = (
@@ -137,9 +140,9 @@ SCALE_ROWS = (
     "sends refused in the other loads",
 )
 #: the groups that never start a redis-server or look for one (bench/cli.py, bench/http_api.py,
-#: bench/matching.py, bench/mcp_agent.py, bench/mcp_follow.py, bench/join.py): each is measured
-#: in one of the two runs only
-REDIS_FREE = ("cli", "http", "tags", "mcp", "push", "join")
+#: bench/matching.py, bench/mcp_agent.py, bench/mcp_follow.py, bench/join.py,
+#: bench/approvals.py): each is measured in one of the two runs only
+REDIS_FREE = ("cli", "http", "tags", "mcp", "push", "join", "approve")
 #: of those, the ones measured in the run without redis-server (the shorter run: it starts no
 #: redis-server), the others in the run with it, so that neither run is much the longer
 WITHOUT_ONLY = ("tags", "mcp", "push", "join")
@@ -257,16 +260,9 @@ def check_rows(rows: list[dict[str, str]], fragments: tuple[str, ...] = ROWS) ->
     for fragment, row in zip(fragments, rows, strict=True):
         assert fragment in row["figure"], (fragment, row)
         if row["repl"].startswith("n/a"):
-            # only a piece that does not exist yet, or is not installed, may leave repl unmeasured
-            missing = (
-                "n/a (store missing)",
-                "n/a (CLI missing)",
-                "n/a (http extra missing)",
-                "n/a (no cryptography or openssl)",
-                "n/a (mcp extra missing)",
-                "n/a (redis-server missing)",  # a row with no figure but through Redis
-            )
-            assert row["repl"] in missing, row
+            # only Redis's absence may leave repl unmeasured (a row with no figure but
+            # through Redis): a piece of the bench extra missing makes the run exit 1
+            assert row["repl"] == "n/a (redis-server missing)", row
         else:
             parse_number(row["repl"])
         for column in ("reference", "ratio", "floor"):
@@ -275,11 +271,8 @@ def check_rows(rows: list[dict[str, str]], fragments: tuple[str, ...] = ROWS) ->
         assert row["met?"] in ("yes", "no", "n/a"), row
 
 
-def check_tls_notes(out: str, rows: list[dict[str, str]], *, redis: bool) -> None:
+def check_tls_notes(out: str, *, redis: bool) -> None:
     """The TLS figures' notes: repl and the floor, and Redis (over its TLS port) with it."""
-    if any(row["repl"] == "n/a (no cryptography or openssl)" for row in rows):
-        assert "`pip install -e '.[bench]'`" in out, out  # the hint, and no figures
-        return
     redis = redis and "TLS: no Redis figures" not in out  # a redis-server built without TLS
     lines = out.splitlines()
     for start in TLS_NOTES:
@@ -308,10 +301,11 @@ def check_scale_rows(rows: list[dict[str, str]], *, redis: bool) -> None:
 def test_quick_benchmark_prints_every_row_with_numbers(runs: dict[str, Quick]) -> None:
     out, rows, scale = runs[WITH].result()
     check_rows(rows, fragments(WITH))
-    check_tls_notes(out, rows, redis=True)
+    check_tls_notes(out, redis=True)
     for note in ("note: claims: ", "note: claim wake: ", "note: idle claims: "):
         assert note in out, out
     assert "Redis " in next(line for line in out.splitlines() if line.startswith("note: claims: "))
+    assert "note: approve: " in out, out
     for table in scale:
         check_scale_rows(table, redis=True)
 
@@ -322,8 +316,8 @@ def test_without_redis_server_the_reference_column_is_empty_and_the_hint_printed
 ) -> None:
     """Every group that looks for redis-server, with none to find, and the groups of
     ``WITHOUT_ONLY``. The groups that never look (``REDIS_FREE``) measure the same with or
-    without it, so each is measured in one run only: cli and http in the test above, tags,
-    mcp, push and join here."""
+    without it, so each is measured in one run only: cli, http and approve in the test
+    above, tags, mcp, push and join here."""
     from bench.figures import GROUPS
 
     for group in REDIS_FREE:  # what makes measuring them once safe: their module never looks
@@ -340,9 +334,9 @@ def test_without_redis_server_the_reference_column_is_empty_and_the_hint_printed
         "note: join cost: ",
     ):
         assert note in out, out
-    assert "note: MCP: " in out or "n/a (mcp extra missing)" in out, out
-    assert "note: push: " in out or "n/a (mcp extra missing)" in out, out
-    check_tls_notes(out, rows, redis=False)
+    assert "note: MCP: " in out, out
+    assert "note: push: " in out, out
+    check_tls_notes(out, redis=False)
     for table in scale:
         check_scale_rows(table, redis=False)
     assert "apt-get install redis-server" in out
