@@ -14,6 +14,8 @@
   groups, a blocked claim's wake, idle claimers (SPEC §16, issue 41)
 - bench/join.py: ``join``, a wait on all of several sessions and a gather against a plain
   wait's wake, idle gathers and joins, a join's cost per job done (SPEC §18, issue 48)
+- bench/settle.py: ``settle``, a lone firing's wake at the default settle against settle 0,
+  through the CLI, the line protocol, HTTP and MCP (rule S8, issue 50)
 
 The ``scaleout`` group prints a table of its own (bench/scaleout.py). What
 the groups share (sizes, servers, requests, percentiles, rows) is in
@@ -35,6 +37,7 @@ from bench import (
     memory,
     restart,
     sends,
+    settle,
     timers,
     tls,
     waits,
@@ -65,6 +68,7 @@ GROUPS: dict[str, Group] = {
         mcp_follow.PUSH,
         claims.CLAIMS,
         join.JOIN,
+        settle.SETTLE,
     )
 }
 
