@@ -22,6 +22,9 @@ through each front end.
 - MCP ``request``: then, in the same child, its ``request`` tool, answered by
   a responder in that child (a ``wait`` over TCP on the asked session, then
   the reply's ``send``): from the call to its result, two settled wakes.
+- bursts, for a note: what the settle is for. 20 sends over TCP, each after
+  the last one's answer, to a session a waiter is blocked on (acknowledging
+  by ``after``): how many batches it got, 10 bursts on each daemon.
 
 The line protocol's, HTTP's and MCP's waits are woken in one alternation
 (bench/paired_wakes.py), each blocked before any is woken.
@@ -35,14 +38,23 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.util import find_spec
 from multiprocessing.connection import Connection
 from typing import Any, TextIO
 
 from bench.clients import LineClient, close_all, until
 from bench.http_api import http_missing
-from bench.measure import Group, Setup, Sizes, percentile, run_async, start_sessions
+from bench.measure import (
+    Group,
+    Setup,
+    Sizes,
+    percentile,
+    run_async,
+    send_request,
+    start_sessions,
+    stats,
+)
 from bench.paired_wakes import (
     ChildProcess,
     Waker,
@@ -59,8 +71,9 @@ from repl_daemon.config import DEFAULTS
 
 SETTLE_MS: int = DEFAULTS["settle_ms"]
 QUIET_MS: int = DEFAULTS["quiet_ms"]
-TCP, POLL, MCP, ASK, ME, CLI = "tcp", "poll", "mcp", "ask", "me", "cli"
-SESSIONS = (TCP, POLL, MCP, ASK, ME, CLI)
+TCP, POLL, MCP, ASK, ME, CLI, BURSTS = "tcp", "poll", "mcp", "ask", "me", "cli", "bursts"
+SESSIONS = (TCP, POLL, MCP, ASK, ME, CLI, BURSTS)
+BURST, BURSTS_RUN = 20, 10  # sends a burst, bursts on each daemon
 KEYS = ("settle_cli", "settle_tcp", "settle_http", "settle_mcp_wait", "settle_mcp_request")
 GOAL = Goal("ratio_le", 1.2, "≤ 1.2 × settle 0")
 
@@ -174,6 +187,33 @@ class Side:
     ``mcp_request``."""
 
     times: dict[str, list[int]]
+    #: per burst of ``BURST`` sends one at a time over TCP, the batches a waiter got
+    batches: list[int] = field(default_factory=list)
+
+
+async def burst_batches(daemon: Daemon, control: LineClient) -> int:
+    """``BURST`` sends over TCP, each after the last one's answer, to a session a waiter
+    (its own connection, a task of its own, waiting again as soon as it has a batch) is
+    blocked on: the batches it got."""
+    waiter = await LineClient.connect(daemon.port, daemon.token)
+    try:
+        head = (await stats(control, BURSTS))["sessions"][0]["head"]
+
+        async def batches() -> int:
+            count, position = 0, head
+            while position < head + BURST:
+                wait = {"op": "wait", "sessions": [BURSTS], "after": position}
+                position = (await waiter.ok(wait))["batches"][0]["next"]
+                count += 1
+            return count
+
+        waiting = asyncio.create_task(batches())
+        await until(waiting_on(control, BURSTS), what="the burst's waiter", interval_s=0.002)
+        for _ in range(BURST):
+            await control.ok(send_request(BURSTS))
+        return await waiting
+    finally:
+        await waiter.close()
 
 
 async def cli_round(cli: str, daemon: Daemon, control: LineClient) -> int:
@@ -250,6 +290,9 @@ async def every_side(setup: Setup, daemons: list[Daemon]) -> list[Side]:
                     ns = await cli_round(str(setup.cli), daemon, control)
                     if r:
                         side.times.setdefault("cli", []).append(ns)
+        for _burst in range(BURSTS_RUN):
+            for side, daemon, control in zip(sides, daemons, controls, strict=True):
+                side.batches.append(await burst_batches(daemon, control))
         return sides
     finally:
         await close_all(controls)
@@ -312,6 +355,11 @@ def settle(setup: Setup, rows: dict[str, Row]) -> None:
         else:
             row.repl, row.reference = ms(slow, 0.5), ms(fast, 0.5)
         lines.append(f"{name} {' against '.join(p50_p99(t) for t in (slow, fast, quiet0))}")
+    setup.notes.append(
+        f"settle: {BURST} sends one at a time over TCP, the batches a waiter got, each of "
+        f"{BURSTS_RUN} bursts: at the defaults {got[0].batches}, at --settle-ms 0 "
+        f"{got[1].batches}, at --quiet-ms 0 {got[2].batches}"
+    )
     setup.notes.append(
         f"settle p50 / p99, ms: at the defaults (--settle-ms {SETTLE_MS}, --quiet-ms "
         f"{QUIET_MS}) against --settle-ms 0 against --quiet-ms 0: " + "; ".join(lines)
