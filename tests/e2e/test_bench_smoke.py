@@ -105,6 +105,12 @@ ROWS = (
     "blocked gathers and 10 blocked joins: evaluations over",
     "200 jobs claimed then done by one worker, one join blocked on them: daemon CPU per job",
     "200 jobs claimed then done by one worker, one join blocked on them: evaluations per job",
+    # the settle group, measured in the run with redis-server (it needs none)
+    "a lone firing's wake, default settle ÷ settle 0: `repl wait` woken by `repl send`",
+    "a lone firing's wake, default settle ÷ settle 0: `wait` over the line protocol",
+    "a lone firing's wake, default settle ÷ settle 0: HTTP long poll",
+    "a lone firing's wake, default settle ÷ settle 0: MCP `wait` tool",
+    "a lone firing's wake, default settle ÷ settle 0: MCP `request` tool",
 )
 # the tls group's notes: each figure over TLS and plain, repl then its anchors (bench/tls.py)
 TLS_NOTES = (
@@ -137,9 +143,9 @@ SCALE_ROWS = (
     "sends refused in the other loads",
 )
 #: the groups that never start a redis-server or look for one (bench/cli.py, bench/http_api.py,
-#: bench/matching.py, bench/mcp_agent.py, bench/mcp_follow.py, bench/join.py): each is measured
-#: in one of the two runs only
-REDIS_FREE = ("cli", "http", "tags", "mcp", "push", "join")
+#: bench/matching.py, bench/mcp_agent.py, bench/mcp_follow.py, bench/join.py, bench/settle.py):
+#: each is measured in one of the two runs only
+REDIS_FREE = ("cli", "http", "tags", "mcp", "push", "join", "settle")
 #: of those, the ones measured in the run without redis-server (the shorter run: it starts no
 #: redis-server), the others in the run with it, so that neither run is much the longer
 WITHOUT_ONLY = ("tags", "mcp", "push", "join")
