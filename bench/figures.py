@@ -16,6 +16,8 @@
   wait's wake, idle gathers and joins, a join's cost per job done (SPEC §18, issue 48)
 - bench/approvals.py: ``approve``, a verdict's latency from ``repl approve`` to the
   agent's permission notification, against a whole ``repl send`` (SPEC §19, issue 49)
+- bench/settle.py: ``settle``, a lone firing's wake at the default settle against settle 0,
+  through the CLI, the line protocol, HTTP and MCP (rule S8, issue 50)
 
 The ``scaleout`` group prints a table of its own (bench/scaleout.py). What
 the groups share (sizes, servers, requests, percentiles, rows) is in
@@ -38,6 +40,7 @@ from bench import (
     memory,
     restart,
     sends,
+    settle,
     timers,
     tls,
     waits,
@@ -69,6 +72,7 @@ GROUPS: dict[str, Group] = {
         claims.CLAIMS,
         join.JOIN,
         approvals.APPROVE,
+        settle.SETTLE,
     )
 }
 

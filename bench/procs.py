@@ -198,7 +198,8 @@ class Daemon(Child):
     ``store`` (a ``redis://`` URL) shares sessions with the other daemons on
     that Redis instead of keeping them in the home's SQLite file. ``http``
     serves HTTP too (``--http 127.0.0.1:0``, which needs the ``http``
-    extra), on the port the daemon announces second: ``http_port``. ``loop`` is
+    extra), on the port the daemon announces second: ``http_port``. ``quiet_ms``
+    is ``--quiet-ms`` (the daemon's default when None). ``loop`` is
     ``--loop`` (``asyncio`` or ``uvloop``; the daemon's own ``auto`` when None).
     """
 
@@ -210,6 +211,7 @@ class Daemon(Child):
         *,
         memory: bool,
         settle_ms: int = 0,
+        quiet_ms: int | None = None,
         max_connections: int | None = None,
         store: str | None = None,
         http: bool = False,
@@ -219,6 +221,7 @@ class Daemon(Child):
         self.home = workdir / "home"
         self.memory = memory
         self.settle_ms = settle_ms
+        self.quiet_ms = quiet_ms
         self.max_connections = max_connections
         self.store = store
         self.http = http
@@ -228,6 +231,8 @@ class Daemon(Child):
     def argv(self) -> list[str]:
         argv = [sys.executable, "-m", "repl_daemon", "--addr", f"{HOST}:0"]
         argv += ["--home", str(self.home), "--settle-ms", str(self.settle_ms)]
+        if self.quiet_ms is not None:
+            argv += ["--quiet-ms", str(self.quiet_ms)]
         if self.memory:
             argv.append("--memory")
         if self.store is not None:

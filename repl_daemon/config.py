@@ -61,7 +61,16 @@ OPTIONS: tuple[Option, ...] = (
         "--settle-ms",
         int,
         100,
-        "After a wake, wait this long so a burst comes back as one batch.",
+        "After a wake, wait at most this long so a burst comes back as one batch.",
+        metavar="MS",
+        minimum=0,
+    ),
+    Option(
+        "--quiet-ms",
+        int,
+        1,
+        "After a wake, answer once no new firing has come for this long (the burst has "
+        "stopped), at the latest --settle-ms after the wake.",
         metavar="MS",
         minimum=0,
     ),
@@ -177,6 +186,7 @@ class Config(msgspec.Struct, kw_only=True):
     memory: bool = False
     store_url: str | None = None
     settle: float = DEFAULTS["settle_ms"] / 1000
+    quiet: float = DEFAULTS["quiet_ms"] / 1000
     limits: Limits = msgspec.field(default_factory=Limits)
     max_sessions: int = DEFAULTS["max_sessions"]
     #: print ``listening on HOST:PORT`` once listening (for a parent that asked for port 0)
@@ -245,6 +255,7 @@ def build_config(
         memory=given["memory"],
         store_url=given["store"],
         settle=given["settle_ms"] / 1000,
+        quiet=given["quiet_ms"] / 1000,
         limits=Limits(
             idle_timeout=given["idle_timeout"],
             max_connections=given["max_connections"],

@@ -108,7 +108,11 @@ async def serve_daemon(
         token = ensure_token(config.home)
         backend = backend or open_backend(config)
         engine = Engine(
-            backend, settle=config.settle, max_sessions=config.max_sessions, clock=clock
+            backend,
+            settle=config.settle,
+            quiet=config.quiet,
+            max_sessions=config.max_sessions,
+            clock=clock,
         )
         try:
             count = await engine.load()

@@ -11,12 +11,20 @@ time any other way. ``REAL`` is the one a daemon runs on; a test hands its
 own (one it moves by hand, tests/helpers/daemons.py ``MovedClock``), and a timer
 task sleeping on it wakes when it is moved. The module functions are the
 real clock's, for whatever has no clock to be handed (the CLI, the stores).
+
+A woken wait's settle (rule S8: its quiet gap and its settle time) is timed
+on the clock too, with ``monotonic`` and ``call_at``: the real clock's are
+the event loop's own, which a stepped wall clock does not move; a test's
+clock fires them when it is moved, so no test waits for a settle to pass.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
+from collections.abc import Callable
+from typing import Protocol
 
 import anyio
 
@@ -48,6 +56,12 @@ def now_ms() -> int:
 ms_to_utc = ms_to_ts
 
 
+class Timer(Protocol):
+    """What ``Clock.call_at`` gives: a call that can be called off (``asyncio.TimerHandle``)."""
+
+    def cancel(self) -> None: ...
+
+
 class Clock:
     """The wall clock as the daemon reads it: this one is the real one."""
 
@@ -68,6 +82,14 @@ class Clock:
         delay = math.inf if due_ms is None else due_ms / 1000 - time.time()
         with anyio.move_on_after(delay):
             await wake.wait()
+
+    def monotonic(self) -> float:
+        """Seconds on a clock that only goes forward (the running event loop's)."""
+        return asyncio.get_running_loop().time()
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> Timer:
+        """Call ``callback`` in the running event loop once ``monotonic`` reaches ``when``."""
+        return asyncio.get_running_loop().call_at(when, callback)
 
 
 #: the clock a daemon runs on

@@ -108,6 +108,7 @@ class Engine:
         backend: Backend,
         *,
         settle: float = 0.1,
+        quiet: float = 0.001,
         max_sessions: int = 10_000,
         clock: Clock = REAL,
     ) -> None:
@@ -121,7 +122,7 @@ class Engine:
         self.counts = Counts()
         self.committer = backend.committer(self, max_sessions=max_sessions, clock=clock)
         #: the waits blocked now, by session (a wait knows these, not the engine)
-        self.waits = Waiters(self.committer, settle)
+        self.waits = Waiters(self.committer, settle, quiet, clock)
         self.started = time.monotonic()
         self.connections = 0
         self.requests = 0
@@ -153,6 +154,14 @@ class Engine:
     @settle.setter
     def settle(self, seconds: float) -> None:
         self.waits.settle = seconds
+
+    @property
+    def quiet(self) -> float:
+        return self.waits.quiet
+
+    @quiet.setter
+    def quiet(self, seconds: float) -> None:
+        self.waits.quiet = seconds
 
     @property
     def waiting(self) -> int:

@@ -23,6 +23,15 @@ no read, as Centrifugo's subscribers do from a publication; any other wake
 (a gap, an older firing, a wake with no firing, a repaired link) reads.
 With a settle time, a firing heard while settling is answered from the same
 way when it is the only one (of a burst the ring may keep only the newest).
+
+The settle (rule S8) is the longest a woken wait lingers: it reads as soon
+as its sessions have been quiet, with no new firing heard, for the quiet
+gap (``Waiters.quiet``), and at the latest the settle time after the wake.
+A firing heard while settling moves the end of the gap on, a figure and no
+call; the one timer, when it comes, sets itself again for that end if it
+moved. So a lone firing is answered after the gap, and a burst of any
+length costs one timer per gap, not one per firing. Both are timed on the
+engine's clock (``Clock.call_at``), which a test moves by hand.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ from typing import Any, TypeVar, cast
 import anyio
 
 from repl_daemon import protocol as p
+from repl_daemon.engine.clock import Clock, Timer
 from repl_daemon.engine.committer import Committer
 from repl_daemon.engine.outcome import Done, Job, Outcome, Settled
 from session.errors import BadRequest, NoSuchSession, SessionStopped, ShuttingDown, StoreFailed
@@ -74,12 +84,26 @@ class Waiters:
     handed this and never the engine, which tells the waits through it
     (``Engine.changed`` and the rest of the ``Listener``)."""
 
-    __slots__ = ("by_session", "closing", "committer", "count", "link_error", "none_left", "settle")
+    __slots__ = (
+        "by_session",
+        "clock",
+        "closing",
+        "committer",
+        "count",
+        "link_error",
+        "none_left",
+        "quiet",
+        "settle",
+    )
 
-    def __init__(self, committer: Committer, settle: float) -> None:
+    def __init__(self, committer: Committer, settle: float, quiet: float, clock: Clock) -> None:
         self.committer = committer
-        #: how long a woken wait lets more firings come before it reads
+        #: the longest a woken wait lets more firings come before it reads (0: it reads at once)
         self.settle = settle
+        #: how long a settling wait's sessions must be quiet, no new firing, before it reads
+        self.quiet = quiet
+        #: what the settle is timed on
+        self.clock = clock
         #: the waits on each session, oldest first (an ordered set: claimers are woken in
         #: the order they came, first come first served); an entry lives while it has waits
         self.by_session: dict[str, dict[Wait, None]] = {}
@@ -128,7 +152,7 @@ class WaitState(Enum):
     STARTING = "starting"  # the sessions are checked and the acks applied; not yet subscribed
     LOOKING = "looking"  # reading (a shared store's read is a round trip)
     BLOCKED = "blocked"  # nothing to return: waiting for a wake or the timeout
-    SETTLING = "settling"  # woken: waiting the settle time before reading
+    SETTLING = "settling"  # woken: waiting for a quiet gap (at most the settle time) to read
     OVER = "over"  # answered, or cancelled
 
 
@@ -138,7 +162,7 @@ _MOVES: dict[WaitState, frozenset[WaitState]] = {
     _S.STARTING: frozenset({_S.LOOKING, _S.OVER}),  # subscribed; or refused, or cancelled
     _S.LOOKING: frozenset({_S.LOOKING, _S.BLOCKED, _S.SETTLING, _S.OVER}),
     _S.BLOCKED: frozenset({_S.LOOKING, _S.SETTLING, _S.OVER}),  # woken (settle 0 or not)
-    _S.SETTLING: frozenset({_S.LOOKING, _S.OVER}),  # the settle time is over: read
+    _S.SETTLING: frozenset({_S.LOOKING, _S.OVER}),  # quiet, or the settle time is over: read
     _S.OVER: frozenset(),
 }
 
@@ -148,6 +172,7 @@ class Wait(Job[p.Response]):
 
     __slots__ = (
         "again",
+        "armed",
         "deadline",
         "done",
         "first",
@@ -156,8 +181,10 @@ class Wait(Job[p.Response]):
         "look",
         "looks",
         "loop",
+        "quiet_end",
         "req",
         "seen",
+        "settle_end",
         "state",
         "step",
         "stopped",
@@ -203,7 +230,10 @@ class Wait(Job[p.Response]):
         self.done: Done[p.Response] | None = None
         #: loop time past which the wait no longer blocks (None: no timeout)
         self.deadline: float | None = None
-        self.timer: asyncio.TimerHandle | None = None  # the timeout's, or the settle's
+        self.timer: Timer | None = None  # the timeout's, or the settle's
+        #: while settling, on the clock's ``monotonic``: when the quiet gap ends (the last
+        #: firing heard, and the gap), when the settle time does, and what the timer is set for
+        self.quiet_end = self.settle_end = self.armed = 0.0
         self.step: Job[Any] | None = None  # a round trip on its way, to cancel with the wait
         self.again = False  # woken while a read was on its way: read once more
         #: the id of a session of this wait that was stopped, once one is
@@ -237,8 +267,10 @@ class Wait(Job[p.Response]):
                 self._woken(heard)
             except Exception as exc:
                 self._finish(None, exc)
-        elif state is WaitState.SETTLING:  # its read after the settle time sees the firing
+        elif state is WaitState.SETTLING:  # its read, once quiet, sees the firing
             self.heard = None  # a burst: the ring says which of it is still there
+            waiters = self.waiters
+            self.quiet_end = waiters.clock.monotonic() + waiters.quiet  # the gap starts again
         elif state is WaitState.LOOKING:  # a round trip's read may have missed it: once more
             self.again = True
         elif state is WaitState.STARTING:  # not subscribed yet: nobody can know of it
@@ -296,11 +328,21 @@ class Wait(Job[p.Response]):
         self.heard = heard
         if self.timer is not None:
             self.timer.cancel()  # the timeout bounds only the blocking; it is checked after
-        assert self.loop is not None
-        self.timer = self.loop.call_later(settle, self._settled)
+        now = self.waiters.clock.monotonic()
+        self.settle_end = now + settle
+        self.quiet_end = now + self.waiters.quiet
+        self._settle_until()
+
+    def _settle_until(self) -> None:
+        """Set the timer for the end of the quiet gap, or of the settle time if sooner."""
+        self.armed = min(self.quiet_end, self.settle_end)
+        self.timer = self.waiters.clock.call_at(self.armed, self._settled)
 
     def _settled(self) -> None:
         self.timer = None
+        if min(self.quiet_end, self.settle_end) > self.armed:  # a firing came meanwhile
+            self._settle_until()
+            return
         self._guarded(self._after_settling)
 
     def _after_settling(self) -> None:

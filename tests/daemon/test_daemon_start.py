@@ -37,6 +37,7 @@ def refused(capsys: pytest.CaptureFixture[str], home: Path, *args: str) -> str:
     ("args", "why"),
     [
         (["--settle-ms", "-1"], "--settle-ms -1 is out of range: it must be at least 0"),
+        (["--quiet-ms", "-1"], "--quiet-ms -1 is out of range: it must be at least 0"),
         (["--idle-timeout", "0"], "--idle-timeout 0 is out of range: it must be above 0"),
         (["--max-connections", "0"], "--max-connections 0 is out of range: it must be at least 1"),
         (["--max-sessions", "-5"], "--max-sessions -5 is out of range: it must be at least 1"),

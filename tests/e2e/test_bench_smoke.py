@@ -108,6 +108,12 @@ ROWS = (
     # the approve group, measured only in the run with redis-server (it never looks for one)
     "verdict latency p50 (`repl approve` started to the permission notification read",
     "verdict latency p90 (`repl approve` started to the permission notification read",
+    # the settle group, measured only in the run with redis-server (it never looks for one)
+    "a lone firing's wake, default settle ÷ settle 0: `repl wait` woken by `repl send`",
+    "a lone firing's wake, default settle ÷ settle 0: `wait` over the line protocol",
+    "a lone firing's wake, default settle ÷ settle 0: HTTP long poll",
+    "a lone firing's wake, default settle ÷ settle 0: MCP `wait` tool",
+    "a lone firing's wake, default settle ÷ settle 0: MCP `request` tool",
 )
 # the tls group's notes: each figure over TLS and plain, repl then its anchors (bench/tls.py)
 TLS_NOTES = (
@@ -141,8 +147,8 @@ SCALE_ROWS = (
 )
 #: the groups that never start a redis-server or look for one (bench/cli.py, bench/http_api.py,
 #: bench/matching.py, bench/mcp_agent.py, bench/mcp_follow.py, bench/join.py,
-#: bench/approvals.py): each is measured in one of the two runs only
-REDIS_FREE = ("cli", "http", "tags", "mcp", "push", "join", "approve")
+#: bench/approvals.py, bench/settle.py): each is measured in one of the two runs only
+REDIS_FREE = ("cli", "http", "tags", "mcp", "push", "join", "approve", "settle")
 #: of those, the ones measured in the run without redis-server (the shorter run: it starts no
 #: redis-server), the others in the run with it, so that neither run is much the longer
 WITHOUT_ONLY = ("tags", "mcp", "push", "join")

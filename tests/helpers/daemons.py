@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future
 from functools import partial
 from pathlib import Path
@@ -193,13 +193,17 @@ class MovedClock(Clock):
     A timer task asleep on it (``sleep_until``) is woken when it moves,
     whichever event loop it sleeps in, so several in-process daemons may
     share one, as daemons sharing a store share the wall clock. It starts on
-    a whole second of the real time, so stamps look like today's.
+    a whole second of the real time, so stamps look like today's. A settle's
+    calls (``call_at``) are made, in the loop that asked for each, when the
+    clock is moved to them; ``monotonic`` counts from the clock's making.
     """
 
     def __init__(self, ms: int | None = None) -> None:
         self.ms = time.time_ns() // 1_000_000_000 * 1000 if ms is None else ms
+        self._origin = self.ms
         self._lock = threading.Lock()
         self._sleepers: dict[int, tuple[anyio.Event, asyncio.AbstractEventLoop]] = {}
+        self._calls: list[_MovedCall] = []
 
     def now_ms(self) -> int:
         return self.ms
@@ -223,16 +227,54 @@ class MovedClock(Clock):
             with self._lock:
                 self._sleepers.pop(id(wake), None)
 
+    def monotonic(self) -> float:
+        return (self.ms - self._origin) / 1000
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> _MovedCall:
+        # in whole ms, as the clock moves (rounded: a float sum of seconds may be off by a hair)
+        call = _MovedCall(self._origin + round(when * 1000), callback, asyncio.get_running_loop())
+        with self._lock:
+            if call.due_ms > self.ms:
+                self._calls.append(call)
+                return call
+        call.loop.call_soon(call.run)  # due already
+        return call
+
     def advance(self, ms: int) -> int:
-        """Move the clock ``ms`` on and wake every timer task asleep on it; the new time."""
+        """Move the clock ``ms`` on, wake every timer task asleep on it and make the calls
+        due by then, soonest first; the new time."""
         assert ms >= 0, "a moved clock only goes forward"
         with self._lock:
             self.ms += ms
             sleepers = list(self._sleepers.values())
+            due = sorted((c for c in self._calls if c.due_ms <= self.ms), key=lambda c: c.due_ms)
+            self._calls = [c for c in self._calls if c.due_ms > self.ms]
         for wake, loop in sleepers:
             with contextlib.suppress(RuntimeError):  # its loop closed meanwhile: nothing sleeps
                 loop.call_soon_threadsafe(wake.set)
+        for call in due:
+            with contextlib.suppress(RuntimeError):
+                call.loop.call_soon_threadsafe(call.run)
         return self.ms
+
+
+class _MovedCall:
+    """A ``MovedClock.call_at``: made when the clock is moved to ``due_ms``, unless cancelled."""
+
+    def __init__(
+        self, due_ms: int, callback: Callable[[], None], loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self.due_ms = due_ms
+        self.callback = callback
+        self.loop = loop
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def run(self) -> None:
+        if not self.cancelled:
+            self.callback()
 
 
 class DaemonProc(Daemon):
