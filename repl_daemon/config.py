@@ -68,7 +68,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "--quiet-ms",
         int,
-        1,
+        0,
         "After a wake, answer once no new firing has come for this long (the burst has "
         "stopped), at the latest --settle-ms after the wake.",
         metavar="MS",

@@ -266,7 +266,8 @@ def test_a_burst_after_a_wake_comes_back_as_one_batch(tmp_path: Path) -> None:
         sender.ok({"op": "start", "session": "a"})
         waiter.send({"op": "wait", "sessions": ["a"]})
         assert not pending(waiter, 0.2)
-        # in one write: the three come well within the quiet gap of one another
+        # in one write: the three reach the daemon together, within the default quiet gap (0:
+        # one turn of its loop with no new firing)
         sends = [{"op": "send", "session": "a", "text": str(i)} for i in range(3)]
         assert all(answer["ok"] for answer in pipelined(sender, sends))
         assert texts(waiter.recv()) == ["0", "1", "2"]
