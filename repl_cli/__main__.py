@@ -2,6 +2,6 @@
 
 import sys
 
-from repl_cli.cli.main import main
+from repl_cli.cli.entry import main
 
 sys.exit(main())

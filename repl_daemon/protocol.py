@@ -19,20 +19,21 @@ from typing import Annotated, Any, Literal, NamedTuple, Union
 import msgspec
 
 from session.errors import BadRequest, ReplError, UnknownOp
-from session.firing import CursorInfo, Firing
-from session.group import GroupInfo
+from session.firing import CursorInfo, Firing, GroupInfo
 from session.rules import (
     ACK_CURSOR,
+    ADMIN,
     DEFAULT_GROUP,
     DEFAULT_HANDLER,
     DEFAULT_LEASE_MS,
     MAX_DELAY_MS,
     MAX_LEASE_MS,
     MIN_LEASE_MS,
+    READ,
+    SEND,
     WAIT_CURSOR,
     WEBHOOK_HANDLER,
 )
-from session.scopes import ADMIN, READ, SEND
 from session.tags import Match
 
 VERSION = "0.1.0"
@@ -834,14 +835,14 @@ OPS: tuple[str, ...] = ()
 
 def register(verb: Verb) -> None:
     """Add ``verb`` to the table (a new row of ``VERBS`` is registered at import; a test's
-    throwaway verb here), and make the decoder again to take it."""
+    throwaway verb here); the next ``decode_request`` makes the decoder again to take it."""
     global OPS, _request_decoder
     if verb not in VERBS:
         VERBS.append(verb)
     VERB[verb.op] = verb
     VERB_OF[verb.request] = verb
     OPS = tuple(VERB)
-    _request_decoder = msgspec.json.Decoder(Union[tuple(VERB_OF)])  # noqa: UP007
+    _request_decoder = None
 
 
 def unregister(op: str) -> None:
@@ -851,7 +852,7 @@ def unregister(op: str) -> None:
     VERBS.remove(verb)
     del VERB_OF[verb.request]
     OPS = tuple(VERB)
-    _request_decoder = msgspec.json.Decoder(Union[tuple(VERB_OF)])  # noqa: UP007
+    _request_decoder = None
 
 
 # -- codecs -----------------------------------------------------------------
@@ -861,12 +862,23 @@ class _IdOnly(msgspec.Struct):
     id: RequestId = msgspec.UNSET
 
 
-_request_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(Auth)
-_id_decoder = msgspec.json.Decoder(_IdOnly)
+# The decoders are made on first use, not at import: a client (the ``repl`` command, run
+# anew for every read) encodes requests and never decodes one, and a decoder of every op
+# costs a process that start-up several ms (docs/benchmarks.md, the CLI's start-up).
+_request_decoder: msgspec.json.Decoder[Any] | None = None
+_id_decoder: msgspec.json.Decoder[_IdOnly] | None = None
 _encoder = msgspec.json.Encoder()
 
 for _verb in list(VERBS):
     register(_verb)
+
+
+def _requests() -> msgspec.json.Decoder[Any]:
+    """The decoder of every op's request, made once (again after ``register``)."""
+    global _request_decoder
+    if _request_decoder is None:
+        _request_decoder = msgspec.json.Decoder(Union[tuple(VERB_OF)])  # noqa: UP007
+    return _request_decoder
 
 
 def decode_request(line: bytes) -> Request:
@@ -874,7 +886,7 @@ def decode_request(line: bytes) -> Request:
     if not line.strip():
         raise BadRequest("empty line: send one JSON object a line")
     try:
-        request: Request = _request_decoder.decode(line)
+        request: Request = _requests().decode(line)
         return request
     except msgspec.ValidationError as exc:
         text = str(exc)
@@ -889,6 +901,9 @@ def decode_request(line: bytes) -> Request:
 
 def request_id(line: bytes) -> RequestId:
     """The ``id`` of a line that failed to decode as a request, if it has one."""
+    global _id_decoder
+    if _id_decoder is None:
+        _id_decoder = msgspec.json.Decoder(_IdOnly)
     try:
         return _id_decoder.decode(line).id
     except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):

@@ -1,7 +1,11 @@
-"""What readers are given: a firing, a batch of them as a read returns it, a cursor's row.
+"""What readers are given: a firing, a batch of them as a read returns it, a cursor's row,
+a group's row.
 
 These are msgspec Structs so that the daemon can encode them straight onto
-the wire and the store can persist them without a translation layer.
+the wire and the store can persist them without a translation layer. The CLI
+loads this module on every run (``repl read``): it imports no other module of the
+core but ``session.rules``, and a row of the wire (``GroupInfo``, whose group is
+``session.group``'s) is written here rather than beside what makes it.
 """
 
 from __future__ import annotations
@@ -9,6 +13,8 @@ from __future__ import annotations
 import time
 
 import msgspec
+
+from session.rules import DEFAULT_MAX_ATTEMPTS
 
 #: a firing's ``ts`` up to its seconds, as ``time.strftime`` writes it; then ``.mmmZ``
 TS_SECONDS = "%Y-%m-%dT%H:%M:%S"
@@ -64,3 +70,17 @@ class CursorInfo(msgspec.Struct, frozen=True):
     name: str
     seq: int
     lag: int
+
+
+class GroupInfo(msgspec.Struct, frozen=True):
+    """A group as ``repl groups`` shows it: ``done`` is the seq up to which every firing
+    is done, dead or lost; the rest count the firings the ring holds."""
+
+    name: str
+    done: int
+    ready: int
+    held: int
+    delayed: int
+    dead: int
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    dead_letter: str = ""

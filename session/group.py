@@ -67,7 +67,7 @@ from session.errors import (
     LeaseLost,
     TooMany,
 )
-from session.firing import ms_to_ts
+from session.firing import GroupInfo, ms_to_ts
 from session.names import check_group_name, check_session_id
 from session.rules import (
     DEAD_SUFFIX,
@@ -231,20 +231,6 @@ class Expired(msgspec.Struct, frozen=True):
 
     again: list[int]
     dead: list[Dead]
-
-
-class GroupInfo(msgspec.Struct, frozen=True):
-    """A group as ``repl groups`` shows it: ``done`` is the seq up to which every firing
-    is done, dead or lost; the rest count the firings the ring holds."""
-
-    name: str
-    done: int
-    ready: int
-    held: int
-    delayed: int
-    dead: int
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS
-    dead_letter: str = ""
 
 
 class GroupSnapshot(msgspec.Struct, frozen=True):

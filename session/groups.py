@@ -24,12 +24,11 @@ from collections.abc import Callable
 
 import msgspec
 
-from session.firing import Firing
+from session.firing import Firing, GroupInfo
 from session.group import (
     Claim,
     Dead,
     Group,
-    GroupInfo,
     GroupSnapshot,
     Lease,
     Progress,

@@ -27,9 +27,8 @@ import msgspec
 
 from session.delta import Webhook
 from session.errors import BadMax, BadSeq
-from session.firing import NO_TAGS, Batch, CursorInfo
+from session.firing import NO_TAGS, Batch, CursorInfo, GroupInfo
 from session.group import (
-    GroupInfo,
     Lease,
     Progress,
     check_delay,

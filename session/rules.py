@@ -50,6 +50,9 @@ MAX_TIMERS = 1024
 #: the shortest interval of a recurring timer, in milliseconds
 MIN_EVERY_MS = 1000
 
+#: the rights a scoped token may be given (rules K1-K5; ``session.scopes`` checks them)
+READ, SEND, ADMIN = "read", "send", "admin"
+
 #: what a webhook's delivery is recorded as unless the webhook names another (rules H1-H7)
 WEBHOOK_HANDLER = "on-webhook"
 #: a webhook secret's length, in characters

@@ -24,7 +24,6 @@ force), and a stolen store reveals no token.
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import re
 from collections.abc import Sequence
 
@@ -39,9 +38,9 @@ from session.errors import (
     TokenExists,
     TooMany,
 )
+from session.rules import ADMIN, READ, SEND
 from session.tags import ROOT, TIMER, WEBHOOK
 
-READ, SEND, ADMIN = "read", "send", "admin"
 RIGHTS = frozenset({READ, SEND, ADMIN})
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -122,6 +121,8 @@ def make_scope(patterns: Sequence[str], rights: Sequence[str]) -> Scope:
 
 def digest(secret: str) -> str:
     """What the store keeps of a token: the SHA-256 of its secret, in hex."""
+    import hashlib  # here: loading OpenSSL costs every `repl` run ms, and only the daemon hashes
+
     return hashlib.sha256(secret.encode()).hexdigest()
 
 

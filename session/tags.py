@@ -16,8 +16,8 @@ with; ``parse_tag`` and ``parse_match`` read the CLI's ``KEY=VALUE`` words.
 from __future__ import annotations
 
 import functools
+import os
 import re
-import secrets
 from collections.abc import Iterable, Mapping
 
 import msgspec
@@ -149,4 +149,5 @@ def parse_match(
 
 def correlation_id() -> str:
     """A fresh id for a request's ``corr`` tag: 96 random bits, never reused in practice."""
-    return f"c-{secrets.token_hex(12)}"
+    # secrets.token_hex is this; importing secrets (random, hmac, OpenSSL) costs `repl` ms
+    return f"c-{os.urandom(12).hex()}"

@@ -1,7 +1,8 @@
 """The ``repl`` command: click commands over the blocking API (``repl_cli.api``).
 
-``main`` (the group, which loads each command from its area's module of
-``commands/`` when it is asked for, and the entry point), ``command`` and
+``entry`` (the console script's entry point), ``main`` (the group, which
+loads each command from its area's module of ``commands/`` when it is asked
+for, and ``main``, where every outcome becomes an exit status), ``command`` and
 ``options`` (what every command is, and the options several share),
 ``client`` (the API, watching stdout while a wait blocks), ``deliver`` and
 ``sink`` (printing, then acknowledging only what the reader took),

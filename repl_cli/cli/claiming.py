@@ -19,7 +19,7 @@ from repl_cli.api.errors import Error
 from repl_cli.cli.output import JSON, FiringFormat, answer_fields, json_line, table
 from repl_cli.cli.sink import Sink
 from repl_daemon import protocol as p
-from session.group import GroupInfo
+from session.firing import GroupInfo
 
 #: the claim's line in ``--json``: the answer less the firing (printed after it), its
 #: ``lease_until_ms`` and ``timed_out``

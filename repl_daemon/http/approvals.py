@@ -33,7 +33,8 @@ from repl_daemon.http.answers import json_response
 from repl_daemon.http.query import decode, query_flag, read_body
 from session import approvals as ap
 from session.firing import Firing
-from session.scopes import READ, SEND, Scope, TokenRecord
+from session.rules import READ, SEND
+from session.scopes import Scope, TokenRecord
 from session.tags import Match
 
 if TYPE_CHECKING:

@@ -57,8 +57,8 @@ from session.errors import (
     ReplError,
     Unauthorized,
 )
-from session.rules import DEFAULT_HANDLER, DEFAULT_LEASE_MS, WAIT_CURSOR
-from session.scopes import ADMIN, READ, TokenRecord, forbidden, scoped_refusal
+from session.rules import ADMIN, DEFAULT_HANDLER, DEFAULT_LEASE_MS, READ, WAIT_CURSOR
+from session.scopes import TokenRecord, forbidden, scoped_refusal
 
 if TYPE_CHECKING:
     from starlette.requests import Request

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -189,31 +188,6 @@ def test_each_wire_code_has_a_class_of_the_librarys_and_the_cli_one_exit_status(
     assert line_of(hinted) == "no timer t: `repl timers` lists the pending ones"
     told = errors.from_wire(Code.NO_SUCH_TIMER, "no timer t (`repl timers` lists them)")
     assert line_of(told) == told.message  # it says what to do already
-
-
-def test_read_loads_neither_anyio_nor_rich_nor_the_daemon(repl: Repl, s: str) -> None:
-    """Nor the MCP server, the daemon's options, or any command but those of reading (the
-    group loads a command's module when it is asked for)."""
-    repl.send(s, "one")
-    probe = (
-        "import sys\n"
-        "from repl_cli.cli.main import main\n"
-        f"status = main(['read', '{s}', '--full'])\n"
-        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('anyio', 'rich', 'mcp')\n"
-        "               or m in ('repl_daemon.hub', 'repl_daemon.server', 'repl_daemon.daemon',\n"
-        "                        'repl_daemon.engine', 'repl_daemon.backends',\n"
-        "                        'repl_daemon.config', 'repl_cli.mcp')\n"
-        "               or m.startswith('repl_cli.cli.commands.'))\n"
-        "print(status, heavy)\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, env=repl.env, timeout=30
-    )
-    assert done.stdout.splitlines() == [
-        "1 0",
-        '(1 "on-message" "one")',
-        "0 ['repl_cli.cli.commands.reading']",
-    ]
 
 
 @pytest.mark.parametrize(

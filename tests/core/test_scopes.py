@@ -15,11 +15,9 @@ from hypothesis import strategies as st
 
 from repl_daemon import protocol as p
 from session.errors import BadRequest, Code, Forbidden, NoSuchSession, no_such_session
+from session.rules import ADMIN, READ, SEND
 from session.scopes import (
-    ADMIN,
     MAX_TOKENS,
-    READ,
-    SEND,
     Scope,
     check_token_name,
     digest,

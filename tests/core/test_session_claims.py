@@ -33,11 +33,10 @@ from session.errors import (
     LeaseLost,
     TooMany,
 )
-from session.firing import Firing, ms_to_ts
+from session.firing import Firing, GroupInfo, ms_to_ts
 from session.group import (
     Claim,
     Group,
-    GroupInfo,
     Lease,
     default_dead_letter,
     parse_token,

@@ -29,12 +29,12 @@ from session.errors import (
     LeaseLost,
     ReplError,
 )
+from session.firing import GroupInfo
 from session.group import (
     Claim,
     Dead,
     Expired,
     Group,
-    GroupInfo,
     GroupSnapshot,
     Lease,
     Progress,

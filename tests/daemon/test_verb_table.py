@@ -34,7 +34,7 @@ from repl_daemon import protocol as p
 from repl_daemon.config import Config, Limits
 from repl_daemon.engine.outcome import Outcome
 from repl_daemon.engine.steps import STEPS, step
-from session.scopes import READ
+from session.rules import READ
 from session.session import Summary
 from tests.helpers import InProcDaemon, free_port
 

@@ -43,6 +43,8 @@ ROWS = (
     "fan-out, one send to",
     "memory per retained firing",
     "`repl read` on an empty session",
+    "`repl send` of one firing, whole process",
+    "`repl wait` that returns at once with one firing",
     "restart until",
     "RSS after that restart",
     "to each of 4 full rings",

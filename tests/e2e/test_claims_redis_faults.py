@@ -56,7 +56,7 @@ import pytest
 from repl_cli import api
 from repl_daemon import protocol as p
 from repl_daemon.backends.redis.keys import partition_keys, partition_of, session_keys
-from session.group import GroupInfo
+from session.firing import GroupInfo
 from session.rules import GROUPS_TIMER
 from tests.e2e import test_claims_faults as faults
 from tests.e2e.test_claims_faults import check

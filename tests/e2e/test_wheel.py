@@ -79,7 +79,7 @@ def test_the_wheel_holds_every_module_and_data_file_and_the_repl_command(
     assert not missing, "files of the packages that the wheel leaves out:\n" + "\n".join(missing)
 
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts == {"repl": "repl_cli.cli.main:main"}
+    assert scripts == {"repl": "repl_cli.cli.entry:main"}
     assert dict(entry_points["console_scripts"]) == scripts
     assert "repl_cli/cli/main.py" in names
     # the version is kept in the protocol module, and the wheel says the same

@@ -36,9 +36,9 @@ from repl_daemon.engine import Engine, Outcome
 from session.delta import Delta, Webhook
 from session.errors import StoreFailed
 from session.firing import Firing
-from session.rules import MAX_KEYS
+from session.rules import MAX_KEYS, READ
 from session.schedule import Timer
-from session.scopes import READ, Scope, TokenRecord
+from session.scopes import Scope, TokenRecord
 from session.session import Session, Snapshot
 from tests.helpers import Mirror, counted
 

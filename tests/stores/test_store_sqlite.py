@@ -22,8 +22,9 @@ from session.delta import Delta
 from session.errors import StoreFailed
 from session.firing import CursorInfo, Firing
 from session.ring import Image, encode_image
+from session.rules import READ
 from session.schedule import Timer
-from session.scopes import READ, Scope, TokenRecord, digest
+from session.scopes import Scope, TokenRecord, digest
 from session.session import CursorState, Session, Snapshot
 from tests.helpers import TS, Mirror, counted
 

@@ -31,8 +31,7 @@ from repl_cli.api.reconnect import Outage
 from repl_daemon import protocol as p
 from session import approvals as ap
 from session.errors import BadRequest, Code, ReplError
-from session.firing import CursorInfo, Firing
-from session.group import GroupInfo
+from session.firing import CursorInfo, Firing, GroupInfo
 from session.rules import (
     ACK_CURSOR,
     DEFAULT_GROUP,

@@ -20,11 +20,10 @@ import msgspec
 from repl_daemon.backends.redis.entries import firing_of
 from repl_daemon.backends.redis.store import RedisStore
 from session.errors import ReplError
-from session.firing import Firing
+from session.firing import Firing, GroupInfo
 from session.group import (
     Claim,
     Group,
-    GroupInfo,
     GroupSnapshot,
     Lease,
     Progress,
