@@ -24,13 +24,13 @@ from session.errors import LeaseLost, ReplError
 from session.firing import ms_to_ts
 from session.group import parse_token
 from session.ops import (
+    GROUP_STEPS,
     ClaimFiring,
     ConfigureGroup,
     ExpireGroups,
     Extend,
     Finish,
     FinishNext,
-    GROUP_STEPS,
     Record,
     Release,
     SetLimit,
