@@ -359,9 +359,7 @@ def test_a_duration_is_read_once_into_seconds_and_reaches_the_wire_as_its_millis
 # -- done --next (docs/semantics.md G11) -------------------------------------------------
 
 
-def test_done_next_finishes_and_prints_the_next_job_as_claim_prints_it(
-    repl: Repl, s: str
-) -> None:
+def test_done_next_finishes_and_prints_the_next_job_as_claim_prints_it(repl: Repl, s: str) -> None:
     for n in range(1, 4):
         repl.ok("send", s, f"job {n}")
     token = repl.ok("claim", s).splitlines()[0]
