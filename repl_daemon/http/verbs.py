@@ -25,7 +25,8 @@ What is served by hand (``routes.Api``), and why: a send (its body is the text,
 its dedup key a header, its status says whether it was a duplicate), a read and a
 wait (HTTP's own defaults for where they start, and a wait on several sessions'
 acks), a start (its body names ``id``, its status says whether it made the session),
-a claim (its own defaults and words: ``?match=``, a 204 with nothing taken), the listing (each session's lag beside the protocol's row), the event
+a claim (its path is the group's, ``?match=`` a wait's, a 204 when nothing was
+taken), the listing (each session's lag beside the protocol's row), the event
 stream, webhooks, metrics and the page.
 """
 
