@@ -44,7 +44,13 @@ Once more means once: a second failure is raised. A daemon that is away is
 not waited for here (``Unavailable`` at once); riding out an outage is
 ``wait``'s, ``follow``'s and ``claim``'s own (``repl_cli.api.reconnect.Outage``),
 which re-send their request whatever the failure, since a wait that returned
-nothing consumed nothing.
+nothing consumed nothing. ``done(next=True)`` (a done and the next claim in one
+request) is not ridden out: its answer lost, its done may have been made.
+
+Why one module: it is the one place each operation is written, for both APIs;
+split by area, ``scripts/unasync.py`` would have several files to rewrite and
+keep in step, and the reconnect path every operation takes would be imported
+back into each of them.
 """
 
 from __future__ import annotations
