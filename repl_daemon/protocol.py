@@ -773,10 +773,10 @@ VERBS: list[Verb] = [
         True,
         Http(("POST",), _CLAIM_PATH + "/next"),
         Tool(
-            "Finish a claimed job and take the next one of its group, in one call: done, then "
-            "claim with lease_s, blocking as claim does until a job is there or timeout_s "
-            "(then timed_out, nothing taken; the done stands). An error naming lease_lost: "
-            "the claim is no longer yours; nothing changed and nothing was taken.",
+            "Finish a claimed job and take the next one of its group in one call: done, then "
+            "claim with lease_s, blocking as claim does up to timeout_s (then timed_out, "
+            "nothing taken, the done made). lease_lost: the claim is no longer yours; "
+            "nothing changed, nothing taken.",
             Changes.MOVES,
         ),
     ),

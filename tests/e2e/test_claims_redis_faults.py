@@ -100,6 +100,9 @@ class Crew:
         self.take_next = take_next
         self.ledger = Ledger()
         self.stopping = threading.Event()
+        #: workers that wait before their next step (the other daemon's, while a killed
+        #: one restarts: else they may drain every job left before its workers are back)
+        self.held: set[int] = set()
         self.threads = [
             threading.Thread(target=self._work, args=(n, daemons[n % len(daemons)]), daemon=True)
             for n in range(WORKERS)
@@ -113,6 +116,9 @@ class Crew:
             with api.connect(d.addr, d.home, reconnect=60) as repl:
                 claimed: p.Claimed | None = None
                 while not self.stopping.is_set():
+                    if n in self.held:
+                        time.sleep(0.01)
+                        continue
                     if claimed is None:
                         claimed = faults.took(
                             repl.claim(self.session, lease=LEASE, timeout=0.5), ledger
@@ -259,10 +265,16 @@ def crash_under_workers(
             # SIGKILL, in the middle of claims and dones (not under the ledger's lock:
             # workers waiting for it would have nothing in flight)
             doomed.kill()
+            # the other daemon's workers wait from their next step until the killed one's
+            # are back (a job they hold meanwhile runs out its lease and comes again)
+            crew.held = {n for n in range(WORKERS) if n not in mine}
             doomed.start(doomed.port)  # its workers reconnect to it, on its address
             # its workers rode the crash out and finish jobs again
             more = partial(_at_least, partial(ledger.done_by, mine), marks[-1] + 1)
-            eventually(more, 120, "a done through the restarted daemon")
+            try:
+                eventually(more, 120, "a done through the restarted daemon")
+            finally:
+                crew.held = set()
         eventually(lambda: all_done(pair.daemons[0], "jobs", jobs), 120, "every job done")
     finally:
         crew.stop()
