@@ -17,10 +17,14 @@ wake, idle claimers.
   starts both as the other rows do). Each kind first drains a warm-up batch the
   same way, untimed. Afterwards every job must have been claimed once (attempt 1,
   no seq twice), the group must report every firing done and none held (Redis: no
-  entry pending), or the figure fails. Workers are tasks, not processes: a note
-  gives the CPU per job of the server (/proc) and of this client process over the
-  timed drain, so a client that bounds a figure shows there (on 2 cores, worker
-  processes would take the server's core, not add one).
+  entry pending), or the figure fails. A third row, ``done --next``: the durable
+  daemon again, each worker claiming once and then looping ``done_next`` (the done
+  and the next claim in one request, one commit) on the claim it holds until one
+  finds nothing; against the same Redis ``appendfsync always`` figure of this run.
+  Workers are tasks, not processes: a note gives the CPU per job of the server
+  (/proc) and of this client process over the timed drain, so a client that bounds
+  a figure shows there (on 2 cores, worker processes would take the server's core,
+  not add one).
 - a blocked claimer's wake: one ``--memory`` daemon, settle 0 (the wake row's kind),
   with a claimer and a waiter each in a child process of its own, woken
   alternately round by round by one plain ``send`` each (bench/paired_wakes.py):
@@ -117,7 +121,9 @@ async def timed(
     return Drain(jobs / elapsed, server * 1e6 / jobs, client * 1e6 / jobs), results
 
 
-async def repl_drain(daemon: Daemon, warm: int, jobs: int, batch: int) -> Drain:
+async def repl_drain(
+    daemon: Daemon, warm: int, jobs: int, batch: int, take_next: bool = False
+) -> Drain:
     session = "jobs"
     control = await LineClient.connect(daemon.port, daemon.token)
     workers: list[LineClient] = []
@@ -142,6 +148,20 @@ async def repl_drain(daemon: Daemon, warm: int, jobs: int, batch: int) -> Drain:
                     raise BenchError(f"done of {answer['claim']} answered {finished}")
                 seqs.append(answer["seq"])
 
+        async def work_next(client: LineClient) -> list[int]:
+            """One claim, then ``done_next`` on the claim held until one finds nothing."""
+            seqs: list[int] = []
+            answer = await client.call(claim)
+            while not answer.get("timed_out"):
+                if not answer.get("ok") or answer.get("attempt") != 1:
+                    raise BenchError(f"a claim answered {answer}")
+                seqs.append(answer["seq"])
+                following = {"op": "done_next", "session": session, "claim": answer["claim"]}
+                answer = await client.call(following | {"lease_ms": LEASE_MS, "timeout_ms": 0})
+            if not answer.get("ok"):
+                raise BenchError(f"a done --next answered {answer}")
+            return seqs
+
         head = 0
         drain = Drain(0, 0, 0)
         for count in (warm, jobs):
@@ -154,7 +174,9 @@ async def repl_drain(daemon: Daemon, warm: int, jobs: int, batch: int) -> Drain:
                 if len(seqs) != len(expected) or set(seqs) != expected:
                     raise BenchError(f"{len(seqs)} jobs done of {len(expected)}, or some twice")
 
-            drain, _ = await timed(daemon.pid, count, workers, work, check)
+            drain, _ = await timed(
+                daemon.pid, count, workers, work_next if take_next else work, check
+            )
         groups = (await control.ok({"op": "groups", "session": session}))["groups"]
         work_group = next(g for g in groups if g["name"] == GROUP)
         if work_group["done"] != head or work_group["held"] or work_group["ready"]:
@@ -351,6 +373,11 @@ def claims_rows(s: Sizes) -> list[Row]:
             for (label, key, _memory), n in zip(KINDS, jobs, strict=True)
         ),
         Row(
+            "claims_next_durable",
+            f"done --next, jobs/s, {WORKERS} workers, {jobs[1]:,} jobs, durable",
+            Goal("ratio_ge", 1.0, f"≥ 1.0 × {redis}, appendfsync always"),
+        ),
+        Row(
             "claim_wake_p50",
             "blocked claim's wake latency p50 (settle 0), µs",
             Goal("ratio_le", 1.2, "≤ 1.2 × a blocked wait's"),
@@ -379,7 +406,7 @@ def claims_group(setup: Setup, rows: dict[str, Row]) -> None:
     for (label, key, memory), count in zip(KINDS, jobs, strict=True):
         row = rows[f"claims_{key}"]
         if not memory and setup.store_missing:
-            setup.cannot_run([row], "store missing")
+            setup.cannot_run([row, rows["claims_next_durable"]], "store missing")
             continue
         mine = on_daemon(
             setup,
@@ -399,6 +426,17 @@ def claims_group(setup: Setup, rows: dict[str, Row]) -> None:
             row.reference = ref.rate
             text += f", Redis {cpu_text(ref)}"
         drains.append(text)
+        if not memory:  # the worker's loop of done --next, against the same Redis figure
+            next_row = rows["claims_next_durable"]
+            mine = on_daemon(
+                setup,
+                "claims-next-durable-daemon",
+                partial(repl_drain, warm=warm, jobs=count, batch=s.batch, take_next=True),
+                memory=False,
+            )
+            next_row.repl = mine.rate
+            next_row.reference = row.reference
+            drains.append(f"durable done --next: repl {cpu_text(mine)}")
     setup.notes.append(
         f"claims: jobs/s with CPU per job over the drain, {WORKERS} workers as asyncio tasks "
         f"in one client process (after {warm:,} untimed): " + "; ".join(drains)

@@ -248,6 +248,19 @@ class Finish(Request, tag="done"):
     claim: ClaimToken
 
 
+class FinishNext(Request, tag="done_next"):
+    """``done`` and then ``claim`` in one request (``repl done --next``): the claim's work
+    is finished, and the oldest firing of its group that no other claimer holds is taken
+    under a lease of ``lease_ms``; blocks until there is one, or ``timeout_ms``, as a
+    claim does. The done and the claim are one step of the session (one commit); a done
+    refused claims nothing."""
+
+    session: SessionId
+    claim: ClaimToken
+    lease_ms: LeaseMs = DEFAULT_LEASE_MS
+    timeout_ms: int | None = None
+
+
 class Release(Request, tag="release"):
     """Give the claim's firing back: claimable again at once, or after ``delay_ms``."""
 
@@ -752,6 +765,20 @@ VERBS: list[Verb] = [
             "lease_lost means the claim is no longer yours (its lease ran out and another "
             "worker may have it, or it is done): nothing changed.",
             Changes.SETS,
+        ),
+    ),
+    Verb(
+        FinishNext,
+        Claimed,
+        READ,
+        True,
+        Http(("POST",), _CLAIM_PATH + "/next"),
+        Tool(
+            "Finish a claimed job and take the next one of its group in one call: done, then "
+            "claim with lease_s, blocking as claim does up to timeout_s (then timed_out, "
+            "nothing taken, the done made). lease_lost: the claim is no longer yours; "
+            "nothing changed, nothing taken.",
+            Changes.MOVES,
         ),
     ),
     Verb(

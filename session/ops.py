@@ -509,6 +509,36 @@ class Extend(ClaimStep, frozen=True):
         return until
 
 
+class FinishNext(msgspec.Struct, frozen=True):
+    """``done --next``: the claim's firing is done (``Finish``), then the oldest claimable
+    firing of the same group is taken under a lease of ``lease_ms`` (``ClaimFiring``), in
+    one step, so one write. A refused done (``lease_lost``) raises before the claim runs:
+    nothing is taken and nothing changes. Answers the claim's: a ``Taken``, or None."""
+
+    durable: ClassVar[bool] = True
+    claim: str
+    now_ms: int
+    lease_ms: int
+
+    @property
+    def done(self) -> Finish:
+        return Finish(self.claim, self.now_ms)
+
+    @property
+    def next(self) -> ClaimFiring:
+        """The claim that follows the done: of the token's group, which the done proved is
+        there (so it makes no group)."""
+        return ClaimFiring(parse_token(self.claim)[0], self.now_ms, self.lease_ms)
+
+    def check(self) -> None:
+        self.done.check()
+        self.next.check()
+
+    def run(self, session: Session, visible: int | None) -> Taken | None:
+        self.done.run(session, visible)
+        return self.next.run(session, visible)
+
+
 class ExpireGroups(msgspec.Struct, frozen=True):
     """Every lease that ran out and delay that ended by ``now_ms``, in every group: the
     durable timer's step. Answers the seqs claimable again."""
@@ -595,7 +625,7 @@ class GroupProgress(msgspec.Struct, frozen=True):
 
 
 #: the steps that move a group (what a blocked join looks again after, SPEC §18)
-GROUP_STEPS = (ClaimFiring, ClaimStep, ExpireGroups, ConfigureGroup)
+GROUP_STEPS = (ClaimFiring, ClaimStep, FinishNext, ExpireGroups, ConfigureGroup)
 
 
 class ClaimTable(msgspec.Struct, frozen=True):

@@ -17,6 +17,11 @@ A claim that times out, is cancelled, or whose client is gone took nothing: a
 look that took a firing answers at once, or (on a durable store) once the
 claim is durable; a claim cancelled in between gives the firing straight
 back (``Release``), so a claimer that went away holds nothing.
+
+``done --next`` (``p.FinishNext``) is a claim whose first look is the done and the
+claim in one step of the core (``FinishNext``), so one commit: a done refused
+answers its refusal, having taken nothing; a done that leaves nothing to take
+blocks as a claim does, its later looks plain claims.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from session.ops import (
     ConfigureGroup,
     Extend,
     Finish,
+    FinishNext,
     GroupTable,
     Release,
 )
@@ -51,7 +57,7 @@ log = logging.getLogger("repl.daemon")
 class ClaimWait(Wait):
     """One claim's life: looks (each a ``ClaimFiring``) until it takes a firing or times out."""
 
-    __slots__ = ("claim", "now", "pass_on", "sees_dead_letter", "taken")
+    __slots__ = ("claim", "finishing", "now", "pass_on", "sees_dead_letter", "taken")
 
     def __init__(
         self,
@@ -60,6 +66,7 @@ class ClaimWait(Wait):
         now: Callable[[], int],
         pass_on: Callable[[str, str], None] | None = None,
         sees_dead_letter: bool = True,
+        finishing: str | None = None,
     ) -> None:
         as_wait = p.Wait(
             id=req.id,
@@ -80,6 +87,9 @@ class ClaimWait(Wait):
         #: whether the claimer sees the default dead-letter session: if not, its look makes
         #: no group (``ClaimFiring.sees_default_dead_letter``)
         self.sees_dead_letter = sees_dead_letter
+        #: ``done --next``: the claim token its first look finishes, in the same step as
+        #: it claims (``FinishNext``); None once that look ran, and for a claim
+        self.finishing = finishing
 
     @property
     def blocked(self) -> bool:
@@ -109,9 +119,13 @@ class ClaimWait(Wait):
         self._check_open()
         self._move(WaitState.LOOKING)
         req, session_id = self.claim, self.claim.session
-        op = ClaimFiring(
-            req.group, self.now(), req.lease_ms, req.match, req.from_now, self.sees_dead_letter
-        )
+        op: ClaimFiring | FinishNext
+        if self.finishing is not None:  # done --next: the done, then the claim, one step
+            op, self.finishing = FinishNext(self.finishing, self.now(), req.lease_ms), None
+        else:
+            op = ClaimFiring(
+                req.group, self.now(), req.lease_ms, req.match, req.from_now, self.sees_dead_letter
+            )
         try:
             outcome = self.waiters.committer.execute(session_id, op)
         except NoSuchSession:

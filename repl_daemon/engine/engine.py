@@ -64,6 +64,7 @@ from session.firing import Firing
 from session.names import check_cursor_name, check_session_id
 from session.ops import (
     ClaimFiring,
+    FinishNext,
     GetWebhook,
     Record,
     check_match,
@@ -633,6 +634,29 @@ class Engine:
             raise no_session(req.session)
         sees = sees_dead_letter(token, req.session)
         return Outcome.of(ClaimWait(self.waits, req, self.clock.now_ms, self._pass_on, sees))
+
+    def done_next(
+        self, req: p.FinishNext, committer: Sessions, token: TokenRecord | None = None
+    ) -> Outcome[p.Response]:
+        """``done``, then ``claim`` of the token's group (``ClaimWait``, whose first look is
+        both in one step): every value checked first, as a claim's are."""
+        check_session_id(req.session)
+        op = FinishNext(req.claim, 0, req.lease_ms)
+        op.check()
+        if req.timeout_ms is not None and req.timeout_ms < 0:
+            raise BadRequest(f"timeout_ms {req.timeout_ms} is negative")
+        if isinstance(committer, Scoped) and committer.hides(req.session):
+            raise no_session(req.session)
+        claim = p.Claim(
+            id=req.id,
+            session=req.session,
+            group=op.next.group,
+            lease_ms=req.lease_ms,
+            timeout_ms=req.timeout_ms,
+        )
+        sees = sees_dead_letter(token, req.session)
+        wait = ClaimWait(self.waits, claim, self.clock.now_ms, self._pass_on, sees, req.claim)
+        return Outcome.of(wait)
 
 
 def _token_info(record: TokenRecord) -> p.TokenInfo:

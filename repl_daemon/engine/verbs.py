@@ -239,6 +239,13 @@ def _claim(engine: Any, req: p.Claim, committer: Sessions, token: TokenRecord | 
     return engine.claim(req, committer, token)
 
 
+@step(p.FinishNext)
+def _done_next(
+    engine: Any, req: p.FinishNext, committer: Sessions, token: TokenRecord | None
+) -> Any:
+    return engine.done_next(req, committer, token)
+
+
 @step(p.Auth)
 def _auth(engine: Any, req: p.Auth, committer: Sessions, token: TokenRecord | None) -> Any:
     # a connection authenticates once: a second auth would answer ok for a token nobody

@@ -17,14 +17,16 @@ poll is: ``?timeout=`` seconds (default 30, at most an hour), its answer ``200``
 it has one, and ``200`` at the timeout too, with ``timed_out`` and what its answer
 says then (what came, what is missing, what is left: a 204 could not say it). Blocked,
 it is the engine's wait, no task and no work; a client that hangs up lets it go, and a
-revocation of its token answers it ``401``.
+revocation of its token answers it ``401``. One whose answer is a claim's
+(``done --next``: ``p.Claimed`` with a claim token) gives its firing back when its
+client went before the answer was written in full, as the claim's own route does.
 
 What is served by hand (``routes.Api``), and why: a send (its body is the text,
 its dedup key a header, its status says whether it was a duplicate), a read and a
 wait (HTTP's own defaults for where they start, and a wait on several sessions'
 acks), a start (its body names ``id``, its status says whether it made the session),
-a claim (a long poll whose firing is given back when its client went before its
-answer), the listing (each session's lag beside the protocol's row), the event
+a claim (its path is the group's, ``?match=`` a wait's, a 204 when nothing was
+taken), the listing (each session's lag beside the protocol's row), the event
 stream, webhooks, metrics and the page.
 """
 
@@ -39,7 +41,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from repl_daemon import protocol as p
+from repl_daemon.engine.claim import give_back
 from repl_daemon.http.answers import WAIT_TIMEOUT, encoder
+from repl_daemon.http.consumer import Handed
 from repl_daemon.http.query import (
     decode,
     query_duration,
@@ -114,7 +118,16 @@ class Served:
         if self.http.status == 204:
             return Response(status_code=204)
         body = encoded(answer, self.http.answer)
+        if isinstance(answer, p.Claimed) and answer.claim is not None:  # done --next's
+            return self.handed(body, req, answer.claim, request)
         return Response(body, self.http.status, media_type="application/json")
+
+    def handed(self, body: bytes, req: p.Request, claim: str, request: Request) -> Response:
+        """A claim's answer (``done --next``'s), given back when its client is gone before
+        the answer was written in full, as ``routes.Api.claim``'s is (``Handed``)."""
+        session_id = getattr(req, "session")  # noqa: B009 - a claim's request has one
+        token = request.state.token
+        return Handed(body, lambda: give_back(self.api.engine, session_id, claim, token))
 
     def query(self, request: Request, taken: set[str]) -> dict[str, Any]:
         """The query's fields of the request, each of its type: a number, a yes or no, a

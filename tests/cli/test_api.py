@@ -348,3 +348,27 @@ def test_the_two_apis_have_the_same_methods_with_the_same_signatures() -> None:
         if returned.startswith("Generator[") and returned.endswith(", None]"):
             returned = "Async" + returned.removesuffix(", None]") + "]"  # no return type
         assert returned == str(theirs.return_annotation), name
+
+
+@pytest.mark.anyio
+async def test_done_with_next_takes_the_next_job_in_both_apis(inproc: InProcDaemon) -> None:
+    """``done(next=True)``: the next claim as ``claim`` answers it, or ``timed_out`` (the
+    done made); ``done`` alone answers the seq; a stale claim is ``LeaseLost``."""
+    async with aio.connect(inproc.addr, inproc.home) as repl:
+        await repl.start("aio-next")
+        for n in (1, 2):
+            await repl.send("aio-next", f"job {n}")
+        first = await repl.claim("aio-next", timeout=5)
+        assert first.claim is not None
+        following = await repl.done("aio-next", first.claim, next=True, lease=30, timeout=5)
+        assert following.claim == "work:2:1" and following.firing is not None
+        assert following.firing.result == "job 2"
+        nothing = await repl.done("aio-next", following.claim, next=True, timeout=0)
+        assert nothing.timed_out and nothing.claim is None
+        with pytest.raises(api.LeaseLost):
+            await repl.done("aio-next", following.claim, next=True, timeout=0)
+    with api.connect(inproc.addr, inproc.home) as blocking:
+        blocking.send("aio-next", "job 3")
+        third = blocking.claim("aio-next", timeout=5)
+        assert third.claim == "work:3:1"
+        assert blocking.done("aio-next", third.claim) == 3

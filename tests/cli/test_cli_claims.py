@@ -354,3 +354,63 @@ def test_a_duration_is_read_once_into_seconds_and_reaches_the_wire_as_its_millis
     assert lease_ms(None) == DEFAULT_LEASE_MS  # no lease given: the rule's
     with pytest.raises(click.UsageError, match=r"^--lease: duration 'soon' is not a number"):
         DURATION.convert("soon", option, None)
+
+
+# -- done --next (docs/semantics.md G11) -------------------------------------------------
+
+
+def test_done_next_finishes_and_prints_the_next_job_as_claim_prints_it(repl: Repl, s: str) -> None:
+    for n in range(1, 4):
+        repl.ok("send", s, f"job {n}")
+    token = repl.ok("claim", s).splitlines()[0]
+    out = repl.ok("done", s, token, "--next")
+    assert out.splitlines() == ["work:2:1", "on-message: job 2"]  # as `claim` prints it
+    head, firings = claimed(repl.ok("done", s, "work:2:1", "--next", "--json"))
+    assert head == {
+        "claim": "work:3:1",
+        "seq": 3,
+        "attempt": 1,
+        "lease_until": head["lease_until"],
+        "lost": 0,
+    }
+    assert [f["result"] for f in firings] == ["job 3"]
+    assert groups(repl, s)["work"]["done"] == 2
+    assert groups(repl, s)["work"]["held"] == 1
+
+
+def test_done_next_with_nothing_left_times_out_as_claim_with_the_done_made(
+    repl: Repl, s: str
+) -> None:
+    repl.ok("send", s, "only")
+    token = repl.ok("claim", s).splitlines()[0]
+    ran = repl.run("done", s, token, "--next", "--timeout", "0")
+    assert (ran.returncode, ran.stdout) == (2, "")  # claim's status: nothing taken
+    assert groups(repl, s)["work"]["done"] == 1
+    assert repl.run("claim", s, "--timeout", "0").returncode == 2
+
+
+def test_done_next_blocks_until_a_job_comes(repl: Repl, s: str) -> None:
+    repl.ok("send", s, "first")
+    token = repl.ok("claim", s).splitlines()[0]
+    blocked = repl.popen("done", s, token, "--next", "--timeout", "60")
+    try:
+        eventually(lambda: repl.waiters(s) == 1, what="done --next to block")
+        assert groups(repl, s)["work"]["done"] == 1  # the done is made before it blocks
+        repl.ok("send", s, "second")
+        out, err = blocked.communicate(timeout=30)
+    finally:
+        blocked.kill()
+    assert blocked.returncode == 0, err
+    assert out.decode().splitlines() == ["work:2:1", "on-message: second"]
+
+
+def test_a_refused_done_next_takes_nothing(repl: Repl, s: str) -> None:
+    repl.ok("send", s, "one")
+    repl.ok("send", s, "two")
+    token = repl.ok("claim", s).splitlines()[0]
+    repl.ok("done", s, token)
+    err = repl.fails(1, "done", s, token, "--next")  # done already: the done's error
+    assert "no longer the live lease" in err
+    assert json.loads(repl.ok("claims", s, "--json")) == []  # nothing was taken
+    assert repl.fails(1, "done", s, "work:9:1", "--next", "--timeout", "0")
+    assert json.loads(repl.ok("claims", s, "--json")) == []

@@ -97,7 +97,8 @@ CASES = [
     ),
     Case("--match reply-to", "jobs", "worker", ("--tag", "reply-to=me"), the_replies),
     Case("agent-a", "team-a.inbox", "wait", handled=handled_file),
-    Case("repl claim jobs --lease 5m", "jobs", None, handled=handled_file, group="work"),
+    Case("while out=$(repl claim jobs", "jobs", None, handled=handled_file, group="work"),
+    Case("--next --lease 5m", "jobs", None, handled=handled_file, group="work"),
 ]
 
 
@@ -265,7 +266,7 @@ def test_the_coordinators_recipes_run_as_written(repl: Repl, work: Path) -> None
         assert corrs == ["pr42-1", "pr42-2", "pr42-3"]
     finally:
         stop(loops)
-    claimers = [background(guide_block("repl claim jobs --lease 5m"), work, env) for _ in range(2)]
+    claimers = [background(guide_block("while out=$(repl claim jobs"), work, env) for _ in range(2)]
     try:
         joined = run_block(guide_block("repl join jobs"), work, env)
         assert (joined.returncode, joined.stdout, joined.stderr) == (0, "20 of 20 done\n", "")

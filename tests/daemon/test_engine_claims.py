@@ -27,9 +27,9 @@ from repl_daemon.engine import Engine
 from repl_daemon.engine.claim import ClaimWait
 from repl_daemon.engine.outcome import Outcome
 from repl_daemon.engine.wait import WaitState
-from session.errors import NoSuchSession, StoreFailed, TooMany
+from session.errors import LeaseLost, NoSuchSession, StoreFailed, TooMany
 from session.rules import GROUPS_TIMER
-from tests.daemon.test_engine_shared import AnyRedis, call, two_daemons
+from tests.daemon.test_engine_shared import AnyRedis, call, opened, two_daemons
 from tests.helpers import MovedClock, RedisProc, store_url
 
 pytestmark = pytest.mark.anyio
@@ -362,3 +362,128 @@ async def test_a_join_on_one_daemon_is_woken_by_the_group_moving_on_another(
         assert joined == [
             p.Joined(upto=3, done=3, dead=1, ready=0, held=0, delayed=0, timed_out=False)
         ]
+
+
+# -- done --next (docs/semantics.md G11): the done and the claim, one commit ----------------
+
+
+async def looked(committer: LocalCommitter, outcome: Outcome[Any]) -> Any:
+    """A claim's answer on a store that commits when told: its look started, then the
+    commit made."""
+    answers: list[Any] = []
+    outcome.settle(lambda v, e: answers.append((v, e)))
+    await committer.commit_now()
+    ((value, error),) = answers
+    assert error is None
+    return value
+
+
+async def test_done_next_is_answered_after_one_commit_holding_the_done_and_the_claim(
+    tmp_path: Path,
+) -> None:
+    engine, committer = await durable(tmp_path / "repl.db")
+    try:
+        await answered(committer, engine.handle(p.Start(session="jobs")))
+        for n in (1, 2):
+            await answered(committer, engine.handle(p.Send(session="jobs", text=f"job {n}")))
+        first = await looked(committer, engine.handle(p.Claim(session="jobs")))
+        assert isinstance(first, p.Claimed) and first.claim == "work:1:1"
+        commits = engine.counts.commits.count
+        answers: list[Any] = []
+        req = p.FinishNext(session="jobs", claim="work:1:1")
+        engine.handle(req).settle(lambda v, e: answers.append((v, e)))
+        assert answers == []  # done and taken in memory, on their way to the disk together
+        assert held(committer, "jobs") == [(2, 1)]
+        await committer.commit_now()
+        ((following, error),) = answers
+        assert error is None and isinstance(following, p.Claimed)
+        assert (following.claim, following.seq) == ("work:2:1", 2)
+        assert engine.counts.commits.count == commits + 1  # one group commit, not two
+    finally:
+        await committer.close()
+        committer.store.close()
+    store = SqliteStore(tmp_path / "repl.db")
+    try:
+        (snapshot,) = list(store.load())
+        ((group,),) = [snapshot.groups]
+        assert group.done_through == 1 and [(s, a) for s, a, _ in group.leases] == [(2, 1)]
+    finally:
+        store.close()
+
+
+async def test_done_next_whose_client_goes_before_its_commit_gives_the_claim_back(
+    tmp_path: Path,
+) -> None:
+    engine, committer = await durable(tmp_path / "repl.db")
+    try:
+        await answered(committer, engine.handle(p.Start(session="jobs")))
+        for n in (1, 2):
+            await answered(committer, engine.handle(p.Send(session="jobs", text=f"job {n}")))
+        await looked(committer, engine.handle(p.Claim(session="jobs")))
+        job = engine.handle(p.FinishNext(session="jobs", claim="work:1:1")).job
+        assert job is not None
+        job.start(lambda v, e: None)
+        assert held(committer, "jobs") == [(2, 1)]
+        job.cancel()  # the client went away: the done stands, the claim is given back
+        assert held(committer, "jobs") == []
+        await committer.commit_now()
+        again = await looked(committer, engine.handle(p.Claim(session="jobs", timeout_ms=0)))
+        assert isinstance(again, p.Claimed) and (again.seq, again.attempt) == (2, 2)
+    finally:
+        await committer.close()
+        committer.store.close()
+
+
+@pytest.mark.parametrize("store", ["memory", "durable", "redis"])
+async def test_done_next_on_every_store(
+    store: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The same answers on each store, the engine running: the next job, a block until
+    one comes (the done made meanwhile), a timeout with the done made, and a refused done
+    that takes nothing."""
+    if store == "redis":
+        url = store_url(request.getfixturevalue("redis_server"))
+        engine: Engine = (await opened(url))[0]
+    else:
+        local = SqliteStore(tmp_path / "repl.db") if store == "durable" else MemoryStore()
+        engine = Engine(LocalBackend(local), settle=0)
+        await engine.load()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(engine.run)
+            await _done_next_answers(engine)
+            tg.cancel_scope.cancel()
+    finally:
+        await engine.committer.close()
+        if store != "redis":
+            local.close()
+
+
+async def _done_next_answers(engine: Engine) -> None:
+    await call(engine, p.Start(session="jobs"))
+    for n in (1, 2):
+        await call(engine, p.Send(session="jobs", text=f"job {n}"))
+    first = await claimed(engine, p.Claim(session="jobs"))
+    req = p.FinishNext(session="jobs", claim=first.claim or "")
+    following = await call(engine, req)
+    assert isinstance(following, p.Claimed) and following.firing is not None
+    assert (following.claim, following.firing.result) == ("work:2:1", "job 2")
+    # nothing left: it blocks as a claim does, the done made, until a job comes
+    blocked = engine.handle(p.FinishNext(session="jobs", claim="work:2:1", timeout_ms=60_000))
+    blocked_answer = asyncio.ensure_future(blocked.result())
+    await _blocked(engine, 1)
+    rows = await call(engine, p.Groups(session="jobs"))
+    assert isinstance(rows, p.GroupList) and rows.groups[0].done == 2
+    await call(engine, p.Send(session="jobs", text="job 3"))
+    third = await blocked_answer
+    assert isinstance(third, p.Claimed) and third.claim == "work:3:1"
+    # a timeout: the done made, nothing taken
+    timed = await call(engine, p.FinishNext(session="jobs", claim="work:3:1", timeout_ms=0))
+    assert isinstance(timed, p.Claimed) and timed.timed_out and timed.claim is None
+    # a done refused: its error, nothing taken
+    await call(engine, p.Send(session="jobs", text="job 4"))
+    with pytest.raises(LeaseLost):
+        await call(engine, p.FinishNext(session="jobs", claim="work:3:1"))
+    rows = await call(engine, p.Groups(session="jobs"))
+    assert isinstance(rows, p.GroupList)
+    assert (rows.groups[0].done, rows.groups[0].held, rows.groups[0].ready) == (3, 0, 1)

@@ -31,7 +31,7 @@ from repl_daemon.backends.local.sqlite import SqliteStore
 from repl_daemon.backends.redis import RedisBackend
 from repl_daemon.backends.redis.store import RedisStore
 from repl_daemon.engine import Engine
-from session.errors import Forbidden, NoSuchSession, ReplError
+from session.errors import BadRequest, Forbidden, NoSuchSession, ReplError
 from session.scopes import TokenRecord, make_scope
 from tests.helpers import RedisClusterProcs, RedisProc, store_url
 
@@ -195,3 +195,21 @@ async def test_a_token_that_cannot_see_id_dead_makes_no_group_there(store: str) 
         assert isinstance(released, p.Released) and released.dead
         assert [text for text, _ in await dead_letters(engine, "team-c.inbox.dead")] == ["job"]
         assert await ids(engine) == ["team-c.inbox", "team-c.inbox.dead"]
+
+
+@pytest.mark.parametrize("store", ["memory"])
+async def test_done_next_is_checked_whole_before_anything_changes(store: str) -> None:
+    """A scoped token's done --next on a session it does not see is no such session, and
+    a negative timeout bad_request: neither finishes the claim."""
+    async with engine_on(store) as engine:
+        await ask(engine, p.Start(session="team-n.inbox"))
+        await ask(engine, p.Send(session="team-n.inbox", text="job"))
+        claimed = await ask(engine, p.Claim(session="team-n.inbox", timeout_ms=0))
+        assert isinstance(claimed, p.Claimed) and claimed.claim == "work:1:1"
+        other = token("worker-o", ["team-o.*"], ["read"])
+        exc = await refused(engine, p.FinishNext(session="team-n.inbox", claim="work:1:1"), other)
+        assert isinstance(exc, NoSuchSession)
+        negative = p.FinishNext(session="team-n.inbox", claim="work:1:1", timeout_ms=-1)
+        mine = token("worker-n", ["team-n.*"], ["read"])
+        assert isinstance(await refused(engine, negative, mine), BadRequest)
+        assert (await groups(engine, "team-n.inbox"))[0].held == 1  # still held: no done

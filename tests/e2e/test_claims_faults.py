@@ -2,8 +2,11 @@
 
 Four worker threads claim and finish jobs through the Python API while the
 daemon (SQLite, a real process) is killed with SIGKILL and started again on
-its home. A ``done`` that was answered is durable: its job is never offered
-again, and no job's ``done`` is answered twice. A claim whose answer the crash
+its home: claim then done, and again as ``done(next=True)`` (``repl done
+--next``: the done and the next claim in one request), whose answer the crash
+may lose as a claim's and a done's (the done is asked again alone). A ``done``
+that was answered is durable: its job is never offered again, and no job's
+``done`` is answered twice. A claim whose answer the crash
 lost is held by nobody live: its lease runs out and the job comes again, with
 its attempt one higher. A worker killed while it holds a job loses it the
 same way. Leases here are real seconds (the daemon is a process of its own, on
@@ -20,7 +23,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 from repl_cli import api
+from repl_daemon import protocol as p
 from tests.helpers import DaemonProc, Repl, eventually
 
 WORKERS = 4
@@ -43,18 +49,65 @@ class Ledger:
             return len(self.dones)
 
 
-def work(d: DaemonProc, session: str, jobs: int, ledger: Ledger, stop: threading.Event) -> None:
+def work(
+    d: DaemonProc,
+    session: str,
+    jobs: int,
+    ledger: Ledger,
+    stop: threading.Event,
+    take_next: bool = False,
+) -> None:
+    """A worker's loop: claim, done; with ``take_next``, ``done(next=True)`` on the claim
+    it holds, claiming only when it holds none."""
     try:
         with api.connect(d.addr, d.home, reconnect=60) as repl:
+            claimed: p.Claimed | None = None
             while not stop.is_set():
-                claimed = repl.claim(session, lease=LEASE, timeout=0.5)
-                if claimed.timed_out or claimed.claim is None:
+                if claimed is None:
+                    claimed = took(repl.claim(session, lease=LEASE, timeout=0.5), ledger)
                     continue
-                with ledger.lock:
-                    ledger.claims.append((claimed.seq, claimed.attempt))
+                assert claimed.claim is not None
+                if take_next:
+                    claimed = finish_next(repl, session, claimed, ledger)
+                    continue
                 _finish(repl, session, claimed.claim, claimed.seq, claimed.attempt, ledger)
+                claimed = None
     except BaseException as exc:  # the test reports it
         ledger.errors.append(exc)
+
+
+def took(claimed: p.Claimed, ledger: Ledger) -> p.Claimed | None:
+    """The claim answered, in the ledger; None when it took nothing."""
+    if claimed.timed_out or claimed.claim is None:
+        return None
+    with ledger.lock:
+        ledger.claims.append((claimed.seq, claimed.attempt))
+    return claimed
+
+
+def finish_next(
+    repl: api.Repl, session: str, claimed: p.Claimed, ledger: Ledger
+) -> p.Claimed | None:
+    """``done(next=True)``: the done answered and the next claim, in the ledger. Its answer
+    lost to the crash, the done is asked again alone (``_finish``: refused if the crash's
+    last commit made it), and a claim it may have made is held by nobody until its lease
+    runs out."""
+    assert claimed.claim is not None
+    try:
+        following = repl.done(session, claimed.claim, next=True, lease=LEASE, timeout=0.5)
+    except api.Error as exc:
+        if exc.code == "lease_lost":  # it ran out: nothing was taken
+            with ledger.lock:
+                ledger.refused[claimed.seq] += 1
+            return None
+        if not isinstance(exc, api.Unavailable):
+            raise
+        repl.close()  # the daemon is away: the next call connects again
+        _finish(repl, session, claimed.claim, claimed.seq, claimed.attempt, ledger)
+        return None
+    with ledger.lock:
+        ledger.dones.setdefault(claimed.seq, []).append(claimed.attempt)
+    return took(following, ledger)
 
 
 def _finish(
@@ -77,7 +130,7 @@ def _finish(
         return
 
 
-def run_with_a_crash(d: DaemonProc, jobs: int) -> tuple[Ledger, Repl]:
+def run_with_a_crash(d: DaemonProc, jobs: int, take_next: bool = False) -> tuple[Ledger, Repl]:
     repl = Repl(d)
     session = repl.session("jobs")
     repl.ok("buffer", session, str(jobs))
@@ -87,7 +140,7 @@ def run_with_a_crash(d: DaemonProc, jobs: int) -> tuple[Ledger, Repl]:
         assert client.call({"op": "send", "session": session, "text": f"job {n}"})["ok"]
     ledger, stop = Ledger(), threading.Event()
     threads = [
-        threading.Thread(target=work, args=(d, session, jobs, ledger, stop), daemon=True)
+        threading.Thread(target=work, args=(d, session, jobs, ledger, stop, take_next), daemon=True)
         for _ in range(WORKERS)
     ]
     for thread in threads:
@@ -129,10 +182,11 @@ def check(ledger: Ledger, jobs: int) -> None:
         assert ledger.refused[seq] >= 1, seq
 
 
-def test_a_crash_under_four_workers_and_two_thousand_jobs(tmp_path: Path) -> None:
+@pytest.mark.parametrize("take_next", [False, True], ids=["done", "done-next"])
+def test_a_crash_under_four_workers_and_two_thousand_jobs(tmp_path: Path, take_next: bool) -> None:
     d = DaemonProc(tmp_path / "home", "--settle-ms", "0", "--idle-timeout", "60")
     try:
-        ledger, _ = run_with_a_crash(d, 2000)
+        ledger, _ = run_with_a_crash(d, 2000, take_next)
         check(ledger, 2000)
         # the crash came in the middle: jobs were done before it and after it
         assert 0 < ledger.before_crash < 2000
@@ -143,7 +197,10 @@ def test_a_crash_under_four_workers_and_two_thousand_jobs(tmp_path: Path) -> Non
 
 WORKER = """
 import sys, time
+import pytest
+
 from repl_cli import api
+from repl_daemon import protocol as p
 with api.connect(sys.argv[1], sys.argv[2]) as repl:
     claimed = repl.claim(sys.argv[3], lease=1.0, timeout=30)
     print(claimed.claim, flush=True)

@@ -13,7 +13,8 @@ worker's retry was refused as ``lease_lost`` (at least once, never lost).
   out by reconnecting to it (``reconnect``; a ``done`` whose answer the crash
   lost is asked again), and finish jobs after it; the group ends with every job
   done, nothing held, nothing dead. (``-m slow``: 12,000 jobs, the daemons
-  killed in turn six times.) The workers claim with a 0.5 s timeout, so each
+  killed in turn six times.) Again with ``done(next=True)`` for the workers' dones
+  (``test_claims_faults.finish_next``). The workers claim with a 0.5 s timeout, so each
   looks again that often and a claim's own look expires what ran out: the
   expiry by the timer alone is the next tests'.
 - A worker killed while it holds a job: a claimer blocked on the other daemon
@@ -93,10 +94,15 @@ class Crew:
     """``WORKERS`` threads claiming and finishing the jobs of ``session`` in group ``work``,
     worker ``n`` through daemon ``n % len(daemons)``, until stopped."""
 
-    def __init__(self, daemons: list[DaemonProc], session: str) -> None:
+    def __init__(self, daemons: list[DaemonProc], session: str, take_next: bool = False) -> None:
         self.session = session
+        #: each worker finishes with ``done(next=True)``, claiming only when it holds none
+        self.take_next = take_next
         self.ledger = Ledger()
         self.stopping = threading.Event()
+        #: workers that wait before their next step (the other daemon's, while a killed
+        #: one restarts: else they may drain every job left before its workers are back)
+        self.held: set[int] = set()
         self.threads = [
             threading.Thread(target=self._work, args=(n, daemons[n % len(daemons)]), daemon=True)
             for n in range(WORKERS)
@@ -108,13 +114,22 @@ class Crew:
         ledger = self.ledger
         try:
             with api.connect(d.addr, d.home, reconnect=60) as repl:
+                claimed: p.Claimed | None = None
                 while not self.stopping.is_set():
-                    claimed = repl.claim(self.session, lease=LEASE, timeout=0.5)
-                    if claimed.timed_out or claimed.claim is None:
+                    if n in self.held:
+                        time.sleep(0.01)
                         continue
-                    with ledger.lock:
-                        ledger.claims.append((claimed.seq, claimed.attempt))
+                    if claimed is None:
+                        claimed = faults.took(
+                            repl.claim(self.session, lease=LEASE, timeout=0.5), ledger
+                        )
+                        continue
+                    assert claimed.claim is not None
+                    if self.take_next:
+                        claimed = self._finish_next(n, repl, claimed)
+                        continue
                     self._finish(n, repl, claimed.claim, claimed.seq, claimed.attempt)
+                    claimed = None
         except BaseException as exc:  # the test reports it
             ledger.errors.append(exc)
 
@@ -139,6 +154,31 @@ class Crew:
                 ledger.dones.setdefault(seq, []).append(attempt)
                 ledger.by_worker[n] += 1
             return
+
+    def _finish_next(self, n: int, repl: api.Repl, claimed: p.Claimed) -> p.Claimed | None:
+        """``done(next=True)`` (``faults.finish_next``): its answer lost to an outage, the
+        done is asked again alone (``_finish``)."""
+        ledger = self.ledger
+        assert claimed.claim is not None
+        try:
+            following = repl.done(self.session, claimed.claim, next=True, lease=LEASE, timeout=0.5)
+        except api.Error as exc:
+            if exc.code == "lease_lost":  # it ran out: nothing was taken
+                with ledger.lock:
+                    ledger.refused[claimed.seq] += 1
+                return None
+            if not isinstance(exc, api.Unavailable):
+                raise
+            with ledger.lock:
+                ledger.outages[n] += 1
+            repl.close()
+            time.sleep(0.05)
+            self._finish(n, repl, claimed.claim, claimed.seq, claimed.attempt)
+            return None
+        with ledger.lock:
+            ledger.dones.setdefault(claimed.seq, []).append(claimed.attempt)
+            ledger.by_worker[n] += 1
+        return faults.took(following, ledger)
 
     def stop(self) -> Ledger:
         self.stopping.set()
@@ -206,11 +246,13 @@ def pair(tmp_path: Path, redis_server: RedisProc) -> Iterator[SharedDaemons]:
     two.close()
 
 
-def crash_under_workers(pair: SharedDaemons, jobs: int, kills: int = 1) -> None:
+def crash_under_workers(
+    pair: SharedDaemons, jobs: int, kills: int = 1, take_next: bool = False
+) -> None:
     """Four workers (0 and 2 on daemon 0, 1 and 3 on daemon 1) and ``jobs`` jobs; the
     daemons SIGKILLed in turn ``kills`` times, each started again on its port at once."""
     post(pair.daemons[1], "jobs", jobs)
-    crew = Crew(pair.daemons, "jobs")
+    crew = Crew(pair.daemons, "jobs", take_next)
     ledger = crew.ledger
     marks: list[int] = []
     try:
@@ -223,10 +265,16 @@ def crash_under_workers(pair: SharedDaemons, jobs: int, kills: int = 1) -> None:
             # SIGKILL, in the middle of claims and dones (not under the ledger's lock:
             # workers waiting for it would have nothing in flight)
             doomed.kill()
+            # the other daemon's workers wait from their next step until the killed one's
+            # are back (a job they hold meanwhile runs out its lease and comes again)
+            crew.held = {n for n in range(WORKERS) if n not in mine}
             doomed.start(doomed.port)  # its workers reconnect to it, on its address
             # its workers rode the crash out and finish jobs again
             more = partial(_at_least, partial(ledger.done_by, mine), marks[-1] + 1)
-            eventually(more, 120, "a done through the restarted daemon")
+            try:
+                eventually(more, 120, "a done through the restarted daemon")
+            finally:
+                crew.held = set()
         eventually(lambda: all_done(pair.daemons[0], "jobs", jobs), 120, "every job done")
     finally:
         crew.stop()
@@ -252,10 +300,11 @@ def summary(ledger: Ledger) -> None:
     )
 
 
+@pytest.mark.parametrize("take_next", [False, True], ids=["done", "done-next"])
 def test_a_daemon_killed_under_four_workers_on_two_daemons_and_two_thousand_jobs(
-    pair: SharedDaemons,
+    pair: SharedDaemons, take_next: bool
 ) -> None:
-    crash_under_workers(pair, 2000)
+    crash_under_workers(pair, 2000, take_next=take_next)
 
 
 @pytest.mark.slow

@@ -292,3 +292,24 @@ async def test_a_scoped_worker_claims_only_inside_its_patterns(daemon: DaemonPro
         assert await call(session, "release", session=mine, claim=taken["claim"]) == {"dead": True}
     # recorded in the step that made it dead (a local store: tests/daemon/ for Redis)
     assert repl.ok("read", f"{mine}.dead", "--after", "0") == "on-message: job\n"
+
+
+async def test_done_next_finishes_and_takes_the_next_job_in_one_call(
+    daemon: DaemonProc, worker: ClientSession
+) -> None:
+    repl = Repl(daemon)
+    s = repl.session("mc-next", "job 1", "job 2")
+    listed = {tool.name: tool for tool in (await worker.list_tools()).tools}
+    tool = listed["done_next"]
+    assert {"session", "claim", "lease_s", "timeout_s"} <= set(tool.input_schema["properties"])
+    assert "lease_lost" in (tool.description or "")
+    first = await call(worker, "claim", session=s, timeout_s=5)
+    following = await call(worker, "done_next", session=s, claim=first["claim"], timeout_s=5)
+    assert (following["claim"], following["firing"]["result"]) == ("work:2:1", "job 2")
+    nothing = await call(worker, "done_next", session=s, claim="work:2:1", timeout_s=0)
+    assert (nothing["timed_out"], nothing["claim"]) == (True, None)
+    (row,) = counts(repl, s)
+    assert (row["done"], row["held"]) == (2, 0)
+    text = await refused(worker, "done_next", session=s, claim="work:2:1", timeout_s=0)
+    assert text.endswith("(code lease_lost)"), text
+    assert held(repl, s) == []

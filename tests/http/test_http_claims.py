@@ -406,3 +406,35 @@ def test_a_claim_whose_client_left_before_its_answer_was_written_is_given_back(
     asyncio.run(response(scope, receive, send))
     assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
     assert given == (["work:1:1"] if lost else [])
+
+
+def test_done_next_finishes_and_answers_the_next_claim_or_its_timeout(web_api: Web) -> None:
+    """``POST /sessions/{id}/claims/{claim}/next``, the generic route of ``done_next``: the
+    next claim and its firing, ``200`` with ``timed_out`` when nothing came (the done
+    made), ``409 lease_lost`` for a claim no longer live, taking nothing; it blocks as a
+    claim does until a firing comes."""
+    s = web_api.session()
+    web_api.send(s, "one")
+    web_api.send(s, "two")
+    first = claim(web_api, s)["claim"]
+    status, following = step(web_api, s, first, "next", "lease=30")
+    assert status == 200, following
+    assert (following["claim"], following["firing"]["result"]) == ("work:2:1", "two")
+    assert following["timed_out"] is False
+    status, none = step(web_api, s, "work:2:1", "next", "timeout=0")
+    assert (status, none["timed_out"], none["claim"]) == (200, True, None)
+    (row,) = groups(web_api, s)
+    assert (row["done"], row["held"]) == (2, 0)
+    status, refused = step(web_api, s, "work:2:1", "next", "timeout=0")
+    assert (status, refused["code"]) == (409, "lease_lost")
+    # it blocks until a firing comes, as a claim does
+    third = claim(web_api, s, "timeout=0")
+    assert third is None
+    web_api.send(s, "three")
+    token = claim(web_api, s)["claim"]
+    poll = in_background(long_claim(web_api, f"/sessions/{s}/claims/{token}/next?timeout=30"))
+    eventually(lambda: groups(web_api, s)[0]["done"] == 3, what="the done before the block")
+    web_api.send(s, "four")
+    status, fourth = poll.result(timeout=30)
+    assert (status, fourth["claim"], fourth["firing"]["result"]) == (200, "work:4:1", "four")
+    assert held(web_api, s) == [(4, 1)]

@@ -60,6 +60,7 @@ from session.ops import (
     ExpireGroups,
     Extend,
     Finish,
+    FinishNext,
     FireTimers,
     GetWebhook,
     GroupProgress,
@@ -389,7 +390,8 @@ class Both:
             if isinstance(item, Look) and expected[0] == "ok":
                 batch = expected[1]
                 looked = None if batch.firings or batch.lost else batch.next
-            if isinstance(op, ClaimFiring) and expected[0] == "ok" and expected[1] is not None:
+            took = isinstance(op, ClaimFiring | FinishNext) and expected[0] == "ok"
+            if took and expected[1] is not None:
                 clock.tokens.append(expected[1].claim.token)
                 self.seen["claims that took a firing"] += 1
                 self.seen["retries"] += expected[1].claim.attempt > 1
@@ -544,6 +546,8 @@ class Clock:
                 return ClaimFiring(step.group, now, step.ms, step.match, step.from_now, step.sees)
             case "done":
                 return Finish(self.token(step), now)
+            case "done_next":
+                return FinishNext(self.token(step), now, step.ms)
             case "release":
                 return Release(self.token(step), now, step.ms)
             case "extend":
@@ -580,6 +584,7 @@ group_kinds = {
         sees=sees,
     ),
     "done": st.builds(GroupStep, kind=st.just("done"), pick=picks),
+    "done_next": st.builds(GroupStep, kind=st.just("done_next"), ms=leases, pick=picks),
     "release": st.builds(
         GroupStep,
         kind=st.just("release"),
@@ -608,7 +613,7 @@ group_kinds = {
     ),
 }
 group_weights = ["record"] * 4 + ["claim"] * 5 + ["tick"] * 3 + ["done"] * 2
-group_weights += ["release"] * 2 + ["configure"] * 2
+group_weights += ["done_next"] * 2 + ["release"] * 2 + ["configure"] * 2
 group_weights += ["extend", "expire", "groups", "claims", "limit", "progress"]
 group_ops = st.sampled_from(group_weights).flatmap(lambda kind: group_kinds[kind])
 
@@ -625,9 +630,10 @@ GROUP_SCRIPTS = {
 def test_redis_groups_claim_as_the_core_does(
     both: Both, session_id: str, limit: int, script: list[Any]
 ) -> None:
-    """Claims, dones, releases, extends and expiries (stale and made-up tokens too), a
-    group's settings, its counts and its claims, against the ring's bound and a clock that
-    moves: the same answers, the same groups, the same dead letters left to record."""
+    """Claims, dones, dones with the next claim (``FinishNext``), releases, extends and
+    expiries (stale and made-up tokens too), a group's settings, its counts and its
+    claims, against the ring's bound and a clock that moves: the same answers, the same
+    groups, the same dead letters left to record."""
     both.run(session_id, limit, script)
     for what, count in both.seen.items():
         event(f"{what}: {min(count, 3)}+")

@@ -44,7 +44,13 @@ Once more means once: a second failure is raised. A daemon that is away is
 not waited for here (``Unavailable`` at once); riding out an outage is
 ``wait``'s, ``follow``'s and ``claim``'s own (``repl_cli.api.reconnect.Outage``),
 which re-send their request whatever the failure, since a wait that returned
-nothing consumed nothing.
+nothing consumed nothing. ``done(next=True)`` (a done and the next claim in one
+request) is not ridden out: its answer lost, its done may have been made.
+
+Why one module: it is the one place each operation is written, for both APIs;
+split by area, ``scripts/unasync.py`` would have several files to rewrite and
+keep in step, and the reconnect path every operation takes would be imported
+back into each of them.
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncGenerator, Callable, Mapping
 from types import TracebackType
-from typing import Self
+from typing import Literal, Self, overload
 
 from msgspec import UNSET, UnsetType
 from msgspec.structs import replace
@@ -649,11 +655,49 @@ class AsyncOperations(abc.ABC):
 
         return await self._ridden(request, p.Joined, timeout, nothing)
 
-    async def done(self, session: str, claim: str) -> int:
-        """The claim's work is finished: its firing is never offered to its group again.
-        ``lease_lost`` when the claim is no longer the live lease (nothing changes)."""
-        finished = await self._call(p.Finish(session=session, claim=claim), p.Finished)
-        return finished.seq
+    @overload
+    async def done(self, session: str, claim: str, *, next: Literal[False] = False) -> int: ...
+
+    @overload
+    async def done(
+        self,
+        session: str,
+        claim: str,
+        *,
+        next: Literal[True],
+        lease: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the daemon's own timeout_ms
+    ) -> p.Claimed: ...
+
+    async def done(
+        self,
+        session: str,
+        claim: str,
+        *,
+        next: bool = False,
+        lease: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the daemon's own timeout_ms
+    ) -> int | p.Claimed:
+        """The claim's work is finished: its firing is never offered to its group again;
+        answers its seq. ``lease_lost`` when the claim is no longer the live lease (nothing
+        changes).
+
+        With ``next``, the next job of the claim's group is taken in the same request,
+        as ``claim(group=...)`` takes it (a lease of ``lease`` seconds, blocking up to
+        ``timeout`` seconds, then ``timed_out`` with nothing taken; the done stands), and
+        the answer is ``claim``'s: the done and the claim are one write of the daemon's
+        store. A done refused takes nothing. Sent once: an outage meanwhile raises as
+        ``done`` raises (``Unavailable``, ``AnswerLost``), and a worker claims again."""
+        if not next:
+            finished = await self._call(p.Finish(session=session, claim=claim), p.Finished)
+            return finished.seq
+        request = p.FinishNext(
+            session=session,
+            claim=claim,
+            lease_ms=lease_ms(lease),
+            timeout_ms=None if timeout is None else to_ms(timeout),
+        )
+        return await self._woken(request, p.Claimed)
 
     async def release(self, session: str, claim: str, *, delay: float = 0) -> bool:
         """Give the claim's firing back, claimable again at once or after ``delay`` seconds;

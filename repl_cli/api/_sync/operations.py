@@ -9,7 +9,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Generator, Mapping
 from types import TracebackType
-from typing import Self
+from typing import Literal, Self, overload
 
 from msgspec import UNSET, UnsetType
 from msgspec.structs import replace
@@ -600,11 +600,49 @@ class Operations(abc.ABC):
 
         return self._ridden(request, p.Joined, timeout, nothing)
 
-    def done(self, session: str, claim: str) -> int:
-        """The claim's work is finished: its firing is never offered to its group again.
-        ``lease_lost`` when the claim is no longer the live lease (nothing changes)."""
-        finished = self._call(p.Finish(session=session, claim=claim), p.Finished)
-        return finished.seq
+    @overload
+    def done(self, session: str, claim: str, *, next: Literal[False] = False) -> int: ...
+
+    @overload
+    def done(
+        self,
+        session: str,
+        claim: str,
+        *,
+        next: Literal[True],
+        lease: float | None = None,
+        timeout: float | None = None,
+    ) -> p.Claimed: ...
+
+    def done(
+        self,
+        session: str,
+        claim: str,
+        *,
+        next: bool = False,
+        lease: float | None = None,
+        timeout: float | None = None,
+    ) -> int | p.Claimed:
+        """The claim's work is finished: its firing is never offered to its group again;
+        answers its seq. ``lease_lost`` when the claim is no longer the live lease (nothing
+        changes).
+
+        With ``next``, the next job of the claim's group is taken in the same request,
+        as ``claim(group=...)`` takes it (a lease of ``lease`` seconds, blocking up to
+        ``timeout`` seconds, then ``timed_out`` with nothing taken; the done stands), and
+        the answer is ``claim``'s: the done and the claim are one write of the daemon's
+        store. A done refused takes nothing. Sent once: an outage meanwhile raises as
+        ``done`` raises (``Unavailable``, ``AnswerLost``), and a worker claims again."""
+        if not next:
+            finished = self._call(p.Finish(session=session, claim=claim), p.Finished)
+            return finished.seq
+        request = p.FinishNext(
+            session=session,
+            claim=claim,
+            lease_ms=lease_ms(lease),
+            timeout_ms=None if timeout is None else to_ms(timeout),
+        )
+        return self._woken(request, p.Claimed)
 
     def release(self, session: str, claim: str, *, delay: float = 0) -> bool:
         """Give the claim's firing back, claimable again at once or after ``delay`` seconds;

@@ -113,14 +113,56 @@ def claim(
 @command()
 @click.argument("session", shell_complete=complete_sessions)
 @click.argument("claim_token", metavar="CLAIM")
+@click.option(
+    "--next",
+    "take_next",
+    is_flag=True,
+    help="Then take the next firing of CLAIM's group, in the same request, "
+    "and print it as `claim` prints it.",
+)
+@lease_option("With --next: how long the next firing is yours (1s to 24h).")
+@timeout_option(" (with --next), the done made and nothing taken")
+@firing_formats
 @click.pass_obj
-def done(repl: Repl, session: str, claim_token: str) -> None:
+def done(
+    repl: Repl,
+    session: str,
+    claim_token: str,
+    take_next: bool,
+    lease: float,
+    timeout: float | None,
+    seq: bool,
+    ts: bool,
+    full: bool,
+    as_json: bool,
+) -> int:
     """Finish a claim: its firing is never offered to its group again.
 
+    With --next, then take the next firing of CLAIM's group as `repl claim
+    --group` takes it, in the same request (the daemon writes the done and
+    the claim at once): blocks until there is one, prints the claim and the
+    firing as `claim` prints them; exit status 2 when --timeout passed with
+    nothing taken (the done stands). A worker's loop is `repl done --next`
+    on the claim it printed.
+
     Exit status 1 (lease_lost) when CLAIM is no longer the live lease (it ran
-    out and another claimer took the firing, or it is done): nothing changes.
+    out and another claimer took the firing, or it is done): nothing changes,
+    and --next takes nothing.
     """
-    repl.done(session, claim_token)
+    if not take_next:
+        repl.done(session, claim_token)
+        return OK
+    from repl_cli.cli.claiming import deliver_claim
+    from repl_cli.cli.sink import Sink
+
+    fmt = firing_format(seq, full, as_json, ts=ts)
+    sink = Sink(confirm=True)
+    claimed = repl.done(session, claim_token, next=True, lease=lease, timeout=timeout)
+    if claimed.timed_out or claimed.claim is None:
+        return TIMED_OUT
+    token = claimed.claim
+    deliver_claim(sink, claimed, session, fmt, lambda: repl.release(session, token))
+    return OK
 
 
 @command()

@@ -36,7 +36,7 @@ from session.group import (
     unseen_dead_letter,
 )
 from session.groups import DeadLetter, Taken, dead_letter
-from session.ops import ClaimFiring, ClaimStep, ConfigureGroup, GroupProgress
+from session.ops import ClaimFiring, ClaimStep, ConfigureGroup, FinishNext, GroupProgress
 from session.rules import DEFAULT_MAX_ATTEMPTS, MAX_GROUPS
 
 _unpack = msgspec.msgpack.Decoder().decode
@@ -113,6 +113,26 @@ class GroupCalls:
     def claim(
         self, session_id: str, op: ClaimFiring
     ) -> asyncio.Future[tuple[Taken | None, Stepped]]:
+        return self._claim("CLAIM_GROUP", session_id, op, (), claim_token(op.group, 1, 1))
+
+    def done_next(
+        self, session_id: str, op: FinishNext
+    ) -> asyncio.Future[tuple[Taken | None, Stepped]]:
+        """``done --next``: ``DONE_NEXT``, the done and the claim in one script; a stale
+        claim refused as ``step`` refuses it."""
+        _, seq, attempt = parse_token(op.claim)
+        return self._claim("DONE_NEXT", session_id, op.next, (seq, attempt), op.claim)
+
+    def _claim(
+        self,
+        script: str,
+        session_id: str,
+        op: ClaimFiring,
+        more: tuple[int, ...],
+        token: str,
+    ) -> asyncio.Future[tuple[Taken | None, Stepped]]:
+        """A claim's script (``CLAIM_GROUP``, or ``DONE_NEXT`` with the done's ``more``
+        arguments), its answer read as a ``Taken``; ``token`` words a refusal."""
         args = (
             op.group,
             op.now_ms,
@@ -123,6 +143,7 @@ class GroupCalls:
             DEFAULT_MAX_ATTEMPTS,
             self.store.origin,
             "1" if op.sees_default_dead_letter else "0",
+            *more,
         )
 
         def claimed(answer: list[Any]) -> tuple[Taken | None, Stepped]:
@@ -135,12 +156,7 @@ class GroupCalls:
             return Taken(claim, firing_of(entry)), stepped
 
         return self.store.script(
-            "CLAIM_GROUP",
-            session_id,
-            args,
-            change=True,
-            then=claimed,
-            refusal=_refusal(session_id, claim_token(op.group, 1, 1)),
+            script, session_id, args, change=True, then=claimed, refusal=_refusal(session_id, token)
         )
 
     def step(self, session_id: str, op: ClaimStep) -> asyncio.Future[tuple[int | bool, Stepped]]:

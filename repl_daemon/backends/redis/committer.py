@@ -68,6 +68,7 @@ from session.ops import (
     CursorTable,
     Describe,
     ExpireGroups,
+    FinishNext,
     FireTimers,
     GetWebhook,
     GroupProgress,
@@ -110,6 +111,7 @@ MAX_OWED = 64
 _GROUP_OPS = (
     ClaimFiring,
     ClaimStep,
+    FinishNext,
     GroupProgress,
     ExpireGroups,
     ConfigureGroup,
@@ -345,6 +347,9 @@ class SharedCommitter:
             case ClaimFiring():
                 self._index_soon(session_id, op.now_ms + op.lease_ms)
                 return self._stepped(session_id, calls.claim(session_id, op))
+            case FinishNext():
+                self._index_soon(session_id, op.now_ms + op.lease_ms)
+                return self._stepped(session_id, calls.done_next(session_id, op))
             case ClaimStep():
                 due = op.due()  # a release with a delay makes one
                 if due is not None:

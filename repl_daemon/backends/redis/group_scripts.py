@@ -221,9 +221,7 @@ _GROUP = _PRELUDE + _GROUPS
 #: (``Groups.claim``).
 #: Answers {'ok', seq (0: none), attempt, lease_until, lost, entry, outbox length,
 #: the session's next group deadline (-1: none), claimable again (1 or 0)}.
-CLAIM_GROUP = (
-    _GROUP
-    + """
+_CLAIM = """
 local m = redis.call('HMGET', meta, 'head', 'evals')
 if not m[1] then return missing() end
 local name, now, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -282,6 +280,35 @@ end
 return {'ok', seq, attempt, now + lease, lost, entry, redis.call('LLEN', outbox),
   group_deadline(), freed}
 """
+CLAIM_GROUP = _GROUP + _CLAIM
+
+#: ARGV: CLAIM_GROUP's nine, then the seq and attempt of the claim token to finish (of
+#: the group ARGV[1]). ``done --next`` (``FinishNext``): the done as STEP_GROUP's
+#: ``done`` does it, then the claim as CLAIM_GROUP does it, in one script (one write).
+#: A stale claim is refused as STEP_GROUP refuses it, and nothing is claimed. Answers
+#: CLAIM_GROUP's.
+DONE_NEXT = (
+    _GROUP
+    + """
+local dm = redis.call('HMGET', meta, 'head', 'evals')
+if not dm[1] then return missing() end
+local dseq, dattempt = tonumber(ARGV[10]), tonumber(ARGV[11])
+local dg = load_group(ARGV[1])
+if dg == nil then return {'err', 'lease_lost', 'no_group'} end
+local dhead = tonumber(dm[1])
+trim(dg, math.min(ring_first(dhead), dhead + 1))
+local drefused = live(dg, dseq, dattempt, tonumber(ARGV[2]))
+if drefused then
+  if dg.trimmed then save_group(dg) end  -- what the ring dropped is gone all the same
+  return drefused
+end
+dg.l[dseq] = nil
+mark_done(dg, dseq)
+redis.call('SPUBLISH', wake, 'grouped ' .. ARGV[8])  -- its joins look (SPEC §18)
+save_group(dg)
+redis.call('HSET', meta, 'evals', tonumber(dm[2]) + 1)
+"""
+    + _CLAIM
 )
 
 #: ARGV: step ('done', 'release' or 'extend'), group, seq, attempt, now, the step's one
@@ -448,6 +475,7 @@ return {'ok', redis.call('LREM', outbox, 1, ARGV[1])}
 #: the scripts of this module, as the store registers them
 GROUP_SCRIPTS = (
     "CLAIM_GROUP",
+    "DONE_NEXT",
     "STEP_GROUP",
     "EXPIRE_GROUPS",
     "CONFIGURE_GROUP",
