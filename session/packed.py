@@ -1,28 +1,42 @@
-"""How the ring keeps a firing: one immutable ``bytes`` a firing.
+"""How the ring keeps a firing: one immutable ``bytes`` a firing, tags and all.
 
 A ring holds up to 65,536 firings a session, so what one costs decides the
 daemon's memory. As a ``Firing`` with its own seq, text and ts strings it
-cost about 300 bytes; packed it costs a 33-byte ``bytes`` header, 11 bytes
-of ours and the text:
+cost about 300 bytes (with 4 tags, a dict and their values: about 750);
+packed it costs a 33-byte ``bytes`` header, 11 bytes of ours and the text:
 
     bytes 0-7   ts as milliseconds since the Unix epoch, signed, little-endian
     bytes 8-10  the firing's slot in its ring's table: which handler, whether
-                the text is the result or the (unhandled) event, and who sent
-                it (its ``by``); the low 16 bits, then the high 8
+                the text is the result or the (unhandled) event, who sent it
+                (its ``by``) and the keys of its tags; the low 16 bits, then
+                the high 8
     bytes 11-   the text, UTF-8
 
+and, when its slot names tag keys, 4 more bytes of ours and its tags' values:
+
+    bytes 11-14 n, the length of the values, unsigned, little-endian
+    bytes 15-   the values in the order of the slot's keys, UTF-8, each
+                followed by a NUL but the last (n bytes in all)
+    then        the text, UTF-8
+
 The seq is not stored: a ring holds consecutive seqs, so a firing's seq is
-the ring's first plus its position. Nor is the sender: a ring's firings come
-from a few senders, so ``by`` is one more part of the slot, and costs a firing
-nothing. The table of slots lives in the ring (``session.ring``); this module
-packs and unpacks against it.
+the ring's first plus its position. Nor is the sender, nor a tag's key: a
+ring's firings come from a few senders and carry the same few keys (an
+agent's ``reply-to``, ``corr``, ``kind``), so ``by`` and the keys, in their
+order, are more parts of the slot, and cost a firing nothing. The table of
+slots lives in the ring (``session.ring``); this module packs and unpacks
+against it. A match reads a tagged firing's values as bytes (``holds``),
+by the position its keys have in the slot, without building the firing or
+its dict.
 
 Only a ``ts`` in exactly the form the daemon writes, ``YYYY-MM-DDTHH:MM:SS.mmmZ``
 (``datetime.isoformat(timespec="milliseconds")`` in UTC with a ``Z``), packs,
 and it is parsed so that formatting the milliseconds back gives the same
-string, character for character. Anything else (another ts, a text with a lone
-surrogate, which UTF-8 cannot carry, both or neither of result and event) is
-kept as its ``Firing``, unchanged: exact first, compact when possible.
+string, character for character. Anything else (another ts, a text or a tag's
+value with a lone surrogate, which UTF-8 cannot carry, a tag's value with a
+NUL, which would split it, both or neither of result and event) is kept as
+its ``Firing``, unchanged: exact first, compact when possible. A firing packed
+before tags were (a ``bytes`` whose slot names no keys) reads as it did.
 
 Consecutive firings share their second, so the text of a second
 (``"2026-11-30T07:00:00."``) is cached both ways and a ts costs a dict lookup
@@ -38,11 +52,16 @@ from datetime import date, datetime
 
 from session.firing import NO_TAGS, Firing
 
-#: a ring's slot: a handler, whether its text is the event (unhandled), and its sender
-Slot = tuple[str, bool, str | None]
+#: a ring's slot: a handler, whether its text is the event (unhandled), its sender, and
+#: the keys of its tags, in their order (none: a firing without tags)
+Slot = tuple[str, bool, str | None, tuple[str, ...]]
 
 HEADER = struct.Struct("<qHB")
 HEADER_SIZE = HEADER.size
+#: a tagged firing's header: the plain one, then the length of its tags' values
+TAGGED = struct.Struct("<qHBI")
+TAGGED_SIZE = TAGGED.size
+_length = struct.Struct("<I").unpack_from
 PREFIX_CACHE = 1024  # seconds remembered, both ways: about 200 KiB at most
 
 _EPOCH_DAY = date(1970, 1, 1).toordinal()
@@ -108,8 +127,9 @@ def _remember(base: int, prefix: str) -> None:
     _bases[prefix] = base
 
 
-def pack(ts: str, slot: int, text: bytes) -> bytes | None:
-    """One firing's bytes: its ts, its slot, its UTF-8 text; None when ``ts`` does not pack."""
+def pack(ts: str, slot: int, text: bytes, values: bytes | None = None) -> bytes | None:
+    """One firing's bytes: its ts, its slot, its tags' ``values`` (given when its slot names
+    tag keys: UTF-8, joined by NUL) and its UTF-8 text; None when ``ts`` does not pack."""
     millis = _MILLIS.get(ts[20:])
     base = _bases.get(ts[:20])
     if base is None or millis is None:
@@ -117,8 +137,11 @@ def pack(ts: str, slot: int, text: bytes) -> bytes | None:
         ms = ts_to_ms(ts)
         if ms is None:
             return None
+    else:
+        ms = base + millis
+    if values is None:
         return HEADER.pack(ms, slot & 0xFFFF, slot >> 16) + text
-    return HEADER.pack(base + millis, slot & 0xFFFF, slot >> 16) + text
+    return b"".join((TAGGED.pack(ms, slot & 0xFFFF, slot >> 16, len(values)), values, text))
 
 
 def unpack(seq: int, items: Iterable[bytes | Firing], slots: list[Slot]) -> list[Firing]:
@@ -136,17 +159,33 @@ def unpack(seq: int, items: Iterable[bytes | Firing], slots: list[Slot]) -> list
                 base = ms - ms % 1000
                 end = base + 1000
                 prefix = _prefixes.get(base) or _format_prefix(base)
-            handler, unhandled, by = slots[low | high << 16]
-            text = item[HEADER_SIZE:].decode()
+            handler, unhandled, by, keys = slots[low | high << 16]
+            if keys:
+                stop = TAGGED_SIZE + _length(item, HEADER_SIZE)[0]
+                values = item[TAGGED_SIZE:stop].decode().split("\x00")
+                tags = dict(zip(keys, values, strict=True))
+                text = item[stop:].decode()
+            else:
+                tags = NO_TAGS
+                text = item[HEADER_SIZE:].decode()
             ts = prefix + _SUFFIXES[ms - base]
             if unhandled:
-                add(Firing(seq, handler, None, text, ts, NO_TAGS, by))
+                add(Firing(seq, handler, None, text, ts, tags, by))
             else:
-                add(Firing(seq, handler, text, None, ts, NO_TAGS, by))
+                add(Firing(seq, handler, text, None, ts, tags, by))
         else:
             add(item)
         seq += 1
     return firings
+
+
+def holds(item: bytes, plan: list[tuple[int, bytes]]) -> bool:
+    """Whether the tags' values a packed firing holds (its slot names tag keys) are each
+    what ``plan`` wants at its position, compared as UTF-8 without building the firing
+    (``session.tags.Match.plan``)."""
+    stop = TAGGED_SIZE + _length(item, HEADER_SIZE)[0]
+    values = item[TAGGED_SIZE:stop].split(b"\x00")
+    return all(values[at] == want for at, want in plan)
 
 
 def repack(item: bytes, slot: int) -> bytes:

@@ -52,8 +52,8 @@ def held(ring: Ring) -> list[bytes | Firing]:
 
 def slots(ring: Ring) -> list[tuple[str, bool]]:
     """Its table's handlers and whether each is unhandled (all sent by no one known)."""
-    assert all(by is None for _, _, by in ring._slots)
-    return [(handler, unhandled) for handler, unhandled, _ in ring._slots]
+    assert all(by is None and not keys for _, _, by, keys in ring._slots)
+    return [(handler, unhandled) for handler, unhandled, _, _ in ring._slots]
 
 
 # -- the ts ----------------------------------------------------------------------------
@@ -405,5 +405,5 @@ def test_slot_numbers_past_16_bits_pack_and_read_back() -> None:
     assert item is not None
     assert packed.slot_of(item) == 0x12345
     assert packed.slot_of(packed.repack(item, 0xABCDEF)) == 0xABCDEF
-    slots: list[packed.Slot] = [("h", False, None)] * 0x12345 + [("far", True, "root")]
+    slots: list[packed.Slot] = [("h", False, None, ())] * 0x12345 + [("far", True, "root", ())]
     assert packed.unpack(7, [item], slots) == [Firing(7, "far", None, "text", TS, by="root")]
