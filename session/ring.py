@@ -81,8 +81,7 @@ class Image(msgspec.Struct, array_like=True, frozen=True, gc=False):
 
     @classmethod
     def of(cls, head: int, slots: list[Slot], items: list[bytes | Firing]) -> Image:
-        """The image of a ring; of one whose slots name no tag keys, the bytes an image of it
-        had before tagged firings were packed."""
+        """The image of a ring; of one whose slots name no tag keys, with an empty ``keys``."""
         keys = [keys for _, _, _, keys in slots]
         return cls(
             head,
