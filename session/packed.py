@@ -3,21 +3,17 @@
 A ring holds up to 65,536 firings a session, so what one costs decides the
 daemon's memory. As a ``Firing`` with its own seq, text and ts strings it
 cost about 300 bytes (with 4 tags, a dict and their values: about 750);
-packed it costs a 33-byte ``bytes`` header, 11 bytes of ours and the text:
+packed it costs a 33-byte ``bytes`` header, 11 bytes of ours, the text and
+the tags' values (a byte more each):
 
     bytes 0-7   ts as milliseconds since the Unix epoch, signed, little-endian
     bytes 8-10  the firing's slot in its ring's table: which handler, whether
                 the text is the result or the (unhandled) event, who sent it
                 (its ``by``) and the keys of its tags; the low 16 bits, then
                 the high 8
-    bytes 11-   the text, UTF-8
-
-and, when its slot names tag keys, 4 more bytes of ours and its tags' values:
-
-    bytes 11-14 n, the length of the values, unsigned, little-endian
-    bytes 15-   the values in the order of the slot's keys, UTF-8, each
-                followed by a NUL but the last (n bytes in all)
-    then        the text, UTF-8
+    bytes 11-   the text, UTF-8; when the slot names tag keys, its tags'
+                values before it, in the order of the keys, UTF-8, each
+                followed by a NUL (no value holds one; the text may)
 
 The seq is not stored: a ring holds consecutive seqs, so a firing's seq is
 the ring's first plus its position. Nor is the sender, nor a tag's key: a
@@ -58,10 +54,6 @@ Slot = tuple[str, bool, str | None, tuple[str, ...]]
 
 HEADER = struct.Struct("<qHB")
 HEADER_SIZE = HEADER.size
-#: a tagged firing's header: the plain one, then the length of its tags' values
-TAGGED = struct.Struct("<qHBI")
-TAGGED_SIZE = TAGGED.size
-_length = struct.Struct("<I").unpack_from
 PREFIX_CACHE = 1024  # seconds remembered, both ways: about 200 KiB at most
 
 _EPOCH_DAY = date(1970, 1, 1).toordinal()
@@ -127,9 +119,9 @@ def _remember(base: int, prefix: str) -> None:
     _bases[prefix] = base
 
 
-def pack(ts: str, slot: int, text: bytes, values: bytes | None = None) -> bytes | None:
-    """One firing's bytes: its ts, its slot, its tags' ``values`` (given when its slot names
-    tag keys: UTF-8, joined by NUL) and its UTF-8 text; None when ``ts`` does not pack."""
+def pack(ts: str, slot: int, data: bytes) -> bytes | None:
+    """One firing's bytes: its ts, its slot and ``data`` (its UTF-8 text, after its tags'
+    values when its slot names tag keys); None when ``ts`` does not pack."""
     millis = _MILLIS.get(ts[20:])
     base = _bases.get(ts[:20])
     if base is None or millis is None:
@@ -137,11 +129,8 @@ def pack(ts: str, slot: int, text: bytes, values: bytes | None = None) -> bytes 
         ms = ts_to_ms(ts)
         if ms is None:
             return None
-    else:
-        ms = base + millis
-    if values is None:
-        return HEADER.pack(ms, slot & 0xFFFF, slot >> 16) + text
-    return b"".join((TAGGED.pack(ms, slot & 0xFFFF, slot >> 16, len(values)), values, text))
+        return HEADER.pack(ms, slot & 0xFFFF, slot >> 16) + data
+    return HEADER.pack(base + millis, slot & 0xFFFF, slot >> 16) + data
 
 
 def unpack(seq: int, items: Iterable[bytes | Firing], slots: list[Slot]) -> list[Firing]:
@@ -161,10 +150,10 @@ def unpack(seq: int, items: Iterable[bytes | Firing], slots: list[Slot]) -> list
                 prefix = _prefixes.get(base) or _format_prefix(base)
             handler, unhandled, by, keys = slots[low | high << 16]
             if keys:
-                stop = TAGGED_SIZE + _length(item, HEADER_SIZE)[0]
-                values = item[TAGGED_SIZE:stop].decode().split("\x00")
-                tags = dict(zip(keys, values, strict=True))
-                text = item[stop:].decode()
+                # the values, then the text (which may hold a NUL: the split stops before it)
+                parts = item[HEADER_SIZE:].decode().split("\x00", len(keys))
+                tags = dict(zip(keys, parts, strict=False))  # all but the last: the text
+                text = parts[-1]
             else:
                 tags = NO_TAGS
                 text = item[HEADER_SIZE:].decode()
@@ -183,8 +172,7 @@ def holds(item: bytes, plan: list[tuple[int, bytes]]) -> bool:
     """Whether the tags' values a packed firing holds (its slot names tag keys) are each
     what ``plan`` wants at its position, compared as UTF-8 without building the firing
     (``session.tags.Match.plan``)."""
-    stop = TAGGED_SIZE + _length(item, HEADER_SIZE)[0]
-    values = item[TAGGED_SIZE:stop].split(b"\x00")
+    values = item[HEADER_SIZE:].split(b"\x00")  # a NUL in the text splits past the values
     return all(values[at] == want for at, want in plan)
 
 

@@ -277,28 +277,27 @@ class Ring:
         """The firing as the deque keeps it: packed when it fits, else as itself."""
         text = event if result is None else result
         if text is not None and (result is None or event is None):
-            try:
-                data = text.encode()
-                if tags:
-                    joined = "\x00".join(tags.values())
-                    values: bytes | None = joined.encode()
-                    keys = tuple(tags)
-                else:
-                    values, keys = None, ()
-            except UnicodeEncodeError:
-                pass  # a lone surrogate: UTF-8 has no bytes for it
-            else:
+            if tags:
+                keys = tuple(tags)
+                joined = "\x00".join((*tags.values(), text))
                 # A value with a NUL would read back as two: such a firing is kept as itself.
-                if values is None or joined.count("\x00") == len(keys) - 1:
-                    key = (handler, result is None, by, keys)
-                    slot = self._slot_of.get(key)
-                    if slot is None:
-                        slot = self._add_slot(key)
-                    # A ts that does not pack leaves that slot unused; the next
-                    # rebuild of the table drops it.
-                    item = packed.pack(ts, slot, data, values)
-                    if item is not None:
-                        return item
+                fits = joined.count("\x00") == len(keys) + text.count("\x00")
+            else:
+                keys, joined, fits = (), text, True
+            try:
+                data = joined.encode() if fits else None
+            except UnicodeEncodeError:
+                data = None  # a lone surrogate: UTF-8 has no bytes for it
+            if data is not None:
+                key = (handler, result is None, by, keys)
+                slot = self._slot_of.get(key)
+                if slot is None:
+                    slot = self._add_slot(key)
+                # A ts that does not pack leaves that slot unused; the next
+                # rebuild of the table drops it.
+                item = packed.pack(ts, slot, data)
+                if item is not None:
+                    return item
         return Firing(seq, handler, result, event, ts, tags or NO_TAGS, by)
 
     def _add_slot(self, key: Slot) -> int:

@@ -422,9 +422,9 @@ def test_a_tagged_firing_is_one_bytes_its_keys_in_its_slot_its_values_before_its
     ring.record("on-message", "héllo", None, TS, tags=TAGS4, by="agent-7")
     (item,) = held(ring)
     assert isinstance(item, bytes)
-    values = b"agent-7\0c-000000000000000000000001\0review\0002"
+    values = b"agent-7\0c-000000000000000000000001\0review\0" + b"2\0"
     ms = packed.ts_to_ms(TS)
-    assert item == packed.TAGGED.pack(ms, 0, 0, len(values)) + values + "héllo".encode()
+    assert item == packed.HEADER.pack(ms, 0, 0) + values + "héllo".encode()
     assert ring._slots == [("on-message", False, "agent-7", ("reply-to", "corr", "kind", "prio"))]
     assert ring.firings() == [Firing(1, "on-message", "héllo", None, TS, TAGS4, "agent-7")]
 
@@ -519,7 +519,8 @@ def test_a_matching_read_compares_only_the_values_it_names() -> None:
         ({"corr": "c-1\x00"}, "on-message"),  # kept as itself: a NUL
     ]
     for n, (tags, handler) in enumerate(sends):
-        ring.record(handler, f"m{n}", None, TS, tags=tags)
+        ring.record(handler, f"m{n}\x00c-1\x00", None, TS, tags=tags)  # NULs in a text pack
+    assert [isinstance(item, bytes) for item in held(ring)] == [True] * 5 + [False]
     for match in [
         Match({"corr": "c-1"}),
         Match({"corr": "c-1"}, "on-message"),
@@ -590,7 +591,7 @@ sends = st.lists(
         st.booleans(),  # unhandled
         st.sampled_from([None, "agent", "root"]),
         st.sampled_from([TS, "2026-11-30T07:00:01.000Z", "t"]),
-        any_text,
+        any_text | st.sampled_from(["\x00", "a\x00b\x00"]),
     ),
     max_size=30,
 )
