@@ -152,7 +152,7 @@ def unpack(seq: int, items: Iterable[bytes | Firing], slots: list[Slot]) -> list
             if keys:
                 # the values, then the text (which may hold a NUL: the split stops before it)
                 parts = item[HEADER_SIZE:].decode().split("\x00", len(keys))
-                tags = dict(zip(keys, parts, strict=False))  # all but the last: the text
+                tags = dict(zip(keys, parts))  # noqa: B905 (all but the last part: the text)
                 text = parts[-1]
             else:
                 tags = NO_TAGS
