@@ -281,7 +281,7 @@ class Ring:
                 keys = tuple(tags)
                 joined = "\x00".join((*tags.values(), text))
                 # A value with a NUL would read back as two: such a firing is kept as itself.
-                fits = joined.count("\x00") == len(keys) + text.count("\x00")
+                fits = joined.count("\x00", 0, len(joined) - len(text)) == len(keys)
             else:
                 keys, joined, fits = (), text, True
             try:
