@@ -1,28 +1,38 @@
-"""How the ring keeps a firing: one immutable ``bytes`` a firing.
+"""How the ring keeps a firing: one immutable ``bytes`` a firing, tags and all.
 
 A ring holds up to 65,536 firings a session, so what one costs decides the
 daemon's memory. As a ``Firing`` with its own seq, text and ts strings it
-cost about 300 bytes; packed it costs a 33-byte ``bytes`` header, 11 bytes
-of ours and the text:
+cost about 300 bytes (with 4 tags, a dict and their values: about 750);
+packed it costs a 33-byte ``bytes`` header, 11 bytes of ours, the text and
+the tags' values (a byte more each):
 
     bytes 0-7   ts as milliseconds since the Unix epoch, signed, little-endian
     bytes 8-10  the firing's slot in its ring's table: which handler, whether
-                the text is the result or the (unhandled) event, and who sent
-                it (its ``by``); the low 16 bits, then the high 8
-    bytes 11-   the text, UTF-8
+                the text is the result or the (unhandled) event, who sent it
+                (its ``by``) and the keys of its tags; the low 16 bits, then
+                the high 8
+    bytes 11-   the text, UTF-8; when the slot names tag keys, its tags'
+                values before it, in the order of the keys, UTF-8, each
+                followed by a NUL (no value holds one; the text may)
 
 The seq is not stored: a ring holds consecutive seqs, so a firing's seq is
-the ring's first plus its position. Nor is the sender: a ring's firings come
-from a few senders, so ``by`` is one more part of the slot, and costs a firing
-nothing. The table of slots lives in the ring (``session.ring``); this module
-packs and unpacks against it.
+the ring's first plus its position. Nor is the sender, nor a tag's key: a
+ring's firings come from a few senders and carry the same few keys (an
+agent's ``reply-to``, ``corr``, ``kind``), so ``by`` and the keys, in their
+order, are more parts of the slot, and cost a firing nothing. The table of
+slots lives in the ring (``session.ring``); this module packs and unpacks
+against it. A match reads a tagged firing's values as bytes (``holds``),
+by the position its keys have in the slot, without building the firing or
+its dict.
 
 Only a ``ts`` in exactly the form the daemon writes, ``YYYY-MM-DDTHH:MM:SS.mmmZ``
 (``datetime.isoformat(timespec="milliseconds")`` in UTC with a ``Z``), packs,
 and it is parsed so that formatting the milliseconds back gives the same
-string, character for character. Anything else (another ts, a text with a lone
-surrogate, which UTF-8 cannot carry, both or neither of result and event) is
-kept as its ``Firing``, unchanged: exact first, compact when possible.
+string, character for character. Anything else (another ts, a text or a tag's
+value with a lone surrogate, which UTF-8 cannot carry, a tag's value with a
+NUL, which would split it, both or neither of result and event) is kept as
+its ``Firing``, unchanged: exact first, compact when possible. A firing packed
+before tags were (a ``bytes`` whose slot names no keys) reads as it did.
 
 Consecutive firings share their second, so the text of a second
 (``"2026-11-30T07:00:00."``) is cached both ways and a ts costs a dict lookup
@@ -38,8 +48,9 @@ from datetime import date, datetime
 
 from session.firing import NO_TAGS, Firing
 
-#: a ring's slot: a handler, whether its text is the event (unhandled), and its sender
-Slot = tuple[str, bool, str | None]
+#: a ring's slot: a handler, whether its text is the event (unhandled), its sender, and
+#: the keys of its tags, in their order (none: a firing without tags)
+Slot = tuple[str, bool, str | None, tuple[str, ...]]
 
 HEADER = struct.Struct("<qHB")
 HEADER_SIZE = HEADER.size
@@ -108,8 +119,9 @@ def _remember(base: int, prefix: str) -> None:
     _bases[prefix] = base
 
 
-def pack(ts: str, slot: int, text: bytes) -> bytes | None:
-    """One firing's bytes: its ts, its slot, its UTF-8 text; None when ``ts`` does not pack."""
+def pack(ts: str, slot: int, data: bytes) -> bytes | None:
+    """One firing's bytes: its ts, its slot and ``data`` (its UTF-8 text, after its tags'
+    values when its slot names tag keys); None when ``ts`` does not pack."""
     millis = _MILLIS.get(ts[20:])
     base = _bases.get(ts[:20])
     if base is None or millis is None:
@@ -117,8 +129,8 @@ def pack(ts: str, slot: int, text: bytes) -> bytes | None:
         ms = ts_to_ms(ts)
         if ms is None:
             return None
-        return HEADER.pack(ms, slot & 0xFFFF, slot >> 16) + text
-    return HEADER.pack(base + millis, slot & 0xFFFF, slot >> 16) + text
+        return HEADER.pack(ms, slot & 0xFFFF, slot >> 16) + data
+    return HEADER.pack(base + millis, slot & 0xFFFF, slot >> 16) + data
 
 
 def unpack(seq: int, items: Iterable[bytes | Firing], slots: list[Slot]) -> list[Firing]:
@@ -136,17 +148,32 @@ def unpack(seq: int, items: Iterable[bytes | Firing], slots: list[Slot]) -> list
                 base = ms - ms % 1000
                 end = base + 1000
                 prefix = _prefixes.get(base) or _format_prefix(base)
-            handler, unhandled, by = slots[low | high << 16]
-            text = item[HEADER_SIZE:].decode()
+            handler, unhandled, by, keys = slots[low | high << 16]
+            if keys:
+                # the values, then the text (which may hold a NUL: the split stops before it)
+                parts = item[HEADER_SIZE:].decode().split("\x00", len(keys))
+                tags = dict(zip(keys, parts))  # noqa: B905 (all but the last part: the text)
+                text = parts[-1]
+            else:
+                tags = NO_TAGS
+                text = item[HEADER_SIZE:].decode()
             ts = prefix + _SUFFIXES[ms - base]
             if unhandled:
-                add(Firing(seq, handler, None, text, ts, NO_TAGS, by))
+                add(Firing(seq, handler, None, text, ts, tags, by))
             else:
-                add(Firing(seq, handler, text, None, ts, NO_TAGS, by))
+                add(Firing(seq, handler, text, None, ts, tags, by))
         else:
             add(item)
         seq += 1
     return firings
+
+
+def holds(item: bytes, plan: list[tuple[int, bytes]]) -> bool:
+    """Whether the tags' values a packed firing holds (its slot names tag keys) are each
+    what ``plan`` wants at its position, compared as UTF-8 without building the firing
+    (``session.tags.Match.plan``)."""
+    values = item[HEADER_SIZE:].split(b"\x00")  # a NUL in the text splits past the values
+    return all(values[at] == want for at, want in plan)
 
 
 def repack(item: bytes, slot: int) -> bytes:

@@ -10,10 +10,11 @@ value outside 0 to the head is clamped into it, so no cap can show a reader
 a seq that was never recorded.
 
 The deque holds each firing packed into one ``bytes`` (``session.packed``),
-and a ``Firing`` is built only for the firings a read returns. The ring keeps
-the table that a packed firing's slot names: each distinct handler, with
-whether its text is the result or the event and who sent it, once (and
-interned, so every ring shares one ``"on-message"`` and one ``"root"``). The
+tags and all, and a ``Firing`` is built only for the firings a read returns.
+The ring keeps the table that a packed firing's slot names: each distinct
+handler, with whether its text is the result or the event, who sent it and
+the keys of its tags, once (and interned, so every ring shares one
+``"on-message"``, one ``"root"`` and one ``"corr"``). The
 table only grows when a firing brings a slot it has not seen; when it has
 grown to twice the ring's length (plus some room) it is rebuilt from the
 firings still held, so a stream of ever-new handler names costs O(1) a firing
@@ -25,7 +26,8 @@ firings recorded after it: a store that keeps the image brings a ring back
 without building a ``Firing`` for each of its firings and packing it again,
 which is what a restart of many full rings spends its time on. The image's
 bytes (``encode_image``, ``decode_image``) are msgpack: each packed firing one
-``bin``, a ``Firing`` (one with tags, or a ts of another form) a map.
+``bin``, a ``Firing`` (a ts of another form; or one with tags, in an image
+written before tags were packed) a map.
 
 ``Ring.folded`` is a ring whose firings are still in its store: its head, its
 limit and its counts answer without them, and whatever needs a firing first
@@ -64,26 +66,39 @@ class Image(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """A ring as it keeps itself: its head, its table of slots and its items (oldest first,
     the newest ``head``), packed or as themselves; ``Ring.image`` and ``Ring.from_image``.
 
-    ``slots`` holds each slot's handler and whether it is unhandled, and ``by`` each
-    slot's sender, a list of its own after them: an image written before firings had
-    senders has none, and its slots read back with ``by`` None.
+    ``slots`` holds each slot's handler and whether it is unhandled, ``by`` each slot's
+    sender and ``keys`` each slot's tag keys, lists of their own after them: an image
+    written before firings had senders has neither, and its slots read back with ``by``
+    None; one written before tagged firings were packed has no ``keys``, and its slots
+    read back with none (its tagged firings are in it as themselves).
     """
 
     head: int
     slots: list[tuple[str, bool]]
     items: list[bytes | Firing]
     by: list[str | None] = []
+    keys: list[tuple[str, ...]] = []
 
     @classmethod
     def of(cls, head: int, slots: list[Slot], items: list[bytes | Firing]) -> Image:
-        return cls(head, [(h, u) for h, u, _ in slots], items, [by for _, _, by in slots])
+        """The image of a ring; of one whose slots name no tag keys, with an empty ``keys``."""
+        keys = [keys for _, _, _, keys in slots]
+        return cls(
+            head,
+            [(h, u) for h, u, _, _ in slots],
+            items,
+            [by for _, _, by, _ in slots],
+            keys if any(keys) else [],
+        )
 
     def slot_table(self) -> list[Slot]:
         """Its slots as a ring keeps them, each name interned."""
-        by = self.by + [None] * (len(self.slots) - len(self.by))
+        count = len(self.slots)
+        by = self.by + [None] * (count - len(self.by))
+        keys = [_interned(k) for k in self.keys] + [()] * (count - len(self.keys))
         return [
-            (sys.intern(handler), unhandled, None if sender is None else sys.intern(sender))
-            for (handler, unhandled), sender in zip(self.slots, by, strict=False)
+            (sys.intern(handler), unhandled, None if sender is None else sys.intern(sender), tk)
+            for (handler, unhandled), sender, tk in zip(self.slots, by, keys, strict=False)
         ]
 
     @property
@@ -97,7 +112,12 @@ class Image(msgspec.Struct, array_like=True, frozen=True, gc=False):
             return self
         if first > self.head + 1:  # trimmed past its newest: none of it is left
             return Image(first - 1, [], [])
-        return Image(self.head, self.slots, self.items[first - self.first :], self.by)
+        return Image(self.head, self.slots, self.items[first - self.first :], self.by, self.keys)
+
+
+def _interned(keys: tuple[str, ...]) -> tuple[str, ...]:
+    """A slot's tag keys, each the one string every ring shares."""
+    return tuple(map(sys.intern, keys)) if keys else keys
 
 
 _image_encoder = msgspec.msgpack.Encoder()
@@ -254,18 +274,22 @@ class Ring:
         tags: dict[str, str] = NO_TAGS,
         by: str | None = None,
     ) -> bytes | Firing:
-        """The firing as the deque keeps it: packed when it fits (and has no tags), else as
-        itself."""
+        """The firing as the deque keeps it: packed when it fits, else as itself."""
         text = event if result is None else result
-        if tags:
-            return Firing(seq, handler, result, event, ts, tags, by)
         if text is not None and (result is None or event is None):
-            try:
-                data = text.encode()
-            except UnicodeEncodeError:
-                pass  # a lone surrogate: UTF-8 has no bytes for it
+            if tags:
+                keys = tuple(tags)
+                joined = "\x00".join((*tags.values(), text))
+                # A value with a NUL would read back as two: such a firing is kept as itself.
+                fits = joined.count("\x00", 0, len(joined) - len(text)) == len(keys)
             else:
-                key = (handler, result is None, by)
+                keys, joined, fits = (), text, True
+            try:
+                data = joined.encode() if fits else None
+            except UnicodeEncodeError:
+                data = None  # a lone surrogate: UTF-8 has no bytes for it
+            if data is not None:
+                key = (handler, result is None, by, keys)
                 slot = self._slot_of.get(key)
                 if slot is None:
                     slot = self._add_slot(key)
@@ -274,7 +298,7 @@ class Ring:
                 item = packed.pack(ts, slot, data)
                 if item is not None:
                     return item
-        return Firing(seq, handler, result, event, ts, NO_TAGS, by)
+        return Firing(seq, handler, result, event, ts, tags or NO_TAGS, by)
 
     def _add_slot(self, key: Slot) -> int:
         # Rebuilding only once the table is twice the ring's length (and some)
@@ -282,8 +306,13 @@ class Ring:
         # well within the 24 bits a packed firing has for one.
         if len(self._slots) >= 2 * len(self._firings) + 64:
             self._compact_slots()
-        handler, unhandled, by = key
-        key = (sys.intern(handler), unhandled, None if by is None else sys.intern(by))
+        handler, unhandled, by, keys = key
+        key = (
+            sys.intern(handler),
+            unhandled,
+            None if by is None else sys.intern(by),
+            _interned(keys),
+        )
         self._slot_of[key] = len(self._slots)
         self._slots.append(key)
         return len(self._slots) - 1
@@ -382,19 +411,27 @@ class Ring:
     ) -> Batch:
         """The firings from ``start`` to ``head`` that ``match`` holds for, at most ``max``;
         ``next`` is the last seq looked at: the last match when ``max`` stopped the look,
-        else ``head``. A packed firing has no tags: one needing tags skips it unread."""
+        else ``head``. A packed firing is looked at by its slot first (``Match.plan``, once a
+        slot): one whose handler, sender or keys cannot match is skipped unread, and of the
+        rest only the values the match names are compared, as bytes; only a match is
+        unpacked."""
         if start > head:
             return Batch(after + lost, lost, [])
         found: list[Firing] = []
         items = self._slice(start - self.first, head - self.first + 1)
-        slots, needs_tags = self._slots, match.needs_tags  # after the slice: it may unfold
+        slots = self._slots  # after the slice: it may unfold
+        plans: dict[int, list[tuple[int, bytes]] | None] = {}
         seq = start
         for item in items:
             if isinstance(item, bytes):
-                if not needs_tags:
-                    handler, _, by = slots[packed.slot_of(item)]
-                    if match.holds(handler, NO_TAGS, by):
-                        found += packed.unpack(seq, (item,), slots)
+                slot = packed.slot_of(item)
+                if slot in plans:
+                    plan = plans[slot]
+                else:
+                    handler, _, by, keys = slots[slot]
+                    plan = plans[slot] = match.plan(handler, keys, by)
+                if plan is not None and (not plan or packed.holds(item, plan)):
+                    found += packed.unpack(seq, (item,), slots)
             elif match.holds(item.handler, item.tags, item.by):
                 found.append(item)
             if max is not None and len(found) == max:

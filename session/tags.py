@@ -123,10 +123,28 @@ class Match(msgspec.Struct, frozen=True, omit_defaults=True):
                 return False
         return True
 
-    @property
-    def needs_tags(self) -> bool:
-        """Whether only a firing with tags can match (one without any never does)."""
-        return any(key != BY for key in self.tags)
+    def plan(
+        self, handler: str, keys: tuple[str, ...], by: str | None = None
+    ) -> list[tuple[int, bytes]] | None:
+        """What a firing of ``handler`` whose tags have ``keys`` (in that order), sent by
+        ``by``, must hold to match, as a packed firing keeps its tags (``session.packed``):
+        each value's position among ``keys`` and the value, UTF-8. None when no such
+        firing matches, whatever its values; an empty plan when every one does."""
+        if self.handler is not None and handler != self.handler:
+            return None
+        plan: list[tuple[int, bytes]] = []
+        for key, value in self.tags.items():
+            if key == BY:
+                if by is None or (value is not None and by != value):
+                    return None
+            elif key not in keys:
+                return None
+            elif value is not None:
+                try:
+                    plan.append((keys.index(key), value.encode()))
+                except UnicodeEncodeError:  # a lone surrogate: no packed value has one
+                    return None
+        return plan
 
 
 def parse_match(

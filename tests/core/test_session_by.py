@@ -45,7 +45,7 @@ def test_a_sender_is_part_of_the_slot_so_it_costs_a_packed_firing_no_bytes() -> 
     assert signed._firings[-1] == plain._firings[-1]  # the same bytes
     for n in range(100):
         signed.record("on-message", f"m{n}", None, TS, by=("alice", "bob")[n % 2])
-    assert [by for _, _, by in signed._slots] == ["agent-7", "alice", "bob"]
+    assert [by for _, _, by, _ in signed._slots] == ["agent-7", "alice", "bob"]
     names = {id(f.by) for f in signed.firings() if f.by == "alice"}
     assert len(names) == 1  # one string for every firing alice sent
 
@@ -57,12 +57,12 @@ def test_a_match_on_by_finds_what_that_sender_sent_packed_or_tagged() -> None:
     s.record("on-message", "a2", TS, by="alice", tags={"k": "w"})
     s.record("on-message", "old", TS)
     alice = parse_match(["by=alice"])
-    assert alice is not None and not alice.needs_tags
+    assert alice is not None and alice.plan("on-message", (), "alice") == []
     assert [f.result for f in s.read_after(0, match=alice).firings] == ["a1", "a2"]
     known = Match({"by": None})
     assert [f.result for f in s.read_after(0, match=known).firings] == ["a1", "b1", "a2"]
     both = Match({"by": "alice", "k": None})
-    assert both.needs_tags
+    assert both.plan("on-message", (), "alice") is None
     assert [f.result for f in s.read_after(0, match=both).firings] == ["a2"]
     assert [f.result for f in s.read_recent(None, TS, match=alice).firings] == ["a1", "a2"]
 

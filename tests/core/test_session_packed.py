@@ -11,8 +11,10 @@ kept as it came.
 
 from __future__ import annotations
 
+import sys
 from datetime import UTC, datetime, timedelta
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -20,8 +22,9 @@ from hypothesis import strategies as st
 from session import packed
 from session.errors import BadSeq
 from session.firing import Firing, ms_to_ts
-from session.ring import Ring
+from session.ring import Ring, decode_image, encode_image
 from session.session import Session
+from session.tags import Match
 
 
 def append(ring: Ring, handler: str, result: str | None, event: str | None, ts: str) -> Firing:
@@ -52,8 +55,8 @@ def held(ring: Ring) -> list[bytes | Firing]:
 
 def slots(ring: Ring) -> list[tuple[str, bool]]:
     """Its table's handlers and whether each is unhandled (all sent by no one known)."""
-    assert all(by is None for _, _, by in ring._slots)
-    return [(handler, unhandled) for handler, unhandled, _ in ring._slots]
+    assert all(by is None and not keys for _, _, by, keys in ring._slots)
+    return [(handler, unhandled) for handler, unhandled, _, _ in ring._slots]
 
 
 # -- the ts ----------------------------------------------------------------------------
@@ -405,5 +408,258 @@ def test_slot_numbers_past_16_bits_pack_and_read_back() -> None:
     assert item is not None
     assert packed.slot_of(item) == 0x12345
     assert packed.slot_of(packed.repack(item, 0xABCDEF)) == 0xABCDEF
-    slots: list[packed.Slot] = [("h", False, None)] * 0x12345 + [("far", True, "root")]
+    slots: list[packed.Slot] = [("h", False, None, ())] * 0x12345 + [("far", True, "root", ())]
     assert packed.unpack(7, [item], slots) == [Firing(7, "far", None, "text", TS, by="root")]
+
+
+# -- tags ---------------------------------------------------------------------------------
+
+TAGS4 = {"reply-to": "agent-7", "corr": "c-000000000000000000000001", "kind": "review", "prio": "2"}
+
+
+def test_a_tagged_firing_is_one_bytes_its_keys_in_its_slot_its_values_before_its_text() -> None:
+    ring = Ring()
+    ring.record("on-message", "héllo", None, TS, tags=TAGS4, by="agent-7")
+    (item,) = held(ring)
+    assert isinstance(item, bytes)
+    values = b"agent-7\0c-000000000000000000000001\0review\0" + b"2\0"
+    ms = packed.ts_to_ms(TS)
+    assert item == packed.HEADER.pack(ms, 0, 0) + values + "héllo".encode()
+    assert ring._slots == [("on-message", False, "agent-7", ("reply-to", "corr", "kind", "prio"))]
+    assert ring.firings() == [Firing(1, "on-message", "héllo", None, TS, TAGS4, "agent-7")]
+
+
+def test_a_tagged_firing_costs_at_most_twice_a_plain_one() -> None:
+    """The issue's bound on memory, as the ring holds a firing (``sys.getsizeof``)."""
+    ring = Ring()
+    text = "x" * 100
+    ring.record("on-message", text, None, TS)
+    ring.record("on-message", text, None, TS, tags=TAGS4)
+    plain, tagged = (sys.getsizeof(item) for item in held(ring))
+    assert isinstance(held(ring)[1], bytes)
+    assert tagged <= 2 * plain
+
+
+def test_tag_keys_are_kept_once_a_ring_and_shared_by_every_ring() -> None:
+    a, b = Ring(100), Ring(100)
+    for n in range(50):
+        a.record("on-message", f"m{n}", None, TS, tags={"".join(["co", "rr"]): f"c{n}"})
+        b.record("on-message", f"m{n}", None, TS, tags={"".join(["co", "rr"]): f"c{n}"})
+    assert len(a._slots) == 1
+    keys = {id(k) for ring in (a, b) for f in ring.firings() for k in f.tags}
+    assert len(keys) == 1
+
+
+def test_the_same_keys_in_another_order_are_another_slot_and_keep_their_order() -> None:
+    ring = Ring()
+    ring.record("on-message", "ab", None, TS, tags={"a": "1", "b": "2"})
+    ring.record("on-message", "ba", None, TS, tags={"b": "2", "a": "1"})
+    assert [list(f.tags) for f in ring.firings()] == [["a", "b"], ["b", "a"]]
+    assert [keys for *_, keys in ring._slots] == [("a", "b"), ("b", "a")]
+
+
+@pytest.mark.parametrize(
+    ("tags", "ts"),
+    [
+        ({"k": "a\x00nul"}, TS),  # a NUL would split the value in two
+        ({"k": "fine", "j": "\x00"}, TS),
+        ({"k": "a lone \ud800"}, TS),  # UTF-8 cannot carry it
+        ({"\udfff": "a lone surrogate key is a slot's, and kept"}, "t"),
+        ({"k": "v"}, "t"),  # a ts of another form
+    ],
+)
+def test_a_tagged_firing_that_cannot_pack_is_kept_as_given(tags: dict[str, str], ts: str) -> None:
+    ring = Ring()
+    ring.record("on-message", "x", None, TS, tags={"k": "packed"})
+    firing = Firing(2, "on-message", "x", None, ts, tags)
+    ring.record("on-message", "x", None, ts, tags=tags)
+    assert held(ring)[1] == firing and ring.firings()[1] == firing
+    assert isinstance(held(ring)[0], bytes)
+
+
+def test_a_lone_surrogate_in_a_key_packs_with_a_daemon_ts() -> None:
+    """A key is kept in the slot as a string: only the values must be UTF-8."""
+    ring = Ring()
+    ring.record("on-message", "x", None, TS, tags={"\udfff": "v"})
+    assert isinstance(held(ring)[0], bytes)
+    assert ring.firings() == [Firing(1, "on-message", "x", None, TS, {"\udfff": "v"})]
+
+
+def test_ever_new_tag_keys_keep_the_table_within_twice_the_ring() -> None:
+    ring = Ring(4)
+    for n in range(1, 501):
+        ring.record("on-message", f"m{n}", None, TS, tags={f"k{n}": f"v{n}", "corr": "c"})
+        assert len(ring._slots) <= 2 * ring.retained + 64 + 1
+    assert [f.tags for f in ring.firings()] == [
+        {f"k{n}": f"v{n}", "corr": "c"} for n in range(497, 501)
+    ]
+
+
+def test_a_match_plans_once_a_slot_what_a_packed_firing_must_hold() -> None:
+    keys = ("reply-to", "corr", "kind")
+    assert Match({"corr": "c-1"}).plan("on-message", keys) == [(1, b"c-1")]
+    assert Match({"corr": None, "kind": "ü"}).plan("h", keys) == [(2, "ü".encode())]
+    assert Match({"corr": None}).plan("h", keys) == []  # any value: every such firing
+    assert Match({"absent": None}).plan("h", keys) is None  # no such firing matches
+    assert Match({}, "on-build").plan("on-message", keys) is None
+    assert Match({"by": "alice"}).plan("h", keys, "bob") is None
+    assert Match({"by": "alice"}).plan("h", keys, None) is None
+    assert Match({"by": None, "corr": "x"}).plan("h", keys, "bob") == [(1, b"x")]
+    assert Match({"corr": "\ud800"}).plan("h", keys) is None  # no packed value has one
+
+
+def test_a_matching_read_compares_only_the_values_it_names() -> None:
+    ring = Ring()
+    sends = [
+        ({"reply-to": "a", "corr": "c-1"}, "on-message"),
+        ({"reply-to": "a", "corr": "c-2"}, "on-message"),
+        ({"corr": "c-1", "reply-to": "b"}, "on-message"),  # the keys in another order
+        ({"corr": "c-1"}, "on-build"),
+        ({}, "on-message"),
+        ({"corr": "c-1\x00"}, "on-message"),  # kept as itself: a NUL
+    ]
+    for n, (tags, handler) in enumerate(sends):
+        ring.record(handler, f"m{n}\x00c-1\x00", None, TS, tags=tags)  # NULs in a text pack
+    assert [isinstance(item, bytes) for item in held(ring)] == [True] * 5 + [False]
+    for match in [
+        Match({"corr": "c-1"}),
+        Match({"corr": "c-1"}, "on-message"),
+        Match({"corr": None, "reply-to": "a"}),
+        Match({"corr": "c-1\x00"}),
+        Match({}, "on-message"),
+        Match({"missing": None}),
+    ]:
+        expected = [f for f in ring.firings() if match.holds(f.handler, f.tags, f.by)]
+        assert ring.events_after(0, match=match).firings == expected, match
+        for max in (1, 2):
+            batch = ring.events_after(0, max=max, match=match)
+            assert batch.firings == expected[:max]
+
+
+def test_an_image_of_tagged_firings_names_its_keys_and_reads_back() -> None:
+    ring = Ring(8)
+    for n in range(12):
+        tags = {"corr": f"c{n}", "kind": "k"} if n % 2 else {}
+        ring.record("on-message", f"m{n}", None, TS, tags=tags, by="agent" if n % 3 else None)
+    image = decode_image(encode_image(ring.image()))
+    assert sorted(set(image.keys)) == [(), ("corr", "kind")]
+    assert Ring.from_image(8, ring.head, image).firings() == ring.firings()
+    assert image.since(ring.head).keys == image.keys
+
+
+def test_an_image_of_a_ring_without_tags_names_no_keys() -> None:
+    """Its slots are as an image's were before tagged firings were packed: an empty list
+    of keys after them, which the repl of then, reading an array of 4, passes over."""
+    ring = Ring(8)
+    ring.record("on-message", "m", None, TS, by="root")
+    assert ring.image().keys == []
+    assert encode_image(ring.image()) == msgspec.msgpack.encode(
+        [1, [["on-message", False]], [held(ring)[0]], ["root"], []]
+    )
+
+
+def test_an_image_written_before_tags_were_packed_keeps_its_tagged_firings_as_given() -> None:
+    old = [
+        Firing(1, "on-message", "t", None, TS, {"corr": "c-1"}, "agent"),
+        Firing(2, "on-message", "p", None, TS),
+        Firing(3, "on-build", None, "e", TS, {"corr": "c-2", "kind": "k"}),
+    ]
+    plain = packed.pack(TS, 0, b"p")
+    assert plain is not None
+    data = msgspec.msgpack.encode([3, [["on-message", False]], [old[0], plain, old[2]], [None]])
+    image = decode_image(data)
+    assert image.keys == [] and image.slot_table() == [("on-message", False, None, ())]
+    ring = Ring.from_image(8, 3, image)
+    assert ring.firings() == old
+    assert ring.events_after(0, match=Match({"corr": "c-2"})).firings == [old[2]]
+    ring.record("on-message", "new", None, TS, tags={"corr": "c-2"})
+    assert ring.events_after(0, match=Match({"corr": "c-2"})).firings == [
+        old[2],
+        Firing(4, "on-message", "new", None, TS, {"corr": "c-2"}),
+    ]
+
+
+# Any keys and values, the key names drawn from a few so that slots repeat; the texts
+# (and a ts of another form now and then) as a store or a send may bring them.
+any_text = st.text(max_size=12)
+encodable = st.text(st.characters(blacklist_categories=["Cs"]), max_size=12)
+tag_key = st.sampled_from(["corr", "reply-to", "kind", "", "ключ", "🎉"]) | any_text
+any_tags = st.dictionaries(tag_key, any_text | st.sampled_from(["", "\x00", "a\x00b"]), max_size=20)
+sends = st.lists(
+    st.tuples(
+        any_tags,
+        st.booleans(),  # unhandled
+        st.sampled_from([None, "agent", "root"]),
+        st.sampled_from([TS, "2026-11-30T07:00:01.000Z", "t"]),
+        any_text | st.sampled_from(["\x00", "a\x00b\x00"]),
+    ),
+    max_size=30,
+)
+matches = st.builds(
+    Match,
+    st.dictionaries(tag_key | st.just("by"), st.none() | any_text, max_size=3),
+    st.none() | st.sampled_from(["on-message", "on-build"]),
+)
+
+
+@given(sends, st.integers(0, 12), st.lists(matches, max_size=4))
+def test_any_tags_read_back_as_recorded_through_trims_and_match_as_before(
+    sent: list[tuple[dict[str, str], bool, str | None, str, str]],
+    limit: int,
+    looks: list[Match],
+) -> None:
+    """What a ring returns of any tagged firings is the ``Firing`` each was recorded as (as
+    the ring of before, which kept each as itself, returned it), through trims and a
+    shrunk limit; packing them and reading them back is the identity; a match finds in
+    them exactly what ``Match.holds`` finds; and what packs is what UTF-8, NUL-free values
+    and a daemon's ts allow."""
+    ring = Ring(limit)
+    model: list[Firing] = []
+    for n, (tags, unhandled, by, ts, text) in enumerate(sent, start=1):
+        handler = "on-build" if unhandled else "on-message"
+        result, event = (None, text) if unhandled else (text, None)
+        ring.record(handler, result, event, ts, tags=tags, by=by)
+        model.append(Firing(n, handler, result, event, ts, tags, by))
+    kept = model[len(model) - min(limit, len(model)) :]
+    assert ring.firings() == kept
+    for item, firing in zip(held(ring), kept, strict=True):
+        texts = [*firing.tags.values(), firing.result or firing.event or ""]
+        nul_free = all("\x00" not in value for value in firing.tags.values())
+        packs = firing.ts != "t" and nul_free and all(map(encodable_text, texts))
+        assert isinstance(item, bytes) == packs
+        assert packed.unpack(firing.seq, [item], ring._slots) == [firing]
+    for match in looks:
+        expected = [f for f in kept if match.holds(f.handler, f.tags, f.by)]
+        assert ring.events_after(None, match=match).firings == expected
+    if sent:
+        ring.set_limit(max(0, limit // 2))
+        assert ring.firings() == kept[len(kept) - min(limit // 2, len(kept)) :]
+
+
+def encodable_text(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.dictionaries(tag_key.filter(encodable_text), encodable, max_size=6),
+            st.sampled_from([None, "agent"]),
+        ),
+        max_size=20,
+    ),
+    st.integers(1, 8),
+)
+def test_any_tagged_ring_reads_back_from_its_image(
+    sent: list[tuple[dict[str, str], str | None]], limit: int
+) -> None:
+    ring = Ring(limit)
+    for n, (tags, by) in enumerate(sent):
+        ring.record("on-message", f"m{n}", None, TS, tags=tags, by=by)
+    again = Ring.from_image(limit, ring.head, decode_image(encode_image(ring.image())))
+    assert again.firings() == ring.firings()
+    assert again.image() == ring.image()

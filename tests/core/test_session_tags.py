@@ -119,8 +119,8 @@ def test_a_match_names_something_within_bounds() -> None:
     with pytest.raises(Exception, match="handler name"):
         check_match(Match({}, "bad handler"))
     check_match(None)
-    assert Match({"k": None}).check().needs_tags
-    assert not Match({}, "on-tick").needs_tags
+    assert Match({"k": None}).check().plan("on-tick", ()) is None  # no firing without k
+    assert Match({}, "on-tick").plan("on-tick", ()) == []  # every firing of on-tick
 
 
 def test_what_a_match_holds_for() -> None:

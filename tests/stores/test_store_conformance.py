@@ -40,7 +40,7 @@ from session.rules import MAX_KEYS, READ
 from session.schedule import Timer
 from session.scopes import Scope, TokenRecord
 from session.session import Session, Snapshot
-from tests.helpers import Mirror, counted
+from tests.helpers import TS, Mirror, counted
 
 OpenStore = Callable[[], Store]
 
@@ -168,6 +168,34 @@ def test_texts_come_back_byte_for_byte(open_store: OpenStore) -> None:
     firings = loaded(store)["a"].firings
     assert [f.result for f in firings[:-1]] == texts
     assert (firings[-1].result, firings[-1].event) == (None, "event text")
+
+
+def test_tagged_firings_come_back_exactly(open_store: OpenStore) -> None:
+    """Tags as the ring packs them (and one it keeps as itself, a NUL in a value) come back
+    key for key, in their order, value for value, sender and all."""
+    store = open_store()
+    a = Mirror("a")
+    sends = [
+        {"reply-to": "agent-7", "corr": "c-1", "kind": "review"},
+        {"kind": "review", "corr": "c-2", "reply-to": "agent-7"},  # the same keys, reordered
+        {"empty": "", "unicode": "ünïcødé ✓ 🎉", "nl": "a\nb"},
+        {f"k{n}": "v" * n for n in range(16)},
+        {"nul": "x\x00y"},
+        {},
+    ]
+    for n, tags in enumerate(sends):
+        a.session.record("on-message", f"m{n}", TS, tags=tags, by="agent" if n % 2 else None)
+    a.session.record("on-build", "unhandled", TS, tags={"k": "v"}, by="root")
+    store.write([a.delta()])
+    store = reopen(store, open_store)
+    firings = loaded(store)["a"].firings
+    assert firings == a.session.read_after(0).firings
+    assert [list(f.tags.items()) for f in firings[:-1]] == [list(t.items()) for t in sends]
+    assert (firings[-1].event, firings[-1].tags, firings[-1].by) == (
+        "unhandled",
+        {"k": "v"},
+        "root",
+    )
 
 
 def test_only_the_newest_limit_firings_stay(open_store: OpenStore) -> None:

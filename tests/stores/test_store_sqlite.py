@@ -26,6 +26,7 @@ from session.rules import READ
 from session.schedule import Timer
 from session.scopes import Scope, TokenRecord, digest
 from session.session import CursorState, Session, Snapshot
+from session.tags import Match
 from tests.helpers import TS, Mirror, counted
 
 
@@ -184,6 +185,97 @@ def test_a_database_written_before_senders_reads_every_firing_with_by_none(
     with sqlite3.connect(db) as conn:
         assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
     conn.close()
+
+
+#: a home's database as the repl before tagged firings were packed (schema 8, commit
+#: bf6bb78) wrote it, with its own ``SqliteStore`` and ``Session`` (the script below):
+#: 20 sends to ``inbox`` (ring of 16) of ``TAGGED_SENDS`` in turn, each with its key, an
+#: image of the ring (its tagged firings in it as ``Firing`` maps), then two sends after
+#: the image (in the log only) and cursor ``w`` acknowledged to 18.
+SCHEMA_8_TAGGED = Path(__file__).parent / "data" / "schema-8-tagged.db"
+TAGGED_TS = "2026-01-02T03:04:05.678Z"
+TAGGED_SENDS: list[tuple[str, str, str, dict[str, str], str | None]] = [
+    ("on-message", "plain one", TAGGED_TS, {}, None),
+    (
+        "on-message",
+        "tagged",
+        TAGGED_TS,
+        {"reply-to": "agent-7", "corr": "c-1", "kind": "review", "prio": "2"},
+        "agent",
+    ),
+    ("on-build", "unhandled tagged", TAGGED_TS, {"k": "v"}, "root"),
+    (
+        "on-message",
+        "ünïcode ✓",
+        "2026-01-02T03:04:06.001Z",
+        {"kind": "日本語 🎉", "empty": ""},
+        None,
+    ),
+    ("on-message", "many", TAGGED_TS, {f"k{i}": f"v{i}" * i for i in range(16)}, "timer"),
+    ("on-message", "odd ts", "a ts of another form", {"corr": "c-2"}, None),
+    ("on-message", "nul\x00inside", TAGGED_TS, {"a.b_c-d": "x\x00y", "z": "\n\t"}, None),
+]
+# The script, run with the code of bf6bb78 (``store``: SqliteStore(path)):
+#     s = Session("inbox", 16)
+#     for n in range(20):
+#         handler, text, ts, tags, by = TAGGED_SENDS[n % 7]
+#         s.record(handler, f"{text} {n}", ts, tags=tags, by=by, key=f"k{n}")
+#     store.write([s.take_delta()]); store.keep_images([("inbox", s.ring.image())])
+#     s.record("on-message", "after the image", TAGGED_TS,
+#              tags={"reply-to": "me", "corr": "c-9"}, by="agent")
+#     s.record("on-message", "plain after", TAGGED_TS)
+#     s.read("w"); s.ack("w", 18); store.write([s.take_delta()]); store.close()
+
+
+def tagged_fixture_firings() -> list[Firing]:
+    """What the repl of the fixture read back from it: the ring's newest 16."""
+    firings = []
+    for n in range(20):
+        handler, text, ts, tags, by = TAGGED_SENDS[n % len(TAGGED_SENDS)]
+        handled = handler == "on-message"
+        result, event = (f"{text} {n}", None) if handled else (None, f"{text} {n}")
+        firings.append(Firing(n + 1, handler, result, event, ts, tags, by))
+    after = {"reply-to": "me", "corr": "c-9"}
+    firings.append(Firing(21, "on-message", "after the image", None, TAGGED_TS, after, "agent"))
+    firings.append(Firing(22, "on-message", "plain after", None, TAGGED_TS))
+    return firings[-16:]
+
+
+def test_a_database_written_before_tagged_firings_were_packed_reads_back_the_same(
+    tmp_path: Path,
+) -> None:
+    """Its image holds tagged firings as ``Firing`` maps, and the ring keeps them so; what
+    is recorded now packs its tags, and an image of both kinds, kept and read again, gives
+    the same firings, matched the same."""
+    db = tmp_path / "repl.db"
+    db.write_bytes(SCHEMA_8_TAGGED.read_bytes())
+    store = SqliteStore(db)
+    (snap,) = store.load()
+    session = Session.restore(snap)
+    expected = tagged_fixture_firings()
+    assert session.read_after(0).firings == expected
+    assert session.cursor_table() == [CursorInfo("w", 18, 4)]
+    corr = Match({"corr": "c-1"})
+    assert [f.seq for f in session.read_after(0, match=corr).firings] == [9, 16]
+    m = Mirror("inbox")
+    m.session = session
+    now = {"corr": "c-1", "kind": "日本語 🎉"}
+    session.record("on-message", "now", TAGGED_TS, tags=now, by="root")
+    expected = [*expected[1:], Firing(23, "on-message", "now", None, TAGGED_TS, now, "root")]
+    assert isinstance(session.ring._firings[-1], bytes)  # packed, tags and all
+    store.write([m.delta()])
+    assert store.keep_images([("inbox", session.ring.image())]) == 1
+    store.close()
+    for _ in range(2):  # from the new image; then from the log alone
+        store = SqliteStore(db)
+        (snap,) = store.load()
+        again = Session.restore(snap)
+        assert again.read_after(0).firings == expected
+        assert [f.seq for f in again.read_after(0, match=corr).firings] == [9, 16, 23]
+        store.close()
+        with sqlite3.connect(db) as conn:
+            conn.execute("DELETE FROM rings")
+        conn.close()
 
 
 def test_a_second_store_on_the_same_file_is_refused_until_the_first_closes(
