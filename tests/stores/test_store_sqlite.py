@@ -250,6 +250,9 @@ def test_a_database_written_before_tagged_firings_were_packed_reads_back_the_sam
     db = tmp_path / "repl.db"
     db.write_bytes(SCHEMA_8_TAGGED.read_bytes())
     store = SqliteStore(db)
+    with sqlite3.connect(db) as conn:  # raised, so that a repl of schema 8 refuses it now
+        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (9,)
+    conn.close()
     (snap,) = store.load()
     session = Session.restore(snap)
     expected = tagged_fixture_firings()

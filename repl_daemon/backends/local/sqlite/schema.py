@@ -22,11 +22,13 @@ ring the image holds whole not at all until a firing of it is needed
 (``Ring.folded``, read then with a reader connection of the event loop's
 own); a copy, checked by a CRC, that a damaged or stale one is passed over
 for the log, which always holds every live row) and ``groups`` (a group a row,
-SPEC §16). ``PRAGMA user_version`` holds the schema's version (8; a file of
-schema 1 to 7 gets the tables and columns it lacks when opened: schema 4 added
+SPEC §16). ``PRAGMA user_version`` holds the schema's version (9; a file of
+schema 1 to 8 gets the tables and columns it lacks when opened: schema 4 added
 the tags of firings and timers, schema 5 moved the firings into the log, schema
 6 added the images, schema 7 the sender of each firing, its ``by``, NULL in the
-rows written before, schema 8 the groups and their claims, a blob a group).
+rows written before, schema 8 the groups and their claims, a blob a group,
+schema 9 no table but images whose tagged firings are packed, which a repl of
+schema 8 would misread, so it refuses the file instead).
 
 Seqs are SQLite integers here, so they stop at 2**63 - 1 (a billion
 firings a second would take three hundred years to get there).
@@ -46,7 +48,7 @@ from session.firing import NO_TAGS, Firing
 from session.group import GroupSnapshot
 from session.schedule import Timer
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 _SCHEMA = """
 CREATE TABLE sessions (
@@ -172,9 +174,23 @@ CREATE TABLE groups (
     PRIMARY KEY (session, name)
 ) WITHOUT ROWID;
 """
+# schema 9 changes no table: a ring's image may now hold tagged firings packed, their tag
+# keys in the image's ``keys`` (issue 50). An image of schema 8 reads back the same; the
+# version is raised so that a repl of schema 8 refuses the file (``NotOurs``: "written by
+# a newer repl") rather than read a packed tagged firing's values as part of its text
+_SCHEMA_9 = ""
 #: what each schema after the first added (timers and hooks, tokens, tags, the log, rings,
-#: senders, groups)
-_UPGRADES = (_SCHEMA_2, _SCHEMA_3, _SCHEMA_4, _SCHEMA_5, _SCHEMA_6, _SCHEMA_7, _SCHEMA_8)
+#: senders, groups, packed tagged firings)
+_UPGRADES = (
+    _SCHEMA_2,
+    _SCHEMA_3,
+    _SCHEMA_4,
+    _SCHEMA_5,
+    _SCHEMA_6,
+    _SCHEMA_7,
+    _SCHEMA_8,
+    _SCHEMA_9,
+)
 #: the log's live rows: those of a session after its ``since``, from its ``first`` seq on
 LIVE_ROW = "l.id > s.since AND l.seq >= s.first"
 LIVE = f"log AS l JOIN sessions AS s ON s.id = l.session WHERE {LIVE_ROW}"
