@@ -70,7 +70,7 @@ OPTIONS: tuple[Option, ...] = (
         int,
         0,
         "After a wake, answer once no new firing has come for this long (the burst has "
-        "stopped), at the latest --settle-ms after the wake.",
+        "stopped; 0: one turn of the event loop), at the latest --settle-ms after the wake.",
         metavar="MS",
         minimum=0,
     ),
