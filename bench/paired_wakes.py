@@ -109,10 +109,15 @@ def children(wakers: list[Waker]) -> Iterator[list[Waker]]:
             waker.child.close(kill=failed)
 
 
-async def alternate(wakers: list[Waker], rounds: int) -> None:
-    """``rounds`` rounds, each waking every waker once in turn; fills each one's ``times``."""
+async def alternate(
+    wakers: list[Waker], rounds: int, ready: Callable[[], None] | None = None
+) -> None:
+    """``rounds`` rounds, each waking every waker once in turn; fills each one's ``times``.
+    ``ready`` is called once every child is connected, before the first round."""
     for waker in wakers:
         await waker.child.report(120)  # connected (an MCP client: initialized)
+    if ready is not None:
+        ready()
     for r in range(rounds):
         for j, waker in enumerate(wakers):
             # every waker blocked again, not only this one: the one woken just before may

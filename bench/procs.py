@@ -25,6 +25,7 @@ HOST = "127.0.0.1"
 CLUSTER_BUS_OFFSET = 10_000  # a cluster node also listens on its port + 10000
 FLOOR_SCRIPT = Path(__file__).with_name("floor.py")
 TIMER_FLOOR_SCRIPT = Path(__file__).with_name("timer_floor.py")
+WAKE_FLOOR_SCRIPT = Path(__file__).with_name("wake_floor.py")
 
 
 class BenchError(Exception):
@@ -272,20 +273,35 @@ class Floor(Child):
         return self
 
 
-class TimerFloor(Child):
-    """bench/timer_floor.py: a bare event loop firing timers, on the daemon's kind of loop."""
+class LoopFloor(Child):
+    """A floor script of ``script`` on the daemon's kind of loop (uvloop when installed;
+    ``loop`` "asyncio" forces the standard one), announcing its port."""
 
-    name = "timer-floor"
+    script: Path
 
     def __init__(self, workdir: Path, *, loop: str = "auto") -> None:
         super().__init__(workdir)
         self.loop = loop
 
     def start(self) -> Self:
-        argv = [sys.executable, str(TIMER_FLOOR_SCRIPT), "--port", "0", "--loop", self.loop]
+        argv = [sys.executable, str(self.script), "--port", "0", "--loop", self.loop]
         self._spawn(argv, announce=True)
         self.port = self._read_announced_port(30.0)
         return self
+
+
+class TimerFloor(LoopFloor):
+    """bench/timer_floor.py: a bare event loop firing timers."""
+
+    name = "timer-floor"
+    script = TIMER_FLOOR_SCRIPT
+
+
+class WakeFloor(LoopFloor):
+    """bench/wake_floor.py: a bare event loop doing a blocked wait's work."""
+
+    name = "wake-floor"
+    script = WAKE_FLOOR_SCRIPT
 
 
 def free_cluster_port() -> int:

@@ -150,11 +150,48 @@ class _IdleClock:
             self._set(min(self.buckets))
 
 
+class _Woken:
+    """The last wait's answer encoded, to give a fan-out's waiters at one position.
+
+    The waiters of one session woken by one change, each at the same position,
+    share their look (``LocalCommitter._look``): their answers hold the same
+    list of firings, and differ at most by the request's id. Such an answer
+    (a ``Woken`` of one batch, with no id) is encoded once: the next whose
+    batch has the same firings (the same list, held here so that its identity
+    cannot be taken by another) and the same session, ``next`` and ``lost``
+    is given the same bytes.
+    """
+
+    __slots__ = ("batch", "data")
+
+    def __init__(self) -> None:
+        self.batch: p.SessionBatch | None = None
+        self.data = b""
+
+    def encode(self, value: p.Response) -> bytes:
+        if type(value) is not p.Woken or value.id is not msgspec.UNSET or len(value.batches) != 1:
+            return p.encode(value)
+        batch, last = value.batches[0], self.batch
+        if (
+            last is not None
+            and batch.firings is last.firings
+            and batch.next == last.next
+            and batch.lost == last.lost
+            and batch.session == last.session
+            and not value.timed_out
+        ):
+            return self.data
+        data = p.encode(value)
+        self.batch, self.data = batch, data
+        return data
+
+
 class _Connections:
     """The open connections, so that the end of the server can close them all."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, idle_timeout: float) -> None:
         self.open: set[Connection] = set()
+        self.woken = _Woken()
         self.stopping = False
         self.ended = anyio.Event()
         self.idle = _IdleClock(loop, idle_timeout)
@@ -644,7 +681,7 @@ class Connection(asyncio.Protocol):
         try:
             if error is None:
                 assert value is not None
-                data = p.encode(value)
+                data = self.connections.woken.encode(value)
             else:
                 data = self._refused(self._report(error), answer.rid)
         except Exception as exc:  # an answer that cannot be encoded is an internal error

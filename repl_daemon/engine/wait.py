@@ -149,6 +149,10 @@ class Waiters:
 class WaitState(Enum):
     """Where a wait is in its life (a claim, ``engine.claim``, is a wait and moves the same)."""
 
+    # a member is itself alone: hashed as an object, in C, not by its name in Python (a
+    # woken wait's moves look their states up four times)
+    __hash__ = object.__hash__
+
     STARTING = "starting"  # the sessions are checked and the acks applied; not yet subscribed
     LOOKING = "looking"  # reading (a shared store's read is a round trip)
     BLOCKED = "blocked"  # nothing to return: waiting for a wake or the timeout

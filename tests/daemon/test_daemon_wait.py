@@ -377,3 +377,92 @@ def test_a_wait_after_a_seq_is_on_one_session_with_no_ack(
     c.ok({"op": "send", "session": "a", "text": "one"})
     assert c.call({"op": "wait", **extra})["code"] == code
     assert c.ok({"op": "cursors", "session": "a"})["cursors"] == []
+
+
+both_stores = pytest.mark.parametrize("inproc", ["memory", "durable"], indirect=True)
+
+
+def blocked(client: Client, request: dict[str, Any], observer: Client, session: str) -> None:
+    """Put ``request`` (a wait) on ``client`` and see it blocked on ``session``."""
+    count = waiters(observer, session)
+    client.send(request)
+    eventually(lambda: waiters(observer, session) == count + 1, 5, "the wait to block")
+
+
+@both_stores
+def test_waiters_woken_by_one_send_each_get_their_own_answer(inproc: InProcDaemon) -> None:
+    """The waiters of a fan-out at one position share one look of the session and one
+    encoding of its answer; each still gets its own: its id, its sessions, its match, its
+    kind of look, and one evaluation a look (rule S17)."""
+    d = inproc
+    sender = d.client()
+    for session in ("a", "b"):
+        sender.ok({"op": "start", "session": session})
+    sender.ok({"op": "send", "session": "a", "text": "old"})
+    sender.ok({"op": "ack", "session": "a", "cursor": "c", "seq": 1})
+    sender.ok({"op": "ack", "session": "a", "cursor": "other", "seq": 1})
+    waits = {
+        "plain": {"op": "wait", "sessions": ["a"], "cursor": "c"},
+        "plain too": {"op": "wait", "sessions": ["a"], "cursor": "c"},
+        "with an id": {"op": "wait", "sessions": ["a"], "cursor": "c", "id": "mine"},
+        "another id": {"op": "wait", "sessions": ["a"], "cursor": "c", "id": 7},
+        "plain again": {"op": "wait", "sessions": ["a"], "cursor": "c"},
+        "other cursor": {"op": "wait", "sessions": ["a"], "cursor": "other"},
+        "after": {"op": "wait", "sessions": ["a"], "after": 1},
+        "two sessions": {"op": "wait", "sessions": ["b", "a"], "cursor": "c"},
+        "matching": {
+            "op": "wait",
+            "sessions": ["a"],
+            "cursor": "c",
+            "match": {"tags": {"k": None}},
+        },
+        "all": {"op": "wait", "sessions": ["a", "b"], "cursor": "c", "all": True},
+    }
+    clients = {name: d.client() for name in waits}
+    for name, request in waits.items():
+        blocked(clients[name], request, sender, "a")
+    before = evaluations(sender, "a")
+    sender.ok({"op": "send", "session": "a", "text": "new"})
+    answers = {name: clients[name].recv() for name in waits if name not in ("matching", "all")}
+    assert evaluations(sender, "a") == before + 1 + len(waits)  # the send, and a look each
+    for name, answer in answers.items():
+        assert [(b["session"], b["next"], b["lost"]) for b in answer["batches"]] == [("a", 2, 0)]
+        assert texts(answer) == ["new"], name
+        assert answer.get("id") == waits[name].get("id"), name
+    assert not clients["matching"].pending(0.1) and not clients["all"].pending(0)
+    sender.ok({"op": "send", "session": "a", "text": "tagged", "tags": {"k": "v"}})
+    assert texts(clients["matching"].recv()) == ["tagged"]
+    sender.ok({"op": "send", "session": "b", "text": "at last"})
+    assert texts(clients["all"].recv()) == ["new", "tagged", "at last"]
+
+
+@both_stores
+def test_waiters_woken_by_several_firings_at_once_each_get_their_max(
+    inproc: InProcDaemon, clock: MovedClock
+) -> None:
+    """Three timers due at once record three firings in one step: the waiters of its
+    fan-out, each with its ``max``, get as many of them as each asked for."""
+    d = inproc
+    sender = d.client()
+    sender.ok({"op": "start", "session": "a"})
+    for i in range(3):
+        sender.ok({"op": "schedule", "session": "a", "text": str(i), "in": "1h"})
+    waits = {
+        "one": {"op": "wait", "sessions": ["a"], "cursor": "c", "max": 1},
+        "one too": {"op": "wait", "sessions": ["a"], "cursor": "c", "max": 1},
+        "every": {"op": "wait", "sessions": ["a"], "cursor": "c"},
+        "two": {"op": "wait", "sessions": ["a"], "cursor": "c", "max": 2, "id": "two"},
+        "one again": {"op": "wait", "sessions": ["a"], "cursor": "c", "max": 1},
+    }
+    wanted = {"one": 1, "one too": 1, "every": 3, "two": 2, "one again": 1}
+    clients = {name: d.client() for name in waits}
+    for name, request in waits.items():
+        blocked(clients[name], request, sender, "a")
+    clock.advance(3600 * 1000)
+    answers = {name: client.recv() for name, client in clients.items()}
+    fired = texts(answers["every"])  # in the timers' order, which is not their scheduling's
+    assert sorted(fired) == ["0", "1", "2"]
+    for name, answer in answers.items():
+        assert texts(answer) == fired[: wanted[name]], name
+        assert answer["batches"][0]["next"] == wanted[name], name
+        assert answer.get("id") == waits[name].get("id"), name

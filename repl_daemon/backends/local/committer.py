@@ -38,7 +38,7 @@ import gc
 import logging
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar, cast
 
 import anyio
 import anyio.lowlevel
@@ -56,7 +56,7 @@ from session.errors import (
 )
 from session.groups import DeadLetter
 from session.names import check_session_id
-from session.ops import GROUP_STEPS, ExpireGroups, FireTimers, Op, ack_all
+from session.ops import GROUP_STEPS, ExpireGroups, FireTimers, Op, ReadAfter, ReadCursor, ack_all
 from session.rules import DEFAULT_LIMIT, GROUPS_TIMER
 from session.schedule import Schedule, Timer, timer_order
 from session.scopes import MAX_TOKENS, TokenRecord, no_such_token, token_exists, too_many_tokens
@@ -73,6 +73,28 @@ FIRE_RETRY = (0.1, 5.0)
 FIRE_SLICE = 512
 #: how many rings' images a clean stop builds and writes in one transaction
 IMAGES_AT_ONCE = 1024
+#: the looks that change nothing but the session's count of evaluations (a cursor's,
+#: without ``touch``): while waiters are told of a change, the same look is made once
+SHARED_LOOKS = (ReadCursor, ReadAfter)
+
+
+def _shared(op: object) -> bool:
+    """Whether ``op`` is a look another waiter's may share: one of ``SHARED_LOOKS``, that
+    matches every firing (a ``Match`` is no key), and touches no cursor."""
+    if not isinstance(op, SHARED_LOOKS) or op.match is not None:
+        return False
+    return not isinstance(op, ReadCursor) or not op.touch
+
+
+class _Looks:
+    """While the waiters of a change are told (``on``): the last look made, and its answer."""
+
+    __slots__ = ("key", "on", "outcome")
+
+    def __init__(self) -> None:
+        self.on = False
+        self.key: tuple[Any, ...] | None = None
+        self.outcome: Outcome[Any] | None = None
 
 
 class Hosted:
@@ -128,6 +150,8 @@ class LocalCommitter:
         #: the scoped tokens by name, and the usable ones (written to the store) by digest
         self._tokens: dict[str, TokenRecord] = {}
         self._by_digest: dict[str, TokenRecord] = {}
+        #: while the listener is told of a change: the last look made, to share (``_look``)
+        self._looks = _Looks()
 
     # -- life --------------------------------------------------------------
 
@@ -387,7 +411,14 @@ class LocalCommitter:
     def _announce(self, hosted: Hosted) -> None:
         if hosted.visible > hosted.announced:
             hosted.announced = hosted.visible
-            self.listener.changed(hosted.session.id)
+            # the waiters' looks share their reads for as long as they are told (a fan-out)
+            looks = self._looks
+            telling, looks.on = looks.on, True
+            try:
+                self.listener.changed(hosted.session.id)
+            finally:
+                looks.on = telling
+                looks.key = looks.outcome = None
 
     def _changed(self, hosted: Hosted) -> Ticket | None:
         """Note a change to ``hosted``; the commit to wait for, None when nothing is durable.
@@ -412,6 +443,35 @@ class LocalCommitter:
     # -- operations -----------------------------------------------------------
 
     def execute(self, session_id: str, op: Op[R]) -> Outcome[R]:
+        looks = self._looks
+        if looks.on and _shared(op):
+            return self._look(looks, session_id, op)
+        return self._execute(session_id, op)
+
+    def _look(self, looks: _Looks, session_id: str, op: Op[R]) -> Outcome[R]:
+        """A waiter's look while the waiters of a change are told: the answer of the look
+        just made, when it was the same look at the same session, unchanged since;
+        counted all the same.
+
+        A fan-out's waiters, at the same position, read one batch (its firings unpacked
+        once), which the connections then encode once (``repl_daemon.server``), not one
+        each. Only a look that changes nothing but the count is shared (``_shared``),
+        keyed by the session's count of changes and what readers may see, so that
+        nothing it could depend on has moved.
+        """
+        hosted = self.sessions.get(session_id)
+        if hosted is None:
+            return self._execute(session_id, op)
+        session = hosted.session
+        key = (session, session.changes, hosted.visible, op)
+        if key == looks.key:
+            session.evaluations += 1  # rule S17: each look is an evaluation
+            return cast(Outcome[R], looks.outcome)
+        outcome = self._execute(session_id, op)
+        looks.key, looks.outcome = key, outcome
+        return outcome
+
+    def _execute(self, session_id: str, op: Op[R]) -> Outcome[R]:
         hosted = self.sessions.get(session_id)
         if hosted is None:  # the id, then the op's own values, as a shared store checks them
             check_session_id(session_id)
