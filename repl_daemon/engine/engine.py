@@ -109,7 +109,7 @@ class Engine:
         backend: Backend,
         *,
         settle: float = 0.1,
-        quiet: float = 0.001,
+        quiet: float = 0.0,
         max_sessions: int = 10_000,
         clock: Clock = REAL,
     ) -> None:

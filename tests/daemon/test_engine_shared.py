@@ -53,7 +53,9 @@ async def call(engine: Engine, req: p.Request) -> p.Response:
 async def opened(
     url: str, *, settle: float = 0, clock: Clock = REAL
 ) -> tuple[Engine, SharedCommitter]:
-    engine = Engine(RedisBackend(RedisStore(url)), settle=settle, clock=clock)
+    """A daemon's engine on ``url``; a settle time given is held whole (its quiet gap as
+    long), so that firings sent one at a time within it are heard while it settles."""
+    engine = Engine(RedisBackend(RedisStore(url)), settle=settle, quiet=settle, clock=clock)
     committer = engine.committer
     assert isinstance(committer, SharedCommitter)
     await engine.load()
