@@ -66,15 +66,16 @@ def cli(setup: Setup, rows: dict[str, Row]) -> None:
     s = setup.sizes
     reference = [sys.executable, "-c", REFERENCE]
     ref_times: list[float] = []
+    mine = [rows[row.key] for row in cli_rows(s)]  # ``rows`` holds every group's
     if setup.cli is None:
-        setup.cannot_run(rows.values(), "CLI missing")
+        setup.cannot_run(mine, "CLI missing")
         for _ in range(s.cli_runs + 1):
             ref_times.append(_run_ms(reference)[0])
     else:
         times = _measure(setup, setup.cli, reference, ref_times)
         for key, measured in times.items():
             rows[key].repl = statistics.median(measured[1:])
-    for row in rows.values():
+    for row in mine:
         row.reference = statistics.median(ref_times[1:])
 
 

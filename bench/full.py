@@ -138,7 +138,7 @@ def full(setup: Setup, rows: dict[str, Row]) -> None:
     s = setup.sizes
     names, targets = _names(s), _spread(s)
     if setup.store_missing:
-        setup.cannot_run(rows.values(), "store missing")
+        setup.cannot_run([rows[row.key] for row in full_rows(s)], "store missing")
         return
     deadline = s.deadline_s * 10  # the fill is 2.56 M durable sends
     daemon = Daemon(setup.dir("full-daemon"), memory=False).start()

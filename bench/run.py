@@ -35,8 +35,8 @@ if __package__ in (None, ""):  # run as `python bench/run.py`
 from bench import scaleout
 from bench.figures import GROUPS, blank_rows
 from bench.measure import FULL, QUICK, Setup
-from bench.procs import raise_nofile
-from bench.table import render
+from bench.procs import BenchError, raise_nofile
+from bench.table import Row, render
 
 # the main table's groups, then the scale-out group, whose rows are tables of their own
 ALL_GROUPS = [*GROUPS, "scaleout"]
@@ -184,8 +184,14 @@ def main(argv: list[str] | None = None) -> int:
         for group in groups:
             t0 = time.monotonic()
             print(f"... {group}", file=sys.stderr, flush=True)
+            others = [row for name, rows in table.items() if name != group for row in rows]
+            before = cells(others)
             try:
                 ALL_RUNNERS[group](setup, by_key)
+                if cells(others) != before:
+                    after = cells(others)
+                    wrote = [r.key for r, b, a in zip(others, before, after, strict=True) if a != b]
+                    raise BenchError(f"{group} wrote rows of other groups: {', '.join(wrote)}")
             except Exception as exc:
                 failed.append(group)
                 traceback.print_exc()
@@ -235,6 +241,12 @@ def unrun_note(unrun: dict[str, str]) -> str | None:
     counts = Counter(unrun.values())
     lacking = ", ".join(f"{why} ({n} row{'s' if n > 1 else ''})" for why, n in counts.items())
     return f"rows not measured: {lacking}; the exit status is 1"
+
+
+def cells(rows: list[Row]) -> list[tuple[object, ...]]:
+    """What a group may write in each of ``rows``: a group that writes another's is a fault
+    of the benchmark (a cli group that set every row's reference once went unseen)."""
+    return [(r.repl, r.reference, r.floor, r.missing, r.reference_missing) for r in rows]
 
 
 def exit_status(failed: list[str], unrun: dict[str, str]) -> int:
