@@ -144,7 +144,7 @@ class Fold(NamedTuple):
 class Ring:
     """The newest ``limit`` firings, the head, and reads after a seq."""
 
-    __slots__ = ("_firings", "_fold", "_head", "_slot_of", "_slots")
+    __slots__ = ("_firings", "_fold", "_head", "_keep", "_last", "_slot_of", "_slots")
 
     def __init__(
         self, limit: int = DEFAULT_LIMIT, head: int = 0, firings: Iterable[Firing] = ()
@@ -163,6 +163,11 @@ class Ring:
             )
         self._head = head
         self._fold: Fold | None = None
+        # Once a store takes this ring's new firings (``recorded_after``), each one
+        # recorded is kept as its ``Firing`` too until the store takes it: the firing it
+        # is handed is the one the send built, not one unpacked from the bytes just packed.
+        self._keep = False
+        self._last: Firing | None = None
         self._slots: list[Slot] = []
         self._slot_of: dict[Slot, int] = {}
         self._firings: deque[bytes | Firing] = deque(maxlen=limit)
@@ -234,11 +239,18 @@ class Ring:
         store is handed of a ring since it last was. ``events_after`` without a read's
         checks, its cap and its batch: a durable send's commit takes this of every ring
         it touched, most often its one newest firing."""
+        self._keep = True
+        last, self._last = self._last, None  # the newest firing as recorded, or None
         held = len(self._firings)
         count = min(self._head - seq, held)
         if count <= 0:
             return []
-        items = [self._firings[-1]] if count == 1 else self._slice(held - count, held)
+        if count == 1:
+            if last is not None:  # it is the head's: record sets it, and nothing else does
+                return [last]
+            items = [self._firings[-1]]
+        else:
+            items = self._slice(held - count, held)
         return packed.unpack(self._head - count + 1, items, self._slots)
 
     def record(
@@ -261,6 +273,10 @@ class Ring:
         )  # may rebuild the deque
         self._firings.append(item)
         self._head = seq
+        if self._keep:
+            if isinstance(item, bytes):
+                item = Firing(seq, handler, result, event, ts, tags or NO_TAGS, by)
+            self._last = item
         return seq
 
     def _pack(
