@@ -144,7 +144,7 @@ class Fold(NamedTuple):
 class Ring:
     """The newest ``limit`` firings, the head, and reads after a seq."""
 
-    __slots__ = ("_firings", "_fold", "_head", "_keep", "_last", "_slot_of", "_slots")
+    __slots__ = ("_firings", "_fold", "_head", "_keep", "_recent", "_slot_of", "_slots")
 
     def __init__(
         self, limit: int = DEFAULT_LIMIT, head: int = 0, firings: Iterable[Firing] = ()
@@ -164,10 +164,12 @@ class Ring:
         self._head = head
         self._fold: Fold | None = None
         # Once a store takes this ring's new firings (``recorded_after``), each one
-        # recorded is kept as its ``Firing`` too until the store takes it: the firing it
-        # is handed is the one the send built, not one unpacked from the bytes just packed.
+        # recorded is kept as its ``Firing`` too until the store takes it: the firings
+        # it is handed are the ones the sends built, not unpacked from the bytes just
+        # packed. At most a ring's length of them: a store that takes none for longer
+        # is handed the older ones unpacked.
         self._keep = False
-        self._last: Firing | None = None
+        self._recent: list[Firing] = []
         self._slots: list[Slot] = []
         self._slot_of: dict[Slot, int] = {}
         self._firings: deque[bytes | Firing] = deque(maxlen=limit)
@@ -240,17 +242,15 @@ class Ring:
         checks, its cap and its batch: a durable send's commit takes this of every ring
         it touched, most often its one newest firing."""
         self._keep = True
-        last, self._last = self._last, None  # the newest firing as recorded, or None
+        # the newest firings as recorded, up to the head: record appends each, nothing else
+        recent, self._recent = self._recent, []
         held = len(self._firings)
         count = min(self._head - seq, held)
         if count <= 0:
             return []
-        if count == 1:
-            if last is not None:  # it is the head's: record sets it, and nothing else does
-                return [last]
-            items = [self._firings[-1]]
-        else:
-            items = self._slice(held - count, held)
+        if len(recent) >= count:
+            return recent if len(recent) == count else recent[-count:]
+        items = [self._firings[-1]] if count == 1 else self._slice(held - count, held)
         return packed.unpack(self._head - count + 1, items, self._slots)
 
     def record(
@@ -276,7 +276,10 @@ class Ring:
         if self._keep:
             if isinstance(item, bytes):
                 item = Firing(seq, handler, result, event, ts, tags or NO_TAGS, by)
-            self._last = item
+            recent = self._recent
+            if len(recent) >= len(self._firings):  # none taken for a ring's length
+                recent.clear()
+            recent.append(item)
         return seq
 
     def _pack(
