@@ -14,7 +14,9 @@ tags and all, and a ``Firing`` is built only for the firings a read returns,
 and for those a store has yet to take: once one takes a ring's new firings
 (``recorded_after``, a durable commit) the ring keeps each firing recorded
 since as the ``Firing`` its send built, up to a ring's length, and hands
-those over, so a commit never unpacks what a send has just packed. The ring keeps the table that a packed firing's slot names: each distinct
+those over, so a commit never unpacks what a send has just packed.
+
+The ring keeps the table that a packed firing's slot names: each distinct
 handler, with whether its text is the result or the event, who sent it and
 the keys of its tags, once (and interned, so every ring shares one
 ``"on-message"``, one ``"root"`` and one ``"corr"``). The
