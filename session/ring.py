@@ -146,6 +146,11 @@ class Fold(NamedTuple):
     unfold: Callable[[], Ring]
 
 
+#: what a ring no store has taken from keeps (``--memory``): one empty list for them all,
+#: never appended to (``record`` appends only once ``recorded_after`` has replaced it)
+_NONE_KEPT: list[Firing] = []
+
+
 class Ring:
     """The newest ``limit`` firings, the head, and reads after a seq."""
 
@@ -174,7 +179,7 @@ class Ring:
         # packed. At most a ring's length of them: a store that takes none for longer
         # is handed the older ones unpacked.
         self._keep = False
-        self._recent: list[Firing] = []
+        self._recent = _NONE_KEPT  # a list of its own at the first take: none a ring before
         self._slots: list[Slot] = []
         self._slot_of: dict[Slot, int] = {}
         self._firings: deque[bytes | Firing] = deque(maxlen=limit)
