@@ -10,7 +10,12 @@ value outside 0 to the head is clamped into it, so no cap can show a reader
 a seq that was never recorded.
 
 The deque holds each firing packed into one ``bytes`` (``session.packed``),
-tags and all, and a ``Firing`` is built only for the firings a read returns.
+tags and all, and a ``Firing`` is built only for the firings a read returns,
+and for those a store has yet to take: once one takes a ring's new firings
+(``recorded_after``, a durable commit) the ring keeps each firing recorded
+since as the ``Firing`` its send built, up to a ring's length, and hands
+those over, so a commit never unpacks what a send has just packed.
+
 The ring keeps the table that a packed firing's slot names: each distinct
 handler, with whether its text is the result or the event, who sent it and
 the keys of its tags, once (and interned, so every ring shares one
@@ -141,10 +146,15 @@ class Fold(NamedTuple):
     unfold: Callable[[], Ring]
 
 
+#: what a ring no store has taken from keeps (``--memory``): one empty list for them all,
+#: never appended to (``record`` appends only once ``recorded_after`` has replaced it)
+_NONE_KEPT: list[Firing] = []
+
+
 class Ring:
     """The newest ``limit`` firings, the head, and reads after a seq."""
 
-    __slots__ = ("_firings", "_fold", "_head", "_slot_of", "_slots")
+    __slots__ = ("_firings", "_fold", "_head", "_keep", "_recent", "_slot_of", "_slots")
 
     def __init__(
         self, limit: int = DEFAULT_LIMIT, head: int = 0, firings: Iterable[Firing] = ()
@@ -163,6 +173,13 @@ class Ring:
             )
         self._head = head
         self._fold: Fold | None = None
+        # Once a store takes this ring's new firings (``recorded_after``), each one
+        # recorded is kept as its ``Firing`` too until the store takes it: the firings
+        # it is handed are the ones the sends built, not unpacked from the bytes just
+        # packed. At most a ring's length of them: a store that takes none for longer
+        # is handed the older ones unpacked.
+        self._keep = False
+        self._recent = _NONE_KEPT  # a list of its own at the first take: none a ring before
         self._slots: list[Slot] = []
         self._slot_of: dict[Slot, int] = {}
         self._firings: deque[bytes | Firing] = deque(maxlen=limit)
@@ -234,10 +251,15 @@ class Ring:
         store is handed of a ring since it last was. ``events_after`` without a read's
         checks, its cap and its batch: a durable send's commit takes this of every ring
         it touched, most often its one newest firing."""
+        self._keep = True
+        # the newest firings as recorded, up to the head: record appends each, nothing else
+        recent, self._recent = self._recent, []
         held = len(self._firings)
         count = min(self._head - seq, held)
         if count <= 0:
             return []
+        if len(recent) >= count:
+            return recent if len(recent) == count else recent[-count:]
         items = [self._firings[-1]] if count == 1 else self._slice(held - count, held)
         return packed.unpack(self._head - count + 1, items, self._slots)
 
@@ -261,6 +283,13 @@ class Ring:
         )  # may rebuild the deque
         self._firings.append(item)
         self._head = seq
+        if self._keep:
+            if isinstance(item, bytes):
+                item = Firing(seq, handler, result, event, ts, tags or NO_TAGS, by)
+            recent = self._recent
+            if len(recent) >= len(self._firings):  # none taken for a ring's length
+                recent.clear()
+            recent.append(item)
         return seq
 
     def _pack(

@@ -576,6 +576,35 @@ def test_what_a_ring_recorded_after_a_seq_is_what_a_read_after_it_returns(
     assert ring.recorded_after(ring.head + data.draw(st.integers(0, 3))) == []
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    limit=st.integers(0, 12),
+    chunks=st.lists(st.lists(any_sends, max_size=30), max_size=6),
+    new_limit=st.none() | st.integers(0, 12),
+    data=st.data(),
+)
+def test_a_store_taking_a_ring_again_and_again_is_handed_what_a_read_gives(
+    limit: int,
+    chunks: list[list[tuple[str, bool, str, str, dict[str, str]]]],
+    new_limit: int | None,
+    data: st.DataObject,
+) -> None:
+    """Once a store takes a ring's new firings, the ring keeps each one recorded as its
+    ``Firing`` until the next take (at most a ring's length of them): every take, after a
+    few firings or more than the ring holds, a new limit or a seq of its own, is still
+    what a read after the same seq gives."""
+    ring = Ring(limit)
+    taken = 0
+    for n, chunk in enumerate(chunks):
+        for send in chunk:
+            record(ring, send)
+        if n == 2 and new_limit is not None:
+            ring.set_limit(new_limit)
+        seq = data.draw(st.sampled_from([taken, ring.head, max(taken - 1, 0)]))
+        assert ring.recorded_after(seq) == ring.events_after(seq).firings
+        taken = ring.head
+
+
 def test_at_finds_one_firing_by_its_seq_and_refuses_one_the_ring_does_not_hold() -> None:
     """``Ring.at`` (a claim's firing) is the firing a read of it gives, folded or not."""
     ring = Ring(3)

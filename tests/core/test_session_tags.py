@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
+from session import tags as tags_module
 from session.errors import BadKey, BadTag, CursorAfterHead
 from session.firing import Batch, Firing
 from session.ops import ReadAfter, ReadCursor, Record, check_match
@@ -63,6 +64,32 @@ def test_tags_within_their_bounds_are_taken() -> None:
 def test_tags_out_of_bounds_are_refused_naming_what(tags: dict[str, str], says: str) -> None:
     with pytest.raises(BadTag, match=says.replace("(", r"\(")):
         check_tags(tags)
+
+
+@pytest.mark.parametrize(
+    ("tags", "says"),
+    [
+        ({f"k{n}": "v" for n in range(MAX_TAGS + 1)}, "17 tags: a firing carries at most 16"),
+        ({"k": "v" * (MAX_TAG_VALUE + 1)}, "its value is 1,025 characters, over 1,024"),
+        ({"k": 7}, "its value must be text"),
+    ],
+)
+def test_keys_taken_before_do_not_let_a_bad_value_or_count_by(
+    tags: dict[str, str], says: str
+) -> None:
+    check_tags({f"k{n}": "v" for n in range(MAX_TAGS)})
+    check_tags({"k": "v", f"k{MAX_TAGS}": "v"})
+    with pytest.raises(BadTag, match=says):
+        check_tags(tags)
+
+
+def test_keys_remembered_are_forgotten_at_the_bound_and_still_checked() -> None:
+    for n in range(tags_module.KNOWN_KEYS // MAX_TAGS + 2):
+        many = {f"x{n}-{m}": "v" for m in range(MAX_TAGS)}
+        assert check_tags(many) is many
+    assert len(tags_module._known_keys) <= tags_module.KNOWN_KEYS
+    with pytest.raises(BadTag, match="tag key 'Key'"):
+        check_tags({"Key": "v"})
 
 
 def test_a_session_refuses_bad_tags_and_records_nothing() -> None:
