@@ -98,6 +98,7 @@ ROWS = (
     # the claims group, measured in both runs (its reference is Redis's consumer groups)
     "claim then done, jobs/s, 4 workers, 400 jobs, --memory",
     "claim then done, jobs/s, 4 workers, 125 jobs, durable",
+    "done --next, jobs/s, 4 workers, 125 jobs, durable",
     "blocked claim's wake latency p50",
     "idle claims on one session: daemon CPU over",
     "idle claims on one session: evaluations over",
