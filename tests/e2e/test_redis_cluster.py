@@ -183,6 +183,37 @@ def command_counts(admins: dict[int, Any]) -> dict[int, dict[str, int]]:
 
 
 IDLE_SECONDS = 3.0
+#: idle windows a test may look at before it says the waits cost commands: a stray
+#: partition claim spoils at most one of them, a poller every one
+IDLE_WINDOWS = 3
+
+
+def idle_window(admins: dict[int, Any]) -> dict[int, dict[str, int]]:
+    """What each node counted over ``IDLE_SECONDS``, our own INFO included (once a look)."""
+    before = command_counts(admins)
+    # waited out on purpose: what idle waits cost over a stretch of time is what this
+    # test measures (no event marks "idle long enough"; a poller would show here)
+    time.sleep(IDLE_SECONDS)
+    after = command_counts(admins)
+    return {
+        port: {
+            name: after[port].get(name, 0) - calls
+            for name, calls in before[port].items()
+            if after[port].get(name, 0) != calls
+        }
+        | {name: calls for name, calls in after[port].items() if name not in before[port]}
+        for port in admins
+    }
+
+
+def only_partition_claims(moved: dict[str, int]) -> bool:
+    """Whether a node counted only our INFO and whole runs of a timer partition's CLAIM."""
+    rest = dict(moved)
+    assert rest.pop("cmdstat_info", 0) == 1
+    claims = rest.get("cmdstat_evalsha", 0)
+    return not rest or rest == dict.fromkeys(
+        ("cmdstat_evalsha", "cmdstat_zrangebyscore", "cmdstat_zrange"), claims
+    )
 
 
 def test_waiters_blocked_on_every_daemon_cost_the_cluster_no_command(
@@ -227,18 +258,17 @@ def test_waiters_blocked_on_every_daemon_cost_the_cluster_no_command(
 
         eventually(looked, 20, "the waits' first reads")
         assert not answered(waits, 0)
-        before = command_counts(admins)
-        # waited out on purpose: what idle waits cost over a stretch of time is what this
-        # test measures (no event marks "idle long enough"; a poller would show here)
-        time.sleep(IDLE_SECONDS)
-        after = command_counts(admins)
-        for port in admins:
-            moved = {
-                name: after[port].get(name, 0) - calls
-                for name, calls in before[port].items()
-                if after[port].get(name, 0) != calls
-            } | {name: calls for name, calls in after[port].items() if name not in before[port]}
-            assert moved == {"cmdstat_info": 1}, (port, moved)
+        for window in range(IDLE_WINDOWS):
+            moved = idle_window(admins)
+            if all(m == {"cmdstat_info": 1} for m in moved.values()):
+                break
+            # a timer or a lease an earlier test on this cluster left falls due once, and the
+            # daemons claim it from its partition (the CLAIM script: one EVALSHA, one
+            # ZRANGEBYSCORE, one ZRANGE each time): not the waits' cost, and not again in the
+            # next window; anything else, or the same in every window, is a fault
+            assert window < IDLE_WINDOWS - 1 and all(
+                only_partition_claims(m) for m in moved.values()
+            ), moved
     finally:
         for admin in admins.values():
             admin.close()
