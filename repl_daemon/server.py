@@ -169,7 +169,12 @@ class _Woken:
         self.data = b""
 
     def encode(self, value: p.Response) -> bytes:
-        if type(value) is not p.Woken or value.id is not msgspec.UNSET or len(value.batches) != 1:
+        if (
+            type(value) is not p.Woken
+            or value.id is not msgspec.UNSET
+            or value.timed_out  # neither kept nor given: only a woken answer's bytes are
+            or len(value.batches) != 1
+        ):
             return p.encode(value)
         batch, last = value.batches[0], self.batch
         if (
@@ -178,7 +183,6 @@ class _Woken:
             and batch.next == last.next
             and batch.lost == last.lost
             and batch.session == last.session
-            and not value.timed_out
         ):
             return self.data
         data = p.encode(value)
